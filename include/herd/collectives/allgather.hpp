@@ -1,0 +1,111 @@
+#pragma once
+// herd::allgather and herd::allgatherv: every rank ends with every rank's tensor, laid end to end
+// in rank order.
+//
+//   herd::allgather(mine, all, comm);          // all.size() == mine.size() * comm.size()
+//   herd::allgatherv(mine, all, counts, comm); // counts[i]: elements from rank i, the same list on every rank
+//   auto counts = herd::allgatherv(mine, all_vector, comm);  // learns the counts and resizes the vector
+//
+// In place: pass as input the output's own slot of this rank (all.data() + rank * n).
+
+#include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/ring.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/runtime/env.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, buffer_view out,
+                std::span<const std::size_t> counts, C& comm) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  check.require_valid("input", in);
+  check.require_valid("output", out);
+  check.require_same_dtype(in, out);
+  if (check.ok() && counts.size() != static_cast<std::size_t>(p)) {
+    check.fail(7, "the list of per-rank counts has " + std::to_string(counts.size()) + " entries for " +
+                      std::to_string(p) + " ranks",
+               "Pass one count per rank");
+  }
+  const std::size_t total = check.ok() ? std::accumulate(counts.begin(), counts.end(), std::size_t{0}) : 0;
+  if (check.ok()) {
+    check.require_count("input", in.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
+    check.require_count("output", out.count, total, "the sum of the per-rank counts");
+  }
+  const std::size_t es = size_of(in.type);
+  const std::size_t before = check.ok() ? std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0}) : 0;
+  auto* base = static_cast<std::byte*>(out.data);
+  check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * es,
+                         "this rank's own slot of the output (in place)");
+  check.require_device("input", in, comm);
+  check.require_device("output", out, comm);
+  signature mine;
+  mine.kind = kind;
+  mine.type = in.type;
+  mine.count = kind == collective_kind::allgather ? in.count : total;
+  mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
+  agree(comm, mine, check);
+  if (total == 0) return;
+  if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
+  if (p == 1) return;
+  ring_allgather(comm, base, es, chunk_layout::of_counts(counts), runtime::defaults().ring_segment_bytes);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// `output` (comm.size() times the input's elements) receives every rank's `input`, in rank order.
+template <class In, class Out, communicator C> void allgather(const In& input, Out& output, C& comm) {
+  detail::require_tensor<In>();
+  detail::require_writable_tensor<Out>();
+  detail::call_check check(detail::collective_kind::allgather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
+  check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
+  detail::allgatherv(check, detail::collective_kind::allgather, in, out, counts, comm);
+}
+
+// Ranks contribute different counts; `counts` lists them and must be the same on every rank.
+template <class In, class Out, communicator C>
+void allgatherv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm) {
+  detail::require_tensor<In>();
+  detail::require_writable_tensor<Out>();
+  detail::call_check check(detail::collective_kind::allgatherv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  detail::allgatherv(check, detail::collective_kind::allgatherv, in, out, counts, comm);
+}
+
+// Every rank's `count`, in rank order: what allgatherv needs when ranks do not know each other's sizes.
+template <communicator C> std::vector<std::size_t> allgather_counts(std::size_t count, C& comm) {
+  const auto mine = static_cast<std::int64_t>(count);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  allgather(const_buffer_view(&mine, 1, dtype::i64), all, comm);
+  return {all.begin(), all.end()};
+}
+
+// Learns every rank's count, resizes `output` to their sum, gathers, and returns the counts.
+template <class In, element T, class Allocator, communicator C>
+std::vector<std::size_t> allgatherv(const In& input, std::vector<T, Allocator>& output, C& comm) {
+  detail::require_tensor<In>();
+  std::vector<std::size_t> counts = allgather_counts(const_view_of(input).count, comm);
+  output.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
+  allgatherv(input, output, std::span<const std::size_t>(counts), comm);
+  return counts;
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd

@@ -1,0 +1,283 @@
+#pragma once
+// Before any data moves, every rank of a collective learns what every other rank passed (the
+// operation, dtype, reduce op, element count, root, and whether its own arguments were valid).
+// A disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
+// the ranks and values concerned, instead of a hang or a corrupt result.
+//
+// The exchange is one Bruck allgather of a 32-byte signature: ceil(log2 p) rounds. It can be
+// turned off with HERD_CHECK_ARGUMENTS=0 (on every rank alike); local checks still run then, but
+// a bad argument on one rank is reported on that rank alone and may leave the others waiting.
+
+#include <herd/comm/communicator.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/core/reduce_op.hpp>
+#include <herd/runtime/env.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+// Every rank gets every rank's `mine`, indexed by rank: Bruck's allgather, ceil(log2 p) rounds.
+template <class T, communicator C> std::vector<T> allgather_small(C& comm, const T& mine, int tag) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const int p = comm.size();
+  const int r = comm.rank();
+  std::vector<T> rotated(static_cast<std::size_t>(p));
+  rotated[0] = mine;
+  int have = 1;
+  for (int distance = 1; distance < p; distance *= 2) {
+    const int count = std::min(distance, p - have);
+    comm.sendrecv(rotated.data(), sizeof(T) * static_cast<std::size_t>(count), (r - distance + p) % p,
+                  rotated.data() + have, sizeof(T) * static_cast<std::size_t>(count), (r + distance) % p, tag);
+    have += count;
+  }
+  std::vector<T> all(static_cast<std::size_t>(p));
+  for (int j = 0; j < p; ++j) all[static_cast<std::size_t>((r + j) % p)] = rotated[static_cast<std::size_t>(j)];
+  return all;
+}
+
+enum class collective_kind : std::uint8_t { allreduce, broadcast, allgather, allgatherv, reduce_scatter };
+
+constexpr const char* name(collective_kind k) noexcept {
+  switch (k) {
+    case collective_kind::allreduce: return "allreduce";
+    case collective_kind::broadcast: return "broadcast";
+    case collective_kind::allgather: return "allgather";
+    case collective_kind::allgatherv: return "allgatherv";
+    case collective_kind::reduce_scatter: return "reduce_scatter";
+  }
+  return "collective";
+}
+
+// What one rank passed, as the others see it.
+struct signature {
+  std::uint32_t magic = 0x48524431;  // "HRD1": guards against a rank running another herd build
+  collective_kind kind = collective_kind::allreduce;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
+  std::int32_t root = 0;
+  std::uint32_t fault_code = 0;
+  std::uint64_t count = 0;  // the element count every rank must agree on
+  std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
+};
+
+// Accumulates the first local problem with a call's arguments, to be raised after the exchange.
+class call_check {
+ public:
+  call_check(collective_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
+
+  bool ok() const noexcept { return what_.empty(); }
+  const std::string& what() const noexcept { return what_; }
+  std::uint32_t code() const noexcept { return code_; }
+
+  // Records a problem (only the first one counts).
+  void fail(std::uint32_t code, std::string what, std::string todo) {
+    if (!ok()) return;
+    code_ = code;
+    what_ = std::move(what);
+    todo_ = std::move(todo);
+  }
+
+  void require_valid(const char* role, const const_buffer_view& v) {
+    if (!is_valid(v.type)) {
+      fail(1, std::string("the ") + role + " tensor has an invalid dtype (value " +
+                  std::to_string(static_cast<int>(v.type)) + ")",
+           "Return one of herd::dtype's values from tensor_traits::dtype");
+    } else if (v.data == nullptr && v.count != 0) {
+      fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
+                  " elements",
+           "Pass allocated memory, or a tensor of 0 elements");
+    }
+  }
+
+  void require_op(dtype t, reduce_op op) {
+    if (!ok()) return;
+    if (!is_valid(op)) {
+      fail(3, "invalid reduce_op (value " + std::to_string(static_cast<int>(op)) + ")",
+           "Use one of herd::reduce_op's values");
+    } else if (!supports(t, op)) {
+      fail(4, std::string("reduce_op::") + std::string(name(op)) + " is not defined on dtype " +
+                  std::string(name(t)),
+           "The bitwise ops band, bor and bxor take integer dtypes only; use sum, avg, min, max or prod");
+    }
+  }
+
+  template <communicator C> void require_device(const char* role, const const_buffer_view& v, const C& comm) {
+    if (!ok() || comm.supports(v.device)) return;
+    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() +
+                ", which this communicator cannot reach",
+         v.device.is_cuda() ? "Compile this translation unit with nvcc so herd can stage device memory, or use "
+                              "herd::nccl_communicator for GPU tensors"
+                            : "Move the tensor to memory this communicator supports");
+  }
+
+  void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
+    if (!ok() || in.type == out.type) return;
+    fail(6, "the input is " + std::string(name(in.type)) + " but the output is " + std::string(name(out.type)),
+         "Pass input and output tensors of the same dtype");
+  }
+
+  void require_count(const char* role, std::size_t actual, std::size_t expected, const std::string& why) {
+    if (!ok() || actual == expected) return;
+    fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
+                std::to_string(expected) + " are needed (" + why + ")",
+         "Size the tensors as the collective requires");
+  }
+
+  // Any overlap between the two, except the one exact aliasing `allowed` (nullptr: none allowed).
+  void require_disjoint(const const_buffer_view& in, const const_buffer_view& out, const void* allowed,
+                        const char* allowed_text) {
+    if (!ok() || in.bytes() == 0 || out.bytes() == 0) return;
+    const auto* a = static_cast<const std::byte*>(in.data);
+    const auto* b = static_cast<const std::byte*>(out.data);
+    const bool overlap = a < b + out.bytes() && b < a + in.bytes();
+    if (!overlap || (allowed != nullptr && in.data == allowed)) return;
+    fail(8, "the input and output buffers overlap",
+         std::string("Use separate buffers") + (allowed_text ? std::string(", or ") + allowed_text : std::string()));
+  }
+
+  void require_root(int root) {
+    if (!ok() || (root >= 0 && root < size_)) return;
+    fail(9, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(size_) + ")");
+  }
+
+  // The views of the call's tensors. An adapter that rejects its tensor (a strided DLPack tensor,
+  // say) becomes a local fault here, reported to the other ranks like any other.
+  template <class T> buffer_view view(const char* role, T& t) {
+    try {
+      return view_of(t);
+    } catch (const std::exception& e) {
+      fail(10, std::string("the adapter of the ") + role + " tensor rejected it: " + e.what(), "");
+      return {};
+    }
+  }
+  template <class T> const_buffer_view const_view(const char* role, const T& t) {
+    try {
+      return const_view_of(t);
+    } catch (const std::exception& e) {
+      fail(10, std::string("the adapter of the ") + role + " tensor rejected it: " + e.what(), "");
+      return {};
+    }
+  }
+
+  [[noreturn]] void raise_local() const { raise({name(kind_), rank_, size_}, what_, todo_); }
+
+ private:
+  collective_kind kind_;
+  int rank_;
+  int size_;
+  std::uint32_t code_ = 0;
+  std::string what_;
+  std::string todo_;
+};
+
+// The other ranks' words for a fault code of call_check.
+constexpr const char* fault_text(std::uint32_t code) noexcept {
+  switch (code) {
+    case 1: return "a tensor with an invalid dtype";
+    case 2: return "a null data pointer with a non-zero element count";
+    case 3: return "an invalid reduce_op";
+    case 4: return "a reduce_op its dtype does not support";
+    case 5: return "a tensor on a device the communicator cannot reach";
+    case 6: return "input and output tensors of different dtypes";
+    case 7: return "a tensor of the wrong size";
+    case 8: return "overlapping input and output buffers";
+    case 9: return "a root out of range";
+    case 10: return "a tensor its adapter rejected";
+    default: return "invalid arguments";
+  }
+}
+
+// "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
+template <class Field>
+std::string per_rank(const std::vector<signature>& all, Field field) {
+  std::string text;
+  for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
+    if (i) text += ", ";
+    text += "rank " + std::to_string(i) + ": " + field(all[i]);
+  }
+  if (all.size() > 16) text += ", ...";
+  return text;
+}
+
+// Runs the exchange and raises on every rank if anything is wrong anywhere.
+template <communicator C> void agree(C& comm, const signature& mine_in, const call_check& check) {
+  signature mine = mine_in;
+  mine.faulty = check.ok() ? 0 : 1;
+  mine.fault_code = check.code();
+  if (!runtime::defaults().check_arguments || comm.size() == 1) {
+    if (!check.ok()) check.raise_local();
+    return;
+  }
+  const std::vector<signature> all = allgather_small(comm, mine, tag_value(tag::agreement));
+  if (!check.ok()) check.raise_local();
+  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].magic != mine.magic) {
+      raise(site, "rank " + std::to_string(i) + " runs a different herd build or is not in the same collective",
+            "Build every rank from the same sources and call the same collectives in the same order");
+    }
+    if (all[i].faulty) {
+      raise(site, "rank " + std::to_string(i) + " passed " + fault_text(all[i].fault_code) +
+                      " (its own error says more)",
+            "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
+    }
+  }
+  auto differs = [&](auto field) {
+    for (const auto& s : all)
+      if (field(s) != field(all[0])) return true;
+    return false;
+  };
+  const std::string every = "Every rank must call the same collective with the same ";
+  if (differs([](const signature& s) { return s.kind; })) {
+    raise(site, "ranks called different collectives (" +
+                    per_rank(all, [](const signature& s) { return std::string(name(s.kind)); }) + ")",
+          "Every rank must call the same collectives in the same order");
+  }
+  if (differs([](const signature& s) { return s.type; })) {
+    raise(site, "the dtype differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
+          every + "dtype");
+  }
+  if (differs([](const signature& s) { return s.op; })) {
+    raise(site, "the reduce_op differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
+          every + "reduce_op");
+  }
+  if (differs([](const signature& s) { return s.count; })) {
+    raise(site, "the element count differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
+          every + "number of elements");
+  }
+  if (differs([](const signature& s) { return s.root; })) {
+    raise(site, "the root differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
+          every + "root");
+  }
+  if (differs([](const signature& s) { return s.layout; })) {
+    raise(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+  }
+}
+
+// FNV-1a over the per-rank counts of an allgatherv.
+inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t c : counts) {
+    for (int byte = 0; byte < 8; ++byte) {
+      h ^= (static_cast<std::uint64_t>(c) >> (8 * byte)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace herd::detail

@@ -1,0 +1,60 @@
+#pragma once
+// Elementwise reductions over host memory: the loops the ring collectives run on each segment.
+
+#include <herd/core/dtype.hpp>
+#include <herd/core/reduce_op.hpp>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace herd::detail {
+
+template <class T, reduce_op Op>
+void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
+  const combine<Op> f;
+  if (avg_ranks > 0) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = finalize_avg(f(a[i], b[i]), avg_ranks);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+  }
+}
+
+// dst[i] = a[i] ∘ b[i] for i < n; dst may be a. With avg_ranks > 0 (the last combination of an
+// avg) the result is also divided by avg_ranks. The caller has checked supports(t, op).
+inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
+                        int avg_ranks = 0) {
+  if (n == 0) return;
+  visit(t, [&](auto element) {
+    using T = decltype(element);
+    auto* d = static_cast<T*>(dst);
+    const auto* x = static_cast<const T*>(a);
+    const auto* y = static_cast<const T*>(b);
+    switch (op) {
+      case reduce_op::sum: return reduce_loop<T, reduce_op::sum>(d, x, y, n, 0);
+      case reduce_op::avg: return reduce_loop<T, reduce_op::avg>(d, x, y, n, avg_ranks);
+      case reduce_op::min: return reduce_loop<T, reduce_op::min>(d, x, y, n, 0);
+      case reduce_op::max: return reduce_loop<T, reduce_op::max>(d, x, y, n, 0);
+      case reduce_op::prod: return reduce_loop<T, reduce_op::prod>(d, x, y, n, 0);
+      case reduce_op::band:
+      case reduce_op::bor:
+      case reduce_op::bxor:
+        if constexpr (std::is_integral_v<T>) {
+          if (op == reduce_op::band) return reduce_loop<T, reduce_op::band>(d, x, y, n, 0);
+          if (op == reduce_op::bor) return reduce_loop<T, reduce_op::bor>(d, x, y, n, 0);
+          return reduce_loop<T, reduce_op::bxor>(d, x, y, n, 0);
+        }
+        return;
+    }
+  });
+}
+
+// data[i] = data[i] / ranks: an avg whose combinations all happened elsewhere.
+inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
+  visit(t, [&](auto element) {
+    using T = decltype(element);
+    auto* d = static_cast<T*>(data);
+    for (std::size_t i = 0; i < n; ++i) d[i] = finalize_avg(d[i], ranks);
+  });
+}
+
+}  // namespace herd::detail

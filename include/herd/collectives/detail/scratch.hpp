@@ -1,0 +1,26 @@
+#pragma once
+// Reusable per-thread staging memory, so that a collective in a training loop allocates nothing
+// (and takes no page faults) after its first call.
+
+#include <cstddef>
+#include <memory>
+
+namespace herd::detail {
+
+// Up to three independent buffers per thread; `which` picks one. The memory is uninitialized and
+// stays valid until the next call with the same `which` on this thread.
+inline std::byte* scratch(std::size_t bytes, int which = 0) {
+  struct buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
+  thread_local buffer buffers[3];
+  buffer& b = buffers[which];
+  if (b.capacity < bytes) {
+    b.data.reset(new std::byte[bytes]);
+    b.capacity = bytes;
+  }
+  return b.data.get();
+}
+
+}  // namespace herd::detail

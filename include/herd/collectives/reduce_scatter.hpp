@@ -1,0 +1,73 @@
+#pragma once
+// herd::reduce_scatter: the input holds comm.size() equal blocks; rank i ends with block i of
+// the reduction over all ranks (MPI_Reduce_scatter_block).
+//
+//   herd::reduce_scatter(grads, my_shard, comm, herd::reduce_op::avg);  // grads.size() == p * my_shard.size()
+
+#include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/ring.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/runtime/env.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <cstring>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
+  const int p = comm.size();
+  check.require_valid("input", in);
+  check.require_valid("output", out);
+  check.require_op(in.type, op);
+  check.require_same_dtype(in, out);
+  check.require_count("input", in.count, out.count * static_cast<std::size_t>(p),
+                      "the output's elements times the ranks");
+  check.require_disjoint(in, out, nullptr, nullptr);
+  check.require_device("input", in, comm);
+  check.require_device("output", out, comm);
+  signature mine;
+  mine.kind = collective_kind::reduce_scatter;
+  mine.type = in.type;
+  mine.op = op;
+  mine.count = in.count;
+  agree(comm, mine, check);
+  if (out.count == 0) return;
+  const std::size_t es = size_of(in.type);
+  const auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  if (p == 1) {
+    std::memcpy(dst, src, in.bytes());
+    return;
+  }
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(p), out.count);
+  const chunk_layout chunks = chunk_layout::of_counts(counts);
+  // Partial results of one step are forwarded during the next, so two staging blocks alternate.
+  std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
+  ring_reduce_scatter(
+      comm, in.type, op, chunks, runtime::defaults().ring_segment_bytes,
+      [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class In, class Out, communicator C>
+void reduce_scatter(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
+  detail::require_tensor<In>();
+  detail::require_writable_tensor<Out>();
+  detail::call_check check(detail::collective_kind::reduce_scatter, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  detail::reduce_scatter(check, in, out, comm, op);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd

@@ -1,0 +1,112 @@
+#pragma once
+// Host (and device) storage types for IEEE binary16 and bfloat16, with round-to-nearest-even
+// conversions from float that keep NaN a NaN, overflow to infinity, and round into subnormals.
+// Arithmetic goes through float: herd only converts, compares and reduces these values.
+
+#include <herd/core/config.hpp>
+
+#include <cstdint>
+
+namespace herd {
+namespace detail {
+
+HERD_HOST_DEVICE inline std::uint32_t float_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  return __builtin_bit_cast(std::uint32_t, f);
+#endif
+}
+
+HERD_HOST_DEVICE inline float bits_float(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return __builtin_bit_cast(float, u);
+#endif
+}
+
+HERD_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) noexcept {
+  const std::uint32_t x = float_bits(f);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // infinity, or NaN: keep the top payload bits and force a quiet NaN
+    if (abs == 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
+    return static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
+  }
+  if (abs < 0x38800000u) {  // below 2^-14, the smallest normal half: zero or a subnormal
+    if (abs < 0x33000000u) return sign;  // under 2^-25: rounds to zero (2^-25 itself ties to even 0)
+    const std::uint32_t exponent = abs >> 23;                   // 102..112
+    const std::uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126u - exponent;                // 14..24
+    std::uint32_t result = mantissa >> shift;
+    const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const std::uint32_t halfway = 1u << (shift - 1u);
+    if (rest > halfway || (rest == halfway && (result & 1u))) ++result;  // may carry into the smallest normal
+    return static_cast<std::uint16_t>(sign | result);
+  }
+  // Normal range: rebias the exponent (127 -> 15) and round 23 mantissa bits to 10. A carry out
+  // of the mantissa bumps the exponent, and past the largest half it lands exactly on infinity.
+  std::uint32_t rebiased = abs - 0x38000000u;
+  rebiased += 0xfffu + ((rebiased >> 13) & 1u);
+  if (rebiased >= 0x0f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  return static_cast<std::uint16_t>(sign | (rebiased >> 13));
+}
+
+HERD_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  const std::uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -magnitude : magnitude;
+  }
+  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+HERD_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits(float f) noexcept {
+  const std::uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
+  // bfloat16 keeps float's exponent, so one rounding of the low 16 bits covers normals,
+  // subnormals and the overflow to infinity.
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+HERD_HOST_DEVICE inline float bfloat16_bits_to_float(std::uint16_t b) noexcept {
+  return bits_float(static_cast<std::uint32_t>(b) << 16);
+}
+
+}  // namespace detail
+
+// IEEE 754 binary16. Layout-compatible with CUDA's __half.
+struct half {
+  std::uint16_t bits = 0;
+
+  half() = default;
+  HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  HERD_HOST_DEVICE explicit half(double d) noexcept : half(static_cast<float>(d)) {}
+  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
+  HERD_HOST_DEVICE static half from_bits(std::uint16_t b) noexcept {
+    half h;
+    h.bits = b;
+    return h;
+  }
+};
+
+// bfloat16: float's sign and exponent with 7 mantissa bits. Layout-compatible with __nv_bfloat16.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+
+  bfloat16() = default;
+  HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
+  HERD_HOST_DEVICE explicit bfloat16(double d) noexcept : bfloat16(static_cast<float>(d)) {}
+  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
+  HERD_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) noexcept {
+    bfloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+}  // namespace herd

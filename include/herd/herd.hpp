@@ -1,0 +1,30 @@
+#pragma once
+// herd: data-parallel training for C++ tensor libraries. This header brings in everything that
+// needs nothing beyond the C++ standard library and MPI. Define HERD_NO_MPI before including it
+// to leave MPI out (local_communicator still works).
+
+#include <herd/core/config.hpp>
+#include <herd/core/device.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/core/half.hpp>
+#include <herd/core/reduce_op.hpp>
+
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/dlpack.hpp>
+#include <herd/tensor/std.hpp>
+#include <herd/tensor/traits.hpp>
+
+#include <herd/comm/communicator.hpp>
+#include <herd/comm/local.hpp>
+#if !defined(HERD_NO_MPI)
+#include <herd/comm/mpi.hpp>
+#endif
+
+#include <herd/collectives/allgather.hpp>
+#include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/barrier.hpp>
+#include <herd/collectives/broadcast.hpp>
+#include <herd/collectives/reduce_scatter.hpp>
+
+#include <herd/runtime/env.hpp>

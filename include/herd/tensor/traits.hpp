@@ -1,0 +1,72 @@
+#pragma once
+// herd::tensor_traits: the one customization point. Specialize it for your tensor type:
+//
+//   template <> struct herd::tensor_traits<my::Tensor> {
+//     static void*        data(my::Tensor& t)         { return t.raw(); }
+//     static std::size_t  size(const my::Tensor& t)   { return t.numel(); }   // elements, not bytes
+//     static herd::dtype  dtype(const my::Tensor& t)  { return herd::dtype::f32; }
+//     static herd::device device(const my::Tensor& t) { return herd::device::cpu(); }
+//   };
+//
+// The memory must be contiguous: size() elements of dtype() starting at data(). A type whose
+// data() returns a const pointer is read-only: herd accepts it as an input, never as an output.
+// herd calls data() on tensors it only reads through a const_cast and never writes through them.
+
+#include <herd/core/device.hpp>
+#include <herd/core/dtype.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+
+namespace herd {
+
+// Left undefined on purpose: the member below lets herd say "not adapted" instead of a wall of
+// template errors.
+template <class T> struct tensor_traits {
+  using herd_not_adapted = void;
+};
+
+template <class T>
+concept tensor = requires(std::remove_cvref_t<T>& t, const std::remove_cvref_t<T>& ct) {
+  { tensor_traits<std::remove_cvref_t<T>>::data(t) } -> std::convertible_to<const void*>;
+  { tensor_traits<std::remove_cvref_t<T>>::size(ct) } -> std::convertible_to<std::size_t>;
+  { tensor_traits<std::remove_cvref_t<T>>::dtype(ct) } -> std::convertible_to<herd::dtype>;
+  { tensor_traits<std::remove_cvref_t<T>>::device(ct) } -> std::convertible_to<herd::device>;
+};
+
+// A tensor herd may write into: its data() gives a non-const pointer.
+template <class T>
+concept writable_tensor = tensor<T> && requires(std::remove_cvref_t<T>& t) {
+  { tensor_traits<std::remove_cvref_t<T>>::data(t) } -> std::convertible_to<void*>;
+};
+
+namespace detail {
+
+template <class T>
+concept not_adapted = requires { typename tensor_traits<std::remove_cvref_t<T>>::herd_not_adapted; };
+
+// Called at the top of every function template that takes a user's tensor, so that a type herd
+// cannot use fails with these words (the compiler names the type in the lines that follow).
+template <class T> constexpr void require_tensor() {
+  static_assert(!not_adapted<T>,
+                "herd: this tensor type is not adapted. Specialize herd::tensor_traits<YourType> with four static "
+                "functions: data(YourType&) -> void*, size(const YourType&) -> std::size_t (elements), "
+                "dtype(const YourType&) -> herd::dtype and device(const YourType&) -> herd::device; or include the "
+                "adapter herd ships for it (herd/tensor/std.hpp, dlpack.hpp, ...). See README.md, "
+                "'Adapt your tensor type'.");
+  static_assert(not_adapted<T> || tensor<T>,
+                "herd: herd::tensor_traits<YourType> is specialized but incomplete. It needs data(YourType&) "
+                "returning a pointer, size(const YourType&) returning the element count, dtype(const YourType&) "
+                "returning herd::dtype and device(const YourType&) returning herd::device, all static.");
+}
+
+template <class T> constexpr void require_writable_tensor() {
+  require_tensor<T>();
+  static_assert(!tensor<T> || writable_tensor<T>,
+                "herd: this tensor is read-only (tensor_traits<YourType>::data returns a const pointer) but herd "
+                "must write the result into it. Pass a writable tensor as the output.");
+}
+
+}  // namespace detail
+}  // namespace herd
