@@ -242,7 +242,7 @@ class mpi_communicator {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     MPI_Error_string(code, text, &length);
-    detail::raise({"mpi_communicator", rank_, size_}, std::string(call) + " failed: " + std::string(text, length),
+    detail::raise({"mpi_communicator", rank_, size_}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
                   "This is an error inside MPI; check the MPI installation and that every rank is alive");
   }
 

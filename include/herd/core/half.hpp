@@ -77,6 +77,20 @@ HERD_HOST_DEVICE inline float bfloat16_bits_to_float(std::uint16_t b) noexcept {
   return bits_float(static_cast<std::uint32_t>(b) << 16);
 }
 
+// double -> float rounded to odd: when inexact, the neighbour of the exact value whose last bit
+// is 1. A second rounding of that float to a type with at least two fewer mantissa bits (half,
+// bfloat16) then equals one correct rounding of the double.
+HERD_HOST_DEVICE inline float round_to_odd_float(double d) noexcept {
+  const float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || f != f) return f;
+  std::uint32_t bits = float_bits(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u || (bits & 1u)) return f;  // overflowed to infinity, or already odd
+  const double magnitude_f = f < 0 ? -static_cast<double>(f) : static_cast<double>(f);
+  const double magnitude_d = d < 0 ? -d : d;
+  bits = magnitude_f > magnitude_d ? bits - 1u : bits + 1u;  // the neighbour on the other side of d
+  return bits_float(bits);
+}
+
 }  // namespace detail
 
 // IEEE 754 binary16. Layout-compatible with CUDA's __half.
@@ -85,7 +99,7 @@ struct half {
 
   half() = default;
   HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
-  HERD_HOST_DEVICE explicit half(double d) noexcept : half(static_cast<float>(d)) {}
+  HERD_HOST_DEVICE explicit half(double d) noexcept : half(detail::round_to_odd_float(d)) {}
   HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
   HERD_HOST_DEVICE static half from_bits(std::uint16_t b) noexcept {
     half h;
@@ -100,7 +114,7 @@ struct bfloat16 {
 
   bfloat16() = default;
   HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
-  HERD_HOST_DEVICE explicit bfloat16(double d) noexcept : bfloat16(static_cast<float>(d)) {}
+  HERD_HOST_DEVICE explicit bfloat16(double d) noexcept : bfloat16(detail::round_to_odd_float(d)) {}
   HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
   HERD_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h;

@@ -51,9 +51,10 @@ inline settings read_settings() {
   return s;
 }
 
-// The process-wide defaults, read from the environment on first use.
-inline const settings& defaults() {
-  static const settings s = read_settings();
+// The process-wide defaults, read from the environment on first use. A program (or a test) may
+// change them before its first collective; every rank must then hold the same values.
+inline settings& defaults() {
+  static settings s = read_settings();
   return s;
 }
 

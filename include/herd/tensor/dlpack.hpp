@@ -127,6 +127,10 @@ inline void require_compact(const DLTensor& t) {
     }
   }
   if (t.strides == nullptr) return;
+  // A tensor without elements has no layout to get wrong (PyTorch gives empty tensors strides
+  // computed from max(size, 1)).
+  for (int32_t i = 0; i < t.ndim; ++i)
+    if (t.shape[i] == 0) return;
   int64_t expected = 1;
   for (int32_t i = t.ndim - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != expected) {

@@ -63,6 +63,9 @@ template <class T> constexpr void require_tensor() {
 
 template <class T> constexpr void require_writable_tensor() {
   require_tensor<T>();
+  static_assert(!std::is_const_v<std::remove_reference_t<T>>,
+                "herd: this tensor is const but herd must write the result into it. Pass a non-const tensor as "
+                "the output (or as the tensor of an in-place collective).");
   static_assert(!tensor<T> || writable_tensor<T>,
                 "herd: this tensor is read-only (tensor_traits<YourType>::data returns a const pointer) but herd "
                 "must write the result into it. Pass a writable tensor as the output.");

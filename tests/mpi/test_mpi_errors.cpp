@@ -1,0 +1,122 @@
+// Bad input on real MPI ranks: every rank raises herd::error within seconds, naming the problem.
+
+#include <herd/herd.hpp>
+
+#include "../support/mpi_test.hpp"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Runs fn, expecting herd::error; returns its message, and checks it came quickly.
+template <class Fn> std::string error_of(Fn fn) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = "(no error)";
+  try {
+    fn();
+  } catch (const herd::error& e) {
+    message = e.what();
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  return message;
+}
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("a count that differs on the last rank fails on every rank", 2) {
+  herd::mpi_communicator comm;
+  const bool last = comm.rank() == comm.size() - 1;
+  const std::string message = error_of([&] {
+    std::vector<float> v(last ? 9 : 10);
+    herd::allreduce(v, comm);
+  });
+  INFO(message);
+  CHECK(has(message, "herd::allreduce on rank " + std::to_string(comm.rank())));
+  CHECK(has(message, "the element count differs across ranks"));
+  CHECK(has(message, "rank " + std::to_string(comm.size() - 1) + ": 9"));
+  // The communicator is still usable afterwards.
+  std::vector<float> v(4, 1.0f);
+  herd::allreduce(v, comm);
+  CHECK(v[3] == static_cast<float>(comm.size()));
+}
+
+HERD_MPI_TEST_CASE("a dtype or op that differs fails on every rank", 2) {
+  herd::mpi_communicator comm;
+  const std::string dtype_message = error_of([&] {
+    if (comm.rank() == 1) {
+      std::vector<std::int64_t> v(10);
+      herd::allreduce(v, comm);
+    } else {
+      std::vector<std::int32_t> v(10);
+      herd::allreduce(v, comm);
+    }
+  });
+  INFO(dtype_message);
+  CHECK(has(dtype_message, "the dtype differs across ranks (rank 0: i32, rank 1: i64"));
+  const std::string op_message = error_of([&] {
+    std::vector<float> v(10);
+    herd::allreduce(v, comm, comm.rank() == 0 ? herd::reduce_op::max : herd::reduce_op::min);
+  });
+  INFO(op_message);
+  CHECK(has(op_message, "the reduce_op differs across ranks (rank 0: max, rank 1: min"));
+}
+
+HERD_MPI_TEST_CASE("a bad argument on one rank fails every rank", 2) {
+  herd::mpi_communicator comm;
+  const std::string message = error_of([&] {
+    std::vector<float> v(10);
+    herd::buffer_view view{v.data(), v.size(), herd::dtype::f32};
+    if (comm.rank() == 1) view.data = nullptr;
+    herd::allreduce(view, comm);
+  });
+  INFO(message);
+  if (comm.rank() == 1) CHECK(has(message, "the input tensor has a null data pointer and 10 elements"));
+  else CHECK(has(message, "rank 1 passed a null data pointer"));
+
+  const std::string device_message = error_of([&] {
+    std::vector<float> v(10);
+    herd::buffer_view view{v.data(), v.size(), herd::dtype::f32, herd::device::cuda(0)};
+    herd::allreduce(view, comm);
+  });
+  INFO(device_message);
+  CHECK(has(device_message, "lives on cuda:0, which this communicator cannot reach"));
+
+  const std::string pair_message = error_of([&] {
+    std::vector<double> v(10);
+    herd::allreduce(v, comm, herd::reduce_op::bxor);
+  });
+  CHECK(has(pair_message, "reduce_op::bxor is not defined on dtype f64"));
+}
+
+HERD_MPI_TEST_CASE("a rank waiting for a message that never comes gives up after the stall shutdown time", 2) {
+  herd::comm_options options;
+  options.stall_check_seconds = 0;
+  options.stall_shutdown_seconds = 1;
+  herd::mpi_communicator comm(MPI_COMM_WORLD, options);
+  herd::mpi_communicator patient;  // the others wait here, longer than the shutdown time
+  if (comm.rank() == 0) {
+    const std::string message = error_of([&] {
+      int x = 0;
+      auto r = comm.irecv(&x, sizeof x, 1, 11);
+      comm.wait(r);
+    });
+    INFO(message);
+    CHECK(has(message, "rank 0 has waited 1 s to receive from rank 1 (tag 11)"));
+  }
+  herd::barrier(patient);
+}
+
+HERD_MPI_TEST_CASE("environment and communicator misuse", 1) {
+  // The environment guard adopts the running MPI instead of initializing it again.
+  herd::mpi::environment again;
+  CHECK_FALSE(again.owns());
+  herd::mpi_communicator comm;
+  CHECK_THROWS_AS(comm.split(-1, 0), herd::error);
+  int x = 0;
+  CHECK_THROWS_AS(comm.isend(&x, sizeof x, comm.size(), 0), herd::error);
+  CHECK_THROWS_AS(comm.irecv(nullptr, 4, 0, 0), herd::error);
+}
