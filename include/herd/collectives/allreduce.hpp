@@ -6,7 +6,9 @@
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
 //
-// Ring algorithm (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
+// Up to 4 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// and every rank combines them itself, in rank order; larger ones take the ring
+// (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
 
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/ring.hpp>
@@ -51,6 +53,20 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
+  const std::size_t bytes = in.bytes();
+  const int p = comm.size();
+  if (p > 1 && bytes <= payload_max_bytes) {
+    // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
+    // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
+    const exchanged all = agree(comm, mine, check, in.data, bytes);
+    if (in.count == 0) return;
+    const int avg_ranks = op == reduce_op::avg ? p : 0;
+    host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
+    for (int r = 2; r < p; ++r) {
+      host_reduce(in.type, op, out.data, out.data, all.payload(r), in.count, r == p - 1 ? avg_ranks : 0);
+    }
+    return;
+  }
   agree(comm, mine, check);
   if (in.count == 0) return;
   ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),

@@ -4,10 +4,13 @@
 // A disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
 // the ranks and values concerned, instead of a hang or a corrupt result.
 //
-// The exchange is one Bruck allgather of a 32-byte signature: ceil(log2 p) rounds. It can be
-// turned off with HERD_CHECK_ARGUMENTS=0 (on every rank alike); local checks still run then, but
-// a bad argument on one rank is reported on that rank alone and may leave the others waiting.
+// The exchange is one Bruck allgather of a 40-byte signature: ceil(log2 p) rounds. Small
+// allreduces send their data along with it and need no other message. For larger collectives it
+// can be turned off with HERD_CHECK_ARGUMENTS=0 (on every rank alike); local checks still run
+// then, but a bad argument on one rank is reported on that rank alone and may leave the others
+// waiting.
 
+#include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
@@ -15,6 +18,7 @@
 #include <herd/runtime/env.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -24,25 +28,6 @@
 #include <vector>
 
 namespace herd::detail {
-
-// Every rank gets every rank's `mine`, indexed by rank: Bruck's allgather, ceil(log2 p) rounds.
-template <class T, communicator C> std::vector<T> allgather_small(C& comm, const T& mine, int tag) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  const int p = comm.size();
-  const int r = comm.rank();
-  std::vector<T> rotated(static_cast<std::size_t>(p));
-  rotated[0] = mine;
-  int have = 1;
-  for (int distance = 1; distance < p; distance *= 2) {
-    const int count = std::min(distance, p - have);
-    comm.sendrecv(rotated.data(), sizeof(T) * static_cast<std::size_t>(count), (r - distance + p) % p,
-                  rotated.data() + have, sizeof(T) * static_cast<std::size_t>(count), (r + distance) % p, tag);
-    have += count;
-  }
-  std::vector<T> all(static_cast<std::size_t>(p));
-  for (int j = 0; j < p; ++j) all[static_cast<std::size_t>((r + j) % p)] = rotated[static_cast<std::size_t>(j)];
-  return all;
-}
 
 enum class collective_kind : std::uint8_t { allreduce, broadcast, allgather, allgatherv, reduce_scatter };
 
@@ -59,16 +44,79 @@ constexpr const char* name(collective_kind k) noexcept {
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524431;  // "HRD1": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524432;  // "HRD2": guards against a rank running another herd build
   collective_kind kind = collective_kind::allreduce;
   dtype type = dtype::f32;
   reduce_op op = reduce_op::sum;
   std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
   std::int32_t root = 0;
   std::uint32_t fault_code = 0;
+  std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces)
   std::uint64_t count = 0;  // the element count every rank must agree on
   std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
 };
+
+// Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
+// this large, so a rank that sends less (or none, having taken another path) never overflows them.
+inline constexpr std::size_t payload_max_bytes = 4096;
+
+// Every rank's signature and payload, indexed by rank.
+struct exchanged {
+  std::vector<signature> signatures;
+  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
+  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
+};
+
+// Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
+// rank passes on the first min(d, p - have) blocks it holds. On the wire a message is the blocks'
+// signatures followed by their payloads, packed; the receiver reads the sizes from the signatures.
+template <communicator C>
+exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const auto parts = static_cast<std::size_t>(p);
+  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
+  std::byte* slots = scratch(parts * payload_max_bytes, 1);
+  std::byte* wire = scratch(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
+  rotated[0] = mine;
+  rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
+  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
+  std::size_t have = 1;
+  for (std::size_t distance = 1; distance < parts; distance *= 2) {
+    const std::size_t count = std::min(distance, parts - have);
+    std::byte* out = wire;
+    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
+    std::memcpy(out, rotated.data(), count * sizeof(signature));
+    std::size_t used = count * sizeof(signature);
+    for (std::size_t j = 0; j < count; ++j) {
+      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+      used += rotated[j].payload_bytes;
+    }
+    const int d = static_cast<int>(distance);
+    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
+                  tag_value(tag::agreement));
+    std::memcpy(rotated.data() + have, in, count * sizeof(signature));
+    std::size_t at = count * sizeof(signature);
+    for (std::size_t j = have; j < have + count; ++j) {
+      const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
+      rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
+      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
+      at += bytes;
+    }
+    have += count;
+  }
+  // Undo the rotation: rank (r + j) % p's block is at j.
+  exchanged result;
+  result.signatures.resize(parts);
+  std::byte* by_rank = scratch(parts * payload_max_bytes, 0);
+  for (std::size_t j = 0; j < parts; ++j) {
+    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
+    result.signatures[owner] = rotated[j];
+    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+  }
+  result.slots = by_rank;
+  return result;
+}
 
 // Accumulates the first local problem with a call's arguments, to be raised after the exchange.
 class call_check {
@@ -209,18 +257,29 @@ std::string per_rank(const std::vector<signature>& all, Field field) {
   return text;
 }
 
-// Runs the exchange and raises on every rank if anything is wrong anywhere.
-template <communicator C> void agree(C& comm, const signature& mine_in, const call_check& check) {
+// Raises on every rank if any rank's signature disagrees with the others or reports a fault.
+inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all);
+
+// Runs the exchange (carrying `payload`, when given) and raises on every rank if anything is
+// wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
+// off, it exchanges nothing.
+template <communicator C>
+exchanged agree(C& comm, const signature& mine_in, const call_check& check, const void* payload = nullptr,
+                std::size_t payload_bytes = 0) {
   signature mine = mine_in;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
-  if (!runtime::defaults().check_arguments || comm.size() == 1) {
+  if (comm.size() == 1 || (payload == nullptr && !runtime::defaults().check_arguments)) {
     if (!check.ok()) check.raise_local();
-    return;
+    return {};
   }
-  const std::vector<signature> all = allgather_small(comm, mine, tag_value(tag::agreement));
+  exchanged all = exchange(comm, mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
   if (!check.ok()) check.raise_local();
-  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  verify({name(mine.kind), comm.rank(), comm.size()}, mine, all.signatures);
+  return all;
+}
+
+inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all) {
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i].magic != mine.magic) {
       raise(site, "rank " + std::to_string(i) + " runs a different herd build or is not in the same collective",

@@ -1,0 +1,183 @@
+// herd's ring allreduce beside MPI_Allreduce of the same MPI, in the style of nccl-tests.
+//
+//   mpiexec -n 2 build/benchmarks/allreduce [--min-bytes 8] [--max-bytes 268435456] [--dtype f32]
+//                                           [--op sum] [--reps 9]
+//
+// For each size, doubling: herd and MPI each run in place on the same data, first checked against
+// each other, then timed. A repetition runs k calls back to back between barriers (k shrinks as
+// the size grows); its time per call is the slowest rank's. The table shows medians over the
+// repetitions after a warm-up. algbw = bytes / time; busbw = algbw * 2(n-1)/n, the bandwidth each
+// rank's links actually carry. "herd/MPI" is herd's busbw over MPI's: above 1, herd is faster.
+// The last column is a plain memcpy of the same bytes on one rank: the machine's memory limit.
+
+#include <herd/herd.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  herd::dtype type = herd::dtype::f32;
+  herd::reduce_op op = herd::reduce_op::sum;
+  int reps = 9;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "allreduce: %s\nusage: mpiexec -n N allreduce [--min-bytes B] [--max-bytes B] [--dtype f32|f64|f16|bf16|"
+               "i32|i64|i8|u8] [--op sum|avg|min|max|prod] [--reps R]\n",
+               why);
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("side-by-side allreduce benchmark");
+    if (i + 1 >= argc) usage(("missing value after " + flag).c_str());
+    const std::string value = argv[++i];
+    if (flag == "--min-bytes") o.min_bytes = std::stoull(value);
+    else if (flag == "--max-bytes") o.max_bytes = std::stoull(value);
+    else if (flag == "--reps") o.reps = std::max(1, std::stoi(value));
+    else if (flag == "--dtype") {
+      bool found = false;
+      for (auto t : herd::all_dtypes)
+        if (herd::name(t) == value) o.type = t, found = true;
+      if (!found) usage(("unknown dtype " + value).c_str());
+    } else if (flag == "--op") {
+      bool found = false;
+      for (auto op : herd::all_reduce_ops)
+        if (herd::name(op) == value) o.op = op, found = true;
+      if (!found) usage(("unknown op " + value).c_str());
+    } else {
+      usage(("unknown flag " + flag).c_str());
+    }
+  }
+  if (!herd::supports(o.type, o.op)) usage("that dtype does not support that op");
+  return o;
+}
+
+MPI_Datatype mpi_type(herd::dtype t) {
+  switch (t) {
+    case herd::dtype::f32: return MPI_FLOAT;
+    case herd::dtype::f64: return MPI_DOUBLE;
+    case herd::dtype::i8: return MPI_INT8_T;
+    case herd::dtype::u8: return MPI_UINT8_T;
+    case herd::dtype::i32: return MPI_INT32_T;
+    case herd::dtype::i64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;  // MPI has no standard 16-bit float types
+  }
+}
+
+MPI_Op mpi_op(herd::reduce_op op) {
+  switch (op) {
+    case herd::reduce_op::sum: return MPI_SUM;
+    case herd::reduce_op::min: return MPI_MIN;
+    case herd::reduce_op::max: return MPI_MAX;
+    case herd::reduce_op::prod: return MPI_PROD;
+    default: return MPI_OP_NULL;
+  }
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Median over repetitions of the slowest rank's time per call, in seconds.
+template <class Call> double time_calls(Call call, std::size_t bytes, int reps) {
+  const int per_rep = static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(bytes, 1), 1, 200));
+  for (int i = 0; i < std::min(per_rep, 5); ++i) call();  // warm-up
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = now();
+    for (int i = 0; i < per_rep; ++i) call();
+    double mine = (now() - start) / per_rep;
+    double slowest = 0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    samples.push_back(slowest);
+  }
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Values that every order of summation adds up exactly, so herd and MPI must agree bit for bit.
+void fill(herd::buffer_view v, int rank) {
+  herd::visit(v.type, [&](auto element) {
+    using T = decltype(element);
+    auto* data = static_cast<T*>(v.data);
+    for (std::size_t i = 0; i < v.count; ++i) data[i] = T(static_cast<float>((static_cast<int>(i) + rank) % 3 - 1));
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  herd::mpi::environment env(argc, argv);
+  const options o = parse(argc, argv);
+  herd::mpi_communicator comm;
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const std::size_t es = herd::size_of(o.type);
+  const MPI_Datatype mt = mpi_type(o.type);
+  const MPI_Op mo = mpi_op(o.op);
+  const bool mpi_comparable = mt != MPI_DATATYPE_NULL && mo != MPI_OP_NULL;
+
+  std::vector<std::byte> herd_buffer(o.max_bytes + es), mpi_buffer(o.max_bytes + es), copy_buffer(o.max_bytes + es);
+  if (rank == 0) {
+    std::printf("# herd allreduce vs MPI_Allreduce: %d ranks, %s %s, in place, medians of %d repetitions\n", n,
+                std::string(herd::name(o.type)).c_str(), std::string(herd::name(o.op)).c_str(), o.reps);
+    std::printf("# %12s %12s | %10s %9s %9s | %10s %9s %9s | %8s | %9s\n", "bytes", "count", "herd us", "algbw", "busbw",
+                "MPI us", "algbw", "busbw", "herd/MPI", "memcpy");
+    std::printf("# %12s %12s | %10s %9s %9s | %10s %9s %9s | %8s | %9s\n", "", "", "", "GB/s", "GB/s", "", "GB/s",
+                "GB/s", "busbw", "GB/s");
+  }
+  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
+    const std::size_t count = std::max<std::size_t>(bytes / es, 1);
+    const std::size_t real_bytes = count * es;
+    herd::buffer_view herd_view{herd_buffer.data(), count, o.type};
+    herd::buffer_view mpi_view{mpi_buffer.data(), count, o.type};
+
+    fill(herd_view, rank);
+    fill(mpi_view, rank);
+    herd::allreduce(herd_view, comm, o.op);
+    if (mpi_comparable) {
+      MPI_Allreduce(MPI_IN_PLACE, mpi_buffer.data(), static_cast<int>(count), mt, mo, MPI_COMM_WORLD);
+      if (std::memcmp(herd_buffer.data(), mpi_buffer.data(), real_bytes) != 0) {
+        std::fprintf(stderr, "rank %d: herd and MPI disagree at %zu bytes\n", rank, real_bytes);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    }
+
+    const double herd_s = time_calls([&] { herd::allreduce(herd_view, comm, o.op); }, real_bytes, o.reps);
+    double mpi_s = 0;
+    if (mpi_comparable) {
+      mpi_s = time_calls(
+          [&] { MPI_Allreduce(MPI_IN_PLACE, mpi_buffer.data(), static_cast<int>(count), mt, mo, MPI_COMM_WORLD); },
+          real_bytes, o.reps);
+    }
+    const double copy_s = time_calls([&] { std::memcpy(copy_buffer.data(), herd_buffer.data(), real_bytes); },
+                                     real_bytes, o.reps);
+    if (rank == 0) {
+      const double gb = static_cast<double>(real_bytes) / 1e9;
+      std::printf("  %12zu %12zu | %10.2f %9.3f %9.3f | ", real_bytes, count, herd_s * 1e6, gb / herd_s,
+                  gb / herd_s * bus_factor);
+      if (mpi_comparable) {
+        std::printf("%10.2f %9.3f %9.3f | %8.2f | ", mpi_s * 1e6, gb / mpi_s, gb / mpi_s * bus_factor, mpi_s / herd_s);
+      } else {
+        std::printf("%10s %9s %9s | %8s | ", "-", "-", "-", "-");
+      }
+      std::printf("%9.2f\n", gb / copy_s);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
