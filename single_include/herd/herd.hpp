@@ -836,7 +836,7 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long for a peer (60; 0 = never)
 //   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (0 = wait forever, the default)
-//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (262144)
+//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
 
@@ -864,7 +864,7 @@ inline double env_number(const char* variable, double fallback) {
 struct settings {
   double stall_check_seconds = 60;
   double stall_shutdown_seconds = 0;
-  std::size_t ring_segment_bytes = std::size_t{256} << 10;
+  std::size_t ring_segment_bytes = std::size_t{1} << 20;
   bool check_arguments = true;
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
 };
@@ -1742,7 +1742,7 @@ struct signature {
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
 // this large, so a rank that sends less (or none, having taken another path) never overflows them.
-inline constexpr std::size_t payload_max_bytes = 4096;
+inline constexpr std::size_t payload_max_bytes = 8192;
 
 // Every rank's signature and payload, indexed by rank.
 struct exchanged {
@@ -2368,7 +2368,7 @@ HERD_CONFIG_NAMESPACE_END
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
 //
-// Up to 4 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Up to 8 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
 // (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
 

@@ -49,7 +49,7 @@ bool identical_on_all_ranks(const void* data, std::size_t n) {
 }
 
 // Counts that matter at this world size: none, fewer than the ranks, about the ranks, a few
-// segments' worth (with the default 256 KiB segment and the small one set below).
+// segments' worth (with the default 1 MiB segment and the small one set below).
 std::vector<std::size_t> interesting_counts(int p) {
   const auto q = static_cast<std::size_t>(p);
   return {0, 1, q - 1 == 0 ? 2 : q - 1, q, q + 1, 1000, 70001};

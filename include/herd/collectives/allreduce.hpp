@@ -6,7 +6,7 @@
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
 //
-// Up to 4 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Up to 8 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
 // (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
 

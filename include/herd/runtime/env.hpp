@@ -4,7 +4,7 @@
 //
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long for a peer (60; 0 = never)
 //   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (0 = wait forever, the default)
-//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (262144)
+//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
 
@@ -33,7 +33,7 @@ inline double env_number(const char* variable, double fallback) {
 struct settings {
   double stall_check_seconds = 60;
   double stall_shutdown_seconds = 0;
-  std::size_t ring_segment_bytes = std::size_t{256} << 10;
+  std::size_t ring_segment_bytes = std::size_t{1} << 20;
   bool check_arguments = true;
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
 };

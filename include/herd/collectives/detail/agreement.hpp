@@ -58,7 +58,7 @@ struct signature {
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
 // this large, so a rank that sends less (or none, having taken another path) never overflows them.
-inline constexpr std::size_t payload_max_bytes = 4096;
+inline constexpr std::size_t payload_max_bytes = 8192;
 
 // Every rank's signature and payload, indexed by rank.
 struct exchanged {
