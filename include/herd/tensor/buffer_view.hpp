@@ -5,6 +5,7 @@
 #include <herd/tensor/traits.hpp>
 
 #include <cstddef>
+#include <vector>
 
 namespace herd {
 
@@ -65,5 +66,8 @@ template <class T> const_buffer_view const_view_of(const T& t) {
   const void* p = traits::data(const_cast<U&>(t));
   return {p, static_cast<std::size_t>(traits::size(t)), traits::dtype(t), where};
 }
+
+// Views of several tensors, of any adapted types: herd::views(weights, bias, embedding).
+template <class... T> std::vector<buffer_view> views(T&... tensors) { return {view_of(tensors)...}; }
 
 }  // namespace herd

@@ -1,0 +1,134 @@
+#pragma once
+// Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
+// the checks that a list of tensors is usable.
+
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+template <class T> inline double to_double(T x) noexcept {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+
+template <class T> inline T from_double(double x) noexcept {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return T(x);
+  else return static_cast<T>(x);
+}
+
+// dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
+// rounded once into D.
+inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
+  if (n == 0) return;
+  if (dst_type == src_type && scale == 1.0) {
+    if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
+    return;
+  }
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const S*>(src);
+      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
+        const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
+        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
+      }
+    });
+  });
+}
+
+// Raises unless every view is host memory of a valid dtype with data for its elements.
+inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& v = views[i];
+    const std::string which = std::string(what) + " " + std::to_string(i);
+    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
+    if (v.data == nullptr && v.count != 0)
+      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
+            "Allocate it before handing it to herd");
+    if (!v.device.is_cpu())
+      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
+            "Compile with nvcc for device tensors, or keep these tensors in host memory");
+  }
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
+// (whose own precision would swallow small contributions), the dtype itself otherwise.
+constexpr dtype accumulation_dtype(dtype t) noexcept {
+  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
+}
+
+// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
+inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
+  if (first) return host_cast(acc, acc_type, src, src_type, n);
+  visit(acc_type, [&](auto a) {
+    using A = decltype(a);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<A*>(acc);
+      const auto* in = static_cast<const S*>(src);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<A>(to_double(out[i]) + to_double(in[i]));
+    });
+  });
+}
+
+// dst[i] = (acc[i] + dst[i]) / divisor: the mean over the accumulated passes and the current one.
+inline void host_fold_mean(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n, double divisor) {
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(acc_type, [&](auto a) {
+      using A = decltype(a);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const A*>(acc);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>((to_double(in[i]) + to_double(out[i])) / divisor);
+    });
+  });
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
+// live in host memory: what the reference optimizers need.
+inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                    const char* operation) {
+  if (params.size() != grads.size()) {
+    raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
+          "Pass one gradient per parameter, in the same order");
+  }
+  require_host_tensors(params, operation, "parameter");
+  require_host_tensors(grads, operation, "gradient");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!is_floating_point(params[i].type)) {
+      raise({operation}, "parameter " + std::to_string(i) + " is " + std::string(name(params[i].type)),
+            "The reference optimizers update floating-point parameters (f16, bf16, f32, f64) only");
+    }
+    if (params[i].count != grads[i].count || params[i].type != grads[i].type) {
+      raise({operation}, "parameter " + std::to_string(i) + " (" + std::to_string(params[i].count) + " " +
+                             std::string(name(params[i].type)) + ") and its gradient (" + std::to_string(grads[i].count) +
+                             " " + std::string(name(grads[i].type)) + ") differ",
+            "Pass each parameter's own gradient, of the same size and dtype");
+    }
+  }
+}
+
+// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
+constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+}  // namespace herd::detail

@@ -1,0 +1,271 @@
+#pragma once
+// herd::distributed_optimizer: wraps any optimizer so that each of its steps uses the gradients
+// averaged (or summed) over all ranks, like Horovod's DistributedOptimizer.
+//
+//   herd::sgd sgd(herd::views(w, b), herd::views(grad_w, grad_b), {.lr = 0.1, .momentum = 0.9});
+//   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
+//   for (...) { forward(); backward(); opt.step(); }
+//
+// The wrapped optimizer needs only a step() member that reads the gradient tensors herd was given
+// (herd overwrites them in place with the reduced values just before calling it).
+//
+// - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
+//   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
+//   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
+// - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
+// - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16.
+// - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
+//   round only accumulate the gradients locally, the k-th reduces the mean over the k passes and
+//   steps the wrapped optimizer. The effective batch is k × ranks × per-rank batch.
+// - synchronize() reduces now (to clip or inspect the averaged gradients before step());
+//   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
+//   the reduction altogether.
+// - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
+//   and the same options, and raises herd::error on every rank if not.
+
+#include <herd/collectives/allgather.hpp>
+#include <herd/collectives/allreduce.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
+#include <herd/optim/compression.hpp>
+#include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/detail/same_tensors.hpp>
+#include <herd/runtime/env.hpp>
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/host_tensor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct optimizer_options {
+  reduce_op op = reduce_op::avg;  // avg or sum over ranks
+  double gradient_predivide_factor = 1.0;
+  int backward_passes_per_step = 1;
+  std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
+  herd::compression compression = herd::compression::none;
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class Optimizer, communicator C> class distributed_optimizer {
+ public:
+  // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
+  using gradient_source = std::function<std::vector<buffer_view>()>;
+
+  distributed_optimizer(Optimizer& inner, std::vector<buffer_view> gradients, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, gradient_source([g = std::move(gradients)] { return g; }), comm, options) {}
+
+  distributed_optimizer(Optimizer& inner, gradient_source gradients, C& comm, optimizer_options options = {})
+      : inner_(inner), gradients_(std::move(gradients)), comm_(comm), options_(options) {
+    const detail::error_site site{"distributed_optimizer", comm.rank(), comm.size()};
+    if (options_.op != reduce_op::avg && options_.op != reduce_op::sum)
+      detail::raise(site, "op " + std::string(name(options_.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
+    if (!(options_.gradient_predivide_factor > 0))
+      detail::raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
+    if (options_.gradient_predivide_factor != 1.0 && options_.op != reduce_op::avg)
+      detail::raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
+    if (options_.backward_passes_per_step < 1)
+      detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+  }
+
+  distributed_optimizer(const distributed_optimizer&) = delete;
+  distributed_optimizer& operator=(const distributed_optimizer&) = delete;
+
+  // Call once per backward pass. Returns true when this call reduced the gradients (unless
+  // already synchronized or skipped) and stepped the wrapped optimizer.
+  bool step() {
+    const bool reduce_now = !synchronized_ && !skip_;
+    if (reduce_now && accumulated_ + 1 < options_.backward_passes_per_step) {
+      accumulate();
+      return false;
+    }
+    if (reduce_now) synchronize();
+    inner_.step();
+    synchronized_ = false;
+    skip_ = false;
+    accumulated_ = 0;
+    return true;
+  }
+
+  // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
+  // them without reducing again.
+  void synchronize() {
+    std::vector<buffer_view> grads = gradients_();
+    check(grads);
+    if (accumulated_ > 0) {
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        detail::host_fold_mean(grads[i].data, grads[i].type, accumulators_[i].data(), accumulators_[i].type(),
+                               grads[i].count, static_cast<double>(accumulated_ + 1));
+      }
+      accumulated_ = 0;
+    }
+    reduce(grads);
+    synchronized_ = true;
+  }
+
+  // While the returned guard lives, step() does not reduce: for gradients reduced some other way,
+  // or for a deliberately local step.
+  class skip_guard {
+   public:
+    explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
+    skip_guard(skip_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
+    skip_guard(const skip_guard&) = delete;
+    skip_guard& operator=(const skip_guard&) = delete;
+    skip_guard& operator=(skip_guard&&) = delete;
+    ~skip_guard() {
+      if (owner_) owner_->skip_ = false;
+    }
+
+   private:
+    distributed_optimizer* owner_;
+  };
+  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
+
+  Optimizer& inner() noexcept { return inner_; }
+  C& comm() noexcept { return comm_; }
+  const optimizer_options& options() const noexcept { return options_; }
+  // Backward passes accumulated locally since the last reduction.
+  int accumulated_passes() const noexcept { return accumulated_; }
+  // Seconds spent reducing gradients (communication, packing and casting) since construction.
+  double reduce_seconds() const noexcept { return reduce_seconds_; }
+
+ private:
+  // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
+  void check(const std::vector<buffer_view>& grads) {
+    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+    detail::require_host_tensors(grads, "distributed_optimizer", "gradient");
+    if (!checked_) {
+      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
+      require_same_options();
+      shapes_.clear();
+      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+      checked_ = true;
+      return;
+    }
+    bool same = grads.size() == shapes_.size();
+    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
+    if (!same) {
+      detail::raise(site, "the gradients changed since the first step (count, size or dtype)",
+            "Hand the distributed optimizer the same gradient tensors at every step");
+    }
+  }
+
+  void require_same_options() {
+    const std::vector<std::int64_t> mine = {
+        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
+        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
+        static_cast<std::int64_t>(options_.gradient_predivide_factor * 1e9)};
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+    allgather(mine, all, comm_);
+    static const char* const names[] = {"op", "compression", "fusion_threshold_bytes", "backward_passes_per_step",
+                                        "gradient_predivide_factor"};
+    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        if (all[r * mine.size() + k] != all[k]) {
+          detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD)");
+        }
+      }
+    }
+  }
+
+  void accumulate() {
+    std::vector<buffer_view> grads = gradients_();
+    check(grads);
+    const bool first = accumulated_ == 0;
+    if (first && accumulators_.size() != grads.size()) accumulators_.resize(grads.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (first) accumulators_[i].reserve(detail::accumulation_dtype(grads[i].type), grads[i].count);
+      detail::host_accumulate(accumulators_[i].data(), accumulators_[i].type(), grads[i].data, grads[i].type,
+                              grads[i].count, first);
+    }
+    ++accumulated_;
+  }
+
+  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
+  // of up to the fusion threshold, and reduces each buffer with one allreduce.
+  void reduce(const std::vector<buffer_view>& grads) {
+    const auto start = std::chrono::steady_clock::now();
+    const bool average = options_.op == reduce_op::avg;
+    const double f = options_.gradient_predivide_factor;
+    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
+    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
+    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+
+    std::vector<bool> done(grads.size(), false);
+    for (std::size_t first = 0; first < grads.size(); ++first) {
+      if (done[first]) continue;
+      const dtype type = grads[first].type;
+      const dtype wire = wire_dtype(options_.compression, type);
+      std::vector<std::size_t> bucket;
+      std::size_t bucket_bytes = 0;
+      for (std::size_t i = first; i < grads.size(); ++i) {
+        if (done[i] || grads[i].type != type) continue;
+        done[i] = true;
+        const std::size_t bytes = grads[i].count * size_of(wire);
+        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
+          reduce_bucket(grads, bucket, wire);
+          bucket.clear();
+          bucket_bytes = 0;
+        }
+        bucket.push_back(i);
+        bucket_bytes += bytes;
+      }
+      if (!bucket.empty()) reduce_bucket(grads, bucket, wire);
+    }
+    reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire) {
+    const buffer_view& lone = grads[bucket.front()];
+    if (bucket.size() == 1 && wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0) {
+      buffer_view in_place = lone;
+      allreduce(in_place, comm_, wire_op_);
+      return;
+    }
+    std::size_t total = 0;
+    for (std::size_t i : bucket) total += grads[i].count;
+    fusion_.reserve(wire, total);
+    auto* base = static_cast<std::byte*>(fusion_.data());
+    std::size_t at = 0;
+    for (std::size_t i : bucket) {
+      detail::host_cast(base + at * size_of(wire), wire, grads[i].data, grads[i].type, grads[i].count, scale_before_);
+      at += grads[i].count;
+    }
+    buffer_view packed = fusion_.view();
+    allreduce(packed, comm_, wire_op_);
+    at = 0;
+    for (std::size_t i : bucket) {
+      detail::host_cast(grads[i].data, grads[i].type, base + at * size_of(wire), wire, grads[i].count, scale_after_);
+      at += grads[i].count;
+    }
+  }
+
+  Optimizer& inner_;
+  gradient_source gradients_;
+  C& comm_;
+  optimizer_options options_;
+  bool checked_ = false;
+  bool synchronized_ = false;
+  bool skip_ = false;
+  int accumulated_ = 0;
+  std::vector<std::pair<std::size_t, dtype>> shapes_;
+  std::vector<host_tensor> accumulators_;
+  host_tensor fusion_;
+  double scale_before_ = 1.0;
+  double scale_after_ = 1.0;
+  reduce_op wire_op_ = reduce_op::avg;
+  double reduce_seconds_ = 0;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd

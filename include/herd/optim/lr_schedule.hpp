@@ -1,0 +1,26 @@
+#pragma once
+// The learning rate for data-parallel training: the single-rank rate scaled by the number of
+// ranks (the effective batch grows with them), reached by a linear warm-up from the single-rank
+// rate over the first steps (Goyal et al., "Accurate, Large Minibatch SGD"; Horovod's
+// LearningRateWarmupCallback).
+//
+//   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
+//   sgd.set_lr(schedule(step));
+
+#include <cstddef>
+
+namespace herd {
+
+struct scaled_learning_rate {
+  double base = 0.01;            // the learning rate that works on one rank
+  int ranks = 1;                 // world size
+  std::size_t warmup_steps = 0;  // 0: the scaled rate from the first step
+
+  double operator()(std::size_t step) const noexcept {
+    const double target = base * ranks;
+    if (step >= warmup_steps) return target;
+    return base + (target - base) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  }
+};
+
+}  // namespace herd

@@ -1,0 +1,299 @@
+// The optimizer layer on local_communicator: the reference optimizers against their formulas,
+// the distributed optimizer's semantics (averaging, predivision, accumulation, synchronize and
+// skip_synchronize, fusion with mixed dtypes, compression tolerances), its cross-rank checks,
+// broadcasts, metrics and the learning-rate schedule.
+
+#include <herd/herd.hpp>
+
+#include "../support/reference.hpp"
+#include "../support/tiny_mlp.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace {
+
+// An inner optimizer that records the gradients it was stepped with.
+struct recorder {
+  std::vector<herd::buffer_view> grads;
+  std::vector<std::vector<double>> seen;
+  int steps = 0;
+  void step() {
+    ++steps;
+    seen.clear();
+    for (const auto& g : grads) {
+      std::vector<double> values(g.count);
+      herd::visit(g.type, [&](auto e) {
+        using T = decltype(e);
+        for (std::size_t i = 0; i < g.count; ++i) values[i] = herd::detail::to_double(static_cast<const T*>(g.data)[i]);
+      });
+      seen.push_back(values);
+    }
+  }
+};
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("sgd follows torch.optim.SGD: weight decay, momentum (cloned on the first step), dampening, Nesterov") {
+  for (bool nesterov : {false, true}) {
+    const double lr = 0.1, m = 0.9, wd = 0.01, damp = nesterov ? 0.0 : 0.25;
+    std::vector<double> p = {1.0, -2.0}, g = {0.5, 0.25};
+    herd::sgd opt(herd::views(p), herd::views(g), {.lr = lr, .momentum = m, .dampening = damp, .nesterov = nesterov, .weight_decay = wd});
+    double ref_p[2] = {1.0, -2.0}, buf[2] = {0, 0};
+    for (int step = 0; step < 3; ++step) {
+      g = {0.5 + step, 0.25 - step};
+      opt.step();
+      for (int j = 0; j < 2; ++j) {
+        double d = g[static_cast<std::size_t>(j)] + wd * ref_p[j];
+        buf[j] = step == 0 ? d : m * buf[j] + (1 - damp) * d;
+        d = nesterov ? d + m * buf[j] : buf[j];
+        ref_p[j] -= lr * d;
+      }
+      CHECK(p[0] == doctest::Approx(ref_p[0]).epsilon(1e-12));
+      CHECK(p[1] == doctest::Approx(ref_p[1]).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("adamw follows torch.optim.AdamW") {
+  std::vector<double> p = {1.0, -0.5, 0.0}, g(3);
+  const herd::adamw_options o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  herd::adamw opt(herd::views(p), herd::views(g), o);
+  double ref[3] = {1.0, -0.5, 0.0}, m[3] = {}, v[3] = {};
+  for (int t = 1; t <= 4; ++t) {
+    g = {0.1 * t, -0.2, 0.3 / t};
+    opt.step();
+    for (int j = 0; j < 3; ++j) {
+      const double gj = g[static_cast<std::size_t>(j)];
+      ref[j] *= 1 - o.lr * o.weight_decay;
+      m[j] = o.beta1 * m[j] + (1 - o.beta1) * gj;
+      v[j] = o.beta2 * v[j] + (1 - o.beta2) * gj * gj;
+      const double step_size = o.lr / (1 - std::pow(o.beta1, t));
+      ref[j] -= step_size * m[j] / (std::sqrt(v[j]) / std::sqrt(1 - std::pow(o.beta2, t)) + o.eps);
+      CHECK(p[static_cast<std::size_t>(j)] == doctest::Approx(ref[j]).epsilon(1e-12));
+    }
+  }
+  CHECK(opt.steps() == 4);
+}
+
+TEST_CASE("the reference optimizers take f16, bf16 and f32 parameters too, and reject bad lists") {
+  std::vector<herd::half> ph(4, herd::half(1.0f)), gh(4, herd::half(0.5f));
+  std::vector<float> pf(4, 1.0f), gf(4, 0.5f);
+  herd::sgd opt(herd::views(ph, pf), herd::views(gh, gf), {.lr = 0.5});
+  opt.step();
+  CHECK(static_cast<float>(ph[3]) == 0.75f);
+  CHECK(pf[3] == 0.75f);
+  std::vector<int> pi(2), gi(2);
+  CHECK_THROWS_WITH_AS(herd::sgd(herd::views(pi), herd::views(gi)), doctest::Contains("floating-point"), herd::error);
+  CHECK_THROWS_WITH_AS(herd::sgd(herd::views(pf), herd::views(gf, gf)), doctest::Contains("1 parameters but 2 gradients"), herd::error);
+  std::vector<float> short_grad(3);
+  CHECK_THROWS_WITH_AS(herd::adamw(herd::views(pf), herd::views(short_grad)), doctest::Contains("differ"), herd::error);
+}
+
+TEST_CASE("gradients are averaged or summed over ranks, with predivision, across mixed dtypes and fusion thresholds") {
+  for (std::size_t threshold : {std::size_t{0}, std::size_t{12}, std::size_t{1} << 20}) {
+    for (auto op : {herd::reduce_op::avg, herd::reduce_op::sum}) {
+      for (double predivide : {1.0, 4.0}) {
+        if (op == herd::reduce_op::sum && predivide != 1.0) continue;
+        herd::local::run(3, [&](herd::local_communicator& comm) {
+          const double r = comm.rank();
+          std::vector<float> a = {float(r), float(2 * r), 1.0f};
+          std::vector<double> b = {r + 0.5};
+          std::vector<herd::half> c = {herd::half(float(r)), herd::half(4.0f)};
+          std::vector<float> d(100, float(r));
+          recorder inner;
+          inner.grads = herd::views(a, b, c, d);
+          herd::distributed_optimizer opt(inner, herd::views(a, b, c, d), comm,
+                                          {.op = op, .gradient_predivide_factor = predivide, .fusion_threshold_bytes = threshold});
+          CHECK(opt.step());
+          const double k = op == herd::reduce_op::avg ? 1.0 / 3 : 1.0;  // ranks 0, 1, 2: sum of r is 3
+          CHECK(inner.seen[0][0] == doctest::Approx(3 * k));
+          CHECK(inner.seen[0][1] == doctest::Approx(6 * k));
+          CHECK(inner.seen[0][2] == doctest::Approx(3 * k));
+          CHECK(inner.seen[1][0] == doctest::Approx((3 + 1.5) * k));
+          CHECK(inner.seen[2][0] == doctest::Approx(3 * k));
+          CHECK(inner.seen[2][1] == doctest::Approx(12 * k));
+          CHECK(inner.seen[3][99] == doctest::Approx(3 * k));
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("backward_passes_per_step accumulates locally and reduces the mean of the passes every k-th step") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> g(3);
+    recorder inner;
+    inner.grads = herd::views(g);
+    herd::distributed_optimizer opt(inner, herd::views(g), comm, {.backward_passes_per_step = 3});
+    const float r = static_cast<float>(comm.rank());
+    for (int round = 0; round < 2; ++round) {
+      for (int pass = 0; pass < 3; ++pass) {
+        g = {r + static_cast<float>(pass), 10.0f * static_cast<float>(round), -1.0f};
+        CHECK(opt.accumulated_passes() == pass);
+        CHECK(opt.step() == (pass == 2));
+      }
+      CHECK(inner.steps == round + 1);
+      // Mean over passes 0, 1, 2 and ranks 0, 1 of (r + pass): 1.5.
+      CHECK(inner.seen[0][0] == doctest::Approx(1.5));
+      CHECK(inner.seen[0][1] == doctest::Approx(10.0 * round));
+      CHECK(inner.seen[0][2] == doctest::Approx(-1.0));
+    }
+  });
+}
+
+TEST_CASE("synchronize() reduces once; skip_synchronize() makes step() use local gradients") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> g(2);
+    recorder inner;
+    inner.grads = herd::views(g);
+    herd::distributed_optimizer opt(inner, herd::views(g), comm, {.op = herd::reduce_op::sum});
+    g = {1.0f, 2.0f};
+    opt.synchronize();
+    CHECK(g[0] == 2.0f);  // summed over two ranks, inspectable (and clippable) before the step
+    g[1] = 100.0f;        // e.g. clipping: step() must not reduce again
+    CHECK(opt.step());
+    CHECK(inner.seen[0][0] == 2.0);
+    CHECK(inner.seen[0][1] == 100.0);
+    g = {5.0f, static_cast<float>(comm.rank())};
+    {
+      auto skip = opt.skip_synchronize();
+      CHECK(opt.step());
+    }
+    CHECK(inner.seen[0][1] == comm.rank());
+    g = {1.0f, 1.0f};
+    CHECK(opt.step());  // the guard is gone: reduce again
+    CHECK(inner.seen[0][0] == 2.0);
+  });
+}
+
+TEST_CASE("fp16 and bf16 compression stay within their stated tolerances") {
+  // Each gradient is rounded once to the wire dtype, summed there (p - 1 roundings) and divided
+  // (one more): the error stays within 2p rounding units of the largest |gradient|, where a unit
+  // is 2^-11 for f16 and 2^-8 for bf16.
+  const int p = 4;
+  for (auto c : {herd::compression::fp16, herd::compression::bf16}) {
+    const double unit = c == herd::compression::fp16 ? 0x1.0p-11 : 0x1.0p-8;
+    std::vector<std::vector<float>> grads(p);
+    herd_test::rng g(11);
+    for (auto& v : grads) {
+      v.resize(5000);
+      for (auto& x : v) x = static_cast<float>((g.unit() - 0.5) * 8);
+    }
+    std::vector<std::vector<float>> results(p);
+    herd::local::run(p, [&](herd::local_communicator& comm) {
+      auto mine = grads[static_cast<std::size_t>(comm.rank())];
+      recorder inner;
+      inner.grads = herd::views(mine);
+      herd::distributed_optimizer opt(inner, herd::views(mine), comm, {.compression = c});
+      opt.step();
+      results[static_cast<std::size_t>(comm.rank())] = mine;
+    });
+    double worst = 0;
+    for (std::size_t i = 0; i < 5000; ++i) {
+      double exact = 0;
+      for (const auto& v : grads) exact += v[i];
+      exact /= p;
+      worst = std::max(worst, std::abs(results[0][i] - exact));
+      for (int r = 1; r < p; ++r) CHECK(results[static_cast<std::size_t>(r)][i] == results[0][i]);
+    }
+    INFO("compression ", herd::name(c), ": worst error ", worst);
+    CHECK(worst <= 2 * p * unit * 4.0);
+    CHECK(worst > 0);  // the wire really was narrower than f32
+  }
+}
+
+TEST_CASE("the distributed optimizer reports gradient and option mismatches on every rank") {
+  auto errors = [](auto body) {
+    std::vector<std::string> messages(2);
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      try {
+        body(comm);
+      } catch (const herd::error& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    return messages;
+  };
+  struct no_op {
+    void step() {}
+  };
+  for (const auto& m : errors([](herd::local_communicator& comm) {
+         std::vector<float> a(3), b(4);
+         no_op inner;
+         herd::distributed_optimizer opt(inner, comm.rank() == 0 ? herd::views(a, b) : herd::views(a), comm);
+         opt.step();
+       })) {
+    INFO(m);
+    CHECK(has(m, "rank 1 has 1 gradients but rank 0 has 2"));
+  }
+  for (const auto& m : errors([](herd::local_communicator& comm) {
+         std::vector<float> a(3);
+         std::vector<double> b(3);
+         no_op inner;
+         herd::distributed_optimizer opt(inner, comm.rank() == 0 ? herd::views(a) : herd::views(b), comm);
+         opt.step();
+       })) {
+    INFO(m);
+    CHECK(has(m, "gradient 0 is 3 elements of f32 on rank 0 but 3 elements of f64 on rank 1"));
+  }
+  for (const auto& m : errors([](herd::local_communicator& comm) {
+         std::vector<float> a(3);
+         no_op inner;
+         herd::distributed_optimizer opt(inner, herd::views(a), comm,
+                                         {.fusion_threshold_bytes = comm.rank() == 0 ? std::size_t{64} : std::size_t{128}});
+         opt.step();
+       })) {
+    INFO(m);
+    CHECK(has(m, "option fusion_threshold_bytes differs between rank 0 and rank 1"));
+  }
+  herd::local::run(1, [](herd::local_communicator& comm) {
+    no_op inner;
+    std::vector<float> a(3);
+    CHECK_THROWS_WITH_AS(herd::distributed_optimizer(inner, herd::views(a), comm, {.op = herd::reduce_op::max}),
+                         doctest::Contains("cannot combine gradients"), herd::error);
+    CHECK_THROWS_WITH_AS(herd::distributed_optimizer(inner, herd::views(a), comm, {.backward_passes_per_step = 0}),
+                         doctest::Contains("at least 1"), herd::error);
+  });
+}
+
+TEST_CASE("broadcast_object carries values, strings and vectors from the root") {
+  herd::local::run(3, [](herd::local_communicator& comm) {
+    struct state {
+      int epoch;
+      double loss;
+    } s{comm.rank() == 2 ? 7 : 0, comm.rank() == 2 ? 0.25 : 0.0};
+    std::string text = comm.rank() == 2 ? "resume from epoch 7" : "x";
+    std::vector<std::int64_t> list = comm.rank() == 2 ? std::vector<std::int64_t>{1, 2, 3} : std::vector<std::int64_t>{};
+    herd::broadcast_object(s, comm, 2);
+    herd::broadcast_object(text, comm, 2);
+    herd::broadcast_object(list, comm, 2);
+    CHECK(s.epoch == 7);
+    CHECK(s.loss == 0.25);
+    CHECK(text == "resume from epoch 7");
+    CHECK(list == std::vector<std::int64_t>{1, 2, 3});
+  });
+}
+
+TEST_CASE("metrics combine across ranks; the learning rate scales with a linear warm-up") {
+  herd::local::run(4, [](herd::local_communicator& comm) {
+    herd::metric accuracy;
+    // Rank r saw r + 1 samples, all with value r: the weighted mean is (0*1 + 1*2 + 2*3 + 3*4) / 10 = 2.
+    accuracy.add(comm.rank(), comm.rank() + 1);
+    CHECK(accuracy.global_mean(comm) == doctest::Approx(2.0));
+    CHECK(herd::average(comm.rank(), comm) == doctest::Approx(1.5));
+    herd::metric empty;
+    CHECK(empty.global_mean(comm) == 0.0);
+  });
+  const herd::scaled_learning_rate lr{.base = 0.1, .ranks = 4, .warmup_steps = 10};
+  CHECK(lr(0) == doctest::Approx(0.1));
+  CHECK(lr(5) == doctest::Approx(0.25));
+  CHECK(lr(10) == doctest::Approx(0.4));
+  CHECK(lr(1000) == doctest::Approx(0.4));
+  CHECK(herd::scaled_learning_rate{.base = 0.1, .ranks = 2}(0) == doctest::Approx(0.2));
+}
