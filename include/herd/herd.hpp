@@ -12,6 +12,7 @@
 
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/dlpack.hpp>
+#include <herd/tensor/host_tensor.hpp>
 #include <herd/tensor/std.hpp>
 #include <herd/tensor/traits.hpp>
 
@@ -26,5 +27,17 @@
 #include <herd/collectives/barrier.hpp>
 #include <herd/collectives/broadcast.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
+
+#include <herd/data/distributed_sampler.hpp>
+
+#include <herd/optim/adamw.hpp>
+#include <herd/optim/broadcast.hpp>
+#include <herd/optim/checkpoint.hpp>
+#include <herd/optim/compression.hpp>
+#include <herd/optim/distributed_optimizer.hpp>
+#include <herd/optim/lr_schedule.hpp>
+#include <herd/optim/metrics.hpp>
+#include <herd/optim/optimizer_state.hpp>
+#include <herd/optim/sgd.hpp>
 
 #include <herd/runtime/env.hpp>

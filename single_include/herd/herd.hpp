@@ -547,6 +547,7 @@ template <class T> constexpr void require_writable_tensor() {
 }  // namespace herd
 
 #include <cstddef>
+#include <vector>
 
 namespace herd {
 
@@ -607,6 +608,9 @@ template <class T> const_buffer_view const_view_of(const T& t) {
   const void* p = traits::data(const_cast<U&>(t));
   return {p, static_cast<std::size_t>(traits::size(t)), traits::dtype(t), where};
 }
+
+// Views of several tensors, of any adapted types: herd::views(weights, bias, embedding).
+template <class... T> std::vector<buffer_view> views(T&... tensors) { return {view_of(tensors)...}; }
 
 }  // namespace herd
 
@@ -775,6 +779,66 @@ template <> struct tensor_traits<DLTensor> {
                     " is not supported. herd takes kDLCPU, kDLCUDAHost, kDLCUDA and kDLCUDAManaged.");
     }
   }
+};
+
+}  // namespace herd
+
+// ---- herd/tensor/host_tensor.hpp ----
+// herd::host_tensor: a small owning buffer of host memory with a dtype. herd uses it for
+// optimizer state and staging; users may too.
+
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+namespace herd {
+
+class host_tensor {
+ public:
+  host_tensor() = default;
+  host_tensor(herd::dtype type, std::size_t count)
+      : bytes_(count * size_of(type) == 0 ? nullptr : new std::byte[count * size_of(type)]()), count_(count), type_(type) {}
+
+  host_tensor(host_tensor&&) noexcept = default;
+  host_tensor& operator=(host_tensor&&) noexcept = default;
+  host_tensor(const host_tensor& other) : host_tensor(other.type_, other.count_) {
+    if (count_ != 0) std::memcpy(bytes_.get(), other.bytes_.get(), bytes());
+  }
+  host_tensor& operator=(const host_tensor& other) {
+    if (this != &other) *this = host_tensor(other);
+    return *this;
+  }
+
+  void* data() noexcept { return bytes_.get(); }
+  const void* data() const noexcept { return bytes_.get(); }
+  std::size_t count() const noexcept { return count_; }
+  herd::dtype type() const noexcept { return type_; }
+  std::size_t bytes() const noexcept { return count_ * size_of(type_); }
+  buffer_view view() noexcept { return {data(), count_, type_, device::cpu()}; }
+
+  // Grows (never shrinks) to hold at least `count` elements of `type`; the contents are lost.
+  void reserve(herd::dtype type, std::size_t count) {
+    if (count * size_of(type) > capacity_bytes()) *this = host_tensor(type, count);
+    type_ = type;
+    count_ = count;
+  }
+
+ private:
+  std::size_t capacity_bytes() const noexcept { return bytes_ ? capacity_ : 0; }
+
+  std::unique_ptr<std::byte[]> bytes_;
+  std::size_t count_ = 0;
+  herd::dtype type_ = herd::dtype::f32;
+  std::size_t capacity_ = count_ * size_of(type_);
+};
+
+template <> struct tensor_traits<host_tensor> {
+  static void* data(host_tensor& t) noexcept { return t.data(); }
+  static const void* data(const host_tensor& t) noexcept { return t.data(); }
+  static std::size_t size(const host_tensor& t) noexcept { return t.count(); }
+  static herd::dtype dtype(const host_tensor& t) noexcept { return t.type(); }
+  static herd::device device(const host_tensor&) noexcept { return herd::device::cpu(); }
 };
 
 }  // namespace herd
@@ -2646,5 +2710,2005 @@ void reduce_scatter(const In& input, Out& output, C& comm, reduce_op op = reduce
 }
 
 HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+
+// ---- herd/data/distributed_sampler.hpp ----
+// herd::distributed_sampler: which samples of a dataset each rank reads in an epoch, with the
+// partition rules of PyTorch's DistributedSampler, so that a model ported from PyTorch sees the
+// same split (the shuffled order itself comes from herd::random_engine, not torch's randperm).
+//
+//   herd::distributed_sampler sampler(dataset.size(), comm);
+//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);   // without it every epoch repeats the same order
+//     for (std::span<const std::size_t> batch : sampler.batches(64)) train_step(dataset, batch);
+//   }
+//
+// N = dataset size, W = world size. Each rank takes num_samples indices per epoch:
+//   num_samples = ceil((N - W) / W) if drop_last and N % W != 0, else ceil(N / W)
+//   (both equal floor(N / W) under drop_last, 0 when N < W); total = num_samples * W.
+// The epoch's order is permutation(N, seed + epoch) when shuffling, else 0..N-1. Without
+// drop_last it is padded to `total` by repeating it from its start; with drop_last it is cut to
+// `total`. Rank r takes order[r], order[r + W], order[r + 2W], ...
+//
+// Padding gives every rank the same number of samples (and batches), which training needs: a
+// rank that runs out of batches early leaves the others waiting in an allreduce. For evaluation
+// the duplicates skew summed metrics; for_evaluation() turns padding off instead.
+
+
+// ---- herd/core/random.hpp ----
+// herd::random_engine: a small seeded PRNG whose stream is the same on every platform, compiler
+// and standard library, so that every rank of a job (and every rerun) draws the same numbers.
+// std:: engines are portable but std:: distributions are not, hence our own uniform_below.
+//
+// The exact algorithms, enough to reproduce the stream elsewhere (all arithmetic mod 2^64):
+//
+//   splitmix64(x):  x += 0x9e3779b97f4a7c15; z = x;
+//                   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+//                   z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+//                   return z ^ (z >> 31)               (x is the caller's running state)
+//
+//   seeding:        x = seed; s[0], s[1], s[2], s[3] = four successive splitmix64(x) outputs
+//                   (never all zero: splitmix64 is a bijection of distinct counters)
+//
+//   next():         xoshiro256** (Blackman and Vigna, 2018), rotl = rotate left
+//                   result = rotl(s[1] * 5, 7) * 9;
+//                   t = s[1] << 17;
+//                   s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+//                   s[2] ^= t; s[3] = rotl(s[3], 45);
+//                   return result
+//
+//   uniform_below(n), n >= 1: Lemire's multiply-and-reject ("Fast random integer generation in
+//   an interval", 2019), unbiased in [0, n):
+//                   m = next() * n as a 128-bit product; low = m mod 2^64
+//                   if low < n:
+//                     threshold = (2^64 - n) mod n
+//                     while low < threshold: m = next() * n; low = m mod 2^64
+//                   return m >> 64
+//   It consumes one next() per call except on rejection, which happens with probability
+//   threshold / 2^64 < n / 2^64.
+
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+namespace herd {
+namespace detail {
+
+// One step of splitmix64: advances `state` and returns the mixed output.
+constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  return z ^ (z >> 31);
+}
+
+struct u128_parts {
+  std::uint64_t high;
+  std::uint64_t low;
+};
+
+// The same product without __int128; kept callable everywhere so tests can compare the two.
+constexpr u128_parts multiply_wide_portable(std::uint64_t a, std::uint64_t b) noexcept {
+  const std::uint64_t mask = 0xffffffffu;
+  const std::uint64_t a_lo = a & mask, a_hi = a >> 32, b_lo = b & mask, b_hi = b >> 32;
+  const std::uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
+  // At most (2^32 - 1)^2 + 2 * (2^32 - 1) = 2^64 - 1: no carry is lost.
+  const std::uint64_t middle = (lo_lo >> 32) + (hi_lo & mask) + lo_hi;
+  return {hi_hi + (hi_lo >> 32) + (middle >> 32), (middle << 32) | (lo_lo & mask)};
+}
+
+// The full 64x64 -> 128-bit product. Compilers without __int128 (MSVC) take the schoolbook route
+// on 32-bit halves, which gives the same bits.
+constexpr u128_parts multiply_wide(std::uint64_t a, std::uint64_t b) noexcept {
+#if defined(__SIZEOF_INT128__)
+  __extension__ typedef unsigned __int128 u128;  // __extension__: quiet under -Wpedantic
+  const u128 m = static_cast<u128>(a) * b;
+  return {static_cast<std::uint64_t>(m >> 64), static_cast<std::uint64_t>(m)};
+#else
+  return multiply_wide_portable(a, b);
+#endif
+}
+
+}  // namespace detail
+
+class random_engine {
+ public:
+  using result_type = std::uint64_t;
+
+  explicit constexpr random_engine(std::uint64_t seed_value = 0) noexcept { seed(seed_value); }
+
+  // Restarts the stream: the same seed gives the same numbers.
+  constexpr void seed(std::uint64_t seed_value) noexcept {
+    std::uint64_t x = seed_value;
+    for (auto& word : state_) word = detail::splitmix64(x);
+  }
+
+  // The next 64 random bits (xoshiro256**).
+  constexpr std::uint64_t next() noexcept {
+    const std::uint64_t result = std::rotl(state_[1] * 5, 7) * 9;
+    const std::uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = std::rotl(state_[3], 45);
+    return result;
+  }
+
+  // Uniform in [0, n), without modulo bias; n == 0 is a herd::error (the interval is empty).
+  constexpr std::uint64_t uniform_below(std::uint64_t n) {
+    if (n == 0) {
+      detail::raise({"random_engine::uniform_below"}, "the bound is 0, so [0, n) is empty",
+                    "Pass n >= 1");
+    }
+    detail::u128_parts m = detail::multiply_wide(next(), n);
+    if (m.low < n) {
+      // 2^64 mod n: products whose low word falls below it would make some results more likely.
+      const std::uint64_t threshold = (std::uint64_t{0} - n) % n;
+      while (m.low < threshold) m = detail::multiply_wide(next(), n);
+    }
+    return m.high;
+  }
+
+  // UniformRandomBitGenerator, for code that wants one; std:: distributions on top of it are
+  // not portable across standard libraries, uniform_below is.
+  static constexpr result_type min() noexcept { return 0; }
+  static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
+  constexpr result_type operator()() noexcept { return next(); }
+
+  friend constexpr bool operator==(const random_engine&, const random_engine&) noexcept = default;
+
+ private:
+  std::uint64_t state_[4] = {};
+};
+
+}  // namespace herd
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct sampler_options {
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // must be the same on every rank; the epoch's order uses seed + epoch
+  bool drop_last = false;  // drop the tail that does not fill every rank, instead of padding
+  bool pad = true;         // false: no padding, rank sizes may differ by one (ignored with drop_last)
+};
+
+// A permutation of 0..n-1, the same on every platform for a given seed: Fisher-Yates from the
+// last element down, for i = n-1 .. 1 swap p[i] with p[j], j = engine.uniform_below(i + 1), where
+// engine = random_engine(seed) and p starts as 0..n-1.
+inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  random_engine engine(seed);
+  for (std::size_t i = n; i-- > 1;) {
+    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+// Consecutive batches of an index list: a forward range of std::span<const std::size_t>, each
+// batch_size long except a short last one (dropped with drop_last_batch). It owns the indices,
+// so its spans live as long as the range does (a range-for over a temporary keeps it alive).
+class batch_range {
+ public:
+  class iterator {
+   public:
+    using value_type = std::span<const std::size_t>;
+    using reference = value_type;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::forward_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // by the legacy rules: * yields a value
+
+    iterator() = default;
+
+    value_type operator*() const { return {data_ + position_, std::min(batch_size_, limit_ - position_)}; }
+    iterator& operator++() {
+      position_ = std::min(position_ + batch_size_, limit_);
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator before = *this;
+      ++*this;
+      return before;
+    }
+    friend bool operator==(const iterator&, const iterator&) = default;
+
+   private:
+    friend class batch_range;
+    iterator(const std::size_t* data, std::size_t position, std::size_t limit, std::size_t batch_size)
+        : data_(data), position_(position), limit_(limit), batch_size_(batch_size) {}
+
+    const std::size_t* data_ = nullptr;
+    std::size_t position_ = 0;
+    std::size_t limit_ = 0;  // one past the last index that belongs to some batch
+    std::size_t batch_size_ = 1;
+  };
+
+  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false)
+      : indices_(std::move(indices)), batch_size_(batch_size) {
+    if (batch_size == 0) {
+      detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
+    }
+    limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
+  }
+
+  iterator begin() const { return {indices_.data(), 0, limit_, batch_size_}; }
+  iterator end() const { return {indices_.data(), limit_, limit_, batch_size_}; }
+
+  // The number of batches.
+  std::size_t size() const noexcept { return limit_ / batch_size_ + (limit_ % batch_size_ != 0 ? 1 : 0); }
+  bool empty() const noexcept { return limit_ == 0; }
+  std::span<const std::size_t> operator[](std::size_t i) const {
+    const std::size_t first = i * batch_size_;
+    return {indices_.data() + first, std::min(batch_size_, limit_ - first)};
+  }
+
+  std::size_t batch_size() const noexcept { return batch_size_; }
+  // Every index of the range, including a dropped short tail.
+  const std::vector<std::size_t>& indices() const noexcept { return indices_; }
+
+ private:
+  std::vector<std::size_t> indices_;
+  std::size_t batch_size_;
+  std::size_t limit_ = 0;
+};
+
+class distributed_sampler {
+ public:
+  // Every rank must pass the same dataset_size and options; nothing checks this across ranks.
+  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {})
+      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
+    if (world_size < 1) {
+      detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
+                    "Pass the number of ranks (comm.size()), at least 1");
+    }
+    if (rank < 0 || rank >= world_size) {
+      detail::raise({"distributed_sampler", rank, world_size},
+                    "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+                    "Pass this process's rank (comm.rank())");
+    }
+    const auto w = static_cast<std::size_t>(world_size);
+    // ceil(N / W) written so that it cannot overflow; under drop_last PyTorch's
+    // ceil((N - W) / W) for N % W != 0 is floor(N / W) too, and 0 when N < W.
+    num_samples_ = options_.drop_last ? dataset_size / w : dataset_size / w + (dataset_size % w != 0 ? 1 : 0);
+  }
+
+  template <communicator C>
+  distributed_sampler(std::size_t dataset_size, const C& comm, sampler_options options = {})
+      : distributed_sampler(dataset_size, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), options) {}
+
+  // For evaluation: no shuffle, no padding, nothing dropped. Rank r gets r, r+W, r+2W, ... < N,
+  // so metrics summed across ranks count every sample exactly once; rank sizes differ by at most
+  // one, so loop over this rank's own batches without a collective per batch.
+  static distributed_sampler for_evaluation(std::size_t dataset_size, int world_size, int rank) {
+    return distributed_sampler(dataset_size, world_size, rank, evaluation_options());
+  }
+  template <communicator C>
+  static distributed_sampler for_evaluation(std::size_t dataset_size, const C& comm) {
+    return distributed_sampler(dataset_size, comm, evaluation_options());
+  }
+
+  // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
+  // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
+  void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
+    if (start > size()) {
+      detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
+                    "start " + std::to_string(start) + " is beyond the " + std::to_string(size()) +
+                        " samples this rank has per epoch",
+                    "Pass the number of this rank's samples of the epoch already consumed, at most size()");
+    }
+    epoch_ = epoch;
+    start_ = start;
+  }
+
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  std::size_t start() const noexcept { return start_; }
+
+  // This rank's samples per epoch (PyTorch's num_samples), counting from the epoch's beginning,
+  // not from start(). Without padding, this rank's own share.
+  std::size_t size() const noexcept {
+    if (!equal_shares()) {
+      const auto w = static_cast<std::size_t>(world_size_);
+      const auto r = static_cast<std::size_t>(rank_);
+      return dataset_size_ / w + (r < dataset_size_ % w ? 1 : 0);
+    }
+    return num_samples_;
+  }
+  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding.
+  std::size_t total_size() const noexcept {
+    return equal_shares() ? num_samples_ * static_cast<std::size_t>(world_size_) : dataset_size_;
+  }
+  std::size_t dataset_size() const noexcept { return dataset_size_; }
+  int world_size() const noexcept { return world_size_; }
+  int rank() const noexcept { return rank_; }
+  const sampler_options& options() const noexcept { return options_; }
+
+  // This rank's indices for the current epoch, from start() on.
+  std::vector<std::size_t> indices() const {
+    const std::size_t count = size();
+    std::vector<std::size_t> result;
+    result.reserve(count - start_);
+    const auto w = static_cast<std::size_t>(world_size_);
+    const auto r = static_cast<std::size_t>(rank_);
+    // Position p of the padded order is order[p % N]: padding repeats the order from its start,
+    // and positions below N (all of them without padding) are the order itself.
+    if (options_.shuffle) {
+      const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(order[(r + k * w) % dataset_size_]);
+    } else {
+      for (std::size_t k = start_; k < count; ++k) result.push_back((r + k * w) % dataset_size_);
+    }
+    return result;
+  }
+
+  // This rank's indices from start() in batches of batch_size; the last one is short unless
+  // drop_last_batch drops it.
+  batch_range batches(std::size_t batch_size, bool drop_last_batch = false) const {
+    check_batch_size("distributed_sampler::batches", batch_size);
+    return batch_range(indices(), batch_size, drop_last_batch);
+  }
+
+  // How many batches batches(batch_size, drop_last_batch) yields, without building them.
+  std::size_t batch_count(std::size_t batch_size, bool drop_last_batch = false) const {
+    check_batch_size("distributed_sampler::batch_count", batch_size);
+    const std::size_t remaining = size() - start_;
+    return remaining / batch_size + (!drop_last_batch && remaining % batch_size != 0 ? 1 : 0);
+  }
+
+ private:
+  static sampler_options evaluation_options() noexcept {
+    sampler_options options;
+    options.shuffle = false;
+    options.drop_last = false;
+    options.pad = false;
+    return options;
+  }
+
+  // Every rank gets num_samples: padded, or cut by drop_last (which never pads, so pad only
+  // matters without it).
+  bool equal_shares() const noexcept { return options_.drop_last || options_.pad; }
+
+  void check_batch_size(const char* operation, std::size_t batch_size) const {
+    if (batch_size == 0) {
+      detail::raise({operation, rank_, world_size_}, "the batch size is 0",
+                    "Pass a batch size of at least 1");
+    }
+  }
+
+  std::size_t dataset_size_;
+  int world_size_;
+  int rank_;
+  sampler_options options_;
+  std::size_t num_samples_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::size_t start_ = 0;
+};
+
+}  // namespace herd
+
+
+// ---- herd/optim/adamw.hpp ----
+// herd::adamw: Adam with decoupled weight decay, for parameters in host memory of any
+// floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
+//
+//   t += 1;  p = p * (1 - lr * weight_decay)
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
+//   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype.
+
+
+// ---- herd/optim/detail/host_ops.hpp ----
+// Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
+// the checks that a list of tensors is usable.
+
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+template <class T> inline double to_double(T x) noexcept {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+
+template <class T> inline T from_double(double x) noexcept {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return T(x);
+  else return static_cast<T>(x);
+}
+
+// dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
+// rounded once into D.
+inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
+  if (n == 0) return;
+  if (dst_type == src_type && scale == 1.0) {
+    if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
+    return;
+  }
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const S*>(src);
+      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
+        const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
+        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
+      }
+    });
+  });
+}
+
+// Raises unless every view is host memory of a valid dtype with data for its elements.
+inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& v = views[i];
+    const std::string which = std::string(what) + " " + std::to_string(i);
+    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
+    if (v.data == nullptr && v.count != 0)
+      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
+            "Allocate it before handing it to herd");
+    if (!v.device.is_cpu())
+      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
+            "Compile with nvcc for device tensors, or keep these tensors in host memory");
+  }
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
+// (whose own precision would swallow small contributions), the dtype itself otherwise.
+constexpr dtype accumulation_dtype(dtype t) noexcept {
+  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
+}
+
+// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
+inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
+  if (first) return host_cast(acc, acc_type, src, src_type, n);
+  visit(acc_type, [&](auto a) {
+    using A = decltype(a);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<A*>(acc);
+      const auto* in = static_cast<const S*>(src);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<A>(to_double(out[i]) + to_double(in[i]));
+    });
+  });
+}
+
+// dst[i] = (acc[i] + dst[i]) / divisor: the mean over the accumulated passes and the current one.
+inline void host_fold_mean(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n, double divisor) {
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(acc_type, [&](auto a) {
+      using A = decltype(a);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const A*>(acc);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>((to_double(in[i]) + to_double(out[i])) / divisor);
+    });
+  });
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
+// live in host memory: what the reference optimizers need.
+inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                    const char* operation) {
+  if (params.size() != grads.size()) {
+    raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
+          "Pass one gradient per parameter, in the same order");
+  }
+  require_host_tensors(params, operation, "parameter");
+  require_host_tensors(grads, operation, "gradient");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!is_floating_point(params[i].type)) {
+      raise({operation}, "parameter " + std::to_string(i) + " is " + std::string(name(params[i].type)),
+            "The reference optimizers update floating-point parameters (f16, bf16, f32, f64) only");
+    }
+    if (params[i].count != grads[i].count || params[i].type != grads[i].type) {
+      raise({operation}, "parameter " + std::to_string(i) + " (" + std::to_string(params[i].count) + " " +
+                             std::string(name(params[i].type)) + ") and its gradient (" + std::to_string(grads[i].count) +
+                             " " + std::string(name(grads[i].type)) + ") differ",
+            "Pass each parameter's own gradient, of the same size and dtype");
+    }
+  }
+}
+
+// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
+constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+}  // namespace herd::detail
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct adamw_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+class adamw {
+ public:
+  adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options = {})
+      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+    detail::require_parameter_pairs(params_, grads_, "adamw");
+    for (const auto& p : params_) {
+      exp_avg_.emplace_back(detail::state_dtype(p.type), p.count);
+      exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
+    }
+  }
+
+  void step() {
+    ++steps_;
+    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], exp_avg_[i], exp_avg_sq_[i]);
+  }
+
+  double lr() const noexcept { return options_.lr; }
+  void set_lr(double lr) noexcept { options_.lr = lr; }
+  const adamw_options& options() const noexcept { return options_; }
+  std::int64_t steps() const noexcept { return steps_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("step"), buffer_view{&steps_, 1, dtype::i64, device::cpu()});
+    for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
+      f("exp_avg." + std::to_string(i), exp_avg_[i].view());
+      f("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i].view());
+    }
+  }
+
+ private:
+  void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const {
+    visit(param.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        auto* p = static_cast<T*>(param.data);
+        const auto* g = static_cast<const T*>(grad.data);
+        auto* m = static_cast<S*>(m_state.data());
+        auto* v = static_cast<S*>(v_state.data());
+        const double t = static_cast<double>(steps_);
+        const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
+        const auto b1 = static_cast<S>(options_.beta1);
+        const auto b2 = static_cast<S>(options_.beta2);
+        const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
+        const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
+        const auto eps = static_cast<S>(options_.eps);
+        for (std::size_t j = 0; j < param.count; ++j) {
+          const S gj = static_cast<S>(g[j]);
+          const S pj = static_cast<S>(p[j]) * decay;
+          m[j] = b1 * m[j] + (1 - b1) * gj;
+          v[j] = b2 * v[j] + (1 - b2) * gj * gj;
+          p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
+        }
+      }
+    });
+  }
+
+  std::vector<buffer_view> params_;
+  std::vector<buffer_view> grads_;
+  adamw_options options_;
+  std::vector<host_tensor> exp_avg_;
+  std::vector<host_tensor> exp_avg_sq_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace herd
+
+// ---- herd/optim/broadcast.hpp ----
+// Making every rank start from the same state, as Horovod's broadcast_parameters,
+// broadcast_optimizer_state and broadcast_object do.
+//
+//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step
+//   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
+//   herd::broadcast_object(epoch, comm, 0);                    // trivially copyable values, strings, vectors of them
+//
+// Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
+
+
+// ---- herd/optim/detail/same_tensors.hpp ----
+// Checks that every rank holds the same list of tensors (`what` names one, in the singular) (count, sizes, dtypes) before a sequence
+// of collectives over them, so that a rank with a different model fails with a message on every
+// rank instead of pairing its tensors with the wrong ones or waiting forever.
+
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const char* operation, const char* what) {
+  std::vector<std::int64_t> mine;
+  mine.reserve(views.size());
+  for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
+  std::vector<std::int64_t> all;
+  const std::vector<std::size_t> counts = allgatherv(mine, all, comm);
+  const error_site site{operation, comm.rank(), comm.size()};
+  auto describe = [](std::int64_t code) {
+    const auto u = static_cast<std::uint64_t>(code);
+    return std::to_string(u >> 8) + " elements of " + std::string(name(static_cast<dtype>(u & 0xffu)));
+  };
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
+    if (counts[r] != counts[0]) {
+      raise(site, "rank " + std::to_string(r) + " has " + std::to_string(counts[r]) + " " + what + "s but rank 0 has " +
+                      std::to_string(counts[0]),
+            std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+    }
+    for (std::size_t i = 0; i < counts[r]; ++i) {
+      if (all[offset + i] != all[i]) {
+        raise(site, std::string(what) + " " + std::to_string(i) + " is " + describe(all[i]) + " on rank 0 but " +
+                        describe(all[offset + i]) + " on rank " + std::to_string(r),
+              std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+      }
+    }
+  }
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+// ---- herd/optim/optimizer_state.hpp ----
+// How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
+// broadcast_optimizer_state and checkpoints. An optimizer either has a member
+//
+//   template <class F> void visit_state(F&& f);   // calls f(std::string_view name, herd::buffer_view tensor)
+//
+// or a specialization of herd::optimizer_state_traits<Optimizer> with a static visit(opt, f).
+// The state must exist before the first step (allocate it in the constructor), so that a freshly
+// built optimizer can receive state from another rank or from a checkpoint.
+
+
+#include <string_view>
+#include <utility>
+
+namespace herd {
+
+template <class Optimizer> struct optimizer_state_traits {
+  template <class F> static void visit(Optimizer& opt, F&& f) {
+    static_assert(requires { opt.visit_state(std::forward<F>(f)); },
+                  "herd: this optimizer does not expose its state. Give it a member template "
+                  "visit_state(F&& f) calling f(name, herd::buffer_view) for each state tensor, or specialize "
+                  "herd::optimizer_state_traits<YourOptimizer>.");
+    opt.visit_state(std::forward<F>(f));
+  }
+};
+
+// Calls f(name, view) for every state tensor of `opt`.
+template <class Optimizer, class F> void visit_optimizer_state(Optimizer& opt, F&& f) {
+  optimizer_state_traits<Optimizer>::visit(opt, std::forward<F>(f));
+}
+
+}  // namespace herd
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
+  detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
+  for (buffer_view p : params) broadcast(p, comm, root);
+}
+
+template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
+  std::vector<buffer_view> state;
+  visit_optimizer_state(opt, [&](const auto&, buffer_view v) { state.push_back(v); });
+  detail::require_same_tensors(state, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  for (buffer_view s : state) broadcast(s, comm, root);
+}
+
+template <class T, communicator C>
+  requires std::is_trivially_copyable_v<T>
+void broadcast_object(T& value, C& comm, int root = 0) {
+  buffer_view bytes{&value, sizeof(T), dtype::u8, device::cpu()};
+  broadcast(bytes, comm, root);
+}
+
+template <communicator C> void broadcast_object(std::string& text, C& comm, int root = 0) {
+  auto length = static_cast<std::int64_t>(text.size());
+  broadcast_object(length, comm, root);
+  text.resize(static_cast<std::size_t>(length));
+  buffer_view bytes{text.data(), text.size(), dtype::u8, device::cpu()};
+  broadcast(bytes, comm, root);
+}
+
+template <class T, class Allocator, communicator C>
+  requires std::is_trivially_copyable_v<T>
+void broadcast_object(std::vector<T, Allocator>& values, C& comm, int root = 0) {
+  auto length = static_cast<std::int64_t>(values.size());
+  broadcast_object(length, comm, root);
+  values.resize(static_cast<std::size_t>(length));
+  buffer_view bytes{values.data(), values.size() * sizeof(T), dtype::u8, device::cpu()};
+  broadcast(bytes, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/optim/checkpoint.hpp ----
+// herd::checkpoint: a named set of tensors and plain values that one rank saves to a file and
+// every rank restores.
+//
+//   herd::checkpoint state;
+//   state.add("weights", weights).add("momentum", momentum).add_value("epoch", epoch);
+//   state.save("run/state.herd", comm);             // rank 0 writes; every rank returns together
+//   if (!state.load("run/state.herd", comm)) {...}  // rank 0 reads; every rank ends with its values
+//
+// save() writes a temporary file next to the target, syncs it and renames it over the target, so
+// a writer killed at any moment leaves the previous checkpoint whole. load() checks the whole file
+// (structure, checksum, the set of entries, each entry's dtype and size) before it writes into any
+// registered tensor. Only host memory is saved; POSIX only (fsync, rename).
+//
+// File format, version 1. Integers are little-endian; tensor and value bytes are the host's memory
+// as it is (so a checkpoint moves between machines of one byte order).
+//   magic      8 bytes  "HERDCKPT"
+//   version    u32      1
+//   entries    u64
+//   per entry, in the order they were added:
+//     name     u32 length, then that many bytes (no terminator)
+//     kind     u8       0: tensor, 1: value
+//     dtype    u8       a herd::dtype for a tensor, 0xff for a value
+//     count    u64      elements of a tensor, bytes of a value
+//     data     count * size_of(dtype) bytes for a tensor, count bytes for a value
+//   checksum   u64      FNV-1a 64 of every byte before it
+
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+// Test hook: called after entry `entry_index` has been handed to the temporary file, so a test
+// can kill the writer half way through a save. Not for production use.
+inline void (*checkpoint_after_entry_hook)(std::size_t entry_index) = nullptr;
+
+}  // namespace detail
+
+// What herd::checkpoint is built from: the file format, the reader and writer, messages between ranks.
+namespace detail::ckpt {
+
+inline constexpr char magic_bytes[8] = {'H', 'E', 'R', 'D', 'C', 'K', 'P', 'T'};
+inline constexpr std::uint32_t format_version = 1;
+inline constexpr std::uint8_t value_dtype = 0xff;
+// Magic, version, entry count, checksum: a file shorter than this cannot be a checkpoint.
+inline constexpr std::uint64_t min_file_bytes = 8 + 4 + 8 + 8;
+// Name length, kind, dtype, count.
+inline constexpr std::uint64_t entry_header_bytes = 4 + 1 + 1 + 8;
+
+enum class entry_kind : std::uint8_t { tensor = 0, value = 1 };
+
+// A problem found before it is known which rank reports it. Thrown and caught inside this header
+// only; the public functions turn it into herd::error with their own error_site.
+struct failure {
+  std::string what;
+  std::string todo;
+};
+
+// One entry as the file (or a rank's registrations) describes it.
+struct record {
+  std::string name;
+  entry_kind kind = entry_kind::tensor;
+  std::uint8_t type = 0;  // herd::dtype's value, or value_dtype
+  std::uint64_t count = 0;
+  std::uint64_t offset = 0;  // of the data, in the file
+  std::uint64_t bytes = 0;   // of the data
+};
+
+struct fnv1a64 {
+  std::uint64_t state = 14695981039346656037ull;
+  void update(const void* data, std::size_t n) noexcept {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) {
+      state ^= p[i];
+      state *= 1099511628211ull;
+    }
+  }
+};
+
+inline void append_le(std::vector<unsigned char>& out, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<unsigned char>(value >> (8 * i)));
+}
+
+inline std::uint64_t load_le(const unsigned char* p, int bytes) noexcept {
+  std::uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= std::uint64_t{p[i]} << (8 * i);
+  return value;
+}
+
+inline std::string system_message(int code) { return std::generic_category().message(code); }
+
+// A name for a message: quoted, control bytes escaped and long names cut, since a damaged file
+// can hold any bytes where a name should be.
+inline std::string in_quotes(std::string_view name) {
+  constexpr std::size_t longest = 128;
+  std::string out = "\"";
+  for (std::size_t i = 0; i < name.size() && i < longest; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out += name[i];
+    }
+  }
+  if (name.size() > longest) out += "...";
+  return out + "\"";
+}
+
+// "f32 tensor of 10 elements", "value of 8 bytes"
+inline std::string describe(const record& r) {
+  if (r.kind == entry_kind::value) return "value of " + std::to_string(r.count) + " bytes";
+  return std::string(name(static_cast<dtype>(r.type))) + " tensor of " + std::to_string(r.count) + " elements";
+}
+
+inline std::string damaged_todo() {
+  return "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
+         "after it was written (disk, copy, or another program)";
+}
+
+[[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
+  throw failure{path.string() + " is damaged: " + detail, damaged_todo()};
+}
+
+// The entry header that precedes each entry's data, on disk and in the messages between ranks.
+inline void append_record_header(std::vector<unsigned char>& out, const record& r) {
+  append_le(out, r.name.size(), 4);
+  out.insert(out.end(), r.name.begin(), r.name.end());
+  out.push_back(static_cast<unsigned char>(r.kind));
+  out.push_back(r.type);
+  append_le(out, r.count, 8);
+}
+
+// Data bytes of a record, or nullopt if its kind, dtype or count is impossible.
+inline std::optional<std::uint64_t> record_bytes(const record& r) {
+  if (r.kind == entry_kind::value) {
+    if (r.type != value_dtype) return std::nullopt;
+    return r.count;
+  }
+  if (r.kind != entry_kind::tensor || !is_valid(static_cast<dtype>(r.type))) return std::nullopt;
+  const std::uint64_t element = size_of(static_cast<dtype>(r.type));
+  if (r.count > std::numeric_limits<std::uint64_t>::max() / element) return std::nullopt;
+  return r.count * element;
+}
+
+struct file_closer {
+  void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+};
+using file_handle = std::unique_ptr<std::FILE, file_closer>;
+
+// Writes `records` with the data of `views` to a temporary file beside `path`, then renames it
+// over `path`. Until the rename, `path` keeps its previous content, whatever happens to this process.
+inline void write_file(const std::filesystem::path& path, const std::vector<record>& records,
+                       const std::vector<buffer_view>& views) {
+  std::filesystem::path temporary = path;
+  temporary += ".tmp-" + std::to_string(::getpid());
+  file_handle file(std::fopen(temporary.c_str(), "wb"));
+  if (!file) {
+    const int code = errno;
+    throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
+                  "Check that the directory of " + path.string() + " exists and is writable"};
+  }
+  bool renamed = false;
+  // A failed save leaves no temporary file behind.
+  struct cleanup {
+    file_handle& file;
+    const std::filesystem::path& temporary;
+    bool& renamed;
+    ~cleanup() {
+      file.reset();
+      if (!renamed) std::remove(temporary.c_str());
+    }
+  } guard{file, temporary, renamed};
+
+  const auto fail_io = [&](const char* step) {
+    const int code = errno;
+    throw failure{"could not " + std::string(step) + " " + temporary.string() + " while saving " + path.string() +
+                      ": " + system_message(code),
+                  "Check free space and permissions; the previous checkpoint at " + path.string() + " is unchanged"};
+  };
+  fnv1a64 hash;
+  const auto write = [&](const void* data, std::size_t n) {
+    if (n == 0) return;
+    hash.update(data, n);
+    if (std::fwrite(data, 1, n, file.get()) != n) fail_io("write");
+  };
+
+  std::vector<unsigned char> header(magic_bytes, magic_bytes + sizeof magic_bytes);
+  append_le(header, format_version, 4);
+  append_le(header, records.size(), 8);
+  write(header.data(), header.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    header.clear();
+    append_record_header(header, records[i]);
+    write(header.data(), header.size());
+    write(views[i].data, views[i].bytes());
+    if (checkpoint_after_entry_hook) {
+      std::fflush(file.get());  // so the temporary file holds what a real crash would leave
+      checkpoint_after_entry_hook(i);
+    }
+  }
+  std::vector<unsigned char> checksum;
+  append_le(checksum, hash.state, 8);
+  if (std::fwrite(checksum.data(), 1, checksum.size(), file.get()) != checksum.size()) fail_io("write");
+  if (std::fflush(file.get()) != 0) fail_io("write");
+  if (::fsync(::fileno(file.get())) != 0) fail_io("sync");
+  if (std::fclose(file.release()) != 0) fail_io("close");
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int code = errno;
+    throw failure{"could not rename " + temporary.string() + " to " + path.string() + ": " + system_message(code),
+                  "Check that " + path.string() + " is not a directory and that its directory is writable"};
+  }
+  renamed = true;
+  // The rename lives in the directory: sync it too, or a power loss may bring back the old file.
+  const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0 || ::fsync(dir) != 0) {
+    const int code = errno;
+    if (dir >= 0) ::close(dir);
+    throw failure{path.string() + " was written, but its directory could not be synced (" + system_message(code) +
+                      "), so it may not survive a power loss",
+                  "Check the file system; save again to be sure"};
+  }
+  ::close(dir);
+}
+
+// Reads a checkpoint file in two passes over one open handle: scan() checks structure and
+// checksum without writing anywhere; fill() then reads the data into the destinations.
+class reader {
+ public:
+  // nullopt if `path` does not exist.
+  static std::optional<reader> open(const std::filesystem::path& path) {
+    file_handle file(std::fopen(path.c_str(), "rb"));
+    if (!file) {
+      const int code = errno;
+      if (code == ENOENT) return std::nullopt;
+      throw failure{"cannot open " + path.string() + ": " + system_message(code), "Check the path and its permissions"};
+    }
+    struct stat info {};
+    if (::fstat(::fileno(file.get()), &info) != 0) {
+      const int code = errno;
+      throw failure{"cannot read the size of " + path.string() + ": " + system_message(code), "Check the file system"};
+    }
+    if (!S_ISREG(info.st_mode)) {
+      throw failure{path.string() + " is not a regular file", "Pass the path of a checkpoint file"};
+    }
+    return reader(path, std::move(file), static_cast<std::uint64_t>(info.st_size));
+  }
+
+  // Every entry of the file, in file order, once the structure and the checksum check out.
+  std::vector<record> scan() {
+    if (size_ < min_file_bytes) {
+      fail_damaged(path_, "it is " + std::to_string(size_) + " bytes long, shorter than the smallest checkpoint (" +
+                              std::to_string(min_file_bytes) + " bytes); it is truncated");
+    }
+    restart();
+    unsigned char fixed[8 + 4 + 8];
+    read(fixed, sizeof fixed);
+    if (std::memcmp(fixed, magic_bytes, sizeof magic_bytes) != 0) {
+      throw failure{path_.string() + " is not a herd checkpoint (it does not start with \"HERDCKPT\")",
+                    "Check the path; if it did hold a checkpoint, it is damaged: delete it or restore it from a "
+                    "backup"};
+    }
+    const std::uint64_t version = load_le(fixed + 8, 4);
+    if (version != format_version) {
+      throw failure{path_.string() + " has checkpoint format version " + std::to_string(version) +
+                        "; this herd reads version " + std::to_string(format_version) +
+                        " (unless another herd release wrote it, the file is damaged)",
+                    "Load it with the herd release that wrote it, or delete it or restore it from a backup"};
+    }
+    const std::uint64_t entries = load_le(fixed + 12, 8);
+    if (entries > remaining() / entry_header_bytes) {
+      fail_damaged(path_, "it claims " + std::to_string(entries) + " entries, more than its " +
+                              std::to_string(remaining()) + " remaining bytes can hold");
+    }
+    std::vector<record> records;
+    std::map<std::string, std::size_t, std::less<>> seen;
+    for (std::uint64_t i = 0; i < entries; ++i) {
+      const std::string which = "entry " + std::to_string(i);
+      need(4, which);
+      unsigned char length[4];
+      read(length, 4);
+      const std::uint64_t name_bytes = load_le(length, 4);
+      need(name_bytes + entry_header_bytes - 4, which);
+      record r;
+      r.name.resize(static_cast<std::size_t>(name_bytes));
+      read(r.name.data(), r.name.size());
+      unsigned char rest[1 + 1 + 8];
+      read(rest, sizeof rest);
+      r.kind = static_cast<entry_kind>(rest[0]);
+      r.type = rest[1];
+      r.count = load_le(rest + 2, 8);
+      const std::string named = which + " (" + in_quotes(r.name) + ")";
+      const auto bytes = record_bytes(r);
+      if (!bytes) {
+        fail_damaged(path_, named + " has an impossible kind, dtype or size (kind " + std::to_string(rest[0]) +
+                                ", dtype " + std::to_string(rest[1]) + ", count " + std::to_string(r.count) + ")");
+      }
+      if (!seen.emplace(r.name, records.size()).second) fail_damaged(path_, named + " repeats an earlier name");
+      need(*bytes, named);
+      r.offset = position_;
+      r.bytes = *bytes;
+      skip(*bytes);
+      records.push_back(std::move(r));
+    }
+    if (remaining() != 0) {
+      fail_damaged(path_, std::to_string(remaining()) + " unexpected bytes follow its last entry");
+    }
+    unsigned char stored[8];
+    read_unhashed(stored, sizeof stored);
+    checksum_ = hash_.state;
+    if (load_le(stored, 8) != checksum_) {
+      fail_damaged(path_, "its checksum does not match its content (stored " + hex(load_le(stored, 8)) + ", computed " +
+                              hex(checksum_) + ")");
+    }
+    return records;
+  }
+
+  // Reads each record's data into destinations[i] (records and destinations as scan() and the
+  // caller paired them), checking the checksum again in case the file changed since scan().
+  void fill(const std::vector<record>& records, const std::vector<void*>& destinations) {
+    restart();
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      skip(records[i].offset - position_);
+      read(destinations[i], static_cast<std::size_t>(records[i].bytes));
+    }
+    skip(remaining());
+    if (hash_.state != checksum_) {
+      throw failure{path_.string() + " changed while it was being loaded; the registered tensors now hold a mix "
+                                     "of old and new data",
+                    "Make sure no other program writes the file while it is loaded, and load again"};
+    }
+  }
+
+ private:
+  reader(std::filesystem::path path, file_handle file, std::uint64_t size)
+      : path_(std::move(path)), file_(std::move(file)), size_(size) {}
+
+  // Bytes left before the checksum.
+  std::uint64_t remaining() const noexcept { return size_ - 8 - position_; }
+
+  void need(std::uint64_t bytes, const std::string& what) {
+    if (bytes > remaining()) {
+      fail_damaged(path_, what + " needs " + std::to_string(bytes) + " more bytes but only " +
+                              std::to_string(remaining()) +
+                              " remain before the checksum; the file is truncated or a length in it is corrupt");
+    }
+  }
+
+  void restart() {
+    if (std::fseek(file_.get(), 0, SEEK_SET) != 0) fail_read();
+    position_ = 0;
+    hash_ = {};
+  }
+
+  void read_unhashed(void* data, std::size_t n) {
+    if (n != 0 && std::fread(data, 1, n, file_.get()) != n) fail_read();
+    position_ += n;
+  }
+
+  void read(void* data, std::size_t n) {
+    read_unhashed(data, n);
+    hash_.update(data, n);
+  }
+
+  void skip(std::uint64_t n) {
+    unsigned char chunk[1 << 16];
+    while (n > 0) {
+      const std::size_t step = n < sizeof chunk ? static_cast<std::size_t>(n) : sizeof chunk;
+      read(chunk, step);
+      n -= step;
+    }
+  }
+
+  [[noreturn]] void fail_read() {
+    const int code = errno;
+    if (std::ferror(file_.get())) {
+      throw failure{"could not read " + path_.string() + ": " + system_message(code), "Check the file system"};
+    }
+    fail_damaged(path_, "it ended at byte " + std::to_string(position_) + " while being read (it was " +
+                            std::to_string(size_) + " bytes when opened)");
+  }
+
+  static std::string hex(std::uint64_t value) {
+    char text[19];
+    std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value));
+    return text;
+  }
+
+  std::filesystem::path path_;
+  file_handle file_;
+  std::uint64_t size_ = 0;
+  std::uint64_t position_ = 0;
+  fnv1a64 hash_;
+  std::uint64_t checksum_ = 0;
+};
+
+// For each record of the file, the index of the registered entry it fills. Raises naming every
+// difference (up to eight) when the two sets of entries are not the same.
+inline std::vector<std::size_t> match(const std::filesystem::path& path, const std::vector<record>& file,
+                                      const std::vector<record>& registered, const std::string& subject) {
+  std::map<std::string_view, std::size_t, std::less<>> index;
+  for (std::size_t i = 0; i < registered.size(); ++i) index.emplace(registered[i].name, i);
+  std::vector<std::string> differences;
+  std::vector<std::size_t> order(file.size());
+  std::vector<bool> found(registered.size(), false);
+  for (std::size_t i = 0; i < file.size(); ++i) {
+    const auto it = index.find(file[i].name);
+    if (it == index.end()) {
+      differences.push_back(in_quotes(file[i].name) + " is in the file but not registered");
+      continue;
+    }
+    const record& mine = registered[it->second];
+    found[it->second] = true;
+    order[i] = it->second;
+    if (mine.kind != file[i].kind || mine.type != file[i].type || mine.count != file[i].count) {
+      differences.push_back(in_quotes(file[i].name) + " differs: " + describe(file[i]) + " in the file, " +
+                            describe(mine) + " here");
+    }
+  }
+  for (std::size_t i = 0; i < registered.size(); ++i) {
+    if (!found[i]) differences.push_back(in_quotes(registered[i].name) + " is registered but not in the file");
+  }
+  if (differences.empty()) return order;
+  std::string what = path.string() + " does not match " + subject + ": ";
+  for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
+  if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
+  throw failure{what, "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
+                      "load a checkpoint saved with these entries"};
+}
+
+// Messages between ranks: a status byte, then what the status needs (strings, a table of records).
+enum class status_code : std::uint8_t { ok = 0, missing = 1, failed = 2 };
+
+class message_reader {
+ public:
+  explicit message_reader(const std::vector<unsigned char>& bytes) : bytes_(bytes) {}
+  std::uint64_t integer(int n) {
+    take(static_cast<std::size_t>(n));
+    return load_le(bytes_.data() + at_ - static_cast<std::size_t>(n), n);
+  }
+  std::string text() {
+    const auto n = static_cast<std::size_t>(integer(8));
+    take(n);
+    return std::string(reinterpret_cast<const char*>(bytes_.data()) + (at_ - n), n);
+  }
+
+ private:
+  void take(std::size_t n) {
+    // Only a bug or memory corruption could garble a message herd built itself.
+    if (n > bytes_.size() - at_) throw failure{"a checkpoint message between ranks is garbled", ""};
+    at_ += n;
+  }
+  const std::vector<unsigned char>& bytes_;
+  std::size_t at_ = 0;
+};
+
+inline void append_text(std::vector<unsigned char>& out, const std::string& text) {
+  append_le(out, text.size(), 8);
+  out.insert(out.end(), text.begin(), text.end());
+}
+
+inline std::vector<unsigned char> failure_message(const std::string& what, const std::string& todo) {
+  std::vector<unsigned char> out{static_cast<unsigned char>(status_code::failed)};
+  append_text(out, what);
+  append_text(out, todo);
+  return out;
+}
+
+// `message` from root on every rank (its length first, so the others can size their buffers).
+template <communicator C>
+std::vector<unsigned char> broadcast_message(std::vector<unsigned char> message, C& comm, int root) {
+  std::int64_t length = static_cast<std::int64_t>(message.size());
+  buffer_view length_view{&length, 1, dtype::i64};
+  herd::broadcast(length_view, comm, root);
+  message.resize(static_cast<std::size_t>(length));
+  buffer_view message_view{message.data(), message.size(), dtype::u8};
+  herd::broadcast(message_view, comm, root);
+  return message;
+}
+
+inline void check_root(const error_site& site, int root) {
+  if (root < 0 || root >= site.size) {
+    raise(site, "root " + std::to_string(root) + " is out of range",
+          "Pass a root in [0, " + std::to_string(site.size) + ")");
+  }
+}
+
+}  // namespace detail::ckpt
+
+// A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
+// references: every registered tensor and value must outlive the checkpoint. Tensors are read
+// through their traits at each save and load, so a std::vector may be reallocated in between.
+//
+// Its collective save and load call herd's collectives, so, like them, it lives in the
+// configuration namespace (core/config.hpp): no two translation units share a definition that
+// one compiled with g++ and the other with nvcc.
+HERD_CONFIG_NAMESPACE_BEGIN
+
+class checkpoint {
+ public:
+  // Any adapted tensor in host memory.
+  template <class T> checkpoint& add(std::string name, T& tensor) {
+    detail::require_writable_tensor<T>();
+    const buffer_view v = view_of(tensor);
+    if (!v.device.is_cpu()) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
+                        "; a checkpoint saves host memory only",
+                    "Copy it into a host tensor and register that");
+    }
+    if (!is_valid(v.type)) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
+                        std::to_string(static_cast<int>(v.type)) + ")",
+                    "Return one of herd::dtype's values from tensor_traits::dtype");
+    }
+    return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor,
+                  [&tensor] { return view_of(tensor); });
+  }
+
+  // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  checkpoint& add_value(std::string name, T& value) {
+    static_assert(!std::is_const_v<T>, "herd: checkpoint::add_value needs a non-const value, since load() writes it");
+    return insert("checkpoint::add_value", std::move(name), detail::ckpt::entry_kind::value,
+                  [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; });
+  }
+
+  // Writes the file from this process alone (no communicator involved).
+  void save(const std::filesystem::path& path) const {
+    try {
+      write(path);
+    } catch (const detail::ckpt::failure& f) {
+      detail::raise({"checkpoint::save"}, f.what, f.todo);
+    }
+  }
+
+  // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
+  bool load(const std::filesystem::path& path) {
+    try {
+      auto reader = detail::ckpt::reader::open(path);
+      if (!reader) return false;
+      const std::vector<buffer_view> views = checked_views();
+      const auto file = reader->scan();
+      const auto order = detail::ckpt::match(path, file, records(views), "the registered entries");
+      reader->fill(file, destinations(order, views));
+      return true;
+    } catch (const detail::ckpt::failure& f) {
+      detail::raise({"checkpoint::load"}, f.what, f.todo);
+    }
+  }
+
+  // Root writes the file; every rank returns once it is in place, or raises herd::error if root
+  // could not write it.
+  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
+    const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
+    detail::ckpt::check_root(site, root);
+    std::vector<unsigned char> status;
+    if (comm.rank() == root) {
+      try {
+        write(path);
+        status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
+      } catch (const detail::ckpt::failure& f) {
+        status = detail::ckpt::failure_message(f.what, f.todo);
+      } catch (const std::exception& e) {
+        status = detail::ckpt::failure_message(path.string() + ": " + e.what(), "");
+      }
+    }
+    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
+    detail::ckpt::message_reader reply(status);
+    if (static_cast<detail::ckpt::status_code>(reply.integer(1)) != detail::ckpt::status_code::ok) {
+      raise_reported(site, reply, root, "writes the checkpoint");
+    }
+    comm.barrier();
+  }
+
+  // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
+  // no access to the file. false on every rank if it does not exist; herd::error on every rank if
+  // it is damaged or its entries differ from those registered on any rank.
+  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
+    const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
+    detail::ckpt::check_root(site, root);
+    const bool is_root = comm.rank() == root;
+    std::optional<detail::ckpt::reader> reader;  // root keeps the file open until it has read it
+    std::vector<detail::ckpt::record> scanned;   // root: the file's entries, with their offsets
+    std::vector<buffer_view> views;
+    std::vector<unsigned char> status;
+    if (is_root) {
+      try {
+        reader = detail::ckpt::reader::open(path);
+        if (!reader) {
+          status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::missing));
+        } else {
+          views = checked_views();
+          scanned = reader->scan();
+          detail::ckpt::match(path, scanned, records(views), "the registered entries");
+          status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
+          detail::ckpt::append_le(status, scanned.size(), 8);
+          for (const auto& r : scanned) detail::ckpt::append_record_header(status, r);
+        }
+      } catch (const detail::ckpt::failure& f) {
+        status = detail::ckpt::failure_message(f.what, f.todo);
+      } catch (const std::exception& e) {
+        status = detail::ckpt::failure_message(path.string() + ": " + e.what(), "");
+      }
+    }
+    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
+
+    std::vector<detail::ckpt::record> file;
+    std::vector<std::size_t> order;
+    std::string local_what;
+    std::string local_todo;
+    try {
+      detail::ckpt::message_reader reply(status);
+      const auto kind = static_cast<detail::ckpt::status_code>(reply.integer(1));
+      if (kind == detail::ckpt::status_code::missing) return false;
+      if (kind != detail::ckpt::status_code::ok) raise_reported(site, reply, root, "reads the checkpoint");
+      file.resize(static_cast<std::size_t>(reply.integer(8)));
+      for (auto& r : file) {
+        r.name.resize(static_cast<std::size_t>(reply.integer(4)));
+        for (char& c : r.name) c = static_cast<char>(reply.integer(1));
+        r.kind = static_cast<detail::ckpt::entry_kind>(reply.integer(1));
+        r.type = static_cast<std::uint8_t>(reply.integer(1));
+        r.count = reply.integer(8);
+      }
+      // Root compared its own entries already; each other rank checks its own against root's file.
+      if (!is_root) views = checked_views();
+      order = detail::ckpt::match(path, file, records(views),
+                                  is_root ? "the registered entries"
+                                          : "the entries registered on rank " + std::to_string(comm.rank()) +
+                                                " (the file as rank " + std::to_string(root) + " read it)");
+    } catch (const detail::ckpt::failure& f) {
+      local_what = f.what;
+      local_todo = f.todo.empty() ? "Register the same entries on every rank" : f.todo;
+    }
+    // A rank whose entries differ stops every rank, before any tensor is written.
+    std::int32_t first_faulty = local_what.empty() ? comm.size() : comm.rank();
+    buffer_view faulty_view{&first_faulty, 1, dtype::i32};
+    herd::allreduce(faulty_view, comm, reduce_op::min);
+    if (!local_what.empty()) detail::raise(site, local_what, local_todo);
+    if (first_faulty != comm.size()) {
+      detail::raise(site,
+                    "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
+                        " (its own error says more)",
+                    "Register the same entries on every rank; every rank stops so that none waits forever");
+    }
+
+    status.clear();
+    if (is_root) {
+      try {
+        reader->fill(scanned, destinations(order, views));
+        status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
+      } catch (const detail::ckpt::failure& f) {
+        status = detail::ckpt::failure_message(f.what, f.todo);
+      }
+    }
+    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
+    detail::ckpt::message_reader filled(status);
+    if (static_cast<detail::ckpt::status_code>(filled.integer(1)) != detail::ckpt::status_code::ok) {
+      raise_reported(site, filled, root, "reads the checkpoint");
+    }
+    for (std::size_t i = 0; i < file.size(); ++i) {
+      buffer_view v = views[order[i]];
+      herd::broadcast(v, comm, root);
+    }
+    return true;
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    detail::ckpt::entry_kind kind;
+    std::function<buffer_view()> view;
+  };
+
+  checkpoint& insert(std::string_view operation, std::string name, detail::ckpt::entry_kind kind,
+                     std::function<buffer_view()> view) {
+    if (name.empty()) {
+      detail::raise({operation}, "the name is empty", "Give every entry a non-empty name, unique in the checkpoint");
+    }
+    if (name.size() > std::numeric_limits<std::uint32_t>::max()) {
+      detail::raise({operation}, "the name is " + std::to_string(name.size()) + " bytes long",
+                    "Use a name shorter than 4 GiB");
+    }
+    if (index_.contains(name)) {
+      detail::raise({operation}, "an entry named " + detail::ckpt::in_quotes(name) + " is already registered",
+                    "Give every entry a unique name");
+    }
+    index_.emplace(name, entries_.size());
+    entries_.push_back({std::move(name), kind, std::move(view)});
+    return *this;
+  }
+
+  // Each entry's memory as it is now, checked: host memory, a valid dtype, data behind the count.
+  std::vector<buffer_view> checked_views() const {
+    std::vector<buffer_view> views;
+    views.reserve(entries_.size());
+    for (const entry& e : entries_) {
+      buffer_view v;
+      try {
+        v = e.view();
+      } catch (const std::exception& ex) {
+        throw detail::ckpt::failure{
+            "the adapter of the tensor " + detail::ckpt::in_quotes(e.name) + " rejected it: " + ex.what(),
+            "Register tensors herd can read as contiguous host memory"};
+      }
+      const std::string what = "the tensor " + detail::ckpt::in_quotes(e.name);
+      if (!v.device.is_cpu()) {
+        throw detail::ckpt::failure{what + " now lives on " + v.device.str() + "; a checkpoint saves host memory only",
+                                    "Keep registered tensors in host memory"};
+      }
+      if (!is_valid(v.type)) {
+        throw detail::ckpt::failure{
+            what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + ")",
+            "Return one of herd::dtype's values from tensor_traits::dtype"};
+      }
+      if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) || (v.data == nullptr && v.count != 0)) {
+        throw detail::ckpt::failure{
+            what + " has a null data pointer or an impossible size (" + std::to_string(v.count) + " elements)",
+            "Register allocated memory"};
+      }
+      views.push_back(v);
+    }
+    return views;
+  }
+
+  std::vector<detail::ckpt::record> records(const std::vector<buffer_view>& views) const {
+    std::vector<detail::ckpt::record> out(entries_.size());
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      out[i].name = entries_[i].name;
+      out[i].kind = entries_[i].kind;
+      out[i].type = entries_[i].kind == detail::ckpt::entry_kind::value ? detail::ckpt::value_dtype
+                                                                        : static_cast<std::uint8_t>(views[i].type);
+      out[i].count = views[i].count;
+      out[i].bytes = views[i].bytes();
+    }
+    return out;
+  }
+
+  static std::vector<void*> destinations(const std::vector<std::size_t>& order, const std::vector<buffer_view>& views) {
+    std::vector<void*> out;
+    out.reserve(order.size());
+    for (std::size_t i : order) out.push_back(views[i].data);
+    return out;
+  }
+
+  void write(const std::filesystem::path& path) const {
+    const std::vector<buffer_view> views = checked_views();
+    detail::ckpt::write_file(path, records(views), views);
+  }
+
+  // Raises, on every rank, the failure root reported in `reply`.
+  [[noreturn]] static void raise_reported(const detail::error_site& site, detail::ckpt::message_reader& reply, int root,
+                                          const char* role) {
+    std::string what = reply.text();
+    std::string todo = reply.text();
+    if (site.rank != root) what = "rank " + std::to_string(root) + ", which " + role + ", failed: " + what;
+    detail::raise(site, what, todo);
+  }
+
+  std::vector<entry> entries_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/optim/compression.hpp ----
+// Gradient compression for the distributed optimizer: f32 and f64 gradients cross the wire as
+// f16 or bf16 and are cast back on arrival, halving (or quartering) the bytes sent. Other dtypes
+// travel as they are.
+
+
+#include <cstdint>
+#include <string_view>
+
+namespace herd {
+
+enum class compression : std::uint8_t { none, fp16, bf16 };
+
+constexpr std::string_view name(compression c) noexcept {
+  switch (c) {
+    case compression::none: return "none";
+    case compression::fp16: return "fp16";
+    case compression::bf16: return "bf16";
+  }
+  return "invalid compression";
+}
+
+// The dtype a gradient of dtype `t` travels as.
+constexpr dtype wire_dtype(compression c, dtype t) noexcept {
+  if (c == compression::none || (t != dtype::f32 && t != dtype::f64)) return t;
+  return c == compression::fp16 ? dtype::f16 : dtype::bf16;
+}
+
+}  // namespace herd
+
+// ---- herd/optim/distributed_optimizer.hpp ----
+// herd::distributed_optimizer: wraps any optimizer so that each of its steps uses the gradients
+// averaged (or summed) over all ranks, like Horovod's DistributedOptimizer.
+//
+//   herd::sgd sgd(herd::views(w, b), herd::views(grad_w, grad_b), {.lr = 0.1, .momentum = 0.9});
+//   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
+//   for (...) { forward(); backward(); opt.step(); }
+//
+// The wrapped optimizer needs only a step() member that reads the gradient tensors herd was given
+// (herd overwrites them in place with the reduced values just before calling it).
+//
+// - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
+//   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
+//   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
+// - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
+// - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16.
+// - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
+//   round only accumulate the gradients locally, the k-th reduces the mean over the k passes and
+//   steps the wrapped optimizer. The effective batch is k × ranks × per-rank batch.
+// - synchronize() reduces now (to clip or inspect the averaged gradients before step());
+//   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
+//   the reduction altogether.
+// - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
+//   and the same options, and raises herd::error on every rank if not.
+
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct optimizer_options {
+  reduce_op op = reduce_op::avg;  // avg or sum over ranks
+  double gradient_predivide_factor = 1.0;
+  int backward_passes_per_step = 1;
+  std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
+  herd::compression compression = herd::compression::none;
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class Optimizer, communicator C> class distributed_optimizer {
+ public:
+  // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
+  using gradient_source = std::function<std::vector<buffer_view>()>;
+
+  distributed_optimizer(Optimizer& inner, std::vector<buffer_view> gradients, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, gradient_source([g = std::move(gradients)] { return g; }), comm, options) {}
+
+  distributed_optimizer(Optimizer& inner, gradient_source gradients, C& comm, optimizer_options options = {})
+      : inner_(inner), gradients_(std::move(gradients)), comm_(comm), options_(options) {
+    const detail::error_site site{"distributed_optimizer", comm.rank(), comm.size()};
+    if (options_.op != reduce_op::avg && options_.op != reduce_op::sum)
+      detail::raise(site, "op " + std::string(name(options_.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
+    if (!(options_.gradient_predivide_factor > 0))
+      detail::raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
+    if (options_.gradient_predivide_factor != 1.0 && options_.op != reduce_op::avg)
+      detail::raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
+    if (options_.backward_passes_per_step < 1)
+      detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+  }
+
+  distributed_optimizer(const distributed_optimizer&) = delete;
+  distributed_optimizer& operator=(const distributed_optimizer&) = delete;
+
+  // Call once per backward pass. Returns true when this call reduced the gradients (unless
+  // already synchronized or skipped) and stepped the wrapped optimizer.
+  bool step() {
+    const bool reduce_now = !synchronized_ && !skip_;
+    if (reduce_now && accumulated_ + 1 < options_.backward_passes_per_step) {
+      accumulate();
+      return false;
+    }
+    if (reduce_now) synchronize();
+    inner_.step();
+    synchronized_ = false;
+    skip_ = false;
+    accumulated_ = 0;
+    return true;
+  }
+
+  // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
+  // them without reducing again.
+  void synchronize() {
+    std::vector<buffer_view> grads = gradients_();
+    check(grads);
+    if (accumulated_ > 0) {
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        detail::host_fold_mean(grads[i].data, grads[i].type, accumulators_[i].data(), accumulators_[i].type(),
+                               grads[i].count, static_cast<double>(accumulated_ + 1));
+      }
+      accumulated_ = 0;
+    }
+    reduce(grads);
+    synchronized_ = true;
+  }
+
+  // While the returned guard lives, step() does not reduce: for gradients reduced some other way,
+  // or for a deliberately local step.
+  class skip_guard {
+   public:
+    explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
+    skip_guard(skip_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
+    skip_guard(const skip_guard&) = delete;
+    skip_guard& operator=(const skip_guard&) = delete;
+    skip_guard& operator=(skip_guard&&) = delete;
+    ~skip_guard() {
+      if (owner_) owner_->skip_ = false;
+    }
+
+   private:
+    distributed_optimizer* owner_;
+  };
+  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
+
+  Optimizer& inner() noexcept { return inner_; }
+  C& comm() noexcept { return comm_; }
+  const optimizer_options& options() const noexcept { return options_; }
+  // Backward passes accumulated locally since the last reduction.
+  int accumulated_passes() const noexcept { return accumulated_; }
+  // Seconds spent reducing gradients (communication, packing and casting) since construction.
+  double reduce_seconds() const noexcept { return reduce_seconds_; }
+
+ private:
+  // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
+  void check(const std::vector<buffer_view>& grads) {
+    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+    detail::require_host_tensors(grads, "distributed_optimizer", "gradient");
+    if (!checked_) {
+      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
+      require_same_options();
+      shapes_.clear();
+      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+      checked_ = true;
+      return;
+    }
+    bool same = grads.size() == shapes_.size();
+    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
+    if (!same) {
+      detail::raise(site, "the gradients changed since the first step (count, size or dtype)",
+            "Hand the distributed optimizer the same gradient tensors at every step");
+    }
+  }
+
+  void require_same_options() {
+    const std::vector<std::int64_t> mine = {
+        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
+        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
+        static_cast<std::int64_t>(options_.gradient_predivide_factor * 1e9)};
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+    allgather(mine, all, comm_);
+    static const char* const names[] = {"op", "compression", "fusion_threshold_bytes", "backward_passes_per_step",
+                                        "gradient_predivide_factor"};
+    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        if (all[r * mine.size() + k] != all[k]) {
+          detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD)");
+        }
+      }
+    }
+  }
+
+  void accumulate() {
+    std::vector<buffer_view> grads = gradients_();
+    check(grads);
+    const bool first = accumulated_ == 0;
+    if (first && accumulators_.size() != grads.size()) accumulators_.resize(grads.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (first) accumulators_[i].reserve(detail::accumulation_dtype(grads[i].type), grads[i].count);
+      detail::host_accumulate(accumulators_[i].data(), accumulators_[i].type(), grads[i].data, grads[i].type,
+                              grads[i].count, first);
+    }
+    ++accumulated_;
+  }
+
+  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
+  // of up to the fusion threshold, and reduces each buffer with one allreduce.
+  void reduce(const std::vector<buffer_view>& grads) {
+    const auto start = std::chrono::steady_clock::now();
+    const bool average = options_.op == reduce_op::avg;
+    const double f = options_.gradient_predivide_factor;
+    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
+    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
+    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+
+    std::vector<bool> done(grads.size(), false);
+    for (std::size_t first = 0; first < grads.size(); ++first) {
+      if (done[first]) continue;
+      const dtype type = grads[first].type;
+      const dtype wire = wire_dtype(options_.compression, type);
+      std::vector<std::size_t> bucket;
+      std::size_t bucket_bytes = 0;
+      for (std::size_t i = first; i < grads.size(); ++i) {
+        if (done[i] || grads[i].type != type) continue;
+        done[i] = true;
+        const std::size_t bytes = grads[i].count * size_of(wire);
+        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
+          reduce_bucket(grads, bucket, wire);
+          bucket.clear();
+          bucket_bytes = 0;
+        }
+        bucket.push_back(i);
+        bucket_bytes += bytes;
+      }
+      if (!bucket.empty()) reduce_bucket(grads, bucket, wire);
+    }
+    reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire) {
+    const buffer_view& lone = grads[bucket.front()];
+    if (bucket.size() == 1 && wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0) {
+      buffer_view in_place = lone;
+      allreduce(in_place, comm_, wire_op_);
+      return;
+    }
+    std::size_t total = 0;
+    for (std::size_t i : bucket) total += grads[i].count;
+    fusion_.reserve(wire, total);
+    auto* base = static_cast<std::byte*>(fusion_.data());
+    std::size_t at = 0;
+    for (std::size_t i : bucket) {
+      detail::host_cast(base + at * size_of(wire), wire, grads[i].data, grads[i].type, grads[i].count, scale_before_);
+      at += grads[i].count;
+    }
+    buffer_view packed = fusion_.view();
+    allreduce(packed, comm_, wire_op_);
+    at = 0;
+    for (std::size_t i : bucket) {
+      detail::host_cast(grads[i].data, grads[i].type, base + at * size_of(wire), wire, grads[i].count, scale_after_);
+      at += grads[i].count;
+    }
+  }
+
+  Optimizer& inner_;
+  gradient_source gradients_;
+  C& comm_;
+  optimizer_options options_;
+  bool checked_ = false;
+  bool synchronized_ = false;
+  bool skip_ = false;
+  int accumulated_ = 0;
+  std::vector<std::pair<std::size_t, dtype>> shapes_;
+  std::vector<host_tensor> accumulators_;
+  host_tensor fusion_;
+  double scale_before_ = 1.0;
+  double scale_after_ = 1.0;
+  reduce_op wire_op_ = reduce_op::avg;
+  double reduce_seconds_ = 0;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/optim/lr_schedule.hpp ----
+// The learning rate for data-parallel training: the single-rank rate scaled by the number of
+// ranks (the effective batch grows with them), reached by a linear warm-up from the single-rank
+// rate over the first steps (Goyal et al., "Accurate, Large Minibatch SGD"; Horovod's
+// LearningRateWarmupCallback).
+//
+//   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
+//   sgd.set_lr(schedule(step));
+
+#include <cstddef>
+
+namespace herd {
+
+struct scaled_learning_rate {
+  double base = 0.01;            // the learning rate that works on one rank
+  int ranks = 1;                 // world size
+  std::size_t warmup_steps = 0;  // 0: the scaled rate from the first step
+
+  double operator()(std::size_t step) const noexcept {
+    const double target = base * ranks;
+    if (step >= warmup_steps) return target;
+    return base + (target - base) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  }
+};
+
+}  // namespace herd
+
+// ---- herd/optim/metrics.hpp ----
+// Logging across ranks: a loss or accuracy measured on each rank's shard, combined into the
+// value over all ranks.
+//
+//   herd::metric loss;
+//   loss.add(batch_loss, batch_size);         // per batch, on every rank
+//   double mean = loss.global_mean(comm);     // the same on every rank; print it on rank 0
+//   double avg = herd::average(x, comm);      // the plain mean of one number over the ranks
+
+
+#include <array>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// A weighted mean: each rank adds (value, weight) pairs; global_mean divides the sum of
+// value * weight over every rank by the sum of the weights (0 when no rank added anything).
+class metric {
+ public:
+  void add(double value, double weight = 1.0) noexcept {
+    sum_ += value * weight;
+    weight_ += weight;
+  }
+  void reset() noexcept { sum_ = weight_ = 0; }
+  double local_mean() const noexcept { return weight_ > 0 ? sum_ / weight_ : 0.0; }
+  double local_weight() const noexcept { return weight_; }
+  double local_sum() const noexcept { return sum_; }
+
+  template <communicator C> double global_mean(C& comm) const {
+    std::array<double, 2> totals = {sum_, weight_};
+    allreduce(totals, comm);
+    return totals[1] > 0 ? totals[0] / totals[1] : 0.0;
+  }
+
+ private:
+  double sum_ = 0;
+  double weight_ = 0;
+};
+
+// The mean of `value` over all ranks (collective: every rank calls it).
+template <communicator C> double average(double value, C& comm) {
+  std::array<double, 1> v = {value};
+  allreduce(v, comm, reduce_op::avg);
+  return v[0];
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/optim/sgd.hpp ----
+// herd::sgd: stochastic gradient descent with momentum, Nesterov momentum and weight decay, for
+// parameters in host memory of any floating-point dtype. The update follows torch.optim.SGD:
+//
+//   d = g + weight_decay * p
+//   b = d (first step) or momentum * b + (1 - dampening) * d      (when momentum != 0)
+//   d = d + momentum * b (nesterov) or b
+//   p = p - lr * d
+//
+// Arithmetic runs in f32 (f64 for f64 parameters); the momentum buffers are kept in that dtype.
+
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+};
+
+class sgd {
+ public:
+  sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options = {})
+      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+    detail::require_parameter_pairs(params_, grads_, "sgd");
+    if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0)) {
+      detail::raise({"sgd"}, "Nesterov momentum needs momentum > 0 and dampening 0", "Adjust sgd_options");
+    }
+    for (const auto& p : params_) momentum_.emplace_back(detail::state_dtype(p.type), options_.momentum != 0 ? p.count : 0);
+  }
+
+  void step() {
+    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], momentum_[i]);
+    ++steps_;
+  }
+
+  double lr() const noexcept { return options_.lr; }
+  void set_lr(double lr) noexcept { options_.lr = lr; }
+  const sgd_options& options() const noexcept { return options_; }
+  std::int64_t steps() const noexcept { return steps_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("step"), buffer_view{&steps_, 1, dtype::i64, device::cpu()});
+    for (std::size_t i = 0; i < momentum_.size(); ++i) f("momentum." + std::to_string(i), momentum_[i].view());
+  }
+
+ private:
+  void update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const {
+    visit(param.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        auto* p = static_cast<T*>(param.data);
+        const auto* g = static_cast<const T*>(grad.data);
+        auto* b = static_cast<S*>(buffer.data());
+        const auto lr = static_cast<S>(options_.lr);
+        const auto wd = static_cast<S>(options_.weight_decay);
+        const auto m = static_cast<S>(options_.momentum);
+        const auto keep = static_cast<S>(1 - options_.dampening);
+        const bool first = steps_ == 0;
+        for (std::size_t j = 0; j < param.count; ++j) {
+          const S pj = static_cast<S>(p[j]);
+          S d = static_cast<S>(g[j]) + wd * pj;
+          if (m != 0) {
+            b[j] = first ? d : m * b[j] + keep * d;
+            d = options_.nesterov ? d + m * b[j] : b[j];
+          }
+          p[j] = static_cast<T>(pj - lr * d);
+        }
+      }
+    });
+  }
+
+  std::vector<buffer_view> params_;
+  std::vector<buffer_view> grads_;
+  sgd_options options_;
+  std::vector<host_tensor> momentum_;
+  std::int64_t steps_ = 0;
+};
+
 }  // namespace herd
 

@@ -120,3 +120,11 @@ HERD_MPI_TEST_CASE("environment and communicator misuse", 1) {
   CHECK_THROWS_AS(comm.isend(&x, sizeof x, comm.size(), 0), herd::error);
   CHECK_THROWS_AS(comm.irecv(nullptr, 4, 0, 0), herd::error);
 }
+
+// Run only by the ctest mpi_harness_fails_on_one_rank (doctest::skip keeps it out of normal runs):
+// proves that a failure on rank 1 alone fails every rank's exit code and is printed by rank 1.
+TEST_CASE("harness self-check: a check that fails on rank 1 only" * doctest::skip()) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CHECK(rank != 1);
+}
