@@ -1,0 +1,141 @@
+#pragma once
+// libtorch training with herd, the DistributedDataParallel that libtorch lacks. Opt-in: include
+// it after <torch/torch.h>.
+//
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+//   herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
+//   herd::broadcast_parameters(*model, comm, 0);     // parameters and buffers
+//   herd::broadcast_optimizer_state(sgd, comm, 0);   // after loading a checkpoint on rank 0
+//   for (auto& batch : loader) { sgd.zero_grad(); loss(batch).backward(); opt.step(); }
+
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
+#include <herd/optim/broadcast.hpp>
+#include <herd/optim/detail/same_tensors.hpp>
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/torch.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace herd {
+
+// The gradients of every parameter of `opt`, read afresh at each call: libtorch may replace a
+// gradient tensor between steps (zero_grad with set_to_none). A parameter that got no gradient
+// (unused in this forward pass) gets zeros, so that every rank reduces the same list.
+inline std::function<std::vector<buffer_view>()> torch_gradients(torch::optim::Optimizer& opt) {
+  return [&opt] {
+    std::vector<buffer_view> views;
+    for (auto& group : opt.param_groups()) {
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        views.push_back(view_of(p.mutable_grad()));
+      }
+    }
+    return views;
+  };
+}
+
+namespace detail {
+
+// libtorch keys optimizer state by the parameter's TensorImpl address.
+inline std::string torch_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
+// filled as a first step would start from: zeros and step 0. Returns the step counters and the
+// state tensors, in parameter order.
+inline void torch_state(torch::optim::Optimizer& opt, std::vector<std::int64_t*>& steps, std::vector<at::Tensor*>& tensors) {
+  auto& state = opt.state();
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
+      const std::string key = torch_state_key(p);
+      auto zeros = [&] { return torch::zeros_like(p, at::MemoryFormat::Contiguous); };
+      if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
+        (void)sgd;
+        if (static_cast<torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
+        if (!state.count(key)) {
+          auto s = std::make_unique<torch::optim::SGDParamState>();
+          s->momentum_buffer(zeros());
+          state[key] = std::move(s);
+        }
+        tensors.push_back(&static_cast<torch::optim::SGDParamState&>(*state[key]).momentum_buffer());
+      } else if (dynamic_cast<torch::optim::Adam*>(&opt) || dynamic_cast<torch::optim::AdamW*>(&opt)) {
+        const bool is_adam = dynamic_cast<torch::optim::Adam*>(&opt) != nullptr;
+        const bool amsgrad = is_adam ? static_cast<torch::optim::AdamOptions&>(group.options()).amsgrad()
+                                     : static_cast<torch::optim::AdamWOptions&>(group.options()).amsgrad();
+        auto fill = [&](auto& s) {
+          if (!s.exp_avg().defined()) {
+            s.step(0);
+            s.exp_avg(zeros());
+            s.exp_avg_sq(zeros());
+            if (amsgrad) s.max_exp_avg_sq(zeros());
+          }
+          steps.push_back(&s.step());
+          tensors.push_back(&s.exp_avg());
+          tensors.push_back(&s.exp_avg_sq());
+          if (amsgrad) tensors.push_back(&s.max_exp_avg_sq());
+        };
+        if (is_adam) {
+          if (!state.count(key)) state[key] = std::make_unique<torch::optim::AdamParamState>();
+          fill(static_cast<torch::optim::AdamParamState&>(*state[key]));
+        } else {
+          if (!state.count(key)) state[key] = std::make_unique<torch::optim::AdamWParamState>();
+          fill(static_cast<torch::optim::AdamWParamState&>(*state[key]));
+        }
+      } else {
+        raise({"broadcast_optimizer_state"}, "herd knows the state of libtorch's SGD, Adam and AdamW only",
+              "For another optimizer, broadcast its state tensors with herd::broadcast, or save it with torch::save "
+              "on rank 0 and load it on every rank");
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
+template <communicator C> void broadcast_parameters(torch::nn::Module& module, C& comm, int root = 0) {
+  std::vector<buffer_view> views;
+  for (auto& p : module.parameters()) views.push_back(view_of(p));
+  for (auto& b : module.buffers()) views.push_back(view_of(b));
+  broadcast_parameters(views, comm, root);
+}
+
+// The learning rate of every parameter group and the state of every parameter (momentum
+// buffers for SGD; step, moments for Adam and AdamW) end equal to the root's. Ranks whose
+// optimizer has not stepped yet get their state created first, as zeros: the state a first step
+// starts from (for SGD with dampening, a fresh libtorch SGD would instead copy the first gradient).
+template <class Optimizer, communicator C>
+  requires std::derived_from<Optimizer, torch::optim::Optimizer>
+void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
+  std::vector<std::int64_t*> steps;
+  std::vector<at::Tensor*> tensors;
+  detail::torch_state(opt, steps, tensors);
+  std::vector<buffer_view> views;
+  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
+  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  std::vector<double> scalars;
+  for (auto& group : opt.param_groups()) scalars.push_back(group.options().get_lr());
+  for (std::int64_t* s : steps) scalars.push_back(static_cast<double>(*s));
+  broadcast_object(scalars, comm, root);
+  std::size_t at = 0;
+  for (auto& group : opt.param_groups()) group.options().set_lr(scalars[at++]);
+  for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
+  for (buffer_view v : views) broadcast(v, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
