@@ -31,7 +31,27 @@
 // named after that configuration. A program that mixes nvcc-compiled and host-compiled TUs then
 // gets two distinct sets of symbols instead of one silently chosen by the linker. Types shared by
 // every TU (dtype, device, error, communicators) stay outside it so they pass freely between TUs.
-#if defined(__CUDACC__)
+// Under nvcc the name also carries the GPU architectures the TU is compiled for
+// (__CUDA_ARCH_LIST__, e.g. 800,900 -> cuda_800_900), so that kernels built for different GPUs
+// in different TUs never merge either.
+#define HERD_PP_CAT_(a, b) a##b
+#define HERD_PP_CAT(a, b) HERD_PP_CAT_(a, b)
+#define HERD_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, n, ...) n
+#define HERD_PP_COUNT(...) HERD_PP_COUNT_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define HERD_PP_ARCHS_1(a) cuda_##a
+#define HERD_PP_ARCHS_2(a, b) cuda_##a##_##b
+#define HERD_PP_ARCHS_3(a, b, c) cuda_##a##_##b##_##c
+#define HERD_PP_ARCHS_4(a, b, c, d) cuda_##a##_##b##_##c##_##d
+#define HERD_PP_ARCHS_5(a, b, c, d, e) cuda_##a##_##b##_##c##_##d##_##e
+#define HERD_PP_ARCHS_6(a, b, c, d, e, f) cuda_##a##_##b##_##c##_##d##_##e##_##f
+#define HERD_PP_ARCHS_7(a, b, c, d, e, f, g) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g
+#define HERD_PP_ARCHS_8(a, b, c, d, e, f, g, h) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g##_##h
+#define HERD_PP_ARCHS_(...) HERD_PP_CAT(HERD_PP_ARCHS_, HERD_PP_COUNT(__VA_ARGS__))(__VA_ARGS__)
+#define HERD_PP_ARCHS(...) HERD_PP_ARCHS_(__VA_ARGS__)
+
+#if defined(__CUDACC__) && defined(__CUDA_ARCH_LIST__)
+#define HERD_CONFIG_NS HERD_PP_ARCHS(__CUDA_ARCH_LIST__)
+#elif defined(__CUDACC__)
 #define HERD_CONFIG_NS cuda
 #else
 #define HERD_CONFIG_NS host
@@ -3387,7 +3407,7 @@ HERD_CONFIG_NAMESPACE_END
 // How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
 // broadcast_optimizer_state and checkpoints. An optimizer either has a member
 //
-//   template <class F> void visit_state(F&& f);   // calls f(std::string_view name, herd::buffer_view tensor)
+//   template <class F> void visit_state(F&& f);   // calls f(name, herd::buffer_view tensor), name a std::string
 //
 // or a specialization of herd::optimizer_state_traits<Optimizer> with a static visit(opt, f).
 // The state must exist before the first step (allocate it in the constructor), so that a freshly
@@ -3978,7 +3998,8 @@ inline void check_root(const error_site& site, int root) {
 }  // namespace detail::ckpt
 
 // A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
-// references: every registered tensor and value must outlive the checkpoint. Tensors are read
+// references (buffer_views are kept by value): every registered tensor and value must outlive
+// the checkpoint. Tensors are read
 // through their traits at each save and load, so a std::vector may be reallocated in between.
 //
 // Its collective save and load call herd's collectives, so, like them, it lives in the
@@ -3991,21 +4012,21 @@ class checkpoint {
   // Any adapted tensor in host memory.
   template <class T> checkpoint& add(std::string name, T& tensor) {
     detail::require_writable_tensor<T>();
-    const buffer_view v = view_of(tensor);
-    if (!v.device.is_cpu()) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
-                        "; a checkpoint saves host memory only",
-                    "Copy it into a host tensor and register that");
-    }
-    if (!is_valid(v.type)) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
-                        std::to_string(static_cast<int>(v.type)) + ")",
-                    "Return one of herd::dtype's values from tensor_traits::dtype");
-    }
+    require_host(name, view_of(tensor));
     return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor,
                   [&tensor] { return view_of(tensor); });
+  }
+
+  // A view kept by value: memory described rather than owned by a tensor object.
+  checkpoint& add(std::string name, buffer_view view) {
+    require_host(name, view);
+    return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor, [view] { return view; });
+  }
+
+  // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
+  template <class Optimizer> checkpoint& add_optimizer_state(const std::string& prefix, Optimizer& opt) {
+    visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
+    return *this;
   }
 
   // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes.
@@ -4158,6 +4179,21 @@ class checkpoint {
   }
 
  private:
+  static void require_host(const std::string& name, const buffer_view& v) {
+    if (!v.device.is_cpu()) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
+                        "; a checkpoint saves host memory only",
+                    "Copy it into a host tensor and register that");
+    }
+    if (!is_valid(v.type)) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
+                        std::to_string(static_cast<int>(v.type)) + ")",
+                    "Return one of herd::dtype's values from tensor_traits::dtype");
+    }
+  }
+
   struct entry {
     std::string name;
     detail::ckpt::entry_kind kind;
@@ -4411,7 +4447,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   const optimizer_options& options() const noexcept { return options_; }
   // Backward passes accumulated locally since the last reduction.
   int accumulated_passes() const noexcept { return accumulated_; }
-  // Seconds spent reducing gradients (communication, packing and casting) since construction.
+  // Seconds spent reducing gradients since construction: packing, casting, communication, and
+  // waiting for ranks that reach the reduction later (so it also shows imbalance between ranks).
   double reduce_seconds() const noexcept { return reduce_seconds_; }
 
  private:
@@ -4471,6 +4508,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
   // of up to the fusion threshold, and reduces each buffer with one allreduce.
   void reduce(const std::vector<buffer_view>& grads) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     const bool average = options_.op == reduce_op::avg;
     const double f = options_.gradient_predivide_factor;
@@ -4556,6 +4594,7 @@ HERD_CONFIG_NAMESPACE_END
 //   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
 //   sgd.set_lr(schedule(step));
 
+#include <concepts>
 #include <cstddef>
 
 namespace herd {
@@ -4565,10 +4604,12 @@ struct scaled_learning_rate {
   int ranks = 1;                 // world size
   std::size_t warmup_steps = 0;  // 0: the scaled rate from the first step
 
-  double operator()(std::size_t step) const noexcept {
+  // The rate for step `step` (any integer type; a negative step counts as 0).
+  template <std::integral Step> double operator()(Step step) const noexcept {
     const double target = base * ranks;
-    if (step >= warmup_steps) return target;
-    return base + (target - base) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+    const double at = step < 0 ? 0.0 : static_cast<double>(step);
+    if (at >= static_cast<double>(warmup_steps)) return target;
+    return base + (target - base) * at / static_cast<double>(warmup_steps);
   }
 };
 

@@ -31,6 +31,7 @@
 #include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
+#include <herd/optim/optimizer_state.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/traits.hpp>
 
@@ -520,7 +521,8 @@ inline void check_root(const error_site& site, int root) {
 }  // namespace detail::ckpt
 
 // A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
-// references: every registered tensor and value must outlive the checkpoint. Tensors are read
+// references (buffer_views are kept by value): every registered tensor and value must outlive
+// the checkpoint. Tensors are read
 // through their traits at each save and load, so a std::vector may be reallocated in between.
 //
 // Its collective save and load call herd's collectives, so, like them, it lives in the
@@ -533,21 +535,21 @@ class checkpoint {
   // Any adapted tensor in host memory.
   template <class T> checkpoint& add(std::string name, T& tensor) {
     detail::require_writable_tensor<T>();
-    const buffer_view v = view_of(tensor);
-    if (!v.device.is_cpu()) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
-                        "; a checkpoint saves host memory only",
-                    "Copy it into a host tensor and register that");
-    }
-    if (!is_valid(v.type)) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
-                        std::to_string(static_cast<int>(v.type)) + ")",
-                    "Return one of herd::dtype's values from tensor_traits::dtype");
-    }
+    require_host(name, view_of(tensor));
     return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor,
                   [&tensor] { return view_of(tensor); });
+  }
+
+  // A view kept by value: memory described rather than owned by a tensor object.
+  checkpoint& add(std::string name, buffer_view view) {
+    require_host(name, view);
+    return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor, [view] { return view; });
+  }
+
+  // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
+  template <class Optimizer> checkpoint& add_optimizer_state(const std::string& prefix, Optimizer& opt) {
+    visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
+    return *this;
   }
 
   // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes.
@@ -700,6 +702,21 @@ class checkpoint {
   }
 
  private:
+  static void require_host(const std::string& name, const buffer_view& v) {
+    if (!v.device.is_cpu()) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
+                        "; a checkpoint saves host memory only",
+                    "Copy it into a host tensor and register that");
+    }
+    if (!is_valid(v.type)) {
+      detail::raise({"checkpoint::add"},
+                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
+                        std::to_string(static_cast<int>(v.type)) + ")",
+                    "Return one of herd::dtype's values from tensor_traits::dtype");
+    }
+  }
+
   struct entry {
     std::string name;
     detail::ckpt::entry_kind kind;

@@ -134,7 +134,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   const optimizer_options& options() const noexcept { return options_; }
   // Backward passes accumulated locally since the last reduction.
   int accumulated_passes() const noexcept { return accumulated_; }
-  // Seconds spent reducing gradients (communication, packing and casting) since construction.
+  // Seconds spent reducing gradients since construction: packing, casting, communication, and
+  // waiting for ranks that reach the reduction later (so it also shows imbalance between ranks).
   double reduce_seconds() const noexcept { return reduce_seconds_; }
 
  private:
@@ -194,6 +195,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
   // of up to the fusion threshold, and reduces each buffer with one allreduce.
   void reduce(const std::vector<buffer_view>& grads) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     const bool average = options_.op == reduce_op::avg;
     const double f = options_.gradient_predivide_factor;

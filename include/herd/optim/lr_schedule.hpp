@@ -7,6 +7,7 @@
 //   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
 //   sgd.set_lr(schedule(step));
 
+#include <concepts>
 #include <cstddef>
 
 namespace herd {
@@ -16,10 +17,12 @@ struct scaled_learning_rate {
   int ranks = 1;                 // world size
   std::size_t warmup_steps = 0;  // 0: the scaled rate from the first step
 
-  double operator()(std::size_t step) const noexcept {
+  // The rate for step `step` (any integer type; a negative step counts as 0).
+  template <std::integral Step> double operator()(Step step) const noexcept {
     const double target = base * ranks;
-    if (step >= warmup_steps) return target;
-    return base + (target - base) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+    const double at = step < 0 ? 0.0 : static_cast<double>(step);
+    if (at >= static_cast<double>(warmup_steps)) return target;
+    return base + (target - base) * at / static_cast<double>(warmup_steps);
   }
 };
 

@@ -2,7 +2,7 @@
 // How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
 // broadcast_optimizer_state and checkpoints. An optimizer either has a member
 //
-//   template <class F> void visit_state(F&& f);   // calls f(std::string_view name, herd::buffer_view tensor)
+//   template <class F> void visit_state(F&& f);   // calls f(name, herd::buffer_view tensor), name a std::string
 //
 // or a specialization of herd::optimizer_state_traits<Optimizer> with a static visit(opt, f).
 // The state must exist before the first step (allocate it in the constructor), so that a freshly
