@@ -1,0 +1,65 @@
+#pragma once
+// The body of herd's batched copy: many tensors packed into (or unpacked from) one fusion buffer
+// in a single kernel launch, each element cast and scaled on the way. Work is cut into blocks of
+// `elements_per_block` elements of one tensor; block b finds its tensor by binary search over the
+// tensors' first blocks, and its threads share that block's range.
+
+#include <herd/core/config.hpp>
+#include <herd/cuda/detail/elementwise_body.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace herd::cuda::detail {
+
+struct batch_entry {
+  const void* in;
+  void* out;
+  std::uint64_t count;        // elements
+  std::uint64_t first_block;  // blocks of the tensors before this one
+};
+
+struct batch_args {
+  const batch_entry* entries;
+  std::uint32_t entry_count;
+  std::uint64_t elements_per_block;
+  double scale;
+};
+
+// The entry block `block` belongs to: the last one whose first_block <= block.
+HERD_HOST_DEVICE inline std::uint32_t batch_entry_of(const batch_args& a, std::uint64_t block) {
+  std::uint32_t lo = 0;
+  std::uint32_t hi = a.entry_count - 1;
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (a.entries[mid].first_block <= block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Thread `thread` of `threads` in block `block`: D and S are the element types of out and in
+// (the same type and a scale of 1 take the byte-copy path).
+template <class D, class S>
+HERD_HOST_DEVICE void batch_thread(const batch_args& a, std::uint64_t block, std::size_t thread, std::size_t threads) {
+  const batch_entry& e = a.entries[batch_entry_of(a, block)];
+  const std::uint64_t begin = (block - e.first_block) * a.elements_per_block;
+  if (begin >= e.count) return;
+  const std::uint64_t n = e.count - begin < a.elements_per_block ? e.count - begin : a.elements_per_block;
+  if constexpr (std::is_same_v<D, S>) {
+    if (a.scale == 1.0) {
+      copy_thread({static_cast<std::byte*>(e.out) + begin * sizeof(D), static_cast<const std::byte*>(e.in) + begin * sizeof(S),
+                   n * sizeof(D)},
+                  thread, threads);
+      return;
+    }
+  }
+  cast_thread<D, S>({static_cast<D*>(e.out) + begin, static_cast<const S*>(e.in) + begin, n, a.scale}, thread, threads);
+}
+
+// Blocks a tensor of `count` elements needs.
+HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uint64_t elements_per_block) {
+  return count == 0 ? 0 : (count + elements_per_block - 1) / elements_per_block;
+}
+
+}  // namespace herd::cuda::detail

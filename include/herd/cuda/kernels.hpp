@@ -1,0 +1,196 @@
+#pragma once
+// herd's CUDA kernels and their launchers, compiled in the user's translation unit by nvcc:
+//
+//   herd::cuda::reduce(type, op, out, a, b, n, avg_ranks, stream)   out = a ∘ b (÷ avg_ranks)
+//   herd::cuda::cast(out, out_type, in, in_type, n, scale, stream)  casts f32/f64 <-> f16/bf16, scales
+//   herd::cuda::batched_copy::run(items, out_type, in_type, scale, stream)
+//       many tensors into or out of one fusion buffer in one launch, cast and scaled
+//
+// Each launcher checks its arguments, sizes the grid from the device's multiprocessor count,
+// launches on the given stream and checks the launch. The kernels are thin: the per-thread work
+// is in detail/elementwise_body.hpp and detail/batched_body.hpp, which tests also run on the CPU.
+
+#include <herd/core/config.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/core/reduce_op.hpp>
+#include <herd/cuda/detail/batched_body.hpp>
+#include <herd/cuda/detail/elementwise_body.hpp>
+#include <herd/cuda/runtime.hpp>
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::cuda {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+namespace kernels {
+
+template <class T, reduce_op Op> __global__ void reduce(detail::reduce_args<T> p) {
+  detail::reduce_thread<T, Op>(p, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                               static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class D, class S> __global__ void cast(detail::cast_args<D, S> p) {
+  detail::cast_thread<D, S>(p, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                            static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class D, class S> __global__ void batch(detail::batch_args a) {
+  detail::batch_thread<D, S>(a, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+}  // namespace kernels
+
+inline constexpr unsigned block_threads = 256;
+
+// Blocks for `work` grid-stride items: enough to fill every multiprocessor several times over,
+// no more than the work needs.
+inline unsigned grid_blocks(std::size_t work) {
+  static thread_local int cached_device = -1;
+  static thread_local int cached_sms = 0;
+  int device = 0;
+  HERD_CUDA_CHECK(cudaGetDevice(&device));
+  if (device != cached_device) {
+    cached_sms = multiprocessors(device);
+    cached_device = device;
+  }
+  const std::size_t wanted = (work + block_threads - 1) / block_threads;
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(cached_sms) * 8));
+}
+
+// Calls fn(F{}) with the float type of t (f16, bf16, f32 or f64).
+template <class Fn> void visit_floating(dtype t, const char* operation, Fn&& fn) {
+  switch (t) {
+    case dtype::f16: return fn(half{});
+    case dtype::bf16: return fn(bfloat16{});
+    case dtype::f32: return fn(float{});
+    case dtype::f64: return fn(double{});
+    default:
+      herd::detail::raise({operation}, "dtype " + std::string(name(t)) + " cannot be cast or scaled on the device",
+            "Casts and scaling take f16, bf16, f32 and f64; integers are copied as they are");
+  }
+}
+
+inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  if (!supports(type, op)) {
+    herd::detail::raise({"cuda::reduce"}, "reduce_op::" + std::string(name(op)) + " is not defined on " + std::string(name(type)),
+          "Check supports(dtype, reduce_op) first");
+  }
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
+    const unsigned blocks = grid_blocks(n / (16 / sizeof(T)) + 1);
+    switch (op) {
+      case reduce_op::sum: kernels::reduce<T, reduce_op::sum><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::avg: kernels::reduce<T, reduce_op::avg><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::min: kernels::reduce<T, reduce_op::min><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::max: kernels::reduce<T, reduce_op::max><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::prod: kernels::reduce<T, reduce_op::prod><<<blocks, block_threads, 0, stream>>>(args); break;
+      default:
+        if constexpr (std::is_integral_v<T>) {
+          if (op == reduce_op::band) kernels::reduce<T, reduce_op::band><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::bor) kernels::reduce<T, reduce_op::bor><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::bxor) kernels::reduce<T, reduce_op::bxor><<<blocks, block_threads, 0, stream>>>(args);
+        }
+    }
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// out = out_type(in * scale). Same dtype and scale 1 is a plain copy.
+inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  if (out_type == in_type && scale == 1.0) {
+    if (out != in) HERD_CUDA_CHECK(cudaMemcpyAsync(out, in, n * size_of(in_type), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  visit_floating(out_type, "cuda::cast", [&](auto d) {
+    visit_floating(in_type, "cuda::cast", [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      const detail::cast_args<D, S> args{static_cast<D*>(out), static_cast<const S*>(in), n, scale};
+      kernels::cast<D, S><<<grid_blocks(n / 4 + 1), block_threads, 0, stream>>>(args);
+    });
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// Packs many tensors into one buffer, or unpacks them, in one launch. Keeps the descriptor table
+// on the device between calls and uploads it again only when it changed.
+class batched_copy {
+ public:
+  struct item {
+    const void* in;
+    void* out;
+    std::size_t count;  // elements
+  };
+
+  static constexpr std::uint64_t elements_per_block = 4096;
+
+  // out_type(in * scale) for every item; same dtype and scale 1 copies bytes.
+  void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
+    if (items.empty()) return;
+    const bool bytes = out_type == in_type && scale == 1.0;
+    const std::uint64_t per_element = bytes ? size_of(in_type) : 1;
+    std::vector<detail::batch_entry> table;
+    table.reserve(items.size());
+    std::uint64_t blocks = 0;
+    for (const item& it : items) {
+      const std::uint64_t count = it.count * per_element;
+      table.push_back({it.in, it.out, count, blocks});
+      blocks += detail::batch_blocks(count, elements_per_block);
+    }
+    if (blocks == 0) return;
+    upload(table, stream);
+    const detail::batch_args args{static_cast<const detail::batch_entry*>(device_table_.get(0)),
+                                  static_cast<std::uint32_t>(table.size()), elements_per_block, scale};
+    if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
+    const auto grid = static_cast<unsigned>(blocks);
+    if (bytes) {
+      kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
+    } else {
+      visit_floating(out_type, "cuda::batched_copy", [&](auto d) {
+        visit_floating(in_type, "cuda::batched_copy", [&](auto s) {
+          kernels::batch<decltype(d), decltype(s)><<<grid, block_threads, 0, stream>>>(args);
+        });
+      });
+    }
+    HERD_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+    const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
+    if (bytes == uploaded_bytes_ && std::memcmp(last_.data(), table.data(), bytes) == 0) return;
+    if (staged_) staged_->synchronize();  // the previous upload may still be reading the staging area
+    else staged_.emplace();
+    void* staging = pinned_table_.get(bytes);
+    std::memcpy(staging, table.data(), bytes);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
+    staged_->record(stream);
+    last_ = table;
+    uploaded_bytes_ = bytes;
+  }
+
+  device_buffer device_table_;
+  pinned_buffer pinned_table_;
+  std::optional<event> staged_;
+  std::vector<detail::batch_entry> last_;
+  std::size_t uploaded_bytes_ = 0;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::cuda
+#endif

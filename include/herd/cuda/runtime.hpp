@@ -1,0 +1,127 @@
+#pragma once
+// Owning handles for the CUDA objects herd uses: the current device, streams, events, and
+// grow-only device and pinned host buffers.
+
+#include <herd/cuda/error.hpp>
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace herd::cuda {
+
+// Makes `device` current for its lifetime and restores the previous one after.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    HERD_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+class stream {
+ public:
+  stream() { HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~stream() {
+    if (handle_) cudaStreamDestroy(handle_);
+  }
+  cudaStream_t get() const noexcept { return handle_; }
+  void synchronize() const { HERD_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
+
+ private:
+  cudaStream_t handle_ = nullptr;
+};
+
+class event {
+ public:
+  event() { HERD_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming)); }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~event() {
+    if (handle_) cudaEventDestroy(handle_);
+  }
+  cudaEvent_t get() const noexcept { return handle_; }
+  void record(cudaStream_t s) { HERD_CUDA_CHECK(cudaEventRecord(handle_, s)); }
+  bool done() const {
+    const cudaError_t state = cudaEventQuery(handle_);
+    if (state == cudaErrorNotReady) return false;
+    HERD_CUDA_CHECK(state);
+    return true;
+  }
+  void synchronize() const { HERD_CUDA_CHECK(cudaEventSynchronize(handle_)); }
+
+ private:
+  cudaEvent_t handle_ = nullptr;
+};
+
+// Device memory that only grows; what it held is lost when it grows.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (data_) cudaFree(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFree(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMalloc(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// Page-locked host memory that only grows: the staging area of copies that overlap with compute.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// The number of streaming multiprocessors of `device`, which sizes kernel grids.
+inline int multiprocessors(int device) {
+  int count = 0;
+  HERD_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+}  // namespace herd::cuda
+#endif
