@@ -128,3 +128,11 @@ TEST_CASE("harness self-check: a check that fails on rank 1 only" * doctest::ski
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   CHECK(rank != 1);
 }
+
+HERD_MPI_TEST_CASE("local_rank and local_size: every rank of this one-node job is local", 1) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(herd::mpi::local_rank() == rank);
+  CHECK(herd::mpi::local_size() == size);
+}

@@ -68,6 +68,30 @@ class environment {
   int provided_ = MPI_THREAD_SINGLE;
 };
 
+// This process's rank among the processes of `comm` on the same node, and their number (through
+// MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
+inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {
+  MPI_Comm node = MPI_COMM_NULL;
+  int rank = 0;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    throw error("herd::mpi::local_rank: MPI_Comm_split_type failed. Is MPI initialized?");
+  }
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
+inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) {
+  MPI_Comm node = MPI_COMM_NULL;
+  int size = 1;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    throw error("herd::mpi::local_size: MPI_Comm_split_type failed. Is MPI initialized?");
+  }
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+}
+
 }  // namespace mpi
 
 class mpi_communicator {
