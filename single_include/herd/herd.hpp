@@ -1951,13 +1951,17 @@ class call_check {
     }
   }
 
-  template <communicator C> void require_device(const char* role, const const_buffer_view& v, const C& comm) {
-    if (!ok() || comm.supports(v.device)) return;
-    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() +
-                ", which this communicator cannot reach",
-         v.device.is_cuda() ? "Compile this translation unit with nvcc so herd can stage device memory, or use "
-                              "herd::nccl_communicator for GPU tensors"
-                            : "Move the tensor to memory this communicator supports");
+  // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const std::string& advice) {
+    if (!ok() || reachable) return;
+    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
+         advice);
+  }
+
+  void require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
+    if (!ok() || in.device == out.device) return;
+    fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
+         "Put input and output on the same device");
   }
 
   void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
@@ -2033,6 +2037,8 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 8: return "overlapping input and output buffers";
     case 9: return "a root out of range";
     case 10: return "a tensor its adapter rejected";
+    case 11: return "input and output tensors on different devices";
+    case 12: return "an operation this communicator cannot do in this translation unit";
     default: return "invalid arguments";
   }
 }
@@ -2052,6 +2058,13 @@ std::string per_rank(const std::vector<signature>& all, Field field) {
 // Raises on every rank if any rank's signature disagrees with the others or reports a fault.
 inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all);
 
+// The communicator small host messages (the argument checks) travel on: its control() when it
+// has one (nccl_communicator moves device memory only), itself otherwise.
+template <class C> auto& control_of(C& comm) {
+  if constexpr (requires { comm.control(); }) return comm.control();
+  else return comm;
+}
+
 // Runs the exchange (carrying `payload`, when given) and raises on every rank if anything is
 // wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
 // off, it exchanges nothing.
@@ -2065,7 +2078,7 @@ exchanged agree(C& comm, const signature& mine_in, const call_check& check, cons
     if (!check.ok()) check.raise_local();
     return {};
   }
-  exchanged all = exchange(comm, mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
+  exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
   if (!check.ok()) check.raise_local();
   verify({name(mine.kind), comm.rank(), comm.size()}, mine, all.signatures);
   return all;
@@ -2132,6 +2145,14 @@ inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
 }
 
 }  // namespace herd::detail
+
+// ---- herd/collectives/detail/dispatch.hpp ----
+// Which path a collective takes for a communicator and a device:
+// - a communicator with native collectives (nccl_communicator) runs them on its own memory;
+// - device tensors over a host-memory communicator go through herd's staged paths, which need
+//   herd's kernels and so a translation unit compiled by nvcc;
+// - everything else is host memory over herd's own algorithms.
+
 
 // ---- herd/collectives/detail/ring.hpp ----
 // The ring: p ranks in a circle, each sending to its right neighbour and receiving from its left.
@@ -2373,6 +2394,887 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 
 }  // namespace herd::detail
 
+// ---- herd/collectives/detail/staged_ring.hpp ----
+// Ring allreduce of device memory over a communicator that moves host memory (MPI without CUDA
+// awareness): every segment crosses through page-locked host buffers, and the reductions run on
+// the device. A step of the reduce-scatter copies the outgoing chunk to the host segment by
+// segment and sends each segment as soon as its copy has landed, while the incoming segments
+// are copied to the device and reduced as they arrive; copies, transfers and reductions of
+// different segments overlap. The allgather forwards what it received straight from the host
+// buffer, so only its first step copies device memory to the host.
+//
+// The device side is a backend that runs operations in order on one stream:
+//   to_host(host, device, bytes), to_device(device, host, bytes), copy(device, device, bytes),
+//   reduce(type, op, out, a, b, n, avg_ranks), mark() -> marker, done(marker), wait(marker),
+//   finish(), host_buffer(bytes, which) (page-locked), device_buffer(bytes).
+// cuda/staging.hpp runs it on a CUDA stream; the tests run it on a worker thread over host memory.
+
+
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+namespace herd::detail {
+
+template <communicator C, class Backend>
+void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                           std::size_t count, std::size_t segment_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const std::size_t es = size_of(type);
+  if (count == 0) return;
+  if (p == 1) {
+    if (out != in) dev.copy(out, in, count * es);
+    dev.finish();
+    return;
+  }
+  const chunk_layout chunks = chunk_layout::even(count, p);
+  const segmentation seg(chunks, es, segment_bytes);
+  const std::size_t m = seg.count;
+  const std::size_t stride = seg.elements * es;  // bytes between segment starts
+  const std::size_t chunk_bytes = m * stride;
+  std::byte* send_stage = dev.host_buffer(chunk_bytes, 0);
+  std::byte* recv_stage[2] = {dev.host_buffer(chunk_bytes, 1), dev.host_buffer(chunk_bytes, 2)};
+  std::byte* incoming = dev.device_buffer(chunk_bytes);
+  const int right = ring_mod(r + 1, p);
+  const int left = ring_mod(r - 1, p);
+  using marker = typename Backend::marker;
+  std::vector<marker> staged(m);
+  marker drained[2] = {};  // the last copy out of each receive buffer
+  bool used[2] = {false, false};
+  auto bytes_of = [&](int chunk, std::size_t k) {
+    return seg.length(chunks.length[static_cast<std::size_t>(chunk)], k) * es;
+  };
+  auto offset_of = [&](int chunk) { return chunks.offset[static_cast<std::size_t>(chunk)] * es; };
+
+  // One step: send `send_from` (host memory, after `staged` when stage_sends), receive chunk
+  // `incoming_chunk` into a receive buffer and hand each segment to `arrived`.
+  int step_index = 0;
+  auto step = [&](int outgoing_chunk, const std::byte* send_from, bool stage_sends, int incoming_chunk, auto arrived) {
+    const int parity = step_index++ % 2;
+    std::byte* landing = recv_stage[parity];
+    if (used[parity]) dev.wait(drained[parity]);  // its previous contents are on the device already
+    using request = typename C::request;
+    std::vector<request> receives(m);
+    std::vector<request> sends;
+    sends.reserve(m);
+    for (std::size_t k = 0; k < m; ++k) {
+      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag_value(tag::reduce_scatter));
+    }
+    stall_watch watch(comm.options());
+    std::size_t sent = 0;
+    std::size_t received = 0;
+    for (unsigned idle = 0; sent < m || received < m;) {
+      bool progress = false;
+      if (sent < m && (!stage_sends || dev.done(staged[sent]))) {
+        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right,
+                                   tag_value(tag::reduce_scatter)));
+        ++sent;
+        progress = true;
+      }
+      if (received < m && comm.test(receives[received])) {
+        arrived(received, landing + received * stride, bytes_of(incoming_chunk, received));
+        ++received;
+        progress = true;
+      }
+      if (progress) {
+        idle = 0;
+      } else {
+        std::this_thread::yield();
+        if ((++idle & 1023u) == 0) watch.check(r, p, received < m ? left : right, received < m, tag_value(tag::reduce_scatter));
+      }
+    }
+    for (auto& s : sends) comm.wait(s);
+    drained[parity] = dev.mark();
+    used[parity] = true;
+  };
+
+  // Reduce-scatter: as the host ring (ring.hpp), with chunk r-s-1 going out and r-s-2 coming in.
+  for (int s = 0; s < p - 1; ++s) {
+    const int outgoing = ring_mod(r - s - 1, p);
+    const int arriving = ring_mod(r - s - 2, p);
+    const std::byte* source = (s == 0 ? in : out) + offset_of(outgoing);
+    for (std::size_t k = 0; k < m; ++k) {
+      dev.to_host(send_stage + k * stride, source + k * stride, bytes_of(outgoing, k));
+      staged[k] = dev.mark();
+    }
+    const bool last = s == p - 2;
+    step(outgoing, send_stage, true, arriving, [&](std::size_t k, const std::byte* data, std::size_t bytes) {
+      const std::size_t at = offset_of(arriving) + k * stride;
+      dev.to_device(incoming + k * stride, data, bytes);
+      dev.reduce(type, op, out + at, in + at, incoming + k * stride, bytes / es,
+                 last && op == reduce_op::avg ? p : 0);
+    });
+  }
+  // Allgather: chunk r-s goes out, r-s-1 comes in and is copied to its place on the device.
+  const std::byte* previous_landing = nullptr;
+  for (int s = 0; s < p - 1; ++s) {
+    const int outgoing = ring_mod(r - s, p);
+    const int arriving = ring_mod(r - s - 1, p);
+    if (s == 0) {
+      for (std::size_t k = 0; k < m; ++k) {
+        dev.to_host(send_stage + k * stride, out + offset_of(outgoing) + k * stride, bytes_of(outgoing, k));
+        staged[k] = dev.mark();
+      }
+    }
+    const int parity = step_index % 2;
+    step(outgoing, s == 0 ? send_stage : previous_landing, s == 0, arriving,
+         [&](std::size_t k, const std::byte* data, std::size_t bytes) {
+           dev.to_device(out + offset_of(arriving) + k * stride, data, bytes);
+         });
+    previous_landing = recv_stage[parity];
+  }
+  dev.finish();
+}
+
+}  // namespace herd::detail
+
+// ---- herd/cuda/staging.hpp ----
+// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
+// stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
+// and events as markers. One per device and thread, so that its buffers are reused.
+
+
+// ---- herd/cuda/kernels.hpp ----
+// herd's CUDA kernels and their launchers, compiled in the user's translation unit by nvcc:
+//
+//   herd::cuda::reduce(type, op, out, a, b, n, avg_ranks, stream)   out = a ∘ b (÷ avg_ranks)
+//   herd::cuda::cast(out, out_type, in, in_type, n, scale, stream)  casts f32/f64 <-> f16/bf16, scales
+//   herd::cuda::finalize_avg(type, data, n, ranks, stream)          data / ranks, herd's avg
+//   herd::cuda::batched_copy::run(items, out_type, in_type, scale, stream)
+//       many tensors into or out of one fusion buffer in one launch, cast and scaled
+//
+// Each launcher checks its arguments, sizes the grid from the device's multiprocessor count,
+// launches on the given stream and checks the launch. The kernels are thin: the per-thread work
+// is in detail/elementwise_body.hpp and detail/batched_body.hpp, which tests also run on the CPU.
+
+
+// ---- herd/cuda/detail/batched_body.hpp ----
+// The body of herd's batched copy: many tensors packed into (or unpacked from) one fusion buffer
+// in a single kernel launch, each element cast and scaled on the way. Work is cut into blocks of
+// `elements_per_block` elements of one tensor; block b finds its tensor by binary search over the
+// tensors' first blocks, and its threads share that block's range.
+
+
+// ---- herd/cuda/detail/elementwise_body.hpp ----
+// What each GPU thread does in herd's elementwise kernels, as plain functions of (thread index,
+// thread count): the kernels call them with their grid position, and tests call them on the CPU
+// for every position of an emulated grid. Each thread walks the range in a grid-stride loop:
+// first the few elements before the pointers align, then whole aligned vectors of V elements,
+// then the tail, so the wide loads and stores never straddle an alignment boundary.
+
+
+// ---- herd/cuda/detail/vector_access.hpp ----
+// Wide memory access for the kernels: V elements moved as one aligned 4-, 8- or 16-byte word
+// (a single vector load or store on the GPU), and the arithmetic that finds where a range of
+// elements becomes aligned. Host-callable, so that tests can run the kernels' bodies on the CPU.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace herd::cuda::detail {
+
+// V elements of T, aligned to their combined size (at most 16 bytes).
+template <class T, std::size_t V> struct alignas(sizeof(T) * V) lanes {
+  T v[V];
+};
+
+template <class T, std::size_t V> HERD_HOST_DEVICE inline lanes<T, V> load_lanes(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const lanes<T, V>*>(p);
+#else
+  lanes<T, V> r;
+  std::memcpy(static_cast<void*>(&r), p, sizeof r);
+  return r;
+#endif
+}
+
+template <class T, std::size_t V> HERD_HOST_DEVICE inline void store_lanes(T* p, const lanes<T, V>& value) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<lanes<T, V>*>(p) = value;
+#else
+  std::memcpy(static_cast<void*>(p), &value, sizeof value);
+#endif
+}
+
+HERD_HOST_DEVICE inline std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+// Elements of `element_bytes` to step over from `p` until it is a multiple of `alignment`;
+// `alignment` when that never happens (p not even element-aligned).
+HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_t element_bytes, std::size_t alignment) {
+  const std::size_t misalignment = address(p) % alignment;
+  if (misalignment == 0) return 0;
+  const std::size_t gap = alignment - misalignment;
+  return gap % element_bytes == 0 ? gap / element_bytes : alignment;
+}
+
+}  // namespace herd::cuda::detail
+
+#include <cstddef>
+#include <type_traits>
+
+namespace herd::cuda::detail {
+
+// out[i] = a[i] ∘ b[i] (divided by avg_ranks when non-zero); out may be a or b.
+template <class T> struct reduce_args {
+  T* out;
+  const T* a;
+  const T* b;
+  std::size_t n;
+  int avg_ranks;
+};
+
+template <class T, reduce_op Op>
+HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread, std::size_t threads) {
+  constexpr std::size_t V = 16 / sizeof(T);
+  const combine<Op> f;
+  auto one = [&](T x, T y) {
+    const T r = f(x, y);
+    return p.avg_ranks > 0 ? finalize_avg(r, p.avg_ranks) : r;
+  };
+  std::size_t head = steps_to_alignment(p.out, sizeof(T), 16);
+  const bool together = steps_to_alignment(p.a, sizeof(T), 16) == head && steps_to_alignment(p.b, sizeof(T), 16) == head;
+  if (!together || head >= p.n) head = p.n;  // no common alignment: every element one by one
+  for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.a[i], p.b[i]);
+  const std::size_t vectors = (p.n - head) / V;
+  for (std::size_t v = thread; v < vectors; v += threads) {
+    const std::size_t at = head + v * V;
+    const auto x = load_lanes<T, V>(p.a + at);
+    const auto y = load_lanes<T, V>(p.b + at);
+    lanes<T, V> r;
+    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j], y.v[j]);
+    store_lanes<T, V>(p.out + at, r);
+  }
+  for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.a[i], p.b[i]);
+}
+
+// data[i] = data[i] / ranks, herd's avg on values summed elsewhere (by NCCL, say).
+template <class T>
+HERD_HOST_DEVICE void finalize_avg_thread(T* data, std::size_t n, int ranks, std::size_t thread, std::size_t threads) {
+  for (std::size_t i = thread; i < n; i += threads) data[i] = finalize_avg(data[i], ranks);
+}
+
+// The arithmetic type of a cast: double when either side is f64, float otherwise (f16 and bf16
+// included, as their arithmetic always is).
+template <class D, class S>
+using cast_compute_t = std::conditional_t<std::is_same_v<D, double> || std::is_same_v<S, double>, double, float>;
+
+// out[i] = D(S(in[i]) * scale), with one rounding into D. out and in must not partly overlap.
+template <class D, class S> struct cast_args {
+  D* out;
+  const S* in;
+  std::size_t n;
+  double scale;
+};
+
+template <class D, class S>
+HERD_HOST_DEVICE void cast_thread(const cast_args<D, S>& p, std::size_t thread, std::size_t threads) {
+  using C = cast_compute_t<D, S>;
+  constexpr std::size_t V = 16 / (sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
+  const C scale = static_cast<C>(p.scale);
+  auto one = [&](S x) {
+    if constexpr (std::is_class_v<S>) return D(static_cast<C>(static_cast<float>(x)) * scale);  // half, bfloat16
+    else return D(static_cast<C>(x) * scale);
+  };
+  // Both sides must reach alignment to their vector width at the same element.
+  std::size_t head = steps_to_alignment(p.in, sizeof(S), sizeof(S) * V);
+  if (head != steps_to_alignment(p.out, sizeof(D), sizeof(D) * V) || head >= p.n) head = p.n;
+  for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.in[i]);
+  const std::size_t vectors = (p.n - head) / V;
+  for (std::size_t v = thread; v < vectors; v += threads) {
+    const std::size_t at = head + v * V;
+    const auto x = load_lanes<S, V>(p.in + at);
+    lanes<D, V> r;
+    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j]);
+    store_lanes<D, V>(p.out + at, r);
+  }
+  for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.in[i]);
+}
+
+// Byte copy with 16-byte words where both sides align: the pack/unpack of dtypes that need no
+// conversion (integers, or floats without compression or scaling).
+struct copy_args {
+  std::byte* out;
+  const std::byte* in;
+  std::size_t n;
+};
+
+HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread, std::size_t threads) {
+  std::size_t head = steps_to_alignment(p.in, 1, 16);
+  if (head != steps_to_alignment(p.out, 1, 16) || head >= p.n) head = p.n;
+  for (std::size_t i = thread; i < head; i += threads) p.out[i] = p.in[i];
+  const std::size_t words = (p.n - head) / 16;
+  for (std::size_t w = thread; w < words; w += threads) {
+    store_lanes<std::uint64_t, 2>(reinterpret_cast<std::uint64_t*>(p.out + head + 16 * w),
+                                  load_lanes<std::uint64_t, 2>(reinterpret_cast<const std::uint64_t*>(p.in + head + 16 * w)));
+  }
+  for (std::size_t i = head + words * 16 + thread; i < p.n; i += threads) p.out[i] = p.in[i];
+}
+
+}  // namespace herd::cuda::detail
+
+#include <cstddef>
+#include <cstdint>
+
+namespace herd::cuda::detail {
+
+struct batch_entry {
+  const void* in;
+  void* out;
+  std::uint64_t count;        // elements
+  std::uint64_t first_block;  // blocks of the tensors before this one
+};
+
+struct batch_args {
+  const batch_entry* entries;
+  std::uint32_t entry_count;
+  std::uint64_t elements_per_block;
+  double scale;
+};
+
+// The entry block `block` belongs to: the last one whose first_block <= block.
+HERD_HOST_DEVICE inline std::uint32_t batch_entry_of(const batch_args& a, std::uint64_t block) {
+  std::uint32_t lo = 0;
+  std::uint32_t hi = a.entry_count - 1;
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (a.entries[mid].first_block <= block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Thread `thread` of `threads` in block `block`: D and S are the element types of out and in
+// (the same type and a scale of 1 take the byte-copy path).
+template <class D, class S>
+HERD_HOST_DEVICE void batch_thread(const batch_args& a, std::uint64_t block, std::size_t thread, std::size_t threads) {
+  const batch_entry& e = a.entries[batch_entry_of(a, block)];
+  const std::uint64_t begin = (block - e.first_block) * a.elements_per_block;
+  if (begin >= e.count) return;
+  const std::uint64_t n = e.count - begin < a.elements_per_block ? e.count - begin : a.elements_per_block;
+  if constexpr (std::is_same_v<D, S>) {
+    if (a.scale == 1.0) {
+      copy_thread({static_cast<std::byte*>(e.out) + begin * sizeof(D), static_cast<const std::byte*>(e.in) + begin * sizeof(S),
+                   n * sizeof(D)},
+                  thread, threads);
+      return;
+    }
+  }
+  cast_thread<D, S>({static_cast<D*>(e.out) + begin, static_cast<const S*>(e.in) + begin, n, a.scale}, thread, threads);
+}
+
+// Blocks a tensor of `count` elements needs.
+HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uint64_t elements_per_block) {
+  return count == 0 ? 0 : (count + elements_per_block - 1) / elements_per_block;
+}
+
+}  // namespace herd::cuda::detail
+
+// ---- herd/cuda/runtime.hpp ----
+// Owning handles for the CUDA objects herd uses: the current device, streams, events, and
+// grow-only device and pinned host buffers.
+
+
+// ---- herd/cuda/error.hpp ----
+// Every CUDA runtime call herd makes goes through HERD_CUDA_CHECK, which turns a failure into
+// herd::error naming the call, CUDA's error name and message, and what to check.
+//
+// CUDA's runtime headers are included only where CUDA is in use: under nvcc, or where the
+// program opted in with HERD_WITH_NCCL (the herd::nccl CMake target defines it). The runtime
+// API is plain C, so a g++-compiled training loop can drive NCCL; only herd's kernels need nvcc.
+
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace herd::cuda {
+
+inline void check(cudaError_t code, const char* call) {
+  if (code == cudaSuccess) return;
+  int device = -1;
+  cudaGetDevice(&device);
+  throw error(std::string("herd: ") + call + " failed on cuda:" + std::to_string(device) + ": " +
+              cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
+              "). Check that the device exists and is not in use by a crashed process, and that the driver "
+              "matches the CUDA toolkit herd was compiled with.");
+}
+
+}  // namespace herd::cuda
+
+#define HERD_CUDA_CHECK(call) ::herd::cuda::check((call), #call)
+
+#endif
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace herd::cuda {
+
+// Makes `device` current for its lifetime and restores the previous one after.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    HERD_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+class stream {
+ public:
+  stream() { HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~stream() {
+    if (handle_) cudaStreamDestroy(handle_);
+  }
+  cudaStream_t get() const noexcept { return handle_; }
+  void synchronize() const { HERD_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
+
+ private:
+  cudaStream_t handle_ = nullptr;
+};
+
+class event {
+ public:
+  event() { HERD_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming)); }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~event() {
+    if (handle_) cudaEventDestroy(handle_);
+  }
+  cudaEvent_t get() const noexcept { return handle_; }
+  void record(cudaStream_t s) { HERD_CUDA_CHECK(cudaEventRecord(handle_, s)); }
+  bool done() const {
+    const cudaError_t state = cudaEventQuery(handle_);
+    if (state == cudaErrorNotReady) return false;
+    HERD_CUDA_CHECK(state);
+    return true;
+  }
+  void synchronize() const { HERD_CUDA_CHECK(cudaEventSynchronize(handle_)); }
+
+ private:
+  cudaEvent_t handle_ = nullptr;
+};
+
+// Device memory that only grows; what it held is lost when it grows.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (data_) cudaFree(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFree(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMalloc(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// Page-locked host memory that only grows: the staging area of copies that overlap with compute.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// The number of streaming multiprocessors of `device`, which sizes kernel grids.
+inline int multiprocessors(int device) {
+  int count = 0;
+  HERD_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+}  // namespace herd::cuda
+#endif
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::cuda {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+namespace kernels {
+
+template <class T, reduce_op Op> __global__ void reduce(detail::reduce_args<T> p) {
+  detail::reduce_thread<T, Op>(p, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                               static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class D, class S> __global__ void cast(detail::cast_args<D, S> p) {
+  detail::cast_thread<D, S>(p, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                            static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class T> __global__ void finalize_avg(T* data, std::size_t n, int ranks) {
+  detail::finalize_avg_thread<T>(data, n, ranks, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                                 static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class D, class S> __global__ void batch(detail::batch_args a) {
+  detail::batch_thread<D, S>(a, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+}  // namespace kernels
+
+inline constexpr unsigned block_threads = 256;
+
+// Blocks for `work` grid-stride items: enough to fill every multiprocessor several times over,
+// no more than the work needs.
+inline unsigned grid_blocks(std::size_t work) {
+  static thread_local int cached_device = -1;
+  static thread_local int cached_sms = 0;
+  int device = 0;
+  HERD_CUDA_CHECK(cudaGetDevice(&device));
+  if (device != cached_device) {
+    cached_sms = multiprocessors(device);
+    cached_device = device;
+  }
+  const std::size_t wanted = (work + block_threads - 1) / block_threads;
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(cached_sms) * 8));
+}
+
+// Calls fn(F{}) with the float type of t (f16, bf16, f32 or f64).
+template <class Fn> void visit_floating(dtype t, const char* operation, Fn&& fn) {
+  switch (t) {
+    case dtype::f16: return fn(half{});
+    case dtype::bf16: return fn(bfloat16{});
+    case dtype::f32: return fn(float{});
+    case dtype::f64: return fn(double{});
+    default:
+      herd::detail::raise({operation}, "dtype " + std::string(name(t)) + " cannot be cast or scaled on the device",
+            "Casts and scaling take f16, bf16, f32 and f64; integers are copied as they are");
+  }
+}
+
+inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  if (!supports(type, op)) {
+    herd::detail::raise({"cuda::reduce"}, "reduce_op::" + std::string(name(op)) + " is not defined on " + std::string(name(type)),
+          "Check supports(dtype, reduce_op) first");
+  }
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
+    const unsigned blocks = grid_blocks(n / (16 / sizeof(T)) + 1);
+    switch (op) {
+      case reduce_op::sum: kernels::reduce<T, reduce_op::sum><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::avg: kernels::reduce<T, reduce_op::avg><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::min: kernels::reduce<T, reduce_op::min><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::max: kernels::reduce<T, reduce_op::max><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::prod: kernels::reduce<T, reduce_op::prod><<<blocks, block_threads, 0, stream>>>(args); break;
+      default:
+        if constexpr (std::is_integral_v<T>) {
+          if (op == reduce_op::band) kernels::reduce<T, reduce_op::band><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::bor) kernels::reduce<T, reduce_op::bor><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::bxor) kernels::reduce<T, reduce_op::bxor><<<blocks, block_threads, 0, stream>>>(args);
+        }
+    }
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// data = data / ranks: herd's avg of values summed elsewhere.
+inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
+  if (n == 0 || ranks == 1) return;
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// out = out_type(in * scale). Same dtype and scale 1 is a plain copy.
+inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  if (out_type == in_type && scale == 1.0) {
+    if (out != in) HERD_CUDA_CHECK(cudaMemcpyAsync(out, in, n * size_of(in_type), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  visit_floating(out_type, "cuda::cast", [&](auto d) {
+    visit_floating(in_type, "cuda::cast", [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      const detail::cast_args<D, S> args{static_cast<D*>(out), static_cast<const S*>(in), n, scale};
+      kernels::cast<D, S><<<grid_blocks(n / 4 + 1), block_threads, 0, stream>>>(args);
+    });
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// Packs many tensors into one buffer, or unpacks them, in one launch. Keeps the descriptor table
+// on the device between calls and uploads it again only when it changed.
+class batched_copy {
+ public:
+  struct item {
+    const void* in;
+    void* out;
+    std::size_t count;  // elements
+  };
+
+  static constexpr std::uint64_t elements_per_block = 4096;
+
+  // out_type(in * scale) for every item; same dtype and scale 1 copies bytes.
+  void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
+    if (items.empty()) return;
+    const bool bytes = out_type == in_type && scale == 1.0;
+    const std::uint64_t per_element = bytes ? size_of(in_type) : 1;
+    std::vector<detail::batch_entry> table;
+    table.reserve(items.size());
+    std::uint64_t blocks = 0;
+    for (const item& it : items) {
+      const std::uint64_t count = it.count * per_element;
+      table.push_back({it.in, it.out, count, blocks});
+      blocks += detail::batch_blocks(count, elements_per_block);
+    }
+    if (blocks == 0) return;
+    upload(table, stream);
+    const detail::batch_args args{static_cast<const detail::batch_entry*>(device_table_.get(0)),
+                                  static_cast<std::uint32_t>(table.size()), elements_per_block, scale};
+    if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
+    const auto grid = static_cast<unsigned>(blocks);
+    if (bytes) {
+      kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
+    } else {
+      visit_floating(out_type, "cuda::batched_copy", [&](auto d) {
+        visit_floating(in_type, "cuda::batched_copy", [&](auto s) {
+          kernels::batch<decltype(d), decltype(s)><<<grid, block_threads, 0, stream>>>(args);
+        });
+      });
+    }
+    HERD_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+    const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
+    if (bytes == uploaded_bytes_ && std::memcmp(last_.data(), table.data(), bytes) == 0) return;
+    if (staged_) staged_->synchronize();  // the previous upload may still be reading the staging area
+    else staged_.emplace();
+    void* staging = pinned_table_.get(bytes);
+    std::memcpy(staging, table.data(), bytes);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
+    staged_->record(stream);
+    last_ = table;
+    uploaded_bytes_ = bytes;
+  }
+
+  device_buffer device_table_;
+  pinned_buffer pinned_table_;
+  std::optional<event> staged_;
+  std::vector<detail::batch_entry> last_;
+  std::size_t uploaded_bytes_ = 0;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::cuda
+#endif
+
+#if defined(__CUDACC__)
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace herd::cuda {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+class stream_stage {
+ public:
+  using marker = std::size_t;
+
+  explicit stream_stage(int device) : device_(device) {}
+
+  // Orders this stage after the work already queued on the legacy default stream (where
+  // frameworks without streams of their own, and blocking streams, put their kernels).
+  void begin() {
+    used_ = 0;
+    ready_.record(cudaStreamLegacy);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
+  }
+
+  void to_host(void* host, const void* device, std::size_t bytes) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  }
+  void to_device(void* device, const void* host, std::size_t bytes) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  }
+  void copy(void* to, const void* from, std::size_t bytes) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+  }
+  void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
+    cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
+  }
+
+  marker mark() {
+    if (used_ == events_.size()) events_.emplace_back();
+    events_[used_].record(stream_.get());
+    return used_++;
+  }
+  bool done(marker m) const { return events_[m].done(); }
+  void wait(marker m) const { events_[m].synchronize(); }
+  void finish() { stream_.synchronize(); }
+
+  std::byte* host_buffer(std::size_t bytes, int which) { return static_cast<std::byte*>(pinned_[which].get(bytes)); }
+  std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  cuda::stream stream_;
+  cuda::event ready_;
+  std::vector<cuda::event> events_;
+  std::size_t used_ = 0;
+  cuda::pinned_buffer pinned_[3];
+  cuda::device_buffer scratch_;
+};
+
+// This thread's stage for `device` (made current by the caller).
+inline stream_stage& stage_for(int device) {
+  thread_local std::map<int, std::unique_ptr<stream_stage>> stages;
+  auto& slot = stages[device];
+  if (!slot) slot = std::make_unique<stream_stage>(device);
+  return *slot;
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::cuda
+#endif
+
+#include <cstring>
+#include <string>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class C>
+concept native_collectives = requires(C& c, const_buffer_view in, buffer_view out, reduce_op op) {
+  c.native_allreduce(in, out, op);
+  c.native_broadcast(out, 0);
+  c.native_allgather(in, out);
+  c.native_reduce_scatter(in, out, op);
+  c.synchronize();
+};
+
+// Whether a collective on `comm` can take a tensor on `d` in this translation unit.
+template <communicator C> bool reaches(const C& comm, device d) {
+  if (comm.supports(d)) return true;
+  if constexpr (!native_collectives<C>) return d.is_cuda() && HERD_WITH_CUDA_KERNELS;
+  return false;
+}
+
+// What to do about a tensor `comm` cannot reach.
+template <communicator C> std::string unreachable_advice(const C& comm, device d) {
+  if constexpr (native_collectives<C>) {
+    (void)comm;
+    return d.is_cpu() ? "This communicator reduces GPU memory with NCCL; move the tensor to its GPU, or use an "
+                        "mpi_communicator for host tensors"
+                      : "Move the tensor to this communicator's GPU, or build the communicator on the tensor's device";
+  } else {
+    (void)comm;
+    return "Compile this translation unit with nvcc so that herd can stage device memory through the host with its "
+           "kernels, or use herd::nccl_communicator for GPU tensors";
+  }
+}
+
+#if HERD_WITH_CUDA_KERNELS
+// Device tensors over a host-memory communicator: the ring allreduce staged through page-locked
+// host buffers, reductions on the device.
+template <communicator C>
+void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
+  const cuda::device_guard on(device);
+  cuda::stream_stage& stage = cuda::stage_for(device);
+  stage.begin();
+  staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
+                        runtime::defaults().ring_segment_bytes);
+}
+
+// The other collectives on device tensors over a host-memory communicator: the input copied to
+// the host, the host algorithm, the output copied back.
+template <class Run>
+void through_host(const_buffer_view in, buffer_view out, Run run) {
+  const int device = (in.device.is_cuda() ? in.device : out.device).index;
+  const cuda::device_guard on(device);
+  cuda::stream_stage& stage = cuda::stage_for(device);
+  stage.begin();
+  std::byte* host_in = stage.host_buffer(in.bytes(), 0);
+  std::byte* host_out = in.data == out.data ? host_in : stage.host_buffer(out.bytes(), 1);
+  if (in.bytes() != 0) stage.to_host(host_in, in.data, in.bytes());
+  stage.finish();
+  run(const_buffer_view(host_in, in.count, in.type), buffer_view{host_out, out.count, out.type, device::cpu()});
+  if (out.bytes() != 0) stage.to_device(out.data, host_out, out.bytes());
+  stage.finish();
+}
+#endif
+
+// Runs a native collective and waits for it; herd's integer avg (the sum divided by the ranks,
+// truncated) is NCCL's sum followed by herd's division kernel.
+template <communicator C>
+void native_allreduce(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
+  const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
+  comm.native_allreduce(in, out, integer_avg ? reduce_op::sum : op);
+#if HERD_WITH_CUDA_KERNELS
+  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), comm.stream());
+#endif
+  comm.synchronize();
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
 #include <cstring>
 #include <numeric>
 #include <span>
@@ -2380,6 +3282,9 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, std::size_t before);
 
 template <communicator C>
 void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, buffer_view out,
@@ -2404,8 +3309,19 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   auto* base = static_cast<std::byte*>(out.data);
   check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * es,
                          "this rank's own slot of the output (in place)");
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && kind == collective_kind::allgatherv && p > 1) {
+      for (std::size_t c : counts) {
+        if (c != counts[0]) {
+          check.fail(12, "NCCL's allgather takes equal counts only", "Pad to equal counts, or use an mpi_communicator");
+          break;
+        }
+      }
+    }
+  }
   signature mine;
   mine.kind = kind;
   mine.type = in.type;
@@ -2413,8 +3329,27 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
   agree(comm, mine, check);
   if (total == 0) return;
+  if constexpr (native_collectives<C>) {
+    comm.native_allgather(in, out);
+    comm.synchronize();
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) {
+      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
+        allgather_host(comm, host_in, host_out, counts, before);
+      });
+    }
+#endif
+    allgather_host(comm, in, out, counts, before);
+  }
+}
+
+template <communicator C>
+void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, std::size_t before) {
+  const std::size_t es = size_of(in.type);
+  auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
-  if (p == 1) return;
+  if (comm.size() == 1) return;
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), runtime::defaults().ring_segment_bytes);
 }
 
@@ -2476,9 +3411,10 @@ HERD_CONFIG_NAMESPACE_END
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
 //
-// Up to 8 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Host tensors up to 8 KiB travel with the ranks' argument check (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
-// (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
+// (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined. GPU tensors take NCCL
+// on an nccl_communicator, or herd's staged ring with its kernels over MPI (detail/dispatch.hpp).
 
 
 #include <cstring>
@@ -2510,8 +3446,18 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_same_dtype(in, out);
   check.require_count("output", out.count, in.count, "allreduce writes as many elements as it reads");
   check.require_disjoint(in, out, out.data, "the same tensor as input and output (in place)");
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(in.type)) {
+      check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+                 "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+    }
+    if (check.ok() && is_bitwise(op)) {
+      check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+    }
+  }
   signature mine;
   mine.kind = collective_kind::allreduce;
   mine.type = in.type;
@@ -2519,7 +3465,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   mine.count = in.count;
   const std::size_t bytes = in.bytes();
   const int p = comm.size();
-  if (p > 1 && bytes <= payload_max_bytes) {
+  if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, in.data, bytes);
@@ -2533,8 +3479,15 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   }
   agree(comm, mine, check);
   if (in.count == 0) return;
-  ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
-                 in.count);
+  if constexpr (native_collectives<C>) {
+    native_allreduce(comm, in, out, op);
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
+#endif
+    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+                   in.count);
+  }
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -2652,10 +3605,12 @@ void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std:
   for (auto& s : sends) comm.wait(s);
 }
 
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root);
+
 template <communicator C> void broadcast(call_check& check, buffer_view v, C& comm, int root) {
   check.require_valid("input", v);
   check.require_root(root);
-  check.require_device("input", v, comm);
+  check.require_reachable("input", v, reaches(comm, v.device), unreachable_advice(comm, v.device));
   signature mine;
   mine.kind = collective_kind::broadcast;
   mine.type = v.type;
@@ -2664,6 +3619,22 @@ template <communicator C> void broadcast(call_check& check, buffer_view v, C& co
   agree(comm, mine, check);
   const std::size_t bytes = v.bytes();
   if (bytes == 0 || comm.size() == 1) return;
+  if constexpr (native_collectives<C>) {
+    comm.native_broadcast(v, root);
+    comm.synchronize();
+    return;
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (v.device.is_cuda()) {
+      return through_host(v, v, [&](const_buffer_view, buffer_view host) { broadcast_host(comm, host, root); });
+    }
+#endif
+    broadcast_host(comm, v, root);
+  }
+}
+
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
+  const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
   if (bytes <= broadcast_tree_max_bytes || comm.size() == 2) {
     broadcast_tree(comm, data, bytes, root);
@@ -2701,6 +3672,8 @@ HERD_CONFIG_NAMESPACE_END
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
+template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op);
+
 template <communicator C>
 void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
   const int p = comm.size();
@@ -2711,8 +3684,15 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   check.require_count("input", in.count, out.count * static_cast<std::size_t>(p),
                       "the output's elements times the ranks");
   check.require_disjoint(in, out, nullptr, nullptr);
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && (is_bitwise(op) || (op == reduce_op::avg && is_integral(in.type) && !HERD_WITH_CUDA_KERNELS))) {
+      check.fail(12, "NCCL cannot do reduce_op::" + std::string(name(op)) + " on " + std::string(name(in.type)) + " here",
+                 "Use sum, prod, min, max, or avg on floats (integer avg needs nvcc)");
+    }
+  }
   signature mine;
   mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
@@ -2720,6 +3700,27 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   mine.count = in.count;
   agree(comm, mine, check);
   if (out.count == 0) return;
+  if constexpr (native_collectives<C>) {
+    const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
+    comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
+#if HERD_WITH_CUDA_KERNELS
+    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, comm.stream());
+#endif
+    comm.synchronize();
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) {
+      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
+        reduce_scatter_host(comm, host_in, host_out, op);
+      });
+    }
+#endif
+    reduce_scatter_host(comm, in, out, op);
+  }
+}
+
+template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
+  const int p = comm.size();
   const std::size_t es = size_of(in.type);
   const auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);

@@ -9,6 +9,7 @@
 // In place: pass as input the output's own slot of this rank (all.data() + rank * n).
 
 #include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -22,6 +23,9 @@
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, std::size_t before);
 
 template <communicator C>
 void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, buffer_view out,
@@ -46,8 +50,19 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   auto* base = static_cast<std::byte*>(out.data);
   check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * es,
                          "this rank's own slot of the output (in place)");
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && kind == collective_kind::allgatherv && p > 1) {
+      for (std::size_t c : counts) {
+        if (c != counts[0]) {
+          check.fail(12, "NCCL's allgather takes equal counts only", "Pad to equal counts, or use an mpi_communicator");
+          break;
+        }
+      }
+    }
+  }
   signature mine;
   mine.kind = kind;
   mine.type = in.type;
@@ -55,8 +70,27 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
   agree(comm, mine, check);
   if (total == 0) return;
+  if constexpr (native_collectives<C>) {
+    comm.native_allgather(in, out);
+    comm.synchronize();
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) {
+      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
+        allgather_host(comm, host_in, host_out, counts, before);
+      });
+    }
+#endif
+    allgather_host(comm, in, out, counts, before);
+  }
+}
+
+template <communicator C>
+void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, std::size_t before) {
+  const std::size_t es = size_of(in.type);
+  auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
-  if (p == 1) return;
+  if (comm.size() == 1) return;
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), runtime::defaults().ring_segment_bytes);
 }
 

@@ -6,11 +6,13 @@
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
 //
-// Up to 8 KiB, the tensors travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Host tensors up to 8 KiB travel with the ranks' argument check (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
-// (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined.
+// (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined. GPU tensors take NCCL
+// on an nccl_communicator, or herd's staged ring with its kernels over MPI (detail/dispatch.hpp).
 
 #include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -46,8 +48,18 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_same_dtype(in, out);
   check.require_count("output", out.count, in.count, "allreduce writes as many elements as it reads");
   check.require_disjoint(in, out, out.data, "the same tensor as input and output (in place)");
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(in.type)) {
+      check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+                 "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+    }
+    if (check.ok() && is_bitwise(op)) {
+      check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+    }
+  }
   signature mine;
   mine.kind = collective_kind::allreduce;
   mine.type = in.type;
@@ -55,7 +67,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   mine.count = in.count;
   const std::size_t bytes = in.bytes();
   const int p = comm.size();
-  if (p > 1 && bytes <= payload_max_bytes) {
+  if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, in.data, bytes);
@@ -69,8 +81,15 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   }
   agree(comm, mine, check);
   if (in.count == 0) return;
-  ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
-                 in.count);
+  if constexpr (native_collectives<C>) {
+    native_allreduce(comm, in, out, op);
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
+#endif
+    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+                   in.count);
+  }
 }
 
 HERD_CONFIG_NAMESPACE_END

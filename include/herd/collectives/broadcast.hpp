@@ -8,6 +8,7 @@
 // are busy at the same time.
 
 #include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -81,10 +82,12 @@ void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std:
   for (auto& s : sends) comm.wait(s);
 }
 
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root);
+
 template <communicator C> void broadcast(call_check& check, buffer_view v, C& comm, int root) {
   check.require_valid("input", v);
   check.require_root(root);
-  check.require_device("input", v, comm);
+  check.require_reachable("input", v, reaches(comm, v.device), unreachable_advice(comm, v.device));
   signature mine;
   mine.kind = collective_kind::broadcast;
   mine.type = v.type;
@@ -93,6 +96,22 @@ template <communicator C> void broadcast(call_check& check, buffer_view v, C& co
   agree(comm, mine, check);
   const std::size_t bytes = v.bytes();
   if (bytes == 0 || comm.size() == 1) return;
+  if constexpr (native_collectives<C>) {
+    comm.native_broadcast(v, root);
+    comm.synchronize();
+    return;
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (v.device.is_cuda()) {
+      return through_host(v, v, [&](const_buffer_view, buffer_view host) { broadcast_host(comm, host, root); });
+    }
+#endif
+    broadcast_host(comm, v, root);
+  }
+}
+
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
+  const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
   if (bytes <= broadcast_tree_max_bytes || comm.size() == 2) {
     broadcast_tree(comm, data, bytes, root);

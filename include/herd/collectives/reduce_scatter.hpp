@@ -5,6 +5,7 @@
 //   herd::reduce_scatter(grads, my_shard, comm, herd::reduce_op::avg);  // grads.size() == p * my_shard.size()
 
 #include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -17,6 +18,8 @@
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
+template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op);
+
 template <communicator C>
 void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
   const int p = comm.size();
@@ -27,8 +30,15 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   check.require_count("input", in.count, out.count * static_cast<std::size_t>(p),
                       "the output's elements times the ranks");
   check.require_disjoint(in, out, nullptr, nullptr);
-  check.require_device("input", in, comm);
-  check.require_device("output", out, comm);
+  check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
+  check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
+  check.require_same_device(in, out);
+  if constexpr (native_collectives<C>) {
+    if (check.ok() && (is_bitwise(op) || (op == reduce_op::avg && is_integral(in.type) && !HERD_WITH_CUDA_KERNELS))) {
+      check.fail(12, "NCCL cannot do reduce_op::" + std::string(name(op)) + " on " + std::string(name(in.type)) + " here",
+                 "Use sum, prod, min, max, or avg on floats (integer avg needs nvcc)");
+    }
+  }
   signature mine;
   mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
@@ -36,6 +46,27 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   mine.count = in.count;
   agree(comm, mine, check);
   if (out.count == 0) return;
+  if constexpr (native_collectives<C>) {
+    const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
+    comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
+#if HERD_WITH_CUDA_KERNELS
+    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, comm.stream());
+#endif
+    comm.synchronize();
+  } else {
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) {
+      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
+        reduce_scatter_host(comm, host_in, host_out, op);
+      });
+    }
+#endif
+    reduce_scatter_host(comm, in, out, op);
+  }
+}
+
+template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
+  const int p = comm.size();
   const std::size_t es = size_of(in.type);
   const auto* src = static_cast<const std::byte*>(in.data);
   auto* dst = static_cast<std::byte*>(out.data);

@@ -3,6 +3,7 @@
 //
 //   herd::cuda::reduce(type, op, out, a, b, n, avg_ranks, stream)   out = a ∘ b (÷ avg_ranks)
 //   herd::cuda::cast(out, out_type, in, in_type, n, scale, stream)  casts f32/f64 <-> f16/bf16, scales
+//   herd::cuda::finalize_avg(type, data, n, ranks, stream)          data / ranks, herd's avg
 //   herd::cuda::batched_copy::run(items, out_type, in_type, scale, stream)
 //       many tensors into or out of one fusion buffer in one launch, cast and scaled
 //
@@ -42,6 +43,11 @@ template <class T, reduce_op Op> __global__ void reduce(detail::reduce_args<T> p
 template <class D, class S> __global__ void cast(detail::cast_args<D, S> p) {
   detail::cast_thread<D, S>(p, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
                             static_cast<std::size_t>(gridDim.x) * blockDim.x);
+}
+
+template <class T> __global__ void finalize_avg(T* data, std::size_t n, int ranks) {
+  detail::finalize_avg_thread<T>(data, n, ranks, blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
+                                 static_cast<std::size_t>(gridDim.x) * blockDim.x);
 }
 
 template <class D, class S> __global__ void batch(detail::batch_args a) {
@@ -104,6 +110,16 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
           if (op == reduce_op::bxor) kernels::reduce<T, reduce_op::bxor><<<blocks, block_threads, 0, stream>>>(args);
         }
     }
+  });
+  HERD_CUDA_CHECK(cudaGetLastError());
+}
+
+// data = data / ranks: herd's avg of values summed elsewhere.
+inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
+  if (n == 0 || ranks == 1) return;
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
   });
   HERD_CUDA_CHECK(cudaGetLastError());
 }

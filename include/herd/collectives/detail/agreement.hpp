@@ -159,13 +159,17 @@ class call_check {
     }
   }
 
-  template <communicator C> void require_device(const char* role, const const_buffer_view& v, const C& comm) {
-    if (!ok() || comm.supports(v.device)) return;
-    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() +
-                ", which this communicator cannot reach",
-         v.device.is_cuda() ? "Compile this translation unit with nvcc so herd can stage device memory, or use "
-                              "herd::nccl_communicator for GPU tensors"
-                            : "Move the tensor to memory this communicator supports");
+  // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const std::string& advice) {
+    if (!ok() || reachable) return;
+    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
+         advice);
+  }
+
+  void require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
+    if (!ok() || in.device == out.device) return;
+    fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
+         "Put input and output on the same device");
   }
 
   void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
@@ -241,6 +245,8 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 8: return "overlapping input and output buffers";
     case 9: return "a root out of range";
     case 10: return "a tensor its adapter rejected";
+    case 11: return "input and output tensors on different devices";
+    case 12: return "an operation this communicator cannot do in this translation unit";
     default: return "invalid arguments";
   }
 }
@@ -260,6 +266,13 @@ std::string per_rank(const std::vector<signature>& all, Field field) {
 // Raises on every rank if any rank's signature disagrees with the others or reports a fault.
 inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all);
 
+// The communicator small host messages (the argument checks) travel on: its control() when it
+// has one (nccl_communicator moves device memory only), itself otherwise.
+template <class C> auto& control_of(C& comm) {
+  if constexpr (requires { comm.control(); }) return comm.control();
+  else return comm;
+}
+
 // Runs the exchange (carrying `payload`, when given) and raises on every rank if anything is
 // wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
 // off, it exchanges nothing.
@@ -273,7 +286,7 @@ exchanged agree(C& comm, const signature& mine_in, const call_check& check, cons
     if (!check.ok()) check.raise_local();
     return {};
   }
-  exchanged all = exchange(comm, mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
+  exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
   if (!check.ok()) check.raise_local();
   verify({name(mine.kind), comm.rank(), comm.size()}, mine, all.signatures);
   return all;

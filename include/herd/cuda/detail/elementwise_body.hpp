@@ -48,6 +48,12 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.a[i], p.b[i]);
 }
 
+// data[i] = data[i] / ranks, herd's avg on values summed elsewhere (by NCCL, say).
+template <class T>
+HERD_HOST_DEVICE void finalize_avg_thread(T* data, std::size_t n, int ranks, std::size_t thread, std::size_t threads) {
+  for (std::size_t i = thread; i < n; i += threads) data[i] = finalize_avg(data[i], ranks);
+}
+
 // The arithmetic type of a cast: double when either side is f64, float otherwise (f16 and bf16
 // included, as their arithmetic always is).
 template <class D, class S>
