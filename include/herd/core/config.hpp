@@ -47,3 +47,14 @@
 #endif
 #define HERD_CONFIG_NAMESPACE_BEGIN inline namespace HERD_CONFIG_NS {
 #define HERD_CONFIG_NAMESPACE_END }
+
+#define HERD_PP_STRING_(x) #x
+#define HERD_PP_STRING(x) HERD_PP_STRING_(x)
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+// The configuration this translation unit was compiled in: "host", or "cuda_" and the GPU
+// architectures (e.g. "cuda_800_900").
+inline const char* configuration() noexcept { return HERD_PP_STRING(HERD_CONFIG_NS); }
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
