@@ -5385,9 +5385,156 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   and the same options, and raises herd::error on every rank if not.
 
 
+// ---- herd/optim/detail/gradient_movers.hpp ----
+// Where the distributed optimizer packs gradients into fusion buffers, casts them for
+// compression, and accumulates them across backward passes:
+// - host_mover: loops over host memory;
+// - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
+//   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
+//   fusion without compression, predivision or accumulation.
+// Both take the same calls, so the optimizer's bucketing is written once.
+
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct move_item {
+  const void* in;
+  void* out;
+  std::size_t count;
+};
+
+class host_mover {
+ public:
+  void begin() {}
+  void finish() {}
+  buffer_view fusion(dtype type, std::size_t count) {
+    fusion_.reserve(type, count);
+    return fusion_.view();
+  }
+  // out_type(in * scale) for every item.
+  void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
+    for (const move_item& it : items) host_cast(it.out, out_type, it.in, in_type, it.count, scale);
+  }
+  buffer_view accumulator(std::size_t index, dtype type, std::size_t count) {
+    if (accumulators_.size() <= index) accumulators_.resize(index + 1);
+    accumulators_[index].reserve(type, count);
+    return accumulators_[index].view();
+  }
+  void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
+    host_accumulate(acc.data, acc.type, grad.data, grad.type, grad.count, first);
+  }
+  // grad = (acc + grad) / divisor
+  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
+    host_fold_mean(grad.data, grad.type, acc.data, acc.type, grad.count, divisor);
+  }
+
+ private:
+  host_tensor fusion_;
+  std::vector<host_tensor> accumulators_;
+};
+
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+class device_mover {
+ public:
+  explicit device_mover(int device) : device_(device) {}
+
+  // Orders herd's stream after the work on the legacy default stream, which produced the gradients.
+  void begin() {
+    const cuda::device_guard on(device_);
+    if (!stream_) {
+      stream_.emplace();
+      ready_.emplace();
+    }
+    ready_->record(cudaStreamLegacy);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+  }
+  void finish() { stream_->synchronize(); }
+
+  buffer_view fusion(dtype type, std::size_t count) {
+    const cuda::device_guard on(device_);
+    return {fusion_.get(count * size_of(type)), count, type, device::cuda(device_)};
+  }
+
+  void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
+    const cuda::device_guard on(device_);
+#if HERD_WITH_CUDA_KERNELS
+    batch_.clear();
+    for (const move_item& it : items) batch_.push_back({it.in, it.out, it.count});
+    copier_.run(batch_, out_type, in_type, scale, stream_->get());
+#else
+    if (out_type != in_type || scale != 1.0) needs_kernels("compression or gradient predivision");
+    for (const move_item& it : items) {
+      HERD_CUDA_CHECK(cudaMemcpyAsync(it.out, it.in, it.count * size_of(in_type), cudaMemcpyDeviceToDevice, stream_->get()));
+    }
+#endif
+  }
+
+  buffer_view accumulator(std::size_t index, dtype type, std::size_t count) {
+    const cuda::device_guard on(device_);
+    while (accumulators_.size() <= index) accumulators_.emplace_back(std::make_unique<cuda::device_buffer>());
+    return {accumulators_[index]->get(count * size_of(type)), count, type, device::cuda(device_)};
+  }
+
+  void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
+#if HERD_WITH_CUDA_KERNELS
+    const cuda::device_guard on(device_);
+    if (first) return cuda::cast(acc.data, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    void* widened = scratch_.get(grad.count * size_of(acc.type));
+    cuda::cast(widened, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    cuda::reduce(acc.type, reduce_op::sum, acc.data, acc.data, widened, grad.count, 0, stream_->get());
+#else
+    (void)acc, (void)grad, (void)first;
+    needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
+#endif
+  }
+
+  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
+#if HERD_WITH_CUDA_KERNELS
+    const cuda::device_guard on(device_);
+    void* sum = scratch_.get(grad.count * size_of(acc.type));
+    cuda::cast(sum, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    cuda::reduce(acc.type, reduce_op::sum, sum, acc.data, sum, grad.count, 0, stream_->get());
+    cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0 / divisor, stream_->get());
+#else
+    (void)grad, (void)acc, (void)divisor;
+    needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
+#endif
+  }
+
+ private:
+  [[noreturn]] static void needs_kernels(const char* what) {
+    raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
+          "Compile the file that steps the optimizer with nvcc, or turn the option off");
+  }
+
+  int device_;
+  std::optional<cuda::stream> stream_;
+  std::optional<cuda::event> ready_;
+  cuda::device_buffer fusion_;
+  cuda::device_buffer scratch_;
+  std::vector<std::unique_ptr<cuda::device_buffer>> accumulators_;
+#if HERD_WITH_CUDA_KERNELS
+  cuda::batched_copy copier_;
+  std::vector<cuda::batched_copy::item> batch_;
+#endif
+};
+#endif
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -5450,13 +5597,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
     if (accumulated_ > 0) {
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        detail::host_fold_mean(grads[i].data, grads[i].type, accumulators_[i].data(), accumulators_[i].type(),
-                               grads[i].count, static_cast<double>(accumulated_ + 1));
-      }
+      with_mover(grads, [&](auto& mover) {
+        mover.begin();
+        for (std::size_t i = 0; i < grads.size(); ++i)
+          mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
+        mover.finish();
+      });
       accumulated_ = 0;
     }
-    reduce(grads);
+    with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
   }
 
@@ -5491,7 +5640,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
   void check(const std::vector<buffer_view>& grads) {
     const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
-    detail::require_host_tensors(grads, "distributed_optimizer", "gradient");
+    require_one_device(grads);
     if (!checked_) {
       detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
       require_same_options();
@@ -5532,18 +5681,59 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
     const bool first = accumulated_ == 0;
-    if (first && accumulators_.size() != grads.size()) accumulators_.resize(grads.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      if (first) accumulators_[i].reserve(detail::accumulation_dtype(grads[i].type), grads[i].count);
-      detail::host_accumulate(accumulators_[i].data(), accumulators_[i].type(), grads[i].data, grads[i].type,
-                              grads[i].count, first);
-    }
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      if (first) accumulators_.clear();
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (first) accumulators_.push_back(mover.accumulator(i, detail::accumulation_dtype(grads[i].type), grads[i].count));
+        mover.accumulate(accumulators_[i], grads[i], first);
+      }
+      mover.finish();
+    });
     ++accumulated_;
+  }
+
+  // Every gradient in host memory, or every one on the same GPU.
+  void require_one_device(const std::vector<buffer_view>& grads) const {
+    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const auto& g = grads[i];
+      if (!is_valid(g.type)) detail::raise(site, "gradient " + std::to_string(i) + " has an invalid dtype", "Check its tensor_traits::dtype");
+      if (g.data == nullptr && g.count != 0) {
+        detail::raise(site, "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements",
+                      "Allocate it before handing it to herd");
+      }
+      if (g.device != grads[0].device) {
+        detail::raise(site, "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
+                                grads[0].device.str(),
+                      "Keep all gradients of one distributed optimizer on one device (or use one optimizer per device)");
+      }
+    }
+#if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      detail::raise(site, "the gradients live on " + grads[0].device.str() + " but this file was compiled without CUDA",
+                    "Compile it with nvcc, or link herd::nccl (which defines HERD_WITH_NCCL) and use a nccl_communicator");
+    }
+#endif
+  }
+
+  // Calls f with the mover for where the gradients live.
+  template <class F> void with_mover([[maybe_unused]] const std::vector<buffer_view>& grads, F&& f) {
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      if (!device_mover_ || device_index_ != grads[0].device.index) {
+        device_mover_.emplace(grads[0].device.index);
+        device_index_ = grads[0].device.index;
+      }
+      return f(*device_mover_);
+    }
+#endif
+    f(host_mover_);
   }
 
   // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
   // of up to the fusion threshold, and reduces each buffer with one allreduce.
-  void reduce(const std::vector<buffer_view>& grads) {
+  template <class Mover> void reduce(const std::vector<buffer_view>& grads, Mover& mover) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     const bool average = options_.op == reduce_op::avg;
@@ -5564,19 +5754,21 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         done[i] = true;
         const std::size_t bytes = grads[i].count * size_of(wire);
         if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
-          reduce_bucket(grads, bucket, wire);
+          reduce_bucket(grads, bucket, wire, mover);
           bucket.clear();
           bucket_bytes = 0;
         }
         bucket.push_back(i);
         bucket_bytes += bytes;
       }
-      if (!bucket.empty()) reduce_bucket(grads, bucket, wire);
+      if (!bucket.empty()) reduce_bucket(grads, bucket, wire, mover);
     }
     reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire) {
+  template <class Mover>
+  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
+                     Mover& mover) {
     const buffer_view& lone = grads[bucket.front()];
     if (bucket.size() == 1 && wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0) {
       buffer_view in_place = lone;
@@ -5585,20 +5777,23 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
-    fusion_.reserve(wire, total);
-    auto* base = static_cast<std::byte*>(fusion_.data());
+    buffer_view packed = mover.fusion(wire, total);
+    auto* base = static_cast<std::byte*>(packed.data);
+    std::vector<detail::move_item> pack;
+    std::vector<detail::move_item> unpack;
     std::size_t at = 0;
     for (std::size_t i : bucket) {
-      detail::host_cast(base + at * size_of(wire), wire, grads[i].data, grads[i].type, grads[i].count, scale_before_);
+      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
+      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
       at += grads[i].count;
     }
-    buffer_view packed = fusion_.view();
+    mover.begin();
+    mover.move(pack, wire, lone.type, scale_before_);
+    mover.finish();
     allreduce(packed, comm_, wire_op_);
-    at = 0;
-    for (std::size_t i : bucket) {
-      detail::host_cast(grads[i].data, grads[i].type, base + at * size_of(wire), wire, grads[i].count, scale_after_);
-      at += grads[i].count;
-    }
+    mover.begin();
+    mover.move(unpack, lone.type, wire, scale_after_);
+    mover.finish();
   }
 
   Optimizer& inner_;
@@ -5610,8 +5805,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   bool skip_ = false;
   int accumulated_ = 0;
   std::vector<std::pair<std::size_t, dtype>> shapes_;
-  std::vector<host_tensor> accumulators_;
-  host_tensor fusion_;
+  std::vector<buffer_view> accumulators_;
+  detail::host_mover host_mover_;
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+  std::optional<detail::device_mover> device_mover_;
+  int device_index_ = -1;
+#endif
   double scale_before_ = 1.0;
   double scale_after_ = 1.0;
   reduce_op wire_op_ = reduce_op::avg;

@@ -30,6 +30,7 @@
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/optim/compression.hpp>
+#include <herd/optim/detail/gradient_movers.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
 #include <herd/runtime/env.hpp>
@@ -39,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,13 +103,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
     if (accumulated_ > 0) {
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        detail::host_fold_mean(grads[i].data, grads[i].type, accumulators_[i].data(), accumulators_[i].type(),
-                               grads[i].count, static_cast<double>(accumulated_ + 1));
-      }
+      with_mover(grads, [&](auto& mover) {
+        mover.begin();
+        for (std::size_t i = 0; i < grads.size(); ++i)
+          mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
+        mover.finish();
+      });
       accumulated_ = 0;
     }
-    reduce(grads);
+    with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
   }
 
@@ -142,7 +146,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
   void check(const std::vector<buffer_view>& grads) {
     const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
-    detail::require_host_tensors(grads, "distributed_optimizer", "gradient");
+    require_one_device(grads);
     if (!checked_) {
       detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
       require_same_options();
@@ -183,18 +187,59 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
     const bool first = accumulated_ == 0;
-    if (first && accumulators_.size() != grads.size()) accumulators_.resize(grads.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      if (first) accumulators_[i].reserve(detail::accumulation_dtype(grads[i].type), grads[i].count);
-      detail::host_accumulate(accumulators_[i].data(), accumulators_[i].type(), grads[i].data, grads[i].type,
-                              grads[i].count, first);
-    }
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      if (first) accumulators_.clear();
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (first) accumulators_.push_back(mover.accumulator(i, detail::accumulation_dtype(grads[i].type), grads[i].count));
+        mover.accumulate(accumulators_[i], grads[i], first);
+      }
+      mover.finish();
+    });
     ++accumulated_;
+  }
+
+  // Every gradient in host memory, or every one on the same GPU.
+  void require_one_device(const std::vector<buffer_view>& grads) const {
+    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const auto& g = grads[i];
+      if (!is_valid(g.type)) detail::raise(site, "gradient " + std::to_string(i) + " has an invalid dtype", "Check its tensor_traits::dtype");
+      if (g.data == nullptr && g.count != 0) {
+        detail::raise(site, "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements",
+                      "Allocate it before handing it to herd");
+      }
+      if (g.device != grads[0].device) {
+        detail::raise(site, "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
+                                grads[0].device.str(),
+                      "Keep all gradients of one distributed optimizer on one device (or use one optimizer per device)");
+      }
+    }
+#if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      detail::raise(site, "the gradients live on " + grads[0].device.str() + " but this file was compiled without CUDA",
+                    "Compile it with nvcc, or link herd::nccl (which defines HERD_WITH_NCCL) and use a nccl_communicator");
+    }
+#endif
+  }
+
+  // Calls f with the mover for where the gradients live.
+  template <class F> void with_mover([[maybe_unused]] const std::vector<buffer_view>& grads, F&& f) {
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      if (!device_mover_ || device_index_ != grads[0].device.index) {
+        device_mover_.emplace(grads[0].device.index);
+        device_index_ = grads[0].device.index;
+      }
+      return f(*device_mover_);
+    }
+#endif
+    f(host_mover_);
   }
 
   // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
   // of up to the fusion threshold, and reduces each buffer with one allreduce.
-  void reduce(const std::vector<buffer_view>& grads) {
+  template <class Mover> void reduce(const std::vector<buffer_view>& grads, Mover& mover) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     const bool average = options_.op == reduce_op::avg;
@@ -215,19 +260,21 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         done[i] = true;
         const std::size_t bytes = grads[i].count * size_of(wire);
         if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
-          reduce_bucket(grads, bucket, wire);
+          reduce_bucket(grads, bucket, wire, mover);
           bucket.clear();
           bucket_bytes = 0;
         }
         bucket.push_back(i);
         bucket_bytes += bytes;
       }
-      if (!bucket.empty()) reduce_bucket(grads, bucket, wire);
+      if (!bucket.empty()) reduce_bucket(grads, bucket, wire, mover);
     }
     reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire) {
+  template <class Mover>
+  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
+                     Mover& mover) {
     const buffer_view& lone = grads[bucket.front()];
     if (bucket.size() == 1 && wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0) {
       buffer_view in_place = lone;
@@ -236,20 +283,23 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
-    fusion_.reserve(wire, total);
-    auto* base = static_cast<std::byte*>(fusion_.data());
+    buffer_view packed = mover.fusion(wire, total);
+    auto* base = static_cast<std::byte*>(packed.data);
+    std::vector<detail::move_item> pack;
+    std::vector<detail::move_item> unpack;
     std::size_t at = 0;
     for (std::size_t i : bucket) {
-      detail::host_cast(base + at * size_of(wire), wire, grads[i].data, grads[i].type, grads[i].count, scale_before_);
+      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
+      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
       at += grads[i].count;
     }
-    buffer_view packed = fusion_.view();
+    mover.begin();
+    mover.move(pack, wire, lone.type, scale_before_);
+    mover.finish();
     allreduce(packed, comm_, wire_op_);
-    at = 0;
-    for (std::size_t i : bucket) {
-      detail::host_cast(grads[i].data, grads[i].type, base + at * size_of(wire), wire, grads[i].count, scale_after_);
-      at += grads[i].count;
-    }
+    mover.begin();
+    mover.move(unpack, lone.type, wire, scale_after_);
+    mover.finish();
   }
 
   Optimizer& inner_;
@@ -261,8 +311,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   bool skip_ = false;
   int accumulated_ = 0;
   std::vector<std::pair<std::size_t, dtype>> shapes_;
-  std::vector<host_tensor> accumulators_;
-  host_tensor fusion_;
+  std::vector<buffer_view> accumulators_;
+  detail::host_mover host_mover_;
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+  std::optional<detail::device_mover> device_mover_;
+  int device_index_ = -1;
+#endif
   double scale_before_ = 1.0;
   double scale_after_ = 1.0;
   reduce_op wire_op_ = reduce_op::avg;

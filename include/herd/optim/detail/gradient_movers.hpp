@@ -1,0 +1,152 @@
+#pragma once
+// Where the distributed optimizer packs gradients into fusion buffers, casts them for
+// compression, and accumulates them across backward passes:
+// - host_mover: loops over host memory;
+// - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
+//   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
+//   fusion without compression, predivision or accumulation.
+// Both take the same calls, so the optimizer's bucketing is written once.
+
+#include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
+#include <herd/cuda/kernels.hpp>
+#include <herd/cuda/runtime.hpp>
+#include <herd/optim/detail/host_ops.hpp>
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/host_tensor.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct move_item {
+  const void* in;
+  void* out;
+  std::size_t count;
+};
+
+class host_mover {
+ public:
+  void begin() {}
+  void finish() {}
+  buffer_view fusion(dtype type, std::size_t count) {
+    fusion_.reserve(type, count);
+    return fusion_.view();
+  }
+  // out_type(in * scale) for every item.
+  void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
+    for (const move_item& it : items) host_cast(it.out, out_type, it.in, in_type, it.count, scale);
+  }
+  buffer_view accumulator(std::size_t index, dtype type, std::size_t count) {
+    if (accumulators_.size() <= index) accumulators_.resize(index + 1);
+    accumulators_[index].reserve(type, count);
+    return accumulators_[index].view();
+  }
+  void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
+    host_accumulate(acc.data, acc.type, grad.data, grad.type, grad.count, first);
+  }
+  // grad = (acc + grad) / divisor
+  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
+    host_fold_mean(grad.data, grad.type, acc.data, acc.type, grad.count, divisor);
+  }
+
+ private:
+  host_tensor fusion_;
+  std::vector<host_tensor> accumulators_;
+};
+
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+class device_mover {
+ public:
+  explicit device_mover(int device) : device_(device) {}
+
+  // Orders herd's stream after the work on the legacy default stream, which produced the gradients.
+  void begin() {
+    const cuda::device_guard on(device_);
+    if (!stream_) {
+      stream_.emplace();
+      ready_.emplace();
+    }
+    ready_->record(cudaStreamLegacy);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+  }
+  void finish() { stream_->synchronize(); }
+
+  buffer_view fusion(dtype type, std::size_t count) {
+    const cuda::device_guard on(device_);
+    return {fusion_.get(count * size_of(type)), count, type, device::cuda(device_)};
+  }
+
+  void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
+    const cuda::device_guard on(device_);
+#if HERD_WITH_CUDA_KERNELS
+    batch_.clear();
+    for (const move_item& it : items) batch_.push_back({it.in, it.out, it.count});
+    copier_.run(batch_, out_type, in_type, scale, stream_->get());
+#else
+    if (out_type != in_type || scale != 1.0) needs_kernels("compression or gradient predivision");
+    for (const move_item& it : items) {
+      HERD_CUDA_CHECK(cudaMemcpyAsync(it.out, it.in, it.count * size_of(in_type), cudaMemcpyDeviceToDevice, stream_->get()));
+    }
+#endif
+  }
+
+  buffer_view accumulator(std::size_t index, dtype type, std::size_t count) {
+    const cuda::device_guard on(device_);
+    while (accumulators_.size() <= index) accumulators_.emplace_back(std::make_unique<cuda::device_buffer>());
+    return {accumulators_[index]->get(count * size_of(type)), count, type, device::cuda(device_)};
+  }
+
+  void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
+#if HERD_WITH_CUDA_KERNELS
+    const cuda::device_guard on(device_);
+    if (first) return cuda::cast(acc.data, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    void* widened = scratch_.get(grad.count * size_of(acc.type));
+    cuda::cast(widened, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    cuda::reduce(acc.type, reduce_op::sum, acc.data, acc.data, widened, grad.count, 0, stream_->get());
+#else
+    (void)acc, (void)grad, (void)first;
+    needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
+#endif
+  }
+
+  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
+#if HERD_WITH_CUDA_KERNELS
+    const cuda::device_guard on(device_);
+    void* sum = scratch_.get(grad.count * size_of(acc.type));
+    cuda::cast(sum, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
+    cuda::reduce(acc.type, reduce_op::sum, sum, acc.data, sum, grad.count, 0, stream_->get());
+    cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0 / divisor, stream_->get());
+#else
+    (void)grad, (void)acc, (void)divisor;
+    needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
+#endif
+  }
+
+ private:
+  [[noreturn]] static void needs_kernels(const char* what) {
+    raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
+          "Compile the file that steps the optimizer with nvcc, or turn the option off");
+  }
+
+  int device_;
+  std::optional<cuda::stream> stream_;
+  std::optional<cuda::event> ready_;
+  cuda::device_buffer fusion_;
+  cuda::device_buffer scratch_;
+  std::vector<std::unique_ptr<cuda::device_buffer>> accumulators_;
+#if HERD_WITH_CUDA_KERNELS
+  cuda::batched_copy copier_;
+  std::vector<cuda::batched_copy::item> batch_;
+#endif
+};
+#endif
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
