@@ -18,6 +18,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/local.hpp>
+#include <herd/comm/nccl.hpp>
 #if !defined(HERD_NO_MPI)
 #include <herd/comm/mpi.hpp>
 #endif

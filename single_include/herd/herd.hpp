@@ -1477,7 +1477,185 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 
 }  // namespace local
 }  // namespace herd
-#if !defined(HERD_NO_MPI)
+
+// ---- herd/comm/nccl.hpp ----
+// herd::nccl_communicator: one rank per GPU, with NCCL moving and reducing device memory. Made
+// from an MPI communicator (rank 0 creates NCCL's unique id, MPI broadcasts it) and a device:
+//
+//   herd::mpi_communicator world;
+//   herd::nccl_communicator gpus(world, herd::mpi::local_rank());   // the GPU of this process
+//   herd::allreduce(grad, gpus, herd::reduce_op::avg);              // grad: a CUDA tensor on that GPU
+//
+// herd's collectives on it check their arguments across ranks over the MPI communicator, then
+// call NCCL on the communicator's stream and wait for the result. While waiting they poll NCCL's
+// asynchronous errors; an error, or no progress for the stall shutdown time
+// (HERD_STALL_SHUTDOWN_TIME_SECONDS, or 30 minutes when that is 0, DDP's default), aborts the
+// NCCL communicator and raises herd::error, on every rank, instead of hanging.
+//
+// Available under nvcc, and in host-compiled files of programs that link herd::nccl (which
+// defines HERD_WITH_NCCL): NCCL and the CUDA runtime are plain C APIs.
+
+
+// ---- herd/cuda/error.hpp ----
+// Every CUDA runtime call herd makes goes through HERD_CUDA_CHECK, which turns a failure into
+// herd::error naming the call, CUDA's error name and message, and what to check.
+//
+// CUDA's runtime headers are included only where CUDA is in use: under nvcc, or where the
+// program opted in with HERD_WITH_NCCL (the herd::nccl CMake target defines it). The runtime
+// API is plain C, so a g++-compiled training loop can drive NCCL; only herd's kernels need nvcc.
+
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace herd::cuda {
+
+inline void check(cudaError_t code, const char* call) {
+  if (code == cudaSuccess) return;
+  int device = -1;
+  cudaGetDevice(&device);
+  throw error(std::string("herd: ") + call + " failed on cuda:" + std::to_string(device) + ": " +
+              cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
+              "). Check that the device exists and is not in use by a crashed process, and that the driver "
+              "matches the CUDA toolkit herd was compiled with.");
+}
+
+}  // namespace herd::cuda
+
+#define HERD_CUDA_CHECK(call) ::herd::cuda::check((call), #call)
+
+#endif
+
+// ---- herd/cuda/runtime.hpp ----
+// Owning handles for the CUDA objects herd uses: the current device, streams, events, and
+// grow-only device and pinned host buffers.
+
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace herd::cuda {
+
+// Makes `device` current for its lifetime and restores the previous one after.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    HERD_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+class stream {
+ public:
+  stream() { HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~stream() {
+    if (handle_) cudaStreamDestroy(handle_);
+  }
+  cudaStream_t get() const noexcept { return handle_; }
+  void synchronize() const { HERD_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
+
+ private:
+  cudaStream_t handle_ = nullptr;
+};
+
+class event {
+ public:
+  event() { HERD_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming)); }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ~event() {
+    if (handle_) cudaEventDestroy(handle_);
+  }
+  cudaEvent_t get() const noexcept { return handle_; }
+  void record(cudaStream_t s) { HERD_CUDA_CHECK(cudaEventRecord(handle_, s)); }
+  bool done() const {
+    const cudaError_t state = cudaEventQuery(handle_);
+    if (state == cudaErrorNotReady) return false;
+    HERD_CUDA_CHECK(state);
+    return true;
+  }
+  void synchronize() const { HERD_CUDA_CHECK(cudaEventSynchronize(handle_)); }
+
+ private:
+  cudaEvent_t handle_ = nullptr;
+};
+
+// Device memory that only grows; what it held is lost when it grows.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (data_) cudaFree(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFree(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMalloc(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// Page-locked host memory that only grows: the staging area of copies that overlap with compute.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  void* get(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_) HERD_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      capacity_ = 0;
+      HERD_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// The number of streaming multiprocessors of `device`, which sizes kernel grids.
+inline int multiprocessors(int device) {
+  int count = 0;
+  HERD_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+}  // namespace herd::cuda
+#endif
+
+#if (defined(__CUDACC__) || defined(HERD_WITH_NCCL)) && !defined(HERD_NO_MPI)
 
 // ---- herd/comm/mpi.hpp ----
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
@@ -1767,6 +1945,299 @@ class mpi_communicator {
 };
 
 }  // namespace herd
+
+#include <nccl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace herd {
+namespace detail {
+
+inline ncclDataType_t nccl_dtype(dtype t) {
+  switch (t) {
+    case dtype::f16: return ncclFloat16;
+    case dtype::bf16: return ncclBfloat16;
+    case dtype::f32: return ncclFloat32;
+    case dtype::f64: return ncclFloat64;
+    case dtype::i8: return ncclInt8;
+    case dtype::u8: return ncclUint8;
+    case dtype::i32: return ncclInt32;
+    case dtype::i64: return ncclInt64;
+  }
+  return ncclUint8;
+}
+
+}  // namespace detail
+
+class nccl_communicator {
+ public:
+  // A pending send or receive: a CUDA event recorded after it on the communicator's stream.
+  class request {
+   public:
+    request() = default;
+    bool pending() const noexcept { return done_ != nullptr; }
+
+   private:
+    friend class nccl_communicator;
+    std::unique_ptr<cuda::event> done_;
+    int peer_ = -1;
+    int tag_ = 0;
+    bool receiving_ = false;
+  };
+
+  // On `device`, with a stream of its own.
+  nccl_communicator(const mpi_communicator& bootstrap, int device, comm_options options = {})
+      : nccl_communicator(bootstrap, device, nullptr, options) {}
+
+  // On `device`, enqueueing on `stream` (the caller's, e.g. the one its framework computes on;
+  // nullptr: a stream of its own).
+  nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
+      : control_(bootstrap.native(), options), device_(device), options_(options) {
+    const cuda::device_guard on(device_);
+    if (stream == nullptr) {
+      own_stream_ = std::make_unique<cuda::stream>();
+      stream_ = own_stream_->get();
+    } else {
+      stream_ = stream;
+    }
+    ncclUniqueId id{};
+    if (control_.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, control_.native());
+    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
+  }
+
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  nccl_communicator(nccl_communicator&& other) noexcept
+      : control_(std::move(other.control_)), device_(other.device_), options_(other.options_),
+        own_stream_(std::move(other.own_stream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
+        aborted_(other.aborted_) {}
+  nccl_communicator& operator=(nccl_communicator&& other) noexcept {
+    if (this != &other) {
+      destroy();
+      control_ = std::move(other.control_);
+      device_ = other.device_;
+      options_ = other.options_;
+      own_stream_ = std::move(other.own_stream_);
+      stream_ = other.stream_;
+      comm_ = std::exchange(other.comm_, nullptr);
+      aborted_ = other.aborted_;
+    }
+    return *this;
+  }
+  ~nccl_communicator() { destroy(); }
+
+  int rank() const noexcept { return control_.rank(); }
+  int size() const noexcept { return control_.size(); }
+  int device_index() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+  ncclComm_t native() const noexcept { return comm_; }
+  // The MPI communicator (a duplicate of the bootstrap one) for small host messages: herd's
+  // cross-rank argument checks travel over it.
+  mpi_communicator& control() noexcept { return control_; }
+
+  // NCCL reaches this communicator's own GPU only.
+  bool supports(device d) const noexcept { return d.is_cuda() && d.index == device_; }
+
+  // Point to point, each one NCCL operation on stream(). NCCL runs them in order and a send
+  // completes only when its receive runs, so a rank that sends and receives should use
+  // sendrecv (one NCCL group) rather than an isend followed by an irecv. Tags are not used.
+  request isend(const void* data, std::size_t bytes, int peer, int tag) {
+    detail::check_peer("isend", rank(), size(), peer);
+    const cuda::device_guard on(device_);
+    check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
+    return mark(peer, tag, false);
+  }
+
+  request irecv(void* data, std::size_t bytes, int peer, int tag) {
+    detail::check_peer("irecv", rank(), size(), peer);
+    const cuda::device_guard on(device_);
+    check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
+    return mark(peer, tag, true);
+  }
+
+  bool test(request& r) {
+    if (!r.pending()) return true;
+    if (r.done_->done()) {
+      r.done_.reset();
+      return true;
+    }
+    poll_errors();
+    return false;
+  }
+
+  void wait(request& r) {
+    detail::stall_watch watch(with_nccl_timeout(options_));
+    for (unsigned polls = 1; !test(r); ++polls) {
+      std::this_thread::yield();
+      if ((polls & 1023u) == 0) stalled(watch, r.peer_, r.receiving_, r.tag_);
+    }
+  }
+
+  void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
+                int source, int tag) {
+    detail::check_peer("sendrecv", rank(), size(), destination);
+    detail::check_peer("sendrecv", rank(), size(), source);
+    const cuda::device_guard on(device_);
+    check(ncclGroupStart(), "ncclGroupStart");
+    check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
+    check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    request r = mark(source, tag, true);
+    wait(r);
+  }
+
+  void barrier() {
+    synchronize();
+    control_.barrier();
+  }
+
+  nccl_communicator split(int color, int key) const {
+    const mpi_communicator part = control_.split(color, key);
+    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options_);
+  }
+
+  // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
+  // arguments agree on every rank. They enqueue on stream(); synchronize() waits.
+  // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg).
+  void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
+    const cuda::device_guard on(device_);
+    check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
+          "ncclAllReduce");
+  }
+
+  void native_broadcast(buffer_view data, int root) {
+    const cuda::device_guard on(device_);
+    check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
+          "ncclBroadcast");
+  }
+
+  void native_allgather(const_buffer_view in, buffer_view out) {
+    const cuda::device_guard on(device_);
+    check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
+  }
+
+  void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
+    const cuda::device_guard on(device_);
+    check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
+                            stream_),
+          "ncclReduceScatter");
+  }
+
+  // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
+  // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
+  void synchronize() {
+    detail::stall_watch watch(with_nccl_timeout(options_));
+    for (unsigned polls = 1;; ++polls) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
+      poll_errors();
+      std::this_thread::yield();
+      if ((polls & 1023u) == 0) stalled(watch, -1, false, reserved_tag_base);
+    }
+  }
+
+ private:
+  // NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
+  static comm_options with_nccl_timeout(comm_options o) {
+    if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
+    return o;
+  }
+
+  void stalled(detail::stall_watch& watch, int peer, bool receiving, int tag) {
+    try {
+      watch.check(rank(), size(), peer < 0 ? rank() : peer, receiving, tag);
+    } catch (const error&) {
+      abort();
+      throw;
+    }
+  }
+
+  ncclRedOp_t nccl_op(reduce_op op, dtype type) const {
+    switch (op) {
+      case reduce_op::sum: return ncclSum;
+      case reduce_op::prod: return ncclProd;
+      case reduce_op::min: return ncclMin;
+      case reduce_op::max: return ncclMax;
+      case reduce_op::avg:
+        if (is_floating_point(type)) return ncclAvg;
+        break;
+      default: break;
+    }
+    detail::raise({"nccl_communicator", rank(), size()},
+                  "NCCL has no reduction for " + std::string(name(op)) + " on " + std::string(name(type)),
+                  "Use sum, prod, min or max (and avg on floats); herd's collectives do integer avg themselves");
+  }
+
+  request mark(int peer, int tag, bool receiving) {
+    request r;
+    r.done_ = std::make_unique<cuda::event>();
+    r.done_->record(stream_);
+    r.peer_ = peer;
+    r.tag_ = tag;
+    r.receiving_ = receiving;
+    return r;
+  }
+
+  ncclComm_t live() const {
+    if (aborted_ || comm_ == nullptr) {
+      detail::raise({"nccl_communicator", rank(), size()}, "this NCCL communicator was aborted after an earlier error",
+                    "Create a new nccl_communicator (on every rank) to go on");
+    }
+    return comm_;
+  }
+
+  void poll_errors() {
+    if (comm_ == nullptr) return;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess || state == ncclInProgress) return;
+    const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
+                             ncclGetLastError(comm_) + ")";
+    abort();
+    detail::raise({"nccl_communicator", rank(), size()}, what,
+                  "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN "
+                  "for NCCL's own account");
+  }
+
+  void check(ncclResult_t code, const char* call) const {
+    if (code == ncclSuccess || code == ncclInProgress) return;
+    detail::raise({"nccl_communicator", control_.rank(), control_.size()},
+                  std::string(call) + " failed: " + ncclGetErrorString(code) +
+                      (comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string()),
+                  "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
+  }
+
+  void abort() noexcept {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+  }
+
+  void destroy() noexcept {
+    if (comm_ == nullptr) return;
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+
+  mpi_communicator control_;
+  int device_ = 0;
+  comm_options options_;
+  std::unique_ptr<cuda::stream> own_stream_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace herd
+#endif
+#if !defined(HERD_NO_MPI)
 #endif
 
 
@@ -2782,165 +3253,6 @@ HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uin
 }
 
 }  // namespace herd::cuda::detail
-
-// ---- herd/cuda/runtime.hpp ----
-// Owning handles for the CUDA objects herd uses: the current device, streams, events, and
-// grow-only device and pinned host buffers.
-
-
-// ---- herd/cuda/error.hpp ----
-// Every CUDA runtime call herd makes goes through HERD_CUDA_CHECK, which turns a failure into
-// herd::error naming the call, CUDA's error name and message, and what to check.
-//
-// CUDA's runtime headers are included only where CUDA is in use: under nvcc, or where the
-// program opted in with HERD_WITH_NCCL (the herd::nccl CMake target defines it). The runtime
-// API is plain C, so a g++-compiled training loop can drive NCCL; only herd's kernels need nvcc.
-
-
-#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
-#include <cuda_runtime_api.h>
-
-#include <string>
-
-namespace herd::cuda {
-
-inline void check(cudaError_t code, const char* call) {
-  if (code == cudaSuccess) return;
-  int device = -1;
-  cudaGetDevice(&device);
-  throw error(std::string("herd: ") + call + " failed on cuda:" + std::to_string(device) + ": " +
-              cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
-              "). Check that the device exists and is not in use by a crashed process, and that the driver "
-              "matches the CUDA toolkit herd was compiled with.");
-}
-
-}  // namespace herd::cuda
-
-#define HERD_CUDA_CHECK(call) ::herd::cuda::check((call), #call)
-
-#endif
-
-#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
-#include <cuda_runtime_api.h>
-
-#include <cstddef>
-#include <utility>
-
-namespace herd::cuda {
-
-// Makes `device` current for its lifetime and restores the previous one after.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    HERD_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-class stream {
- public:
-  stream() { HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  ~stream() {
-    if (handle_) cudaStreamDestroy(handle_);
-  }
-  cudaStream_t get() const noexcept { return handle_; }
-  void synchronize() const { HERD_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
-
- private:
-  cudaStream_t handle_ = nullptr;
-};
-
-class event {
- public:
-  event() { HERD_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming)); }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  ~event() {
-    if (handle_) cudaEventDestroy(handle_);
-  }
-  cudaEvent_t get() const noexcept { return handle_; }
-  void record(cudaStream_t s) { HERD_CUDA_CHECK(cudaEventRecord(handle_, s)); }
-  bool done() const {
-    const cudaError_t state = cudaEventQuery(handle_);
-    if (state == cudaErrorNotReady) return false;
-    HERD_CUDA_CHECK(state);
-    return true;
-  }
-  void synchronize() const { HERD_CUDA_CHECK(cudaEventSynchronize(handle_)); }
-
- private:
-  cudaEvent_t handle_ = nullptr;
-};
-
-// Device memory that only grows; what it held is lost when it grows.
-class device_buffer {
- public:
-  device_buffer() = default;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() {
-    if (data_) cudaFree(data_);
-  }
-  void* get(std::size_t bytes) {
-    if (bytes > capacity_) {
-      if (data_) HERD_CUDA_CHECK(cudaFree(data_));
-      data_ = nullptr;
-      capacity_ = 0;
-      HERD_CUDA_CHECK(cudaMalloc(&data_, bytes));
-      capacity_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
-};
-
-// Page-locked host memory that only grows: the staging area of copies that overlap with compute.
-class pinned_buffer {
- public:
-  pinned_buffer() = default;
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
-  ~pinned_buffer() {
-    if (data_) cudaFreeHost(data_);
-  }
-  void* get(std::size_t bytes) {
-    if (bytes > capacity_) {
-      if (data_) HERD_CUDA_CHECK(cudaFreeHost(data_));
-      data_ = nullptr;
-      capacity_ = 0;
-      HERD_CUDA_CHECK(cudaMallocHost(&data_, bytes));
-      capacity_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
-};
-
-// The number of streaming multiprocessors of `device`, which sizes kernel grids.
-inline int multiprocessors(int device) {
-  int count = 0;
-  HERD_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-}  // namespace herd::cuda
-#endif
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>

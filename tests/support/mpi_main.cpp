@@ -65,7 +65,11 @@ struct rank_reporter : doctest::ConsoleReporter {
 
 DOCTEST_REGISTER_REPORTER("herd_rank", 1, rank_reporter);
 
-int main(int argc, char** argv) {
+#if !defined(HERD_MPI_DOCTEST_MAIN_NAME)
+#define HERD_MPI_DOCTEST_MAIN_NAME main
+#endif
+
+int HERD_MPI_DOCTEST_MAIN_NAME(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
