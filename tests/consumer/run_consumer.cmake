@@ -1,4 +1,4 @@
-# cmake -DMODE=find_package|add_subdirectory|fetch_content -DHERD_SOURCE_DIR=... -DHERD_BINARY_DIR=...
+# cmake -DMODE=find_package|find_package_cuda|add_subdirectory|fetch_content -DHERD_SOURCE_DIR=... -DHERD_BINARY_DIR=...
 #       -DWORK_DIR=... -DCXX_COMPILER=... -DMPIEXEC=... -P run_consumer.cmake
 # Configures, builds and runs tests/consumer/project against herd taken the MODE way.
 function(run)
@@ -11,7 +11,12 @@ endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
 set(options -DHERD_CONSUME=${MODE} -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
-if(MODE STREQUAL "find_package")
+set(project ${CMAKE_CURRENT_LIST_DIR}/project)
+if(MODE STREQUAL "find_package_cuda")
+  set(project ${CMAKE_CURRENT_LIST_DIR}/cuda_project)
+  list(APPEND options -DCMAKE_CUDA_ARCHITECTURES=90)
+endif()
+if(MODE MATCHES "^find_package")
   run(${CMAKE_COMMAND} --install ${HERD_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
   list(APPEND options -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 elseif(MODE STREQUAL "add_subdirectory")
@@ -22,6 +27,6 @@ else()
                   WORKING_DIRECTORY ${HERD_SOURCE_DIR} RESULT_VARIABLE code)
   list(APPEND options -DHERD_ARCHIVE=${WORK_DIR}/herd.tar.gz)
 endif()
-run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/project -B ${WORK_DIR}/build ${options})
+run(${CMAKE_COMMAND} -S ${project} -B ${WORK_DIR}/build ${options})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${MPIEXEC} -n 2 ${WORK_DIR}/build/consumer)
