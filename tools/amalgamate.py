@@ -17,6 +17,8 @@ INCLUDE = ROOT / "include"
 OUTPUT = ROOT / "single_include" / "herd" / "herd.hpp"
 HERD_INCLUDE = re.compile(r'^\s*#\s*include\s*<(herd/[^>]+)>\s*$')
 PRAGMA_ONCE = re.compile(r'^\s*#\s*pragma\s+once\s*$')
+CONDITIONAL_OPEN = re.compile(r'^\s*#\s*if(n?def)?\b')
+CONDITIONAL_CLOSE = re.compile(r'^\s*#\s*endif\b')
 
 BANNER = """\
 // herd: data-parallel training for C++ tensor libraries.
@@ -26,28 +28,40 @@ BANNER = """\
 """
 
 
-def inline(path, seen, out):
+def inline(path, seen, out, conditional=()):
+    """Inlines `path` unless already inlined. `conditional` lists the #if lines around the include.
+
+    A header is inlined once, where first met; if that spot is inside an #if, a later
+    unconditional include of it would be dropped, so that is refused."""
     relative = path.relative_to(INCLUDE).as_posix()
     if relative in seen:
+        if seen[relative] and not conditional:
+            sys.exit(f"amalgamate: <{relative}> was first included inside '{seen[relative][-1]}' and later "
+                     f"unconditionally; include it outside the #if where it is first met")
         return
-    seen.add(relative)
+    seen[relative] = conditional
     out.append(f"\n// ---- {relative} ----\n")
+    depth = []
     for line in path.read_text().splitlines():
         if PRAGMA_ONCE.match(line):
             continue
+        if CONDITIONAL_OPEN.match(line):
+            depth.append(line.strip())
+        elif CONDITIONAL_CLOSE.match(line) and depth:
+            depth.pop()
         match = HERD_INCLUDE.match(line)
         if match:
             target = INCLUDE / match.group(1)
             if not target.is_file():
                 sys.exit(f"amalgamate: {relative} includes <{match.group(1)}>, which does not exist")
-            inline(target, seen, out)
+            inline(target, seen, out, tuple(conditional) + tuple(depth))
         else:
             out.append(line + "\n")
 
 
 def generate():
     out = [BANNER]
-    inline(INCLUDE / "herd" / "herd.hpp", set(), out)
+    inline(INCLUDE / "herd" / "herd.hpp", {}, out)
     return "".join(out)
 
 

@@ -1654,8 +1654,7 @@ inline int multiprocessors(int device) {
 
 }  // namespace herd::cuda
 #endif
-
-#if (defined(__CUDACC__) || defined(HERD_WITH_NCCL)) && !defined(HERD_NO_MPI)
+#if !defined(HERD_NO_MPI)
 
 // ---- herd/comm/mpi.hpp ----
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
@@ -1945,7 +1944,9 @@ class mpi_communicator {
 };
 
 }  // namespace herd
+#endif
 
+#if (defined(__CUDACC__) || defined(HERD_WITH_NCCL)) && !defined(HERD_NO_MPI)
 #include <nccl.h>
 
 #include <chrono>

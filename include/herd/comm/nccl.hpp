@@ -20,10 +20,11 @@
 #include <herd/cuda/error.hpp>
 #include <herd/cuda/runtime.hpp>
 #include <herd/tensor/buffer_view.hpp>
+#if !defined(HERD_NO_MPI)
+#include <herd/comm/mpi.hpp>
+#endif
 
 #if (defined(__CUDACC__) || defined(HERD_WITH_NCCL)) && !defined(HERD_NO_MPI)
-#include <herd/comm/mpi.hpp>
-
 #include <nccl.h>
 
 #include <chrono>

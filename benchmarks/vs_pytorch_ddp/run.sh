@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# herd + libtorch (C++) against PyTorch DDP (Python, gloo) on the same training: Horovod's MNIST
+# net on Fashion-MNIST, batch 64 per rank, SGD lr 0.01 x ranks with momentum 0.5, one intra-op
+# thread per rank, the same number of steps. One configuration at a time, then a table.
+#
+#   benchmarks/vs_pytorch_ddp/run.sh                 # one epoch each, at 1 and 2 ranks
+#   STEPS=200 RANKS="1 2" benchmarks/vs_pytorch_ddp/run.sh
+#
+# Environment: BUILD_DIR (default build), RANKS (default "1 2"), EPOCHS (default 1), STEPS (at
+# most this many steps per epoch; default 0, the whole epoch), MPIEXEC (default mpiexec),
+# PYTHON (default /usr/bin/python3, the Debian python3-torch). Build the C++ side first:
+#   cmake --preset default && cmake --build build -j2 --target libtorch_mnist
+#
+# samples/s: the samples of all ranks over the wall time of the step loop on the slowest rank
+# (batch indexing, forward, backward, gradient reduction, optimizer; no data loading, no
+# evaluation), measured alike on both sides. Scaling efficiency: samples/s at W ranks over
+# W x samples/s at 1 rank, per implementation. herd/DDP: the ratio of the two throughputs.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+
+build_dir=${BUILD_DIR:-$root/build}
+ranks_list=${RANKS:-"1 2"}
+epochs=${EPOCHS:-1}
+steps=${STEPS:-0}
+mpiexec=${MPIEXEC:-mpiexec}
+python=${PYTHON:-/usr/bin/python3}
+program="$build_dir/examples/libtorch_mnist"
+
+if [[ ! -x "$program" ]]; then
+  echo "run.sh: $program not found; build it first:" >&2
+  echo "  cmake --preset default && cmake --build build -j2 --target libtorch_mnist" >&2
+  exit 1
+fi
+
+common=(--epochs "$epochs" --threads 1 --batch-size 64 --lr 0.01)
+if [[ "$steps" != 0 ]]; then common+=(--steps "$steps"); fi
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+logs=$(mktemp -d)
+ddp_pids=()
+# Leaves no rank of ours behind if the script is interrupted or a rank fails.
+cleanup() {
+  for p in "${ddp_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$logs"
+}
+trap cleanup EXIT
+
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Prints the summary line of a run's rank-0 log, or fails naming the log.
+summary_of() {
+  local line
+  line=$(grep '^summary:' "$1" | tail -n 1 || true)
+  if [[ -z "$line" ]]; then
+    echo "run.sh: no summary line in $1" >&2
+    return 1
+  fi
+  echo "$line"
+}
+
+run_herd() {
+  local n=$1 log="$logs/herd_$1.log"
+  echo "== herd + libtorch, $n rank(s): $mpiexec -n $n $program ${common[*]}" >&2
+  "$mpiexec" -n "$n" "$program" "${common[@]}" | grep -v '  batch ' | tee "$log" >&2
+  grep '^phases:' "$log" >"$logs/herd_$1.phases" || true
+}
+
+run_ddp() {
+  local n=$1 port r status=0
+  port=$(free_port)
+  echo "== PyTorch DDP (gloo), $n rank(s): RANK=r WORLD_SIZE=$n MASTER_PORT=$port $python ddp_mnist.py ${common[*]}" >&2
+  ddp_pids=()
+  for ((r = 0; r < n; ++r)); do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$n \
+      "$python" "$here/ddp_mnist.py" "${common[@]}" >"$logs/ddp_${n}_$r.log" 2>&1 &
+    ddp_pids+=($!)
+  done
+  # A rank that fails would leave the others waiting in gloo: stop them all.
+  for p in "${ddp_pids[@]}"; do
+    if ! wait "$p"; then
+      status=1
+      for q in "${ddp_pids[@]}"; do kill "$q" 2>/dev/null || true; done
+    fi
+  done
+  ddp_pids=()
+  cat "$logs/ddp_${n}_0.log" >&2
+  if [[ $status != 0 ]]; then
+    for ((r = 1; r < n; ++r)); do cat "$logs/ddp_${n}_$r.log" >&2; done
+    echo "run.sh: the $n-rank DDP run failed" >&2
+    exit 1
+  fi
+  cp "$logs/ddp_${n}_0.log" "$logs/ddp_$n.log"
+  grep '^phases:' "$logs/ddp_$n.log" >"$logs/ddp_$n.phases" || true
+}
+
+for n in $ranks_list; do
+  run_herd "$n"
+  run_ddp "$n"
+done
+
+rows=()
+for n in $ranks_list; do
+  rows+=("herd $(summary_of "$logs/herd_$n.log")")
+  rows+=("ddp $(summary_of "$logs/ddp_$n.log")")
+done
+
+echo
+echo "# herd + libtorch vs PyTorch DDP: Horovod's MNIST net on Fashion-MNIST, batch 64 per rank,"
+echo "# epochs $epochs, steps per epoch $([[ $steps == 0 ]] && echo 'all' || echo "at most $steps"), 1 intra-op thread per rank;"
+echo "# $(nproc) cores on $(hostname), load average before the runs: $load_before"
+printf '%s\n' "${rows[@]}" | awk '
+  {
+    side = $1
+    for (i = 3; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    n = v["ranks"]; rate[side, n] = v["samples_per_second"]; acc[side, n] = v["test_accuracy"]
+    sec[side, n] = v["seconds_per_epoch"]; order[++count] = side SUBSEP n
+  }
+  END {
+    printf "%-22s %9s %11s %10s %9s %9s\n", "configuration", "s/epoch", "samples/s", "scaling", "accuracy", "herd/DDP"
+    for (k = 1; k <= count; ++k) {
+      split(order[k], key, SUBSEP); side = key[1]; n = key[2]
+      base = rate[side, 1]
+      eff = (base > 0) ? sprintf("%9.1f%%", 100 * rate[side, n] / (n * base)) : "        -"
+      name = (side == "herd") ? "herd+libtorch" : "PyTorch DDP"
+      ratio = (side == "herd" && rate["ddp", n] > 0) ? sprintf("%8.2fx", rate["herd", n] / rate["ddp", n]) : "        "
+      printf "%-22s %9.2f %11.0f %10s %9.4f %9s\n", name " " n " rank" (n > 1 ? "s" : ""), sec[side, n], rate[side, n],
+             eff, acc[side, n], ratio
+    }
+  }'
+echo
+echo "# per-step phases (ms, mean over ranks; DDP overlaps its allreduce with backward):"
+for n in $ranks_list; do
+  echo "herd+libtorch $n: $(cut -d' ' -f3- "$logs/herd_$n.phases" 2>/dev/null)"
+  echo "PyTorch DDP   $n: $(cut -d' ' -f3- "$logs/ddp_$n.phases" 2>/dev/null)"
+done
