@@ -10,6 +10,10 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -296,4 +300,36 @@ TEST_CASE("metrics combine across ranks; the learning rate scales with a linear 
   CHECK(lr(10) == doctest::Approx(0.4));
   CHECK(lr(1000) == doctest::Approx(0.4));
   CHECK(herd::scaled_learning_rate{.base = 0.1, .ranks = 2}(0) == doctest::Approx(0.2));
+}
+
+TEST_CASE("a run resumed from a checkpoint reaches the same parameters as an uninterrupted one") {
+  const auto path = std::filesystem::temp_directory_path() / ("herd-resume-" + std::to_string(::getpid()) + ".ckpt");
+  const herd_test::regression_data data(2 * 8 * 6, 5, 2, 17);
+  // Trains steps [first, last) on 2 ranks; resumes from `path` first when asked, saves there at the end.
+  auto train = [&](int first, int last, bool resume, std::vector<std::vector<float>>& params_out) {
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      herd_test::tiny_mlp model(5, 7, 2, resume ? 999 : 1);  // a resumed run starts from other weights
+      herd::sgd sgd(model.params(), model.grads(), {.lr = 0.05, .momentum = 0.9});
+      herd::distributed_optimizer opt(sgd, model.grads(), comm);
+      std::int64_t step = 0;
+      herd::checkpoint state;
+      state.add("w1", model.w1).add("b1", model.b1).add("w2", model.w2).add("b2", model.b2);
+      state.add_optimizer_state("sgd.", sgd).add_value("step", step);
+      if (resume) REQUIRE(state.load(path, comm, 0));
+      CHECK(step == first);
+      for (; step < last; ++step) {
+        const auto begin = static_cast<std::size_t>(step * 16 + comm.rank() * 8);
+        model.forward_backward(data, begin, begin + 8);
+        opt.step();
+      }
+      state.save(path, comm, 0);
+      if (comm.rank() == 1) params_out = {model.w1, model.b1, model.w2, model.b2};
+    });
+  };
+  std::vector<std::vector<float>> straight, resumed, unused;
+  train(0, 6, false, straight);
+  train(0, 3, false, unused);
+  train(3, 6, true, resumed);
+  CHECK(resumed == straight);  // bit for bit: same state, same order of operations
+  std::filesystem::remove(path);
 }
