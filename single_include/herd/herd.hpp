@@ -50,11 +50,18 @@
 #define HERD_PP_ARCHS(...) HERD_PP_ARCHS_(__VA_ARGS__)
 
 #if defined(__CUDACC__) && defined(__CUDA_ARCH_LIST__)
-#define HERD_CONFIG_NS HERD_PP_ARCHS(__CUDA_ARCH_LIST__)
+#define HERD_CONFIG_NS_BASE HERD_PP_ARCHS(__CUDA_ARCH_LIST__)
 #elif defined(__CUDACC__)
-#define HERD_CONFIG_NS cuda
+#define HERD_CONFIG_NS_BASE cuda
 #else
-#define HERD_CONFIG_NS host
+#define HERD_CONFIG_NS_BASE host
+#endif
+// HERD_WITH_NCCL (set by the herd::nccl target) gives host-compiled files GPU paths too, so it
+// names a configuration of its own: host_nccl, cuda_900_nccl.
+#if defined(HERD_WITH_NCCL)
+#define HERD_CONFIG_NS HERD_PP_CAT(HERD_CONFIG_NS_BASE, _nccl)
+#else
+#define HERD_CONFIG_NS HERD_CONFIG_NS_BASE
 #endif
 #define HERD_CONFIG_NAMESPACE_BEGIN inline namespace HERD_CONFIG_NS {
 #define HERD_CONFIG_NAMESPACE_END }
@@ -65,7 +72,7 @@
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 // The configuration this translation unit was compiled in: "host", or "cuda_" and the GPU
-// architectures (e.g. "cuda_800_900").
+// architectures (e.g. "cuda_800_900"), with "_nccl" when HERD_WITH_NCCL is defined.
 inline const char* configuration() noexcept { return HERD_PP_STRING(HERD_CONFIG_NS); }
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
@@ -949,9 +956,9 @@ inline double env_number(const char* variable, double fallback) {
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= 0)) {
+  if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
     throw error(std::string("herd: environment variable ") + variable + "='" + text +
-                "' is not a non-negative number. Unset it or give a number such as 60.");
+                "' is not a number between 0 and 1e15. Unset it or give a number such as 60.");
   }
   return value;
 }
@@ -1045,10 +1052,15 @@ class stall_watch {
 
   void check(int rank, int size, int peer, bool receiving, int tag) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const std::string what = "rank " + std::to_string(rank) + " has waited " + std::to_string(static_cast<int>(waited)) +
-                             " s to " + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer) +
-                             (tag >= reserved_tag_base ? std::string(" inside a collective")
-                                                       : " (tag " + std::to_string(tag) + ")");
+    // peer -1: waiting for every rank (a barrier); -2: for this rank's GPU stream.
+    const std::string waiting_for =
+        peer == -1   ? std::string("in a barrier for the other ranks")
+        : peer == -2 ? std::string("for its GPU stream (a NCCL operation)")
+                     : std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer) +
+                           (tag >= reserved_tag_base ? std::string(" inside a collective")
+                                                     : " (tag " + std::to_string(tag) + ")");
+    const std::string what =
+        "rank " + std::to_string(rank) + " has waited " + std::to_string(static_cast<int>(waited)) + " s " + waiting_for;
     if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
       raise({"wait", rank, size}, what + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
                                       std::to_string(options_.stall_shutdown_seconds) + ")",
@@ -1158,12 +1170,13 @@ class world {
   void abort(const std::string& reason) {
     std::vector<std::shared_ptr<world>> children;
     {
+      // Under the registry lock, so that a world split from this one right now sees the flag.
       std::lock_guard lock(registry_mutex_);
       if (abort_reason_.empty()) abort_reason_ = reason;
+      aborted_.store(true, std::memory_order_release);
       for (auto& weak : children_)
         if (auto child = weak.lock()) children.push_back(std::move(child));
     }
-    aborted_.store(true, std::memory_order_release);
     for (auto& w : waiters_) {
       { std::lock_guard lock(w.mutex); }
       w.wake.notify_all();
@@ -1766,6 +1779,7 @@ class mpi_communicator {
         peer_ = other.peer_;
         tag_ = other.tag_;
         receiving_ = other.receiving_;
+        collective_ = other.collective_;
       }
       return *this;
     }
@@ -1777,7 +1791,9 @@ class mpi_communicator {
     friend class mpi_communicator;
     void release() noexcept {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
-      if (receiving_) {
+      if (collective_) {
+        // MPI forbids freeing or cancelling a nonblocking collective: leave it to MPI_Finalize.
+      } else if (receiving_) {
         MPI_Cancel(&handle_);
         MPI_Wait(&handle_, MPI_STATUS_IGNORE);
       } else {
@@ -1790,6 +1806,7 @@ class mpi_communicator {
     int peer_ = -1;
     int tag_ = 0;
     bool receiving_ = false;
+    bool collective_ = false;
   };
 
   // Duplicates `comm`, so herd's messages never mix with the caller's own on it.
@@ -1886,17 +1903,22 @@ class mpi_communicator {
 
   void barrier() {
     request r;
-    r.peer_ = rank_;
+    r.peer_ = -1;  // no one peer: the stall message says "in a barrier"
     r.tag_ = detail::tag_value(detail::tag::barrier);
+    r.collective_ = true;
     check(MPI_Ibarrier(comm_, &r.handle_), "MPI_Ibarrier");
     wait(r);
   }
 
   // Ranks passing the same color form a new communicator, ordered by key then by rank here.
   mpi_communicator split(int color, int key) const {
-    if (color < 0) {
-      detail::raise({"split", rank_, size_}, "color " + std::to_string(color) + " is negative",
-                    "Pass a color >= 0; ranks with equal colors end up in the same communicator");
+    // Agree first: a rank that raised alone would leave the others inside MPI_Comm_split.
+    int lowest = color;
+    check(MPI_Allreduce(&color, &lowest, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    if (lowest < 0) {
+      detail::raise({"split", rank_, size_},
+                    color < 0 ? "color " + std::to_string(color) + " is negative" : std::string("another rank passed a negative color"),
+                    "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
     }
     MPI_Comm part = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
@@ -1998,24 +2020,41 @@ class nccl_communicator {
   // nullptr: a stream of its own).
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
       : control_(bootstrap.native(), options), device_(device), options_(options) {
-    const cuda::device_guard on(device_);
-    if (stream == nullptr) {
-      own_stream_ = std::make_unique<cuda::stream>();
-      stream_ = own_stream_->get();
-    } else {
-      stream_ = stream;
+    // Every step that can fail on one rank alone is followed by an agreement, so that a rank
+    // without a usable GPU makes every rank raise instead of leaving them in NCCL's set-up.
+    std::string problem;
+    try {
+      const cuda::device_guard on(device_);
+      if (stream == nullptr) {
+        own_stream_ = std::make_unique<cuda::stream>();
+        stream_ = own_stream_->get();
+        upstream_ = std::make_unique<cuda::event>();
+      } else {
+        stream_ = stream;
+      }
+    } catch (const error& e) {
+      problem = e.what();
     }
-    ncclUniqueId id{};
-    if (control_.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, control_.native());
-    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
+    agree_or_raise(problem, "could not use cuda:" + std::to_string(device_));
+    struct {
+      ncclUniqueId id;
+      int ok;
+    } header{};
+    if (control_.rank() == 0) header.ok = ncclGetUniqueId(&header.id) == ncclSuccess;
+    MPI_Bcast(&header, sizeof header, MPI_BYTE, 0, control_.native());
+    if (!header.ok) {
+      detail::raise({"nccl_communicator", rank(), size()}, "rank 0 could not create NCCL's unique id",
+                    "Check that NCCL works on rank 0 (NCCL_DEBUG=WARN says more)");
+    }
+    const cuda::device_guard on(device_);
+    check(ncclCommInitRank(&comm_, control_.size(), header.id, control_.rank()), "ncclCommInitRank");
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator(nccl_communicator&& other) noexcept
       : control_(std::move(other.control_)), device_(other.device_), options_(other.options_),
-        own_stream_(std::move(other.own_stream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
+        own_stream_(std::move(other.own_stream_)), upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
         aborted_(other.aborted_) {}
   nccl_communicator& operator=(nccl_communicator&& other) noexcept {
     if (this != &other) {
@@ -2024,6 +2063,7 @@ class nccl_communicator {
       device_ = other.device_;
       options_ = other.options_;
       own_stream_ = std::move(other.own_stream_);
+      upstream_ = std::move(other.upstream_);
       stream_ = other.stream_;
       comm_ = std::exchange(other.comm_, nullptr);
       aborted_ = other.aborted_;
@@ -2050,6 +2090,7 @@ class nccl_communicator {
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
     return mark(peer, tag, false);
   }
@@ -2057,6 +2098,7 @@ class nccl_communicator {
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
     return mark(peer, tag, true);
   }
@@ -2084,6 +2126,7 @@ class nccl_communicator {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclGroupStart(), "ncclGroupStart");
     check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
     check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
@@ -2107,23 +2150,27 @@ class nccl_communicator {
   // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
                             stream_),
           "ncclReduceScatter");
@@ -2139,11 +2186,31 @@ class nccl_communicator {
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
       poll_errors();
       std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, -1, false, reserved_tag_base);
+      if ((polls & 1023u) == 0) stalled(watch, -2, false, reserved_tag_base);
     }
   }
 
  private:
+  // Raises on every rank if `problem` is non-empty on any.
+  void agree_or_raise(const std::string& problem, const std::string& what) {
+    int failing = problem.empty() ? size() : rank();
+    int first = size();
+    MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, control_.native());
+    if (first == size()) return;
+    if (!problem.empty()) throw error(problem, rank());
+    detail::raise({"nccl_communicator", rank(), size()}, "rank " + std::to_string(first) + " " + what,
+                  "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process per GPU)");
+  }
+
+  // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
+  // the legacy default stream by frameworks without streams of their own) are done. On the
+  // caller's stream, ordering is the caller's stream's.
+  void order_after_default_stream() {
+    if (!upstream_) return;
+    upstream_->record(cudaStreamLegacy);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
+  }
+
   // NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
   static comm_options with_nccl_timeout(comm_options o) {
     if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
@@ -2152,7 +2219,7 @@ class nccl_communicator {
 
   void stalled(detail::stall_watch& watch, int peer, bool receiving, int tag) {
     try {
-      watch.check(rank(), size(), peer < 0 ? rank() : peer, receiving, tag);
+      watch.check(rank(), size(), peer, receiving, tag);
     } catch (const error&) {
       abort();
       throw;
@@ -2220,9 +2287,23 @@ class nccl_communicator {
     aborted_ = true;
   }
 
+  // Waits (a bounded time) for queued work, then destroys; aborts instead when the work does not
+  // finish or NCCL reports an error, e.g. while unwinding after a peer died.
   void destroy() noexcept {
     if (comm_ == nullptr) return;
-    cudaStreamSynchronize(stream_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (state == cudaSuccess && async == ncclSuccess) break;
+      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
+          std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      std::this_thread::yield();
+    }
     ncclCommDestroy(comm_);
     comm_ = nullptr;
   }
@@ -2231,6 +2312,7 @@ class nccl_communicator {
   int device_ = 0;
   comm_options options_;
   std::unique_ptr<cuda::stream> own_stream_;
+  std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
@@ -2319,7 +2401,7 @@ constexpr const char* name(collective_kind k) noexcept {
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524432;  // "HRD2": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524433;  // "HRD3": guards against a rank running another herd build
   collective_kind kind = collective_kind::allreduce;
   dtype type = dtype::f32;
   reduce_op op = reduce_op::sum;
@@ -2327,8 +2409,10 @@ struct signature {
   std::int32_t root = 0;
   std::uint32_t fault_code = 0;
   std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces)
+  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint64_t count = 0;  // the element count every rank must agree on
   std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
+  std::uint64_t segment_bytes = 0;  // the ring's segment: messages must pair up one to one
 };
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
@@ -2552,12 +2636,13 @@ template <class C> auto& control_of(C& comm) {
 // wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
 // off, it exchanges nothing.
 template <communicator C>
-exchanged agree(C& comm, const signature& mine_in, const call_check& check, const void* payload = nullptr,
-                std::size_t payload_bytes = 0) {
+exchanged agree(C& comm, const signature& mine_in, const call_check& check, bool carries_payload = false,
+                const void* payload = nullptr, std::size_t payload_bytes = 0) {
   signature mine = mine_in;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
-  if (comm.size() == 1 || (payload == nullptr && !runtime::defaults().check_arguments)) {
+  mine.segment_bytes = runtime::defaults().ring_segment_bytes;
+  if (comm.size() == 1 || (!carries_payload && !runtime::defaults().check_arguments)) {
     if (!check.ok()) check.raise_local();
     return {};
   }
@@ -2612,6 +2697,17 @@ inline void verify(const error_site& site, const signature& mine, const std::vec
   }
   if (differs([](const signature& s) { return s.layout; })) {
     raise(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+  }
+  if (differs([](const signature& s) { return s.memory; })) {
+    raise(site, "the tensors live on different kinds of device across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda"); }) +
+                    ")",
+          "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
+  }
+  if (differs([](const signature& s) { return s.segment_bytes; })) {
+    raise(site, "the ring segment differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + " bytes)",
+          "Give every rank the same HERD_RING_SEGMENT_BYTES (and the same herd::runtime::defaults())");
   }
 }
 
@@ -3379,8 +3475,8 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
   HERD_CUDA_CHECK(cudaGetLastError());
 }
 
-// Packs many tensors into one buffer, or unpacks them, in one launch. Keeps the descriptor table
-// on the device between calls and uploads it again only when it changed.
+// Packs many tensors into one buffer, or unpacks them, in one launch. The descriptor table goes
+// to the device with each launch.
 class batched_copy {
  public:
   struct item {
@@ -3420,27 +3516,27 @@ class batched_copy {
       });
     }
     HERD_CUDA_CHECK(cudaGetLastError());
+    used_->record(stream);
   }
 
  private:
+  // The table goes through page-locked memory; the previous launch (on whichever stream) must be
+  // done with both copies of it before they are rewritten.
   void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
-    if (bytes == uploaded_bytes_ && std::memcmp(last_.data(), table.data(), bytes) == 0) return;
-    if (staged_) staged_->synchronize();  // the previous upload may still be reading the staging area
-    else staged_.emplace();
+    if (used_) {
+      used_->synchronize();
+    } else {
+      used_.emplace();
+    }
     void* staging = pinned_table_.get(bytes);
     std::memcpy(staging, table.data(), bytes);
     HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
-    staged_->record(stream);
-    last_ = table;
-    uploaded_bytes_ = bytes;
   }
 
   device_buffer device_table_;
   pinned_buffer pinned_table_;
-  std::optional<event> staged_;
-  std::vector<detail::batch_entry> last_;
-  std::size_t uploaded_bytes_ = 0;
+  std::optional<event> used_;  // recorded after each launch
 };
 
 HERD_CONFIG_NAMESPACE_END
@@ -3584,6 +3680,14 @@ void through_host(const_buffer_view in, buffer_view out, Run run) {
 }
 #endif
 
+#if HERD_WITH_CUDA_KERNELS
+// The stream a communicator's native collectives run on (the legacy default stream if it names none).
+template <class C> cudaStream_t stream_of(C& comm) {
+  if constexpr (requires { comm.stream(); }) return comm.stream();
+  else return nullptr;
+}
+#endif
+
 // Runs a native collective and waits for it; herd's integer avg (the sum divided by the ranks,
 // truncated) is NCCL's sum followed by herd's division kernel.
 template <communicator C>
@@ -3591,7 +3695,7 @@ void native_allreduce(C& comm, const_buffer_view in, buffer_view out, reduce_op 
   const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
   comm.native_allreduce(in, out, integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), comm.stream());
+  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
   comm.synchronize();
 }
@@ -3651,6 +3755,7 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   mine.type = in.type;
   mine.count = kind == collective_kind::allgather ? in.count : total;
   mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
+  mine.memory = in.device.type;
   agree(comm, mine, check);
   if (total == 0) return;
   if constexpr (native_collectives<C>) {
@@ -3787,12 +3892,13 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
+  mine.memory = in.device.type;
   const std::size_t bytes = in.bytes();
   const int p = comm.size();
   if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
-    const exchanged all = agree(comm, mine, check, in.data, bytes);
+    const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
@@ -3940,6 +4046,7 @@ template <communicator C> void broadcast(call_check& check, buffer_view v, C& co
   mine.type = v.type;
   mine.count = v.count;
   mine.root = root;
+  mine.memory = v.device.type;
   agree(comm, mine, check);
   const std::size_t bytes = v.bytes();
   if (bytes == 0 || comm.size() == 1) return;
@@ -4022,13 +4129,14 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
+  mine.memory = in.device.type;
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
     const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
     comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, comm.stream());
+    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, stream_of(comm));
 #endif
     comm.synchronize();
   } else {
@@ -4705,6 +4813,8 @@ class adamw {
 //   herd::broadcast_object(epoch, comm, 0);                    // trivially copyable values, strings, vectors of them
 //
 // Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
+// Host values (broadcast_object) travel over the communicator's control channel, so all of these
+// work on an nccl_communicator too.
 
 
 // ---- herd/optim/detail/same_tensors.hpp ----
@@ -4726,7 +4836,8 @@ void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const 
   mine.reserve(views.size());
   for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
   std::vector<std::int64_t> all;
-  const std::vector<std::size_t> counts = allgatherv(mine, all, comm);
+  // Host vectors: over the communicator's control channel (nccl_communicator moves GPU memory only).
+  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
   const error_site site{operation, comm.rank(), comm.size()};
   auto describe = [](std::int64_t code) {
     const auto u = static_cast<std::uint64_t>(code);
@@ -4809,7 +4920,7 @@ template <class T, communicator C>
   requires std::is_trivially_copyable_v<T>
 void broadcast_object(T& value, C& comm, int root = 0) {
   buffer_view bytes{&value, sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);  // host memory: over the control channel
 }
 
 template <communicator C> void broadcast_object(std::string& text, C& comm, int root = 0) {
@@ -4817,7 +4928,7 @@ template <communicator C> void broadcast_object(std::string& text, C& comm, int 
   broadcast_object(length, comm, root);
   text.resize(static_cast<std::size_t>(length));
   buffer_view bytes{text.data(), text.size(), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);
 }
 
 template <class T, class Allocator, communicator C>
@@ -4827,7 +4938,7 @@ void broadcast_object(std::vector<T, Allocator>& values, C& comm, int root = 0) 
   broadcast_object(length, comm, root);
   values.resize(static_cast<std::size_t>(length));
   buffer_view bytes{values.data(), values.size() * sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -5414,6 +5525,7 @@ class checkpoint {
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it.
   template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
+    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
     const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
     detail::ckpt::check_root(site, root);
     std::vector<unsigned char> status;
@@ -5439,6 +5551,7 @@ class checkpoint {
   // no access to the file. false on every rank if it does not exist; herd::error on every rank if
   // it is damaged or its entries differ from those registered on any rank.
   template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
+    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
     const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
     detail::ckpt::check_root(site, root);
     const bool is_root = comm.rank() == root;
@@ -5759,15 +5872,23 @@ class device_mover {
  public:
   explicit device_mover(int device) : device_(device) {}
 
-  // Orders herd's stream after the work on the legacy default stream, which produced the gradients.
+  // The communicator's stream, when it has one: packing waits for it too (it may be the stream
+  // the caller's framework computes the gradients on).
+  void follow(cudaStream_t stream) noexcept { followed_ = stream; }
+
+  // Orders herd's stream after the work on the legacy default stream (and the followed stream),
+  // which produced the gradients.
   void begin() {
     const cuda::device_guard on(device_);
     if (!stream_) {
       stream_.emplace();
       ready_.emplace();
     }
-    ready_->record(cudaStreamLegacy);
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+    for (cudaStream_t upstream : {static_cast<cudaStream_t>(cudaStreamLegacy), followed_}) {
+      if (upstream == nullptr) continue;
+      ready_->record(upstream);
+      HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+    }
   }
   void finish() { stream_->synchronize(); }
 
@@ -5829,6 +5950,7 @@ class device_mover {
   }
 
   int device_;
+  cudaStream_t followed_ = nullptr;
   std::optional<cuda::stream> stream_;
   std::optional<cuda::event> ready_;
   cuda::device_buffer fusion_;
@@ -5844,6 +5966,7 @@ class device_mover {
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -5896,10 +6019,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       accumulate();
       return false;
     }
-    if (reduce_now) synchronize();
+    if (reduce_now) {
+      synchronize();
+    } else if (!synchronized_ && accumulated_ > 0) {
+      std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
+      check(grads);
+      fold_accumulated(grads);
+    }
     inner_.step();
     synchronized_ = false;
-    skip_ = false;
     accumulated_ = 0;
     return true;
   }
@@ -5909,21 +6037,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void synchronize() {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
-    if (accumulated_ > 0) {
-      with_mover(grads, [&](auto& mover) {
-        mover.begin();
-        for (std::size_t i = 0; i < grads.size(); ++i)
-          mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
-        mover.finish();
-      });
-      accumulated_ = 0;
-    }
+    fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
   }
 
-  // While the returned guard lives, step() does not reduce: for gradients reduced some other way,
-  // or for a deliberately local step.
+  // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
+  // with the local gradients, folding in any passes accumulated so far): for gradients reduced
+  // some other way, or for deliberately local steps.
   class skip_guard {
    public:
     explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
@@ -5974,9 +6095,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     const std::vector<std::int64_t> mine = {
         static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        static_cast<std::int64_t>(options_.gradient_predivide_factor * 1e9)};
+        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor)};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
-    allgather(mine, all, comm_);
+    allgather(mine, all, detail::control_of(comm_));
     static const char* const names[] = {"op", "compression", "fusion_threshold_bytes", "backward_passes_per_step",
                                         "gradient_predivide_factor"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
@@ -6004,6 +6125,18 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       mover.finish();
     });
     ++accumulated_;
+  }
+
+  // grads = the mean of the accumulated passes and the current one.
+  void fold_accumulated(const std::vector<buffer_view>& grads) {
+    if (accumulated_ == 0) return;
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
+      mover.finish();
+    });
+    accumulated_ = 0;
   }
 
   // Every gradient in host memory, or every one on the same GPU.
@@ -6037,6 +6170,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       if (!device_mover_ || device_index_ != grads[0].device.index) {
         device_mover_.emplace(grads[0].device.index);
         device_index_ = grads[0].device.index;
+        if constexpr (requires { comm_.stream(); }) device_mover_->follow(comm_.stream());
       }
       return f(*device_mover_);
     }
@@ -6193,7 +6327,7 @@ class metric {
 
   template <communicator C> double global_mean(C& comm) const {
     std::array<double, 2> totals = {sum_, weight_};
-    allreduce(totals, comm);
+    allreduce(totals, detail::control_of(comm));  // host numbers: over the control channel
     return totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   }
 
@@ -6205,7 +6339,7 @@ class metric {
 // The mean of `value` over all ranks (collective: every rank calls it).
 template <communicator C> double average(double value, C& comm) {
   std::array<double, 1> v = {value};
-  allreduce(v, comm, reduce_op::avg);
+  allreduce(v, detail::control_of(comm), reduce_op::avg);
   return v[0];
 }
 

@@ -168,8 +168,11 @@ TEST_CASE("synchronize() reduces once; skip_synchronize() makes step() use local
     {
       auto skip = opt.skip_synchronize();
       CHECK(opt.step());
+      CHECK(inner.seen[0][1] == comm.rank());
+      g[1] = 10.0f + static_cast<float>(comm.rank());
+      CHECK(opt.step());  // still skipping: the guard, not the first step, ends it
+      CHECK(inner.seen[0][1] == 10.0 + comm.rank());
     }
-    CHECK(inner.seen[0][1] == comm.rank());
     g = {1.0f, 1.0f};
     CHECK(opt.step());  // the guard is gone: reduce again
     CHECK(inner.seen[0][0] == 2.0);

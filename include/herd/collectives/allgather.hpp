@@ -68,6 +68,7 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   mine.type = in.type;
   mine.count = kind == collective_kind::allgather ? in.count : total;
   mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
+  mine.memory = in.device.type;
   agree(comm, mine, check);
   if (total == 0) return;
   if constexpr (native_collectives<C>) {

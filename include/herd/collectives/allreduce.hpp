@@ -65,12 +65,13 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
+  mine.memory = in.device.type;
   const std::size_t bytes = in.bytes();
   const int p = comm.size();
   if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
-    const exchanged all = agree(comm, mine, check, in.data, bytes);
+    const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);

@@ -93,6 +93,7 @@ template <communicator C> void broadcast(call_check& check, buffer_view v, C& co
   mine.type = v.type;
   mine.count = v.count;
   mine.root = root;
+  mine.memory = v.device.type;
   agree(comm, mine, check);
   const std::size_t bytes = v.bytes();
   if (bytes == 0 || comm.size() == 1) return;

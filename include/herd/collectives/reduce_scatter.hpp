@@ -44,13 +44,14 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
+  mine.memory = in.device.type;
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
     const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
     comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, comm.stream());
+    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, stream_of(comm));
 #endif
     comm.synchronize();
   } else {

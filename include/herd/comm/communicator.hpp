@@ -69,10 +69,15 @@ class stall_watch {
 
   void check(int rank, int size, int peer, bool receiving, int tag) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const std::string what = "rank " + std::to_string(rank) + " has waited " + std::to_string(static_cast<int>(waited)) +
-                             " s to " + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer) +
-                             (tag >= reserved_tag_base ? std::string(" inside a collective")
-                                                       : " (tag " + std::to_string(tag) + ")");
+    // peer -1: waiting for every rank (a barrier); -2: for this rank's GPU stream.
+    const std::string waiting_for =
+        peer == -1   ? std::string("in a barrier for the other ranks")
+        : peer == -2 ? std::string("for its GPU stream (a NCCL operation)")
+                     : std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer) +
+                           (tag >= reserved_tag_base ? std::string(" inside a collective")
+                                                     : " (tag " + std::to_string(tag) + ")");
+    const std::string what =
+        "rank " + std::to_string(rank) + " has waited " + std::to_string(static_cast<int>(waited)) + " s " + waiting_for;
     if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
       raise({"wait", rank, size}, what + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
                                       std::to_string(options_.stall_shutdown_seconds) + ")",

@@ -70,12 +70,13 @@ class world {
   void abort(const std::string& reason) {
     std::vector<std::shared_ptr<world>> children;
     {
+      // Under the registry lock, so that a world split from this one right now sees the flag.
       std::lock_guard lock(registry_mutex_);
       if (abort_reason_.empty()) abort_reason_ = reason;
+      aborted_.store(true, std::memory_order_release);
       for (auto& weak : children_)
         if (auto child = weak.lock()) children.push_back(std::move(child));
     }
-    aborted_.store(true, std::memory_order_release);
     for (auto& w : waiters_) {
       { std::lock_guard lock(w.mutex); }
       w.wake.notify_all();

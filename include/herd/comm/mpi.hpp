@@ -109,6 +109,7 @@ class mpi_communicator {
         peer_ = other.peer_;
         tag_ = other.tag_;
         receiving_ = other.receiving_;
+        collective_ = other.collective_;
       }
       return *this;
     }
@@ -120,7 +121,9 @@ class mpi_communicator {
     friend class mpi_communicator;
     void release() noexcept {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
-      if (receiving_) {
+      if (collective_) {
+        // MPI forbids freeing or cancelling a nonblocking collective: leave it to MPI_Finalize.
+      } else if (receiving_) {
         MPI_Cancel(&handle_);
         MPI_Wait(&handle_, MPI_STATUS_IGNORE);
       } else {
@@ -133,6 +136,7 @@ class mpi_communicator {
     int peer_ = -1;
     int tag_ = 0;
     bool receiving_ = false;
+    bool collective_ = false;
   };
 
   // Duplicates `comm`, so herd's messages never mix with the caller's own on it.
@@ -229,17 +233,22 @@ class mpi_communicator {
 
   void barrier() {
     request r;
-    r.peer_ = rank_;
+    r.peer_ = -1;  // no one peer: the stall message says "in a barrier"
     r.tag_ = detail::tag_value(detail::tag::barrier);
+    r.collective_ = true;
     check(MPI_Ibarrier(comm_, &r.handle_), "MPI_Ibarrier");
     wait(r);
   }
 
   // Ranks passing the same color form a new communicator, ordered by key then by rank here.
   mpi_communicator split(int color, int key) const {
-    if (color < 0) {
-      detail::raise({"split", rank_, size_}, "color " + std::to_string(color) + " is negative",
-                    "Pass a color >= 0; ranks with equal colors end up in the same communicator");
+    // Agree first: a rank that raised alone would leave the others inside MPI_Comm_split.
+    int lowest = color;
+    check(MPI_Allreduce(&color, &lowest, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    if (lowest < 0) {
+      detail::raise({"split", rank_, size_},
+                    color < 0 ? "color " + std::to_string(color) + " is negative" : std::string("another rank passed a negative color"),
+                    "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
     }
     MPI_Comm part = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");

@@ -76,24 +76,41 @@ class nccl_communicator {
   // nullptr: a stream of its own).
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
       : control_(bootstrap.native(), options), device_(device), options_(options) {
-    const cuda::device_guard on(device_);
-    if (stream == nullptr) {
-      own_stream_ = std::make_unique<cuda::stream>();
-      stream_ = own_stream_->get();
-    } else {
-      stream_ = stream;
+    // Every step that can fail on one rank alone is followed by an agreement, so that a rank
+    // without a usable GPU makes every rank raise instead of leaving them in NCCL's set-up.
+    std::string problem;
+    try {
+      const cuda::device_guard on(device_);
+      if (stream == nullptr) {
+        own_stream_ = std::make_unique<cuda::stream>();
+        stream_ = own_stream_->get();
+        upstream_ = std::make_unique<cuda::event>();
+      } else {
+        stream_ = stream;
+      }
+    } catch (const error& e) {
+      problem = e.what();
     }
-    ncclUniqueId id{};
-    if (control_.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, control_.native());
-    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
+    agree_or_raise(problem, "could not use cuda:" + std::to_string(device_));
+    struct {
+      ncclUniqueId id;
+      int ok;
+    } header{};
+    if (control_.rank() == 0) header.ok = ncclGetUniqueId(&header.id) == ncclSuccess;
+    MPI_Bcast(&header, sizeof header, MPI_BYTE, 0, control_.native());
+    if (!header.ok) {
+      detail::raise({"nccl_communicator", rank(), size()}, "rank 0 could not create NCCL's unique id",
+                    "Check that NCCL works on rank 0 (NCCL_DEBUG=WARN says more)");
+    }
+    const cuda::device_guard on(device_);
+    check(ncclCommInitRank(&comm_, control_.size(), header.id, control_.rank()), "ncclCommInitRank");
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator(nccl_communicator&& other) noexcept
       : control_(std::move(other.control_)), device_(other.device_), options_(other.options_),
-        own_stream_(std::move(other.own_stream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
+        own_stream_(std::move(other.own_stream_)), upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
         aborted_(other.aborted_) {}
   nccl_communicator& operator=(nccl_communicator&& other) noexcept {
     if (this != &other) {
@@ -102,6 +119,7 @@ class nccl_communicator {
       device_ = other.device_;
       options_ = other.options_;
       own_stream_ = std::move(other.own_stream_);
+      upstream_ = std::move(other.upstream_);
       stream_ = other.stream_;
       comm_ = std::exchange(other.comm_, nullptr);
       aborted_ = other.aborted_;
@@ -128,6 +146,7 @@ class nccl_communicator {
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
     return mark(peer, tag, false);
   }
@@ -135,6 +154,7 @@ class nccl_communicator {
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
     return mark(peer, tag, true);
   }
@@ -162,6 +182,7 @@ class nccl_communicator {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclGroupStart(), "ncclGroupStart");
     check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
     check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
@@ -185,23 +206,27 @@ class nccl_communicator {
   // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
+    order_after_default_stream();
     check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
                             stream_),
           "ncclReduceScatter");
@@ -217,11 +242,31 @@ class nccl_communicator {
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
       poll_errors();
       std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, -1, false, reserved_tag_base);
+      if ((polls & 1023u) == 0) stalled(watch, -2, false, reserved_tag_base);
     }
   }
 
  private:
+  // Raises on every rank if `problem` is non-empty on any.
+  void agree_or_raise(const std::string& problem, const std::string& what) {
+    int failing = problem.empty() ? size() : rank();
+    int first = size();
+    MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, control_.native());
+    if (first == size()) return;
+    if (!problem.empty()) throw error(problem, rank());
+    detail::raise({"nccl_communicator", rank(), size()}, "rank " + std::to_string(first) + " " + what,
+                  "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process per GPU)");
+  }
+
+  // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
+  // the legacy default stream by frameworks without streams of their own) are done. On the
+  // caller's stream, ordering is the caller's stream's.
+  void order_after_default_stream() {
+    if (!upstream_) return;
+    upstream_->record(cudaStreamLegacy);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
+  }
+
   // NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
   static comm_options with_nccl_timeout(comm_options o) {
     if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
@@ -230,7 +275,7 @@ class nccl_communicator {
 
   void stalled(detail::stall_watch& watch, int peer, bool receiving, int tag) {
     try {
-      watch.check(rank(), size(), peer < 0 ? rank() : peer, receiving, tag);
+      watch.check(rank(), size(), peer, receiving, tag);
     } catch (const error&) {
       abort();
       throw;
@@ -298,9 +343,23 @@ class nccl_communicator {
     aborted_ = true;
   }
 
+  // Waits (a bounded time) for queued work, then destroys; aborts instead when the work does not
+  // finish or NCCL reports an error, e.g. while unwinding after a peer died.
   void destroy() noexcept {
     if (comm_ == nullptr) return;
-    cudaStreamSynchronize(stream_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (state == cudaSuccess && async == ncclSuccess) break;
+      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
+          std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      std::this_thread::yield();
+    }
     ncclCommDestroy(comm_);
     comm_ = nullptr;
   }
@@ -309,6 +368,7 @@ class nccl_communicator {
   int device_ = 0;
   comm_options options_;
   std::unique_ptr<cuda::stream> own_stream_;
+  std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;

@@ -39,11 +39,18 @@
 #define HERD_PP_ARCHS(...) HERD_PP_ARCHS_(__VA_ARGS__)
 
 #if defined(__CUDACC__) && defined(__CUDA_ARCH_LIST__)
-#define HERD_CONFIG_NS HERD_PP_ARCHS(__CUDA_ARCH_LIST__)
+#define HERD_CONFIG_NS_BASE HERD_PP_ARCHS(__CUDA_ARCH_LIST__)
 #elif defined(__CUDACC__)
-#define HERD_CONFIG_NS cuda
+#define HERD_CONFIG_NS_BASE cuda
 #else
-#define HERD_CONFIG_NS host
+#define HERD_CONFIG_NS_BASE host
+#endif
+// HERD_WITH_NCCL (set by the herd::nccl target) gives host-compiled files GPU paths too, so it
+// names a configuration of its own: host_nccl, cuda_900_nccl.
+#if defined(HERD_WITH_NCCL)
+#define HERD_CONFIG_NS HERD_PP_CAT(HERD_CONFIG_NS_BASE, _nccl)
+#else
+#define HERD_CONFIG_NS HERD_CONFIG_NS_BASE
 #endif
 #define HERD_CONFIG_NAMESPACE_BEGIN inline namespace HERD_CONFIG_NS {
 #define HERD_CONFIG_NAMESPACE_END }
@@ -54,7 +61,7 @@
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 // The configuration this translation unit was compiled in: "host", or "cuda_" and the GPU
-// architectures (e.g. "cuda_800_900").
+// architectures (e.g. "cuda_800_900"), with "_nccl" when HERD_WITH_NCCL is defined.
 inline const char* configuration() noexcept { return HERD_PP_STRING(HERD_CONFIG_NS); }
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd

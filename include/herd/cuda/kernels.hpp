@@ -143,8 +143,8 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
   HERD_CUDA_CHECK(cudaGetLastError());
 }
 
-// Packs many tensors into one buffer, or unpacks them, in one launch. Keeps the descriptor table
-// on the device between calls and uploads it again only when it changed.
+// Packs many tensors into one buffer, or unpacks them, in one launch. The descriptor table goes
+// to the device with each launch.
 class batched_copy {
  public:
   struct item {
@@ -184,27 +184,27 @@ class batched_copy {
       });
     }
     HERD_CUDA_CHECK(cudaGetLastError());
+    used_->record(stream);
   }
 
  private:
+  // The table goes through page-locked memory; the previous launch (on whichever stream) must be
+  // done with both copies of it before they are rewritten.
   void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
-    if (bytes == uploaded_bytes_ && std::memcmp(last_.data(), table.data(), bytes) == 0) return;
-    if (staged_) staged_->synchronize();  // the previous upload may still be reading the staging area
-    else staged_.emplace();
+    if (used_) {
+      used_->synchronize();
+    } else {
+      used_.emplace();
+    }
     void* staging = pinned_table_.get(bytes);
     std::memcpy(staging, table.data(), bytes);
     HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
-    staged_->record(stream);
-    last_ = table;
-    uploaded_bytes_ = bytes;
   }
 
   device_buffer device_table_;
   pinned_buffer pinned_table_;
-  std::optional<event> staged_;
-  std::vector<detail::batch_entry> last_;
-  std::size_t uploaded_bytes_ = 0;
+  std::optional<event> used_;  // recorded after each launch
 };
 
 HERD_CONFIG_NAMESPACE_END

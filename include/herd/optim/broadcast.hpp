@@ -7,6 +7,8 @@
 //   herd::broadcast_object(epoch, comm, 0);                    // trivially copyable values, strings, vectors of them
 //
 // Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
+// Host values (broadcast_object) travel over the communicator's control channel, so all of these
+// work on an nccl_communicator too.
 
 #include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
@@ -39,7 +41,7 @@ template <class T, communicator C>
   requires std::is_trivially_copyable_v<T>
 void broadcast_object(T& value, C& comm, int root = 0) {
   buffer_view bytes{&value, sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);  // host memory: over the control channel
 }
 
 template <communicator C> void broadcast_object(std::string& text, C& comm, int root = 0) {
@@ -47,7 +49,7 @@ template <communicator C> void broadcast_object(std::string& text, C& comm, int 
   broadcast_object(length, comm, root);
   text.resize(static_cast<std::size_t>(length));
   buffer_view bytes{text.data(), text.size(), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);
 }
 
 template <class T, class Allocator, communicator C>
@@ -57,7 +59,7 @@ void broadcast_object(std::vector<T, Allocator>& values, C& comm, int root = 0) 
   broadcast_object(length, comm, root);
   values.resize(static_cast<std::size_t>(length));
   buffer_view bytes{values.data(), values.size() * sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, comm, root);
+  broadcast(bytes, detail::control_of(comm), root);
 }
 
 HERD_CONFIG_NAMESPACE_END

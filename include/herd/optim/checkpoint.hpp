@@ -588,6 +588,7 @@ class checkpoint {
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it.
   template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
+    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
     const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
     detail::ckpt::check_root(site, root);
     std::vector<unsigned char> status;
@@ -613,6 +614,7 @@ class checkpoint {
   // no access to the file. false on every rank if it does not exist; herd::error on every rank if
   // it is damaged or its entries differ from those registered on any rank.
   template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
+    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
     const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
     detail::ckpt::check_root(site, root);
     const bool is_root = comm.rank() == root;

@@ -37,6 +37,7 @@
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -89,10 +90,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       accumulate();
       return false;
     }
-    if (reduce_now) synchronize();
+    if (reduce_now) {
+      synchronize();
+    } else if (!synchronized_ && accumulated_ > 0) {
+      std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
+      check(grads);
+      fold_accumulated(grads);
+    }
     inner_.step();
     synchronized_ = false;
-    skip_ = false;
     accumulated_ = 0;
     return true;
   }
@@ -102,21 +108,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void synchronize() {
     std::vector<buffer_view> grads = gradients_();
     check(grads);
-    if (accumulated_ > 0) {
-      with_mover(grads, [&](auto& mover) {
-        mover.begin();
-        for (std::size_t i = 0; i < grads.size(); ++i)
-          mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
-        mover.finish();
-      });
-      accumulated_ = 0;
-    }
+    fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
   }
 
-  // While the returned guard lives, step() does not reduce: for gradients reduced some other way,
-  // or for a deliberately local step.
+  // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
+  // with the local gradients, folding in any passes accumulated so far): for gradients reduced
+  // some other way, or for deliberately local steps.
   class skip_guard {
    public:
     explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
@@ -167,9 +166,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     const std::vector<std::int64_t> mine = {
         static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        static_cast<std::int64_t>(options_.gradient_predivide_factor * 1e9)};
+        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor)};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
-    allgather(mine, all, comm_);
+    allgather(mine, all, detail::control_of(comm_));
     static const char* const names[] = {"op", "compression", "fusion_threshold_bytes", "backward_passes_per_step",
                                         "gradient_predivide_factor"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
@@ -197,6 +196,18 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       mover.finish();
     });
     ++accumulated_;
+  }
+
+  // grads = the mean of the accumulated passes and the current one.
+  void fold_accumulated(const std::vector<buffer_view>& grads) {
+    if (accumulated_ == 0) return;
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
+      mover.finish();
+    });
+    accumulated_ = 0;
   }
 
   // Every gradient in host memory, or every one on the same GPU.
@@ -230,6 +241,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       if (!device_mover_ || device_index_ != grads[0].device.index) {
         device_mover_.emplace(grads[0].device.index);
         device_index_ = grads[0].device.index;
+        if constexpr (requires { comm_.stream(); }) device_mover_->follow(comm_.stream());
       }
       return f(*device_mover_);
     }

@@ -31,7 +31,7 @@ class metric {
 
   template <communicator C> double global_mean(C& comm) const {
     std::array<double, 2> totals = {sum_, weight_};
-    allreduce(totals, comm);
+    allreduce(totals, detail::control_of(comm));  // host numbers: over the control channel
     return totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   }
 
@@ -43,7 +43,7 @@ class metric {
 // The mean of `value` over all ranks (collective: every rank calls it).
 template <communicator C> double average(double value, C& comm) {
   std::array<double, 1> v = {value};
-  allreduce(v, comm, reduce_op::avg);
+  allreduce(v, detail::control_of(comm), reduce_op::avg);
   return v[0];
 }
 

@@ -23,9 +23,9 @@ inline double env_number(const char* variable, double fallback) {
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= 0)) {
+  if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
     throw error(std::string("herd: environment variable ") + variable + "='" + text +
-                "' is not a non-negative number. Unset it or give a number such as 60.");
+                "' is not a number between 0 and 1e15. Unset it or give a number such as 60.");
   }
   return value;
 }

@@ -44,7 +44,7 @@ constexpr const char* name(collective_kind k) noexcept {
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524432;  // "HRD2": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524433;  // "HRD3": guards against a rank running another herd build
   collective_kind kind = collective_kind::allreduce;
   dtype type = dtype::f32;
   reduce_op op = reduce_op::sum;
@@ -52,8 +52,10 @@ struct signature {
   std::int32_t root = 0;
   std::uint32_t fault_code = 0;
   std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces)
+  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint64_t count = 0;  // the element count every rank must agree on
   std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
+  std::uint64_t segment_bytes = 0;  // the ring's segment: messages must pair up one to one
 };
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
@@ -277,12 +279,13 @@ template <class C> auto& control_of(C& comm) {
 // wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
 // off, it exchanges nothing.
 template <communicator C>
-exchanged agree(C& comm, const signature& mine_in, const call_check& check, const void* payload = nullptr,
-                std::size_t payload_bytes = 0) {
+exchanged agree(C& comm, const signature& mine_in, const call_check& check, bool carries_payload = false,
+                const void* payload = nullptr, std::size_t payload_bytes = 0) {
   signature mine = mine_in;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
-  if (comm.size() == 1 || (payload == nullptr && !runtime::defaults().check_arguments)) {
+  mine.segment_bytes = runtime::defaults().ring_segment_bytes;
+  if (comm.size() == 1 || (!carries_payload && !runtime::defaults().check_arguments)) {
     if (!check.ok()) check.raise_local();
     return {};
   }
@@ -337,6 +340,17 @@ inline void verify(const error_site& site, const signature& mine, const std::vec
   }
   if (differs([](const signature& s) { return s.layout; })) {
     raise(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+  }
+  if (differs([](const signature& s) { return s.memory; })) {
+    raise(site, "the tensors live on different kinds of device across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda"); }) +
+                    ")",
+          "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
+  }
+  if (differs([](const signature& s) { return s.segment_bytes; })) {
+    raise(site, "the ring segment differs across ranks (" +
+                    per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + " bytes)",
+          "Give every rank the same HERD_RING_SEGMENT_BYTES (and the same herd::runtime::defaults())");
   }
 }
 

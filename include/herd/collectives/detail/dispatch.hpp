@@ -80,6 +80,14 @@ void through_host(const_buffer_view in, buffer_view out, Run run) {
 }
 #endif
 
+#if HERD_WITH_CUDA_KERNELS
+// The stream a communicator's native collectives run on (the legacy default stream if it names none).
+template <class C> cudaStream_t stream_of(C& comm) {
+  if constexpr (requires { comm.stream(); }) return comm.stream();
+  else return nullptr;
+}
+#endif
+
 // Runs a native collective and waits for it; herd's integer avg (the sum divided by the ranks,
 // truncated) is NCCL's sum followed by herd's division kernel.
 template <communicator C>
@@ -87,7 +95,7 @@ void native_allreduce(C& comm, const_buffer_view in, buffer_view out, reduce_op 
   const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
   comm.native_allreduce(in, out, integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), comm.stream());
+  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
   comm.synchronize();
 }

@@ -66,15 +66,23 @@ class device_mover {
  public:
   explicit device_mover(int device) : device_(device) {}
 
-  // Orders herd's stream after the work on the legacy default stream, which produced the gradients.
+  // The communicator's stream, when it has one: packing waits for it too (it may be the stream
+  // the caller's framework computes the gradients on).
+  void follow(cudaStream_t stream) noexcept { followed_ = stream; }
+
+  // Orders herd's stream after the work on the legacy default stream (and the followed stream),
+  // which produced the gradients.
   void begin() {
     const cuda::device_guard on(device_);
     if (!stream_) {
       stream_.emplace();
       ready_.emplace();
     }
-    ready_->record(cudaStreamLegacy);
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+    for (cudaStream_t upstream : {static_cast<cudaStream_t>(cudaStreamLegacy), followed_}) {
+      if (upstream == nullptr) continue;
+      ready_->record(upstream);
+      HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
+    }
   }
   void finish() { stream_->synchronize(); }
 
@@ -136,6 +144,7 @@ class device_mover {
   }
 
   int device_;
+  cudaStream_t followed_ = nullptr;
   std::optional<cuda::stream> stream_;
   std::optional<cuda::event> ready_;
   cuda::device_buffer fusion_;

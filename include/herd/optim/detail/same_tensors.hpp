@@ -4,6 +4,7 @@
 // rank instead of pairing its tensors with the wrong ones or waiting forever.
 
 #include <herd/collectives/allgather.hpp>
+#include <herd/collectives/detail/agreement.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
@@ -22,7 +23,8 @@ void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const 
   mine.reserve(views.size());
   for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
   std::vector<std::int64_t> all;
-  const std::vector<std::size_t> counts = allgatherv(mine, all, comm);
+  // Host vectors: over the communicator's control channel (nccl_communicator moves GPU memory only).
+  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
   const error_site site{operation, comm.rank(), comm.size()};
   auto describe = [](std::int64_t code) {
     const auto u = static_cast<std::uint64_t>(code);
