@@ -1674,8 +1674,12 @@ inline int multiprocessors(int device) {
 
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
+#endif
 
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1737,6 +1741,22 @@ class environment {
   bool owns_ = false;
   int provided_ = MPI_THREAD_SINGLE;
 };
+
+// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
+// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
+// overrides what the MPI library says (it must then be the same on every rank).
+inline bool cuda_aware() {
+  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
+    return std::string(forced) != "0";
+  }
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() != 0;
+#endif
+  return false;
+}
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
@@ -1829,6 +1849,7 @@ class mpi_communicator {
       rank_ = other.rank_;
       size_ = other.size_;
       options_ = other.options_;
+      cuda_aware_ = other.cuda_aware_;
     }
     return *this;
   }
@@ -1841,6 +1862,8 @@ class mpi_communicator {
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
+  // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
+  bool cuda_aware() const noexcept { return cuda_aware_; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank_, size_, peer);
@@ -1930,6 +1953,7 @@ class mpi_communicator {
   mpi_communicator(MPI_Comm owned, comm_options options, adopt_tag) : comm_(owned), options_(options) { adopt(); }
 
   void adopt() {
+    cuda_aware_ = mpi::cuda_aware();
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -1963,6 +1987,7 @@ class mpi_communicator {
   int rank_ = 0;
   int size_ = 1;
   comm_options options_;
+  bool cuda_aware_ = false;
 };
 
 }  // namespace herd
@@ -3559,17 +3584,22 @@ class stream_stage {
 
   // Orders this stage after the work already queued on the legacy default stream (where
   // frameworks without streams of their own, and blocking streams, put their kernels).
-  void begin() {
+  // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
+  // buffers it sends from and receives into are device memory, filled by device-to-device copies.
+  void begin(bool direct = false) {
+    direct_ = direct;
     used_ = 0;
     ready_.record(cudaStreamLegacy);
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
   }
 
   void to_host(void* host, const void* device, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
+                                    stream_.get()));
   }
   void to_device(void* device, const void* host, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                                    stream_.get()));
   }
   void copy(void* to, const void* from, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
@@ -3587,7 +3617,9 @@ class stream_stage {
   void wait(marker m) const { events_[m].synchronize(); }
   void finish() { stream_.synchronize(); }
 
-  std::byte* host_buffer(std::size_t bytes, int which) { return static_cast<std::byte*>(pinned_[which].get(bytes)); }
+  std::byte* host_buffer(std::size_t bytes, int which) {
+    return static_cast<std::byte*>(direct_ ? on_device_[which].get(bytes) : pinned_[which].get(bytes));
+  }
   std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
   cudaStream_t stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
@@ -3598,7 +3630,9 @@ class stream_stage {
   cuda::event ready_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
+  bool direct_ = false;
   cuda::pinned_buffer pinned_[3];
+  cuda::device_buffer on_device_[3];
   cuda::device_buffer scratch_;
 };
 
@@ -3652,12 +3686,14 @@ template <communicator C> std::string unreachable_advice(const C& comm, device d
 
 #if HERD_WITH_CUDA_KERNELS
 // Device tensors over a host-memory communicator: the ring allreduce staged through page-locked
-// host buffers, reductions on the device.
+// host buffers (device buffers, when the MPI is CUDA-aware), reductions on the device.
 template <communicator C>
 void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
   const cuda::device_guard on(device);
   cuda::stream_stage& stage = cuda::stage_for(device);
-  stage.begin();
+  bool direct = false;
+  if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
+  stage.begin(direct);
   staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
                         runtime::defaults().ring_segment_bytes);
 }

@@ -5,6 +5,7 @@
 #include "../support/mpi_test.hpp"
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -135,4 +136,14 @@ HERD_MPI_TEST_CASE("local_rank and local_size: every rank of this one-node job i
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CHECK(herd::mpi::local_rank() == rank);
   CHECK(herd::mpi::local_size() == size);
+}
+
+HERD_MPI_TEST_CASE("cuda_aware: what the MPI says, unless HERD_MPI_CUDA_AWARE overrides it", 1) {
+  ::setenv("HERD_MPI_CUDA_AWARE", "1", 1);
+  CHECK(herd::mpi::cuda_aware());
+  CHECK(herd::mpi_communicator().cuda_aware());
+  ::setenv("HERD_MPI_CUDA_AWARE", "0", 1);
+  CHECK_FALSE(herd::mpi::cuda_aware());
+  ::unsetenv("HERD_MPI_CUDA_AWARE");
+  MESSAGE("this MPI reports CUDA awareness: " << herd::mpi::cuda_aware());
 }

@@ -4,8 +4,12 @@
 #include <herd/comm/communicator.hpp>
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
+#endif
 
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,6 +71,22 @@ class environment {
   bool owns_ = false;
   int provided_ = MPI_THREAD_SINGLE;
 };
+
+// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
+// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
+// overrides what the MPI library says (it must then be the same on every rank).
+inline bool cuda_aware() {
+  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
+    return std::string(forced) != "0";
+  }
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() != 0;
+#endif
+  return false;
+}
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
@@ -159,6 +179,7 @@ class mpi_communicator {
       rank_ = other.rank_;
       size_ = other.size_;
       options_ = other.options_;
+      cuda_aware_ = other.cuda_aware_;
     }
     return *this;
   }
@@ -171,6 +192,8 @@ class mpi_communicator {
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
+  // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
+  bool cuda_aware() const noexcept { return cuda_aware_; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank_, size_, peer);
@@ -260,6 +283,7 @@ class mpi_communicator {
   mpi_communicator(MPI_Comm owned, comm_options options, adopt_tag) : comm_(owned), options_(options) { adopt(); }
 
   void adopt() {
+    cuda_aware_ = mpi::cuda_aware();
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -293,6 +317,7 @@ class mpi_communicator {
   int rank_ = 0;
   int size_ = 1;
   comm_options options_;
+  bool cuda_aware_ = false;
 };
 
 }  // namespace herd

@@ -23,17 +23,22 @@ class stream_stage {
 
   // Orders this stage after the work already queued on the legacy default stream (where
   // frameworks without streams of their own, and blocking streams, put their kernels).
-  void begin() {
+  // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
+  // buffers it sends from and receives into are device memory, filled by device-to-device copies.
+  void begin(bool direct = false) {
+    direct_ = direct;
     used_ = 0;
     ready_.record(cudaStreamLegacy);
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
   }
 
   void to_host(void* host, const void* device, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
+                                    stream_.get()));
   }
   void to_device(void* device, const void* host, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                                    stream_.get()));
   }
   void copy(void* to, const void* from, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
@@ -51,7 +56,9 @@ class stream_stage {
   void wait(marker m) const { events_[m].synchronize(); }
   void finish() { stream_.synchronize(); }
 
-  std::byte* host_buffer(std::size_t bytes, int which) { return static_cast<std::byte*>(pinned_[which].get(bytes)); }
+  std::byte* host_buffer(std::size_t bytes, int which) {
+    return static_cast<std::byte*>(direct_ ? on_device_[which].get(bytes) : pinned_[which].get(bytes));
+  }
   std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
   cudaStream_t stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
@@ -62,7 +69,9 @@ class stream_stage {
   cuda::event ready_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
+  bool direct_ = false;
   cuda::pinned_buffer pinned_[3];
+  cuda::device_buffer on_device_[3];
   cuda::device_buffer scratch_;
 };
 

@@ -52,12 +52,14 @@ template <communicator C> std::string unreachable_advice(const C& comm, device d
 
 #if HERD_WITH_CUDA_KERNELS
 // Device tensors over a host-memory communicator: the ring allreduce staged through page-locked
-// host buffers, reductions on the device.
+// host buffers (device buffers, when the MPI is CUDA-aware), reductions on the device.
 template <communicator C>
 void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
   const cuda::device_guard on(device);
   cuda::stream_stage& stage = cuda::stage_for(device);
-  stage.begin();
+  bool direct = false;
+  if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
+  stage.begin(direct);
   staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
                         runtime::defaults().ring_segment_bytes);
 }
