@@ -1760,27 +1760,24 @@ inline bool cuda_aware() {
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
-inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {
+namespace detail {
+// (rank, size) within the processes of `comm` that share this node.
+inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
   MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
+  }
   int rank = 0;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    throw error("herd::mpi::local_rank: MPI_Comm_split_type failed. Is MPI initialized?");
-  }
-  MPI_Comm_rank(node, &rank);
-  MPI_Comm_free(&node);
-  return rank;
-}
-
-inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) {
-  MPI_Comm node = MPI_COMM_NULL;
   int size = 1;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    throw error("herd::mpi::local_size: MPI_Comm_split_type failed. Is MPI initialized?");
-  }
+  MPI_Comm_rank(node, &rank);
   MPI_Comm_size(node, &size);
   MPI_Comm_free(&node);
-  return size;
+  return {rank, size};
 }
+}  // namespace detail
+
+inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_rank").first; }
+inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_size").second; }
 
 }  // namespace mpi
 
@@ -2815,15 +2812,6 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
   });
 }
 
-// data[i] = data[i] / ranks: an avg whose combinations all happened elsewhere.
-inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
-  visit(t, [&](auto element) {
-    using T = decltype(element);
-    auto* d = static_cast<T*>(data);
-    for (std::size_t i = 0; i < n; ++i) d[i] = finalize_avg(d[i], ranks);
-  });
-}
-
 }  // namespace herd::detail
 
 #include <algorithm>
@@ -3724,12 +3712,24 @@ template <class C> cudaStream_t stream_of(C& comm) {
 }
 #endif
 
-// Runs a native collective and waits for it; herd's integer avg (the sum divided by the ranks,
-// truncated) is NCCL's sum followed by herd's division kernel.
-template <communicator C>
-void native_allreduce(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
-  const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
-  comm.native_allreduce(in, out, integer_avg ? reduce_op::sum : op);
+// Reductions a communicator with native collectives (NCCL) cannot do in this translation unit.
+inline void require_native_op(call_check& check, dtype type, reduce_op op) {
+  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
+    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+  }
+  if (check.ok() && is_bitwise(op)) {
+    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+  }
+}
+
+// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and waits for
+// it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's sum followed by
+// herd's division kernel.
+template <communicator C, class Reduce>
+void native_reduction(C& comm, buffer_view out, reduce_op op, Reduce reduce) {
+  const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
+  reduce(integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
   if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
@@ -3914,15 +3914,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
-  if constexpr (native_collectives<C>) {
-    if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(in.type)) {
-      check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
-                 "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
-    }
-    if (check.ok() && is_bitwise(op)) {
-      check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
-    }
-  }
+  if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
   signature mine;
   mine.kind = collective_kind::allreduce;
   mine.type = in.type;
@@ -3946,7 +3938,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   agree(comm, mine, check);
   if (in.count == 0) return;
   if constexpr (native_collectives<C>) {
-    native_allreduce(comm, in, out, op);
+    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
   } else {
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
@@ -4154,12 +4146,7 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
-  if constexpr (native_collectives<C>) {
-    if (check.ok() && (is_bitwise(op) || (op == reduce_op::avg && is_integral(in.type) && !HERD_WITH_CUDA_KERNELS))) {
-      check.fail(12, "NCCL cannot do reduce_op::" + std::string(name(op)) + " on " + std::string(name(in.type)) + " here",
-                 "Use sum, prod, min, max, or avg on floats (integer avg needs nvcc)");
-    }
-  }
+  if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
   signature mine;
   mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
@@ -4169,12 +4156,7 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
-    const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
-    comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
-#if HERD_WITH_CUDA_KERNELS
-    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, stream_of(comm));
-#endif
-    comm.synchronize();
+    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
   } else {
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {

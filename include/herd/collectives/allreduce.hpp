@@ -51,15 +51,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
-  if constexpr (native_collectives<C>) {
-    if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(in.type)) {
-      check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
-                 "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
-    }
-    if (check.ok() && is_bitwise(op)) {
-      check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
-    }
-  }
+  if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
   signature mine;
   mine.kind = collective_kind::allreduce;
   mine.type = in.type;
@@ -83,7 +75,7 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   agree(comm, mine, check);
   if (in.count == 0) return;
   if constexpr (native_collectives<C>) {
-    native_allreduce(comm, in, out, op);
+    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
   } else {
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);

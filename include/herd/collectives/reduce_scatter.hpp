@@ -33,12 +33,7 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
-  if constexpr (native_collectives<C>) {
-    if (check.ok() && (is_bitwise(op) || (op == reduce_op::avg && is_integral(in.type) && !HERD_WITH_CUDA_KERNELS))) {
-      check.fail(12, "NCCL cannot do reduce_op::" + std::string(name(op)) + " on " + std::string(name(in.type)) + " here",
-                 "Use sum, prod, min, max, or avg on floats (integer avg needs nvcc)");
-    }
-  }
+  if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
   signature mine;
   mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
@@ -48,12 +43,7 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
-    const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
-    comm.native_reduce_scatter(in, out, integer_avg ? reduce_op::sum : op);
-#if HERD_WITH_CUDA_KERNELS
-    if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, p, stream_of(comm));
-#endif
-    comm.synchronize();
+    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
   } else {
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {

@@ -90,27 +90,24 @@ inline bool cuda_aware() {
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
-inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {
+namespace detail {
+// (rank, size) within the processes of `comm` that share this node.
+inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
   MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
+  }
   int rank = 0;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    throw error("herd::mpi::local_rank: MPI_Comm_split_type failed. Is MPI initialized?");
-  }
-  MPI_Comm_rank(node, &rank);
-  MPI_Comm_free(&node);
-  return rank;
-}
-
-inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) {
-  MPI_Comm node = MPI_COMM_NULL;
   int size = 1;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    throw error("herd::mpi::local_size: MPI_Comm_split_type failed. Is MPI initialized?");
-  }
+  MPI_Comm_rank(node, &rank);
   MPI_Comm_size(node, &size);
   MPI_Comm_free(&node);
-  return size;
+  return {rank, size};
 }
+}  // namespace detail
+
+inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_rank").first; }
+inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_size").second; }
 
 }  // namespace mpi
 

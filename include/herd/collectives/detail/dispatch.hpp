@@ -5,6 +5,7 @@
 //   herd's kernels and so a translation unit compiled by nvcc;
 // - everything else is host memory over herd's own algorithms.
 
+#include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/staged_ring.hpp>
 #include <herd/comm/communicator.hpp>
@@ -90,12 +91,24 @@ template <class C> cudaStream_t stream_of(C& comm) {
 }
 #endif
 
-// Runs a native collective and waits for it; herd's integer avg (the sum divided by the ranks,
-// truncated) is NCCL's sum followed by herd's division kernel.
-template <communicator C>
-void native_allreduce(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
-  const bool integer_avg = op == reduce_op::avg && is_integral(in.type);
-  comm.native_allreduce(in, out, integer_avg ? reduce_op::sum : op);
+// Reductions a communicator with native collectives (NCCL) cannot do in this translation unit.
+inline void require_native_op(call_check& check, dtype type, reduce_op op) {
+  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
+    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+  }
+  if (check.ok() && is_bitwise(op)) {
+    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+  }
+}
+
+// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and waits for
+// it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's sum followed by
+// herd's division kernel.
+template <communicator C, class Reduce>
+void native_reduction(C& comm, buffer_view out, reduce_op op, Reduce reduce) {
+  const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
+  reduce(integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
   if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
