@@ -9,6 +9,11 @@
 // repetitions after a warm-up. algbw = bytes / time; busbw = algbw * 2(n-1)/n, the bandwidth each
 // rank's links actually carry. "herd/MPI" is herd's busbw over MPI's: above 1, herd is faster.
 // The last column is a plain memcpy of the same bytes on one rank: the machine's memory limit.
+//
+// A second table (--async-max-bytes, default 4 MiB; 0 skips it) times many operations in flight:
+// `--outstanding` (16) allreduces of different buffers started one after another, then all
+// waited for, per operation: herd blocking, herd_async (herd::allreduce_async and handles, on
+// the communicator's progress thread), and MPI_Iallreduce with MPI_Waitall.
 
 #include <herd/herd.hpp>
 
@@ -28,12 +33,16 @@ struct options {
   herd::dtype type = herd::dtype::f32;
   herd::reduce_op op = herd::reduce_op::sum;
   int reps = 9;
+  std::size_t async_min_bytes = std::size_t{64} << 10;
+  std::size_t async_max_bytes = std::size_t{4} << 20;
+  int outstanding = 16;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "allreduce: %s\nusage: mpiexec -n N allreduce [--min-bytes B] [--max-bytes B] [--dtype f32|f64|f16|bf16|"
-               "i32|i64|i8|u8] [--op sum|avg|min|max|prod] [--reps R]\n",
+               "i32|i64|i8|u8] [--op sum|avg|min|max|prod] [--reps R] [--async-min-bytes B] [--async-max-bytes B] "
+               "[--outstanding K]\n",
                why);
   std::exit(2);
 }
@@ -48,6 +57,9 @@ options parse(int argc, char** argv) {
     if (flag == "--min-bytes") o.min_bytes = std::stoull(value);
     else if (flag == "--max-bytes") o.max_bytes = std::stoull(value);
     else if (flag == "--reps") o.reps = std::max(1, std::stoi(value));
+    else if (flag == "--async-min-bytes") o.async_min_bytes = std::stoull(value);
+    else if (flag == "--async-max-bytes") o.async_max_bytes = std::stoull(value);
+    else if (flag == "--outstanding") o.outstanding = std::max(1, std::stoi(value));
     else if (flag == "--dtype") {
       bool found = false;
       for (auto t : herd::all_dtypes)
@@ -176,6 +188,61 @@ int main(int argc, char** argv) {
         std::printf("%10s %9s %9s | %8s | ", "-", "-", "-", "-");
       }
       std::printf("%9.2f\n", gb / copy_s);
+      std::fflush(stdout);
+    }
+  }
+  if (o.async_max_bytes == 0) return 0;
+
+  // Many operations in flight: K buffers, each reduced once per repetition.
+  const int k = o.outstanding;
+  if (rank == 0) {
+    std::printf("\n# %d allreduces in flight: per operation, medians of %d repetitions\n", k, o.reps);
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "bytes", "blocking", "busbw", "herd_async",
+                "busbw", "MPI_Iallr", "busbw", "async/", "async/");
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "", "us", "GB/s", "us", "GB/s", "us", "GB/s",
+                "blocking", "MPI");
+  }
+  for (std::size_t bytes = o.async_min_bytes; bytes <= o.async_max_bytes; bytes *= 2) {
+    const std::size_t count = std::max<std::size_t>(bytes / es, 1);
+    const std::size_t real_bytes = count * es;
+    std::vector<std::vector<std::byte>> buffers(static_cast<std::size_t>(k), std::vector<std::byte>(real_bytes));
+    std::vector<herd::buffer_view> views;
+    for (auto& b : buffers) {
+      views.push_back({b.data(), count, o.type});
+      fill(views.back(), rank);
+    }
+    const double blocking_s = time_calls([&] { for (auto& v : views) herd::allreduce(v, comm, o.op); },
+                                         real_bytes * static_cast<std::size_t>(k), o.reps) / k;
+    const double async_s = time_calls(
+        [&] {
+          std::vector<herd::handle> handles;
+          handles.reserve(views.size());
+          for (auto& v : views) handles.push_back(herd::allreduce_async(v, comm, o.op));
+          for (auto& h : handles) h.wait();
+        },
+        real_bytes * static_cast<std::size_t>(k), o.reps) / k;
+    double mpi_s = 0;
+    if (mpi_comparable) {
+      std::vector<MPI_Request> requests(views.size());
+      mpi_s = time_calls(
+          [&] {
+            for (std::size_t i = 0; i < views.size(); ++i) {
+              MPI_Iallreduce(MPI_IN_PLACE, views[i].data, static_cast<int>(count), mt, mo, MPI_COMM_WORLD, &requests[i]);
+            }
+            MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+          },
+          real_bytes * static_cast<std::size_t>(k), o.reps) / k;
+    }
+    if (rank == 0) {
+      const double gb = static_cast<double>(real_bytes) / 1e9;
+      std::printf("  %12zu | %10.2f %9.3f | %10.2f %9.3f | ", real_bytes, blocking_s * 1e6, gb / blocking_s * bus_factor,
+                  async_s * 1e6, gb / async_s * bus_factor);
+      if (mpi_comparable) {
+        std::printf("%10.2f %9.3f | %8.2f %8.2f\n", mpi_s * 1e6, gb / mpi_s * bus_factor, blocking_s / async_s,
+                    mpi_s / async_s);
+      } else {
+        std::printf("%10s %9s | %8.2f %8s\n", "-", "-", blocking_s / async_s, "-");
+      }
       std::fflush(stdout);
     }
   }

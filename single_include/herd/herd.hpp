@@ -924,23 +924,42 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 
 
 // ---- herd/comm/communicator.hpp ----
-// The communicator concept: what herd's collectives need from a transport. Two ship with herd:
-// mpi_communicator (processes, over MPI) and local_communicator (threads of one process).
+// The communicator concept: what herd's collectives need from a transport. Three ship with herd:
+// mpi_communicator (processes, over MPI), local_communicator (threads of one process) and
+// nccl_communicator (GPUs).
 //
 // A communicator moves bytes between ranks 0..size()-1 with nonblocking point-to-point messages.
 // Messages between one pair of ranks with one tag arrive in the order they were sent (MPI's
 // non-overtaking rule), which the pipelined ring collectives rely on.
+//
+// Every collective is an operation of its communicator (comm/detail/operation.hpp): it has the
+// communicator's next sequence number, starts with a cross-rank agreement, and, if it fails after
+// that agreement, aborts the communicator. operations() holds that state; abort() runs the
+// transport's part of an abort (telling the peers, settling requests still in flight).
+
+
+// ---- herd/comm/detail/operation_state.hpp ----
+// What a communicator knows about its operations: their sequence numbers, the one running now
+// (for the watchdog's messages and the data tag), whether the communicator was aborted and why,
+// and the queue that runs operations in submission order (on the caller's thread, or on a
+// progress thread for asynchronous ones).
 
 
 // ---- herd/runtime/env.hpp ----
 // herd's environment variables, read once per process. Each has a programmatic twin in the
 // options of the object it affects; the variable only sets the default.
 //
-//   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long for a peer (60; 0 = never)
-//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (0 = wait forever, the default)
+//   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long (60; 0 = never)
+//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever)
 //   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
+//   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
+//                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
+//
+// A malformed value does not throw here: it is kept in settings::problem, and the next communicator
+// created reports it on every rank (a rank that threw alone would leave the others waiting in the
+// creation).
 
 
 #include <cerrno>
@@ -949,43 +968,51 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 
 namespace herd::runtime {
 
-// The variable as a non-negative number, or `fallback` when unset or empty.
-inline double env_number(const char* variable, double fallback) {
+struct settings {
+  double stall_check_seconds = 60;
+  double stall_shutdown_seconds = 1800;  // 30 minutes, as torch.distributed's default timeout
+  std::size_t ring_segment_bytes = std::size_t{1} << 20;
+  bool check_arguments = true;
+  bool progress_thread = true;
+  std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
+  std::string problem;  // the first malformed variable, in words; empty when all are fine
+};
+
+// The variable as a number in [0, 1e15], or `fallback` when unset, empty or malformed (then
+// `problem` says so, unless it already holds an earlier problem).
+inline double env_number(const char* variable, double fallback, std::string& problem) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
   if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
-    throw error(std::string("herd: environment variable ") + variable + "='" + text +
-                "' is not a number between 0 and 1e15. Unset it or give a number such as 60.");
+    if (problem.empty()) {
+      problem = std::string("environment variable ") + variable + "='" + text +
+                "' is not a number between 0 and 1e15; unset it or give a number such as 60";
+    }
+    return fallback;
   }
   return value;
 }
 
-struct settings {
-  double stall_check_seconds = 60;
-  double stall_shutdown_seconds = 0;
-  std::size_t ring_segment_bytes = std::size_t{1} << 20;
-  bool check_arguments = true;
-  std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
-};
-
 inline settings read_settings() {
   settings s;
-  s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds);
-  s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds);
+  s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
+  s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
   s.ring_segment_bytes = static_cast<std::size_t>(
-      env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes)));
+      env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
   if (s.ring_segment_bytes == 0) s.ring_segment_bytes = settings{}.ring_segment_bytes;
-  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1) != 0;
+  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
+  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
   s.fusion_threshold_bytes = static_cast<std::size_t>(
-      env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes)));
+      env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
   return s;
 }
 
 // The process-wide defaults, read from the environment on first use. A program (or a test) may
-// change them before its first collective; every rank must then hold the same values.
+// change them before it creates a communicator, which copies them; every rank must then hold the
+// same values (a communicator's creation checks that it does).
 inline settings& defaults() {
   static settings s = read_settings();
   return s;
@@ -993,94 +1020,338 @@ inline settings& defaults() {
 
 }  // namespace herd::runtime
 
-#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace herd {
+
+// A communicator's settings, fixed when it is created. The wire-protocol ones (ring segment,
+// argument checking) must be the same on every rank: creating a communicator checks that they are.
+struct comm_options {
+  double stall_check_seconds = runtime::defaults().stall_check_seconds;        // warn after waiting this long (0: never)
+  double stall_shutdown_seconds = runtime::defaults().stall_shutdown_seconds;  // raise after this long (0: never)
+  std::size_t ring_segment_bytes = runtime::defaults().ring_segment_bytes;
+  bool check_arguments = runtime::defaults().check_arguments;
+  bool progress_thread = runtime::defaults().progress_thread;  // asynchronous operations on a thread of their own
+};
+
+// Tags at and above this value belong to herd; point-to-point calls of the user take tags in
+// [0, reserved_tag_base). MPI guarantees tags up to 32767.
+inline constexpr int reserved_tag_base = 1 << 14;
+
+namespace detail {
+
+// Every operation's agreement travels on one shared tag, so that ranks in different operations
+// meet and see it; notices (abort, confirmation, departure) on another. The data messages of
+// operation k carry a tag derived from k, so that they can never be matched by operation k+1.
+inline constexpr int control_tag = reserved_tag_base;
+inline constexpr int notice_tag = reserved_tag_base + 1;
+inline constexpr int data_tag_base = reserved_tag_base + 2;
+inline constexpr int data_tag_span = 32767 - data_tag_base + 1;
+inline constexpr int data_tag(std::uint64_t seq) noexcept {
+  return data_tag_base + static_cast<int>(seq % static_cast<std::uint64_t>(data_tag_span));
+}
+
+enum class op_kind : std::uint8_t {
+  create,
+  split,
+  barrier,
+  allreduce,
+  broadcast,
+  allgather,
+  allgatherv,
+  reduce_scatter,
+  grouped_allreduce,
+};
+
+constexpr const char* name(op_kind k) noexcept {
+  switch (k) {
+    case op_kind::create: return "communicator creation";
+    case op_kind::split: return "split";
+    case op_kind::barrier: return "barrier";
+    case op_kind::allreduce: return "allreduce";
+    case op_kind::broadcast: return "broadcast";
+    case op_kind::allgather: return "allgather";
+    case op_kind::allgatherv: return "allgatherv";
+    case op_kind::reduce_scatter: return "reduce_scatter";
+    case op_kind::grouped_allreduce: return "grouped allreduce";
+  }
+  return "operation";
+}
+
+// "4 MiB", "1.5 KiB", "12 B"
+inline std::string byte_text(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, value == static_cast<double>(static_cast<std::uint64_t>(value)) ? "%.0f %s" : "%.3g %s",
+                value, units[unit]);
+  return text;
+}
+
+// One operation, as messages name it: "allreduce #17 (4 MiB f32)".
+struct op_label {
+  op_kind kind = op_kind::barrier;
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;  // elements, when typed
+  dtype type = dtype::u8;
+  bool typed = false;
+
+  std::string str() const {
+    std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+    if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
+    return text;
+  }
+};
+
+// A queued operation: the work, and once it ran, whether it failed.
+struct queued_operation {
+  std::uint64_t seq = 0;
+  std::function<void(std::uint64_t)> work;
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;  // written before done
+};
+
+class operation_state {
+ public:
+  explicit operation_state(const comm_options& options) : options_(options) {}
+  operation_state(const operation_state&) = delete;
+  operation_state& operator=(const operation_state&) = delete;
+  ~operation_state() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  const comm_options& options() const noexcept { return options_; }
+  comm_options& options() noexcept { return options_; }
+
+  // --- The operation running now (touched only by the thread running it).
+  bool in_operation() const noexcept { return in_operation_; }
+  const op_label& current() const noexcept { return current_; }
+  int data_tag() const noexcept { return detail::data_tag(current_.seq); }
+  void begin(const op_label& label) noexcept {
+    current_ = label;
+    in_operation_ = true;
+  }
+  void end() noexcept { in_operation_ = false; }
+
+  // Operations issued so far (the next sequence number).
+  std::uint64_t issued() const {
+    std::lock_guard lock(mutex_);
+    return next_seq_;
+  }
+  // Sequence numbers start after the creation, which is operation #0.
+  void set_issued(std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    next_seq_ = n;
+  }
+
+  // --- Abort: the first reason sticks.
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const {
+    std::lock_guard lock(mutex_);
+    return abort_reason_;
+  }
+  void mark_aborted(const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (!aborted_.load(std::memory_order_relaxed)) abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
+    raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
+          "Its operations cannot go on; create a new communicator (comm.renew() on every rank) and continue with that");
+  }
+
+  // --- Scheduling. Operations run one at a time, in the order they were issued.
+
+  // Runs f(seq) on this thread once every earlier operation has finished.
+  template <class F> void run_blocking(F&& f) {
+    std::unique_lock lock(mutex_);
+    refuse_nesting();
+    if (queue_.empty() && !busy_) {
+      busy_ = true;
+      runner_ = std::this_thread::get_id();
+      const std::uint64_t seq = next_seq_++;
+      lock.unlock();
+      struct release {
+        operation_state* self;
+        ~release() {
+          {
+            std::lock_guard guard(self->mutex_);
+            self->busy_ = false;
+            self->runner_ = {};
+          }
+          self->wake_.notify_all();
+        }
+      } done{this};
+      f(seq);
+      return;
+    }
+    auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
+    lock.unlock();
+    wait(*op);
+  }
+
+  // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
+  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f) {
+    std::unique_lock lock(mutex_);
+    refuse_nesting();
+    if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
+    return enqueue(lock, std::move(f));
+  }
+
+  // Waits for op (running queued operations on this thread when there is no progress thread) and
+  // rethrows its failure.
+  void wait(queued_operation& op) {
+    if (!op.done.load(std::memory_order_acquire)) {
+      std::unique_lock lock(mutex_);
+      while (!op.done.load(std::memory_order_acquire)) {
+        if (!options_.progress_thread && !busy_ && !queue_.empty()) {
+          run_next(lock);
+        } else {
+          wake_.wait(lock);
+        }
+      }
+    }
+    if (op.failure) std::rethrow_exception(op.failure);
+  }
+
+  // Whether op has finished; without a progress thread, first runs the queue up to op (which may
+  // wait for the other ranks, as wait() does).
+  bool test(queued_operation& op) {
+    if (op.done.load(std::memory_order_acquire)) return true;
+    if (options_.progress_thread) return false;
+    std::unique_lock lock(mutex_);
+    while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+    return op.done.load(std::memory_order_acquire);
+  }
+
+  // Runs or waits out every queued operation; their failures stay with their handles.
+  void drain() noexcept {
+    std::unique_lock lock(mutex_);
+    while (busy_ || !queue_.empty()) {
+      if (!options_.progress_thread && !busy_) {
+        run_next(lock);
+      } else {
+        wake_.wait(lock);
+      }
+    }
+  }
+
+ private:
+  void refuse_nesting() const {
+    if (busy_ && runner_ == std::this_thread::get_id()) {
+      throw error("herd: an operation was started from inside another operation of the same communicator. "
+                  "Start it after the first one returns.");
+    }
+  }
+
+  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f) {
+    auto op = std::make_shared<queued_operation>();
+    op->seq = next_seq_++;
+    op->work = std::move(f);
+    queue_.push_back(op);
+    wake_.notify_all();
+    return op;
+  }
+
+  // Runs the first queued operation on this thread (the lock is released meanwhile).
+  void run_next(std::unique_lock<std::mutex>& lock) {
+    auto op = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    runner_ = std::this_thread::get_id();
+    lock.unlock();
+    try {
+      op->work(op->seq);
+    } catch (...) {
+      op->failure = std::current_exception();
+    }
+    op->work = nullptr;  // drops what the work captured
+    lock.lock();
+    op->done.store(true, std::memory_order_release);
+    busy_ = false;
+    runner_ = {};
+    wake_.notify_all();
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
+      if (!busy_ && !queue_.empty()) {
+        run_next(lock);
+      } else if (stopping_ && queue_.empty()) {
+        return;
+      }
+    }
+  }
+
+  comm_options options_;
+  op_label current_;
+  bool in_operation_ = false;
+  std::atomic<bool> aborted_{false};
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::string abort_reason_;
+  std::uint64_t next_seq_ = 1;
+  std::deque<std::shared_ptr<queued_operation>> queue_;
+  bool busy_ = false;
+  std::thread::id runner_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace detail
+}  // namespace herd
+
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace herd {
 
 template <class C>
 concept communicator = std::movable<C> && requires(C& c, const C& cc, typename C::request& req, void* buf,
-                                                   const void* cbuf, std::size_t bytes, int peer, int tag) {
+                                                   const void* cbuf, std::size_t bytes, int peer, int tag,
+                                                   std::string_view reason) {
   typename C::request;
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
+  { cc.options() } -> std::convertible_to<const comm_options&>;
   { c.isend(cbuf, bytes, peer, tag) } -> std::same_as<typename C::request>;
   { c.irecv(buf, bytes, peer, tag) } -> std::same_as<typename C::request>;
   c.wait(req);
   { c.test(req) } -> std::convertible_to<bool>;
   c.sendrecv(cbuf, bytes, peer, buf, bytes, peer, tag);
-  c.barrier();
   { cc.split(0, 0) } -> std::same_as<C>;
   { cc.supports(herd::device::cpu()) } -> std::convertible_to<bool>;
-};
-
-// Tags at and above this value belong to herd's collectives; point-to-point calls of the user
-// take tags in [0, reserved_tag_base). MPI guarantees tags up to 32767.
-inline constexpr int reserved_tag_base = 1 << 14;
-
-namespace detail {
-// One tag per kind of internal message, so that no two of them can ever be matched by mistake.
-enum class tag : int {
-  barrier = reserved_tag_base,
-  split,
-  agreement,
-  reduce_scatter,
-  allgather,
-  broadcast,
-  small_allreduce,
-};
-constexpr int tag_value(tag t) noexcept { return static_cast<int>(t); }
-}  // namespace detail
-
-// How long a rank waits for a peer before it warns, and before it gives up with herd::error.
-struct comm_options {
-  double stall_check_seconds = runtime::defaults().stall_check_seconds;
-  double stall_shutdown_seconds = runtime::defaults().stall_shutdown_seconds;
+  { c.operations() } -> std::same_as<detail::operation_state&>;
+  { c.abort(reason) } noexcept;
 };
 
 namespace detail {
-
-// Watches one wait: warns once on stderr after stall_check_seconds, throws after
-// stall_shutdown_seconds (when non-zero), naming the peer this rank is waiting for.
-class stall_watch {
- public:
-  explicit stall_watch(const comm_options& options) noexcept
-      : options_(options), start_(std::chrono::steady_clock::now()) {}
-
-  void check(int rank, int size, int peer, bool receiving, int tag) {
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    // peer -1: waiting for every rank (a barrier); -2: for this rank's GPU stream.
-    const std::string waiting_for =
-        peer == -1   ? std::string("in a barrier for the other ranks")
-        : peer == -2 ? std::string("for its GPU stream (a NCCL operation)")
-                     : std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer) +
-                           (tag >= reserved_tag_base ? std::string(" inside a collective")
-                                                     : " (tag " + std::to_string(tag) + ")");
-    const std::string what =
-        "rank " + std::to_string(rank) + " has waited " + std::to_string(static_cast<int>(waited)) + " s " + waiting_for;
-    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
-      raise({"wait", rank, size}, what + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
-                                      std::to_string(options_.stall_shutdown_seconds) + ")",
-            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
-            "ran out of data early, or is stuck elsewhere");
-    }
-    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
-      warned_ = true;
-      std::fprintf(stderr,
-                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; set HERD_STALL_SHUTDOWN_TIME_SECONDS to turn this into an error.\n",
-                   what.c_str());
-    }
-  }
-
- private:
-  comm_options options_;
-  std::chrono::steady_clock::time_point start_;
-  bool warned_ = false;
-};
 
 inline void check_peer(const char* operation, int rank, int size, int peer) {
   if (peer < 0 || peer >= size) {
@@ -1088,6 +1359,15 @@ inline void check_peer(const char* operation, int rank, int size, int peer) {
           "Use a rank in [0, " + std::to_string(size) + ")");
   }
 }
+
+// Raises if a peer of `comm` aborted its running operation or left (for waits a collective
+// makes itself rather than through comm.wait).
+template <class C>
+  requires requires(C& c) { c.check_peers(); }
+void check_peers_of(C& comm) {
+  if (comm.operations().in_operation()) comm.check_peers();
+}
+template <class C> void check_peers_of(C&) {}
 
 inline void check_buffer(const char* operation, int rank, int size, const void* data, std::size_t bytes) {
   if (data == nullptr && bytes != 0) {
@@ -1105,10 +1385,458 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 //
 //   herd::local::run(4, [](herd::local_communicator& comm) { ... });
 //
-// Waiting ranks block on a condition variable rather than spinning. If fn throws on any rank,
-// every other rank's pending or later wait fails with herd::error, and run() rethrows the first
-// exception once all threads have finished.
+// Waiting ranks block on a condition variable rather than spinning. Operations follow the rules
+// of every herd communicator (comm/detail/operation.hpp): an operation that fails after its
+// agreement aborts the communicator on every rank, and a rank whose function returns while the
+// others wait for it makes them raise. If fn throws on any rank, every other rank's pending or
+// later wait fails with herd::error, and run() rethrows the first exception once all threads have
+// finished.
 
+
+// ---- herd/comm/detail/operation.hpp ----
+// An operation of a communicator, from start to end: it takes the communicator's next sequence
+// number (in the order operations were issued on this rank, which must be the order on every
+// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
+// aborts the communicator: the transport settles every request still in flight and tells the
+// peers before the error reaches the caller.
+
+
+// ---- herd/comm/detail/agreement.hpp ----
+// The cross-rank agreement every operation starts with. Each rank sends a fixed-size signature
+// (which operation, its sequence number, its arguments, the communicator's wire-protocol options,
+// and whether its own arguments were valid), optionally with up to 8 KiB of data, and learns
+// every other rank's. A mismatch of operation, order or protocol options is found here and raised
+// on every rank, each naming the ranks and values concerned, instead of a hang or a corrupt result.
+//
+// The exchange is one Bruck allgather: ceil(log2 p) rounds, over the communicator's one control
+// tag, so that ranks in different operations still meet and see it. Errors raised after it are
+// agreed: every rank raises, no message is left in flight, and the communicator stays usable.
+
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+
+// An error every rank of the operation raises alike, after an agreement: the communicator stays
+// usable. Callers catch it as herd::error.
+class agreed_error : public error {
+ public:
+  using error::error;
+};
+
+[[noreturn]] inline void raise_agreed(const error_site& site, std::string_view what, std::string_view todo) {
+  throw agreed_error(error_message(site, what, todo), site.rank);
+}
+
+// What one rank passed, as the others see it.
+struct signature {
+  std::uint32_t magic = 0x48524434;  // "HRD4": guards against a rank running another herd build
+  op_kind kind = op_kind::barrier;
+  dtype type = dtype::u8;
+  reduce_op op = reduce_op::sum;
+  std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
+  std::int32_t root = 0;
+  std::uint32_t fault_code = 0;
+  std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces, split)
+  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
+  std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
+  std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
+  std::uint8_t unused = 0;
+  std::uint64_t seq = 0;     // the operation's sequence number on its communicator
+  std::uint64_t count = 0;   // the element count every rank must agree on
+  std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts; grouped: of the tensor list
+  std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
+
+  op_label label() const { return {kind, seq, count, type, typed != 0}; }
+};
+
+// Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
+// this large, so a rank that sends less (or none, having taken another path) never overflows them.
+inline constexpr std::size_t payload_max_bytes = 8192;
+
+// Every rank's signature and payload, indexed by rank.
+struct exchanged {
+  std::vector<signature> signatures;
+  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
+  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
+};
+
+// Per-thread memory for the exchange, reused so that an agreement allocates nothing after its first.
+inline std::byte* exchange_buffer(std::size_t bytes, int which) {
+  struct buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
+  thread_local buffer buffers[3];
+  buffer& b = buffers[which];
+  if (b.capacity < bytes) {
+    b.data.reset(new std::byte[bytes]);
+    b.capacity = bytes;
+  }
+  return b.data.get();
+}
+
+// Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
+// rank passes on the first min(d, p - have) blocks it holds, its own first. On the wire a message
+// is the blocks' signatures followed by their payloads, packed; the receiver reads the sizes from
+// the signatures.
+template <class C>
+exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const auto parts = static_cast<std::size_t>(p);
+  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
+  std::byte* slots = exchange_buffer(parts * payload_max_bytes, 1);
+  std::byte* wire = exchange_buffer(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
+  rotated[0] = mine;
+  rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
+  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
+  std::size_t have = 1;
+  for (std::size_t distance = 1; distance < parts; distance *= 2) {
+    const std::size_t count = std::min(distance, parts - have);
+    std::byte* out = wire;
+    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
+    std::memcpy(out, rotated.data(), count * sizeof(signature));
+    std::size_t used = count * sizeof(signature);
+    for (std::size_t j = 0; j < count; ++j) {
+      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+      used += rotated[j].payload_bytes;
+    }
+    const int d = static_cast<int>(distance);
+    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
+                  control_tag);
+    std::memcpy(rotated.data() + have, in, count * sizeof(signature));
+    std::size_t at = count * sizeof(signature);
+    for (std::size_t j = have; j < have + count; ++j) {
+      const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
+      rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
+      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
+      at += bytes;
+    }
+    have += count;
+  }
+  // Undo the rotation: rank (r + j) % p's block is at j.
+  exchanged result;
+  result.signatures.resize(parts);
+  std::byte* by_rank = exchange_buffer(parts * payload_max_bytes, 0);
+  for (std::size_t j = 0; j < parts; ++j) {
+    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
+    result.signatures[owner] = rotated[j];
+    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+  }
+  result.slots = by_rank;
+  return result;
+}
+
+// The other ranks' words for a fault code (collectives/detail/agreement.hpp records them).
+constexpr const char* fault_text(std::uint32_t code) noexcept {
+  switch (code) {
+    case 1: return "a tensor with an invalid dtype";
+    case 2: return "a null data pointer with a non-zero element count";
+    case 3: return "an invalid reduce_op";
+    case 4: return "a reduce_op its dtype does not support";
+    case 5: return "a tensor on a device the communicator cannot reach";
+    case 6: return "input and output tensors of different dtypes";
+    case 7: return "a tensor of the wrong size";
+    case 8: return "overlapping input and output buffers";
+    case 9: return "a root out of range";
+    case 10: return "a tensor its adapter rejected";
+    case 11: return "input and output tensors on different devices";
+    case 12: return "an operation this communicator cannot do in this translation unit";
+    case 13: return "a tensor whose size in bytes overflows";
+    case 14: return "gradients that differ from those of the first step";
+    case 15: return "a negative color";
+    default: return "invalid arguments";
+  }
+}
+
+// "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
+template <class Field>
+std::string per_rank(const std::vector<signature>& all, Field field) {
+  std::string text;
+  for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
+    if (i) text += ", ";
+    text += "rank " + std::to_string(i) + ": " + field(all[i]);
+  }
+  if (all.size() > 16) text += ", ...";
+  return text;
+}
+
+template <class Field> bool differs(const std::vector<signature>& all, Field field) {
+  for (const auto& s : all)
+    if (field(s) != field(all[0])) return true;
+  return false;
+}
+
+// Raises on every rank if the ranks are not in the same operation (kind and sequence number),
+// run different wire protocols, or if any rank reported a fault of its own. `own_fault()` raises
+// this rank's own fault in its own words, before the others' are named.
+inline void no_fault() noexcept {}
+template <class OwnFault = void (*)() noexcept>
+void verify_identity(const error_site& site, const std::vector<signature>& all, OwnFault own_fault = no_fault) {
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].magic != signature{}.magic) {
+      raise_agreed(site, "rank " + std::to_string(i) + " runs a different herd build or is not in a herd operation",
+                   "Build every rank from the same sources and call the same collectives in the same order");
+    }
+  }
+  if (differs(all, [](const signature& s) { return s.kind; }) || differs(all, [](const signature& s) { return s.seq; })) {
+    std::string text;
+    for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
+      text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
+    }
+    if (all.size() > 16) text += ", ...";
+    raise_agreed(site, "the ranks are in different operations: " + text,
+                 "Every rank must call the same collectives on a communicator, in the same order; look for a rank "
+                 "that skipped one or called another");
+  }
+  own_fault();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].faulty) {
+      raise_agreed(site, "rank " + std::to_string(i) + " passed " + fault_text(all[i].fault_code) + " (its own error says more)",
+                   "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
+    }
+  }
+  if (differs(all, [](const signature& s) { return s.check_arguments; })) {
+    raise_agreed(site, "HERD_CHECK_ARGUMENTS differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.check_arguments); }) + ")",
+                 "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
+                 "messages a collective sends");
+  }
+  if (differs(all, [](const signature& s) { return s.segment_bytes; })) {
+    raise_agreed(site, "HERD_RING_SEGMENT_BYTES differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + ")",
+                 "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
+                 "messages must pair up one to one");
+  }
+}
+
+// The communicator small host messages (agreements) travel on: its control() when it has one
+// (nccl_communicator moves device memory only), itself otherwise.
+template <class C> auto& control_of(C& comm) {
+  if constexpr (requires { comm.control(); }) return comm.control();
+  else return comm;
+}
+
+// A signature for the running operation, carrying the communicator's wire-protocol options.
+inline signature signature_of(const operation_state& ops) {
+  signature s;
+  s.kind = ops.current().kind;
+  s.seq = ops.current().seq;
+  s.count = ops.current().count;
+  s.type = ops.current().type;
+  s.typed = ops.current().typed ? 1 : 0;
+  s.check_arguments = ops.options().check_arguments ? 1 : 0;
+  s.segment_bytes = ops.options().ring_segment_bytes;
+  return s;
+}
+
+}  // namespace herd::detail
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace herd::detail {
+
+// Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
+template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
+  operation_state& ops = comm.operations();
+  if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
+  ops.begin(label);
+  try {
+    body();
+  } catch (const agreed_error&) {
+    ops.end();
+    throw;
+  } catch (const error& e) {
+    comm.abort(e.what());
+    ops.end();
+    throw error(std::string(e.what()) +
+                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
+                e.rank());
+  } catch (const std::exception& e) {
+    comm.abort(std::string("rank ") + std::to_string(comm.rank()) + " failed: " + e.what());
+    ops.end();
+    throw;
+  } catch (...) {
+    comm.abort("rank " + std::to_string(comm.rank()) + " failed with an exception that is not a std::exception");
+    ops.end();
+    throw;
+  }
+  ops.end();
+}
+
+// Runs body() as the next operation of comm, after every operation issued before it.
+template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
+  comm.operations().run_blocking([&](std::uint64_t seq) {
+    label.seq = seq;
+    run_now(comm, label, body);
+  });
+}
+
+// Queues body() as the next operation of comm; body must own (copy) what it uses.
+template <class C, class Body>
+std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
+  return comm.operations().submit([&comm, label, body = std::move(body)](std::uint64_t seq) mutable {
+    op_label numbered = label;
+    numbered.seq = seq;
+    run_now(comm, numbered, body);
+  });
+}
+
+// The agreement of an operation without tensor arguments (barrier, split, creation): every
+// rank's signature and payload, after checking that all ranks are in the same operation.
+template <class C> exchanged agree_identity(C& comm, const void* payload = nullptr, std::size_t payload_bytes = 0) {
+  const operation_state& ops = comm.operations();
+  const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
+  if (comm.size() == 1) {
+    exchanged alone;
+    alone.signatures.push_back(signature_of(ops));
+    std::byte* slot = exchange_buffer(payload_max_bytes, 0);
+    if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
+    alone.slots = slot;
+    return alone;
+  }
+  exchanged all = exchange(control_of(comm), signature_of(ops), payload, payload_bytes);
+  verify_identity(site, all.signatures);
+  return all;
+}
+
+// A new communicator's first operation (#0): all ranks check that they run the same wire
+// protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
+// raised on every rank, naming it.
+template <class C> void agree_creation(C& comm, const std::string& problem) {
+  op_label label{op_kind::create, 0};
+  auto body = [&] {
+    const error_site site{"communicator", comm.rank(), comm.size()};
+    const std::string text = problem.substr(0, payload_max_bytes);
+    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), text.data(), text.size());
+    if (!problem.empty()) raise_agreed(site, problem, "Every rank stops so that none waits forever");
+    for (int r = 0; r < static_cast<int>(all.signatures.size()); ++r) {
+      const auto bytes = all.signatures[static_cast<std::size_t>(r)].payload_bytes;
+      if (bytes != 0) {
+        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " +
+                               std::string(reinterpret_cast<const char*>(all.payload(r)), bytes),
+                     "Fix it on that rank; every rank stops so that none waits forever");
+      }
+    }
+    if (!all.signatures.empty()) verify_identity(site, all.signatures);
+  };
+  run_now(comm, label, body);
+}
+
+}  // namespace herd::detail
+
+// ---- herd/comm/detail/watchdog.hpp ----
+// How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
+// core, then sleeping in steps that grow with the time already waited (at most an eighth of it,
+// and never more than a millisecond), so that a rank waiting for a late peer neither burns a core
+// nor adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
+// after stall_check_seconds naming the operation and the peer, herd::error after
+// stall_shutdown_seconds.
+
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace herd::detail {
+
+class waiting {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit waiting(const comm_options& options) : options_(options), start_(clock::now()), last_tick_(start_) {}
+
+  // Gives the core away for a while, the longer the wait has lasted.
+  void pause() {
+    if (++polls_ < 64) return;
+    const auto waited = clock::now() - start_;
+    if (waited < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::clamp<clock::duration>(waited / 8, std::chrono::microseconds(50),
+                                                            std::chrono::milliseconds(1)));
+  }
+
+  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
+  bool tick() {
+    if ((polls_ & 15u) != 0) return false;
+    const auto now = clock::now();
+    if (now - last_tick_ < std::chrono::milliseconds(5)) return false;
+    last_tick_ = now;
+    return true;
+  }
+
+  double seconds() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+  // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
+  // allreduce #17 (4 MiB f32) to receive from rank 1".
+  void watch(const error_site& site, const std::string& what) {
+    const double waited = seconds();
+    char amount[32];
+    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
+    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
+    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
+      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
+            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
+            "ran out of data early, or is stuck elsewhere");
+    }
+    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
+      warned_ = true;
+      std::fprintf(stderr,
+                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
+                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
+                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  bool past_shutdown() const {
+    return options_.stall_shutdown_seconds > 0 && seconds() >= options_.stall_shutdown_seconds;
+  }
+
+ private:
+  static std::string number(double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return text;
+  }
+
+  comm_options options_;
+  clock::time_point start_;
+  clock::time_point last_tick_;
+  unsigned polls_ = 0;
+  bool warned_ = false;
+};
+
+// "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
+// rank 1 (tag 11)".
+inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
+  std::string text;
+  if (ops.in_operation()) text = "in " + ops.current().str() + " ";
+  if (peer < 0) return text + "for the other ranks";
+  text += std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer);
+  if (!ops.in_operation()) text += " (tag " + std::to_string(tag) + ")";
+  return text;
+}
+
+// The error site of the running operation ("allreduce"), or `fallback` outside operations.
+inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
+  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
+}
+
+}  // namespace herd::detail
 
 #include <algorithm>
 #include <atomic>
@@ -1116,9 +1844,11 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1128,7 +1858,7 @@ namespace herd {
 namespace detail::local {
 
 // One isend or irecv.
-struct operation {
+struct message {
   const void* send_data = nullptr;
   void* receive_data = nullptr;
   std::size_t bytes = 0;
@@ -1139,13 +1869,13 @@ struct operation {
   bool done = false;   // guarded by the owner's waiter mutex
   std::string failure;  // written before done
 };
-using operation_ptr = std::shared_ptr<operation>;
+using message_ptr = std::shared_ptr<message>;
 
 // Unmatched messages addressed to one rank, and that rank's unmatched receives.
 struct mailbox {
   std::mutex mutex;
-  std::deque<operation_ptr> sends;
-  std::deque<operation_ptr> receives;
+  std::deque<message_ptr> sends;
+  std::deque<message_ptr> receives;
 };
 
 struct waiter {
@@ -1153,67 +1883,115 @@ struct waiter {
   std::condition_variable wake;
 };
 
+inline constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+
 class world {
  public:
-  explicit world(int size) : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
-                             splits_(static_cast<std::size_t>(size), 0) {}
+  explicit world(int size)
+      : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
+        splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
+        aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
+        departed_at_(static_cast<std::size_t>(size), never) {}
 
   int size() const noexcept { return size_; }
-  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
-  std::string abort_reason() {
+  // --- local::run's failure: every wait of this world and of the worlds split from it fails.
+  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  std::string failure() {
     std::lock_guard lock(registry_mutex_);
-    return abort_reason_;
+    return failure_;
   }
-
-  // Wakes every waiting rank of this world and of the worlds split from it.
-  void abort(const std::string& reason) {
+  void fail(const std::string& reason) {
     std::vector<std::shared_ptr<world>> children;
     {
       // Under the registry lock, so that a world split from this one right now sees the flag.
       std::lock_guard lock(registry_mutex_);
-      if (abort_reason_.empty()) abort_reason_ = reason;
-      aborted_.store(true, std::memory_order_release);
+      if (failure_.empty()) failure_ = reason;
+      failed_.store(true, std::memory_order_release);
       for (auto& weak : children_)
         if (auto child = weak.lock()) children.push_back(std::move(child));
     }
-    for (auto& w : waiters_) {
-      { std::lock_guard lock(w.mutex); }
-      w.wake.notify_all();
-    }
-    for (auto& child : children) child->abort(reason);
+    wake_all();
+    for (auto& child : children) child->fail(reason);
   }
 
-  // Posts an operation, completing it (and its partner) at once if its partner is already waiting.
-  void post(const operation_ptr& op) {
-    mailbox& box = boxes_[static_cast<std::size_t>(op->receiving ? op->owner : op->peer)];
-    operation_ptr partner;
+  // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
+  void abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      auto& at = aborted_at_[static_cast<std::size_t>(rank)];
+      if (at == never) {
+        at = seq;
+        abort_reasons_[static_cast<std::size_t>(rank)] = reason;
+      }
+      events_.store(true, std::memory_order_release);
+    }
+    wake_all();
+  }
+  void depart(int rank, std::uint64_t issued) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      departed_at_[static_cast<std::size_t>(rank)] = issued;
+      events_.store(true, std::memory_order_release);
+    }
+    wake_all();
+  }
+
+  // Why rank `me`, in its operation `label`, waits in vain: a peer aborted that operation (or an
+  // earlier one), or left before issuing it. Empty when there is hope.
+  std::string hopeless(int me, const op_label& label) {
+    if (!events_.load(std::memory_order_acquire)) return {};
+    std::lock_guard lock(registry_mutex_);
+    // A departure is named before an abort, which may only be another rank's report of it.
+    for (int q = 0; q < size_; ++q) {
+      const auto at = static_cast<std::size_t>(q);
+      if (q != me && departed_at_[at] <= label.seq) {
+        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
+               std::to_string(departed_at_[at]) + " operations) while rank " + std::to_string(me) + " waits in " +
+               label.str();
+      }
+    }
+    for (int q = 0; q < size_; ++q) {
+      const auto at = static_cast<std::size_t>(q);
+      if (q != me && aborted_at_[at] <= label.seq) {
+        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(aborted_at_[at]) + " (" +
+               abort_reasons_[at] + ") while rank " + std::to_string(me) + " waits in " + label.str();
+      }
+    }
+    return {};
+  }
+
+  // Posts a message, completing it (and its partner) at once if its partner is already waiting.
+  void post(const message_ptr& m) {
+    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+    message_ptr partner;
     {
       std::lock_guard lock(box.mutex);
-      auto& partners = op->receiving ? box.sends : box.receives;
-      auto& mine = op->receiving ? box.receives : box.sends;
+      auto& partners = m->receiving ? box.sends : box.receives;
+      auto& mine = m->receiving ? box.receives : box.sends;
       // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
-      auto match = std::find_if(partners.begin(), partners.end(), [&](const operation_ptr& other) {
-        return other->tag == op->tag && (op->receiving ? other->owner == op->peer : other->peer == op->owner);
+      auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
+        return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
       });
       if (match == partners.end()) {
-        mine.push_back(op);
+        mine.push_back(m);
         return;
       }
       partner = *match;
       partners.erase(match);
-      transfer(op->receiving ? *partner : *op, op->receiving ? *op : *partner);
+      transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
     }
     complete(*partner);
-    complete(*op);
+    complete(*m);
   }
 
-  // Takes back an operation nobody matched yet; true if it was still unmatched.
-  bool withdraw(const operation_ptr& op) {
-    mailbox& box = boxes_[static_cast<std::size_t>(op->receiving ? op->owner : op->peer)];
+  // Takes back a message nobody matched yet, so that nothing is read from or written into its
+  // memory later; true if it was still unmatched.
+  bool withdraw(const message_ptr& m) {
+    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
     std::lock_guard lock(box.mutex);
-    auto& mine = op->receiving ? box.receives : box.sends;
-    auto it = std::find(mine.begin(), mine.end(), op);
+    auto& mine = m->receiving ? box.receives : box.sends;
+    auto it = std::find(mine.begin(), mine.end(), m);
     if (it == mine.end()) return false;
     mine.erase(it);
     return true;
@@ -1225,21 +2003,39 @@ class world {
   // calls it once; the first creates it.
   std::shared_ptr<world> split_world(int rank, int color, int members) {
     std::lock_guard lock(registry_mutex_);
-    const auto key = std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color);
-    auto& entry = pending_splits_[key];
+    return shared_world(pending_splits_, std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color), members);
+  }
+
+  // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
+  std::shared_ptr<world> renewed_world(int rank) {
+    std::lock_guard lock(registry_mutex_);
+    return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
+  }
+
+ private:
+  using pending = std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>>;
+
+  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members) {
+    auto& entry = table[key];
     if (!entry.first) {
       entry.first = std::make_shared<world>(members);
       entry.second = members;
       children_.push_back(entry.first);
-      if (aborted()) entry.first->abort(abort_reason_);
+      if (failed()) entry.first->fail(failure_);
     }
     auto result = entry.first;
-    if (--entry.second == 0) pending_splits_.erase(key);
+    if (--entry.second == 0) table.erase(key);
     return result;
   }
 
- private:
-  static void transfer(operation& send, operation& receive) {
+  void wake_all() {
+    for (auto& w : waiters_) {
+      { std::lock_guard lock(w.mutex); }
+      w.wake.notify_all();
+    }
+  }
+
+  static void transfer(message& send, message& receive) {
     if (send.bytes > receive.bytes) {
       const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
                                std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
@@ -1251,11 +2047,11 @@ class world {
     if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
   }
 
-  void complete(operation& op) {
-    waiter& w = waiter_of(op.owner);
+  void complete(message& m) {
+    waiter& w = waiter_of(m.owner);
     {
       std::lock_guard lock(w.mutex);
-      op.done = true;
+      m.done = true;
     }
     w.wake.notify_all();
   }
@@ -1263,11 +2059,16 @@ class world {
   int size_;
   std::deque<mailbox> boxes_;  // deque: mutexes neither copy nor move
   std::deque<waiter> waiters_;
-  std::atomic<bool> aborted_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> events_{false};  // some rank aborted or departed
   std::mutex registry_mutex_;
-  std::string abort_reason_;
+  std::string failure_;
   std::vector<int> splits_;
-  std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>> pending_splits_;
+  std::vector<int> renewals_;
+  std::vector<std::uint64_t> aborted_at_;
+  std::vector<std::string> abort_reasons_;
+  std::vector<std::uint64_t> departed_at_;
+  pending pending_splits_;
   std::vector<std::weak_ptr<world>> children_;
 };
 
@@ -1275,6 +2076,8 @@ class world {
 
 class local_communicator {
  public:
+  // A pending isend or irecv. Destroying one that is still pending withdraws it, so that nothing
+  // is read from or written into its memory afterwards.
   class request {
    public:
     request() = default;
@@ -1283,53 +2086,70 @@ class local_communicator {
       if (this != &other) {
         release();
         world_ = std::move(other.world_);
-        op_ = std::move(other.op_);
+        message_ = std::move(other.message_);
       }
       return *this;
     }
     ~request() { release(); }
 
-    bool pending() const noexcept { return op_ != nullptr; }
+    bool pending() const noexcept { return message_ != nullptr; }
 
    private:
     friend class local_communicator;
-    // A receive abandoned before it matched must never be written into later.
     void release() noexcept {
-      if (op_) world_->withdraw(op_);
-      op_.reset();
+      if (message_) world_->withdraw(message_);
+      message_.reset();
     }
     std::shared_ptr<detail::local::world> world_;
-    detail::local::operation_ptr op_;
+    detail::local::message_ptr message_;
   };
 
+  // Rank `rank` of the world `w`; local::run makes these. Creating one is an operation: all ranks
+  // of `w` create theirs together.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, comm_options options = {})
-      : world_(std::move(w)), rank_(rank), options_(options) {}
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+    detail::agree_creation(*this, runtime::defaults().problem);
+  }
+
+  local_communicator(local_communicator&& other) noexcept { take(other); }
+  local_communicator& operator=(local_communicator&& other) noexcept {
+    if (this != &other) {
+      leave();
+      take(other);
+    }
+    return *this;
+  }
+  local_communicator(const local_communicator&) = delete;
+  local_communicator& operator=(const local_communicator&) = delete;
+  // Waits for this rank's queued operations, then tells the other ranks it has left.
+  ~local_communicator() { leave(); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }
-  const comm_options& options() const noexcept { return options_; }
+  const comm_options& options() const noexcept { return ops_->options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
+  detail::operation_state& operations() noexcept { return *ops_; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("isend", rank_, size(), data, bytes);
-    auto op = make_operation(bytes, peer, tag, false);
-    op->send_data = data;
-    return start(std::move(op));
+    auto m = make_message(bytes, peer, tag, false);
+    m->send_data = data;
+    return start(std::move(m));
   }
 
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("irecv", rank_, size(), data, bytes);
-    auto op = make_operation(bytes, peer, tag, true);
-    op->receive_data = data;
-    return start(std::move(op));
+    auto m = make_message(bytes, peer, tag, true);
+    m->receive_data = data;
+    return start(std::move(m));
   }
 
   bool test(request& r) {
     if (!r.pending()) return true;
     {
       std::lock_guard lock(world_->waiter_of(rank_).mutex);
-      if (!r.op_->done) {
-        if (world_->aborted()) fail_aborted();
+      if (!r.message_->done) {
+        if (world_->failed()) fail_with_world();
         return false;
       }
     }
@@ -1341,21 +2161,30 @@ class local_communicator {
     if (!r.pending()) return;
     {
       detail::local::waiter& w = world_->waiter_of(rank_);
-      detail::stall_watch watch(options_);
+      detail::waiting watch(options());
       std::unique_lock lock(w.mutex);
-      while (!r.op_->done) {
-        if (world_->aborted()) {
+      while (!r.message_->done) {
+        if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
           lock.unlock();
-          fail_aborted();
+          check_peers();
         }
         if (w.wake.wait_for(lock, std::chrono::milliseconds(250)) == std::cv_status::timeout) {
           lock.unlock();
-          watch.check(rank_, size(), r.op_->peer, r.op_->receiving, r.op_->tag);
+          watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
           lock.lock();
         }
       }
     }
     finish(r);
+  }
+
+  // Raises if a peer aborted the running operation (or an earlier one), or left before it.
+  void check_peers() {
+    if (world_->failed()) fail_with_world();
+    if (!ops_->in_operation()) return;
+    if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
+      detail::raise(site(), why, "");
+    }
   }
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
@@ -1366,80 +2195,113 @@ class local_communicator {
     wait(sr);
   }
 
-  // Dissemination barrier: ceil(log2 size) rounds of empty messages.
-  void barrier() {
-    const int n = size();
-    for (int distance = 1; distance < n; distance *= 2) {
-      sendrecv(nullptr, 0, (rank_ + distance) % n, nullptr, 0, (rank_ - distance + n) % n,
-               detail::tag_value(detail::tag::barrier));
-    }
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
+  // operation of this communicator: every rank calls it.
+  local_communicator split(int color, int key) const {
+    auto& self = const_cast<local_communicator&>(*this);
+    std::shared_ptr<detail::local::world> part;
+    int new_rank = 0;
+    detail::run_operation(self, {detail::op_kind::split}, [&] {
+      const int mine[2] = {color, key};
+      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
+      const int n = size();
+      auto pair_of = [&](int r) {
+        int pair[2];
+        std::memcpy(pair, all.payload(r), sizeof pair);
+        return std::make_pair(pair[0], pair[1]);
+      };
+      for (int r = 0; r < n; ++r) {
+        if (pair_of(r).first < 0) {
+          detail::raise_agreed({"split", rank_, n}, "rank " + std::to_string(r) + " passed the negative color " +
+                                                        std::to_string(pair_of(r).first),
+                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+        }
+      }
+      std::vector<int> members;
+      for (int r = 0; r < n; ++r)
+        if (pair_of(r).first == color) members.push_back(r);
+      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return pair_of(a).second < pair_of(b).second; });
+      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      part = world_->split_world(rank_, color, static_cast<int>(members.size()));
+    });
+    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
   }
 
-  local_communicator split(int color, int key) const {
-    if (color < 0) {
-      detail::raise({"split", rank_, size()}, "color " + std::to_string(color) + " is negative",
-                    "Pass a color >= 0; ranks with equal colors end up in the same communicator");
+  // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
+  // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  local_communicator renew() const { return renew(options()); }
+  local_communicator renew(const comm_options& options) const {
+    return local_communicator(world_->renewed_world(rank_), rank_, options);
+  }
+
+  // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
+  // request of the operation still pending is withdrawn when its owner destroys it.
+  void abort(std::string_view reason) noexcept {
+    try {
+      ops_->mark_aborted(std::string(reason));
+      world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
+    } catch (...) {
+      world_->fail("rank " + std::to_string(rank_) + " could not record an abort");
     }
-    // Every rank learns every (color, key), then the members of each color agree on one world.
-    auto& self = const_cast<local_communicator&>(*this);
-    const int n = size();
-    std::vector<int> pairs(2 * static_cast<std::size_t>(n));
-    const int mine[2] = {color, key};
-    std::vector<request> pending;
-    for (int peer = 0; peer < n; ++peer) {
-      pending.push_back(self.irecv(&pairs[2 * static_cast<std::size_t>(peer)], sizeof mine, peer,
-                                   detail::tag_value(detail::tag::split)));
-      pending.push_back(self.isend(mine, sizeof mine, peer, detail::tag_value(detail::tag::split)));
-    }
-    for (auto& r : pending) self.wait(r);
-    std::vector<int> members;
-    for (int peer = 0; peer < n; ++peer)
-      if (pairs[2 * static_cast<std::size_t>(peer)] == color) members.push_back(peer);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return pairs[2 * static_cast<std::size_t>(a) + 1] < pairs[2 * static_cast<std::size_t>(b) + 1];
-    });
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-    return local_communicator(world_->split_world(rank_, color, static_cast<int>(members.size())), new_rank,
-                              options_);
   }
 
  private:
-  detail::local::operation_ptr make_operation(std::size_t bytes, int peer, int tag, bool receiving) const {
-    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
-    if (world_->aborted()) fail_aborted();
-    auto op = std::make_shared<detail::local::operation>();
-    op->bytes = bytes;
-    op->owner = rank_;
-    op->peer = peer;
-    op->tag = tag;
-    op->receiving = receiving;
-    return op;
+  struct adopt_tag {};
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+
+  void take(local_communicator& other) noexcept {
+    if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
+    world_ = std::move(other.world_);
+    rank_ = other.rank_;
+    ops_ = std::move(other.ops_);
   }
 
-  request start(detail::local::operation_ptr op) {
-    world_->post(op);
+  void leave() noexcept {
+    if (!ops_) return;
+    ops_->drain();
+    world_->depart(rank_, ops_->issued());
+    ops_.reset();
+  }
+
+  detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
+
+  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
+    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+    if (world_->failed()) fail_with_world();
+    if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
+    auto m = std::make_shared<detail::local::message>();
+    m->bytes = bytes;
+    m->owner = rank_;
+    m->peer = peer;
+    m->tag = tag;
+    m->receiving = receiving;
+    return m;
+  }
+
+  request start(detail::local::message_ptr m) {
+    world_->post(m);
     request r;
     r.world_ = world_;
-    r.op_ = std::move(op);
+    r.message_ = std::move(m);
     return r;
   }
 
   void finish(request& r) {
-    auto op = std::move(r.op_);
-    if (!op->failure.empty()) {
-      detail::raise({op->receiving ? "irecv" : "isend", rank_, size()}, op->failure,
+    auto m = std::move(r.message_);
+    if (!m->failure.empty()) {
+      detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
                     "Post receive buffers at least as large as the messages sent to them");
     }
   }
 
-  [[noreturn]] void fail_aborted() const {
-    detail::raise({"local_communicator", rank_, size()}, "stopped because " + world_->abort_reason(),
-                  "See the first exception, which local::run rethrows");
+  [[noreturn]] void fail_with_world() const {
+    detail::raise(site(), "stopped because " + world_->failure(), "See the first exception, which local::run rethrows");
   }
 
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
-  comm_options options_;
+  std::unique_ptr<detail::operation_state> ops_;
 };
 
 namespace local {
@@ -1455,9 +2317,12 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(n));
   std::atomic<int> first_failure{-1};
   auto body = [&](int rank) {
+    // Destroyed after the failure is recorded, so that the others learn of the failure rather
+    // than of a departure.
+    std::optional<local_communicator> comm;
     try {
-      local_communicator comm(w, rank, options);
-      fn(comm);
+      comm.emplace(w, rank, options);
+      fn(*comm);
     } catch (...) {
       failures[static_cast<std::size_t>(rank)] = std::current_exception();
       int none = -1;
@@ -1470,7 +2335,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
           what += e.what();
         } catch (...) {
         }
-        w->abort(what);
+        w->fail(what);
       }
     }
   };
@@ -1479,7 +2344,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
   try {
     for (int rank = 1; rank < n; ++rank) threads.emplace_back(body, rank);
   } catch (...) {
-    w->abort("local::run could not start a thread");
+    w->fail("local::run could not start a thread");
     for (auto& t : threads) t.join();
     throw;
   }
@@ -1499,15 +2364,123 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 //   herd::nccl_communicator gpus(world, herd::mpi::local_rank());   // the GPU of this process
 //   herd::allreduce(grad, gpus, herd::reduce_op::avg);              // grad: a CUDA tensor on that GPU
 //
-// herd's collectives on it check their arguments across ranks over the MPI communicator, then
-// call NCCL on the communicator's stream and wait for the result. While waiting they poll NCCL's
-// asynchronous errors; an error, or no progress for the stall shutdown time
-// (HERD_STALL_SHUTDOWN_TIME_SECONDS, or 30 minutes when that is 0, DDP's default), aborts the
-// NCCL communicator and raises herd::error, on every rank, instead of hanging.
+// herd's collectives on it are operations of its MPI communicator (control()): they agree on their
+// arguments across ranks over MPI, then call NCCL on the communicator's stream and wait for the
+// result. While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
+// peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
+// minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
+// and raises herd::error, on every rank, instead of hanging. The _async collectives are
+// stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
+// makes the caller's current stream wait for them, synchronize() waits on the host.
 //
 // Available under nvcc, and in host-compiled files of programs that link herd::nccl (which
 // defines HERD_WITH_NCCL): NCCL and the CUDA runtime are plain C APIs.
 
+
+// ---- herd/comm/handle.hpp ----
+// herd::handle: an operation started by an _async collective.
+//
+//   herd::handle h = herd::allreduce_async(grad, comm, herd::reduce_op::avg);
+//   ... compute ...
+//   h.wait();   // the result is in grad; rethrows the operation's error
+//
+// Operations of one communicator run one at a time, in the order they were started, which must be
+// the same on every rank. On host memory they make progress on the communicator's progress
+// thread (comm_options::progress_thread, HERD_PROGRESS_THREAD), or, without one, inside wait()
+// and test(). The tensors must stay alive and untouched until the operation completes. A handle
+// destroyed before then waits for it, so memory in flight is never freed under MPI.
+//
+// On an nccl_communicator an operation is stream-ordered: it is enqueued after the work already on
+// the caller's stream, and wait() makes that stream wait for it (no host synchronization);
+// synchronize() waits on the host.
+
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <utility>
+
+namespace herd {
+
+namespace detail {
+// An operation whose completion a device (a CUDA stream) reports.
+class device_completion {
+ public:
+  virtual ~device_completion() = default;
+  virtual bool test() = 0;         // finished on the device
+  virtual void wait() = 0;         // the caller's stream waits for it
+  virtual void synchronize() = 0;  // the host waits for it
+};
+}  // namespace detail
+
+class handle {
+ public:
+  handle() = default;
+  handle(detail::operation_state* owner, std::shared_ptr<detail::queued_operation> op)
+      : owner_(owner), op_(std::move(op)) {}
+  explicit handle(std::shared_ptr<detail::device_completion> device) : device_(std::move(device)) {}
+
+  handle(handle&& other) noexcept = default;
+  handle& operator=(handle&& other) noexcept {
+    if (this != &other) {
+      settle();
+      owner_ = other.owner_;
+      op_ = std::move(other.op_);
+      device_ = std::move(other.device_);
+      waited_ = other.waited_;
+    }
+    return *this;
+  }
+  handle(const handle&) = delete;
+  handle& operator=(const handle&) = delete;
+  ~handle() { settle(); }
+
+  // Whether this handle refers to an operation.
+  bool valid() const noexcept { return op_ != nullptr || device_ != nullptr; }
+
+  // Waits for the operation and rethrows its error (every time it is called).
+  void wait() {
+    waited_ = true;
+    if (op_) owner_->wait(*op_);
+    if (device_) device_->wait();
+  }
+
+  // The host waits for the operation (for host operations the same as wait()).
+  void synchronize() {
+    waited_ = true;
+    if (op_) owner_->wait(*op_);
+    if (device_) device_->synchronize();
+  }
+
+  // Whether the operation has completed (then wait() returns at once). Without a progress thread
+  // it first runs the queued operations up to this one, which waits for the other ranks.
+  bool test() {
+    if (op_) return owner_->test(*op_);
+    if (device_) return device_->test();
+    return true;
+  }
+
+ private:
+  void settle() noexcept {
+    if (waited_ || !valid()) return;
+    try {
+      synchronize();
+    } catch (const std::exception& e) {
+      // Nobody is left to catch it; a failure after the agreement also aborted the communicator,
+      // whose next operation reports it again.
+      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
+    }
+  }
+
+  detail::operation_state* owner_ = nullptr;
+  std::shared_ptr<detail::queued_operation> op_;
+  std::shared_ptr<detail::device_completion> device_;
+  bool waited_ = false;
+};
+
+}  // namespace herd
 
 // ---- herd/cuda/error.hpp ----
 // Every CUDA runtime call herd makes goes through HERD_CUDA_CHECK, which turns a failure into
@@ -1671,6 +2644,19 @@ inline int multiprocessors(int device) {
 
 // ---- herd/comm/mpi.hpp ----
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
+//
+// Besides moving bytes, an mpi_communicator keeps the rules every herd communicator follows
+// (comm/detail/operation.hpp). Ranks tell each other about aborts and departures with small
+// notices on a tag of their own, which every rank waiting inside an operation polls:
+// - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
+//   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
+//   own receives, drains the messages its peers sent it in that operation (so that their sends
+//   complete), waits until its own sends are complete, says "done", and waits (a bounded time) for
+//   every peer's "done". Only then does the error reach the caller: MPI never reads or writes a
+//   buffer that the caller may free after catching it. (MPI cannot cancel a send once posted, so
+//   this is the only safe way: the receiver must take it.)
+// - closed: the sender destroyed its communicator (returned from main, say) after issuing n
+//   operations. A rank waiting in operation n or later raises at once.
 
 
 #include <mpi.h>
@@ -1678,13 +2664,52 @@ inline int multiprocessors(int device) {
 #include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
 #endif
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace herd {
+namespace detail {
+class mpi_state;
+
+// The communicators of this process. A destroyed communicator stays "retired" until every peer's
+// departure notice has arrived (after which nothing more can), taking in and throwing away what
+// still comes, so that no message is left unmatched; MPI_Finalize (through an attribute on
+// MPI_COMM_SELF, whose delete callback MPI runs first thing) tells the peers of communicators
+// still alive that this rank leaves, and waits a bounded time for the retired ones.
+struct mpi_registry {
+  std::recursive_mutex mutex;  // a state destroyed under it takes itself off the lists
+  std::vector<mpi_state*> live;
+  std::vector<std::unique_ptr<mpi_state>> retired;
+  // Aborted communicators some of whose peers had not settled their messages when this rank went
+  // on: every wait of this process keeps draining them, so that those peers' sends complete.
+  std::vector<mpi_state*> unsettled;
+  std::atomic<bool> any_unsettled{false};
+  bool hooked = false;
+};
+inline mpi_registry& registry() {
+  static mpi_registry r;
+  return r;
+}
+
+// Messages above this many bytes are sent as one message of a derived datatype, whose count fits
+// an int: MPI before version 4 counts in int. (Tests lower it to exercise that path.)
+inline std::size_t& mpi_message_limit() {
+  static std::size_t limit = static_cast<std::size_t>(INT_MAX);
+  return limit;
+}
+}  // namespace detail
+
 namespace mpi {
 
 inline bool is_initialized() {
@@ -1706,10 +2731,9 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
+  // MPI_Finalize first tells the peers of every communicator still alive that this rank leaves.
   ~environment() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (owns_ && is_initialized()) MPI_Finalize();
   }
 
   // The thread support MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
@@ -1781,10 +2805,327 @@ inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank
 
 }  // namespace mpi
 
+namespace detail {
+
+// A committed datatype of `bytes` bytes made of pieces of `limit` bytes and a remainder, for a
+// message whose byte count does not fit an int (MPI before version 4 counts in int).
+inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type) {
+  MPI_Datatype block = MPI_DATATYPE_NULL;
+  int code = MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
+  if (code != MPI_SUCCESS) return code;
+  int lengths[2] = {static_cast<int>(bytes / limit), static_cast<int>(bytes % limit)};
+  MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(bytes / limit * limit)};
+  MPI_Datatype types[2] = {block, MPI_BYTE};
+  code = MPI_Type_create_struct(lengths[1] != 0 ? 2 : 1, lengths, offsets, types, type);
+  MPI_Type_free(&block);  // the struct keeps what it needs
+  return code == MPI_SUCCESS ? MPI_Type_commit(type) : code;
+}
+
+// A notice between the ranks of one communicator. Small enough to travel eagerly.
+struct mpi_notice {
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3 };
+  std::uint32_t magic = 0x4e544345;  // "NTCE"
+  std::uint8_t type = 0;
+  std::uint8_t unused[3] = {};
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued
+  char reason[1008] = {};
+};
+
+// What this rank has heard from a peer.
+struct mpi_peer {
+  std::uint64_t aborted_at = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
+  bool done = false;  // settled everything it had in flight after an abort
+  std::string reason;
+};
+
+// A request of an operation dropped while still pending (the operation is failing): the abort
+// settles it.
+struct mpi_orphan {
+  MPI_Request handle = MPI_REQUEST_NULL;
+  bool receiving = false;
+};
+
+// Everything an mpi_communicator owns, at an address that moves of the communicator keep.
+class mpi_state {
+ public:
+  explicit mpi_state(const comm_options& options) : ops(options) {}
+  mpi_state(const mpi_state&) = delete;
+  mpi_state& operator=(const mpi_state&) = delete;
+
+  ~mpi_state() {
+    {
+      auto& r = registry();
+      std::lock_guard lock(r.mutex);
+      r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
+      r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
+      r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
+    }
+    release();
+  }
+
+  // Gives back what MPI holds for this communicator.
+  void release() noexcept {
+    if (!mpi::is_initialized()) return;
+    if (incoming_request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&incoming_request);
+      MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
+    }
+    // Notices are small and sent eagerly, so they complete at once; one that does not within a
+    // second keeps its buffer (leaked on purpose) rather than free memory MPI may still read.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (reap_outgoing() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    for (auto& [buffer, request] : outgoing) {
+      MPI_Request_free(&request);
+      (void)buffer.release();
+    }
+    outgoing.clear();
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    comm = MPI_COMM_NULL;
+  }
+
+  void listen() {
+    peers.assign(static_cast<std::size_t>(size), mpi_peer{});
+    MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+  }
+
+  // Whether every peer has settled the messages of an abort (or left).
+  bool all_settled() const {
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && !peer.done && peer.departed_at == mpi_peer{}.departed_at) return false;
+    }
+    return true;
+  }
+
+  // Whether every peer has said it left: then no message can come any more.
+  bool all_departed() const {
+    for (int q = 0; q < size; ++q)
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == mpi_peer{}.departed_at) return false;
+    return true;
+  }
+
+  // Takes in the notices that arrived.
+  void poll_notices() {
+    std::unique_lock lock(notice_mutex, std::try_to_lock);
+    if (!lock || incoming_request == MPI_REQUEST_NULL) return;
+    for (;;) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+      const int from = status.MPI_SOURCE;
+      if (incoming.magic == mpi_notice{}.magic && from >= 0 && from < size) {
+        mpi_peer& peer = peers[static_cast<std::size_t>(from)];
+        incoming.reason[sizeof incoming.reason - 1] = '\0';
+        if (incoming.type == mpi_notice::abort && incoming.seq < peer.aborted_at) {
+          peer.aborted_at = incoming.seq;
+          peer.reason = incoming.reason;
+        } else if (incoming.type == mpi_notice::done) {
+          peer.done = true;
+        } else if (incoming.type == mpi_notice::closed) {
+          peer.departed_at = incoming.seq;
+        }
+      }
+      MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+    }
+  }
+
+  // Why this rank, in operation `label`, waits in vain (empty when there is hope).
+  // A departure is named before an abort, which may only be another rank's report of it.
+  std::string hopeless(const op_label& label) const {
+    for (int q = 0; q < size; ++q) {
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
+        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
+               std::to_string(peers[static_cast<std::size_t>(q)].departed_at) + " operations) while rank " +
+               std::to_string(rank) + " waits in " + label.str();
+      }
+    }
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && peer.aborted_at <= label.seq) {
+        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(peer.aborted_at) + " (" +
+               peer.reason + ") while rank " + std::to_string(rank) + " waits in " + label.str();
+      }
+    }
+    return {};
+  }
+
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) {
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      auto notice = std::make_unique<mpi_notice>();
+      notice->type = type;
+      notice->seq = seq;
+      const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
+      std::memcpy(notice->reason, reason.data(), n);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(notice.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request) == MPI_SUCCESS) {
+        outgoing.emplace_back(std::move(notice), request);
+      }
+    }
+  }
+
+  // Forgets the notices that were delivered; true while some are still in flight.
+  bool reap_outgoing() {
+    while (!outgoing.empty()) {
+      int done = 0;
+      MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
+      if (!done) return true;
+      outgoing.pop_front();
+    }
+    return false;
+  }
+
+  // Takes, and throws away, every message peers sent for operation `seq` or to the control tag,
+  // which completes their sends. (herd's messages are at most a ring segment or an agreement, so
+  // the buffer stays small; a receive into a smaller one would be an error MPI may treat as fatal.)
+  void drain(std::uint64_t seq) {
+    drain_tag(control_tag);
+    drain_tag(data_tag(seq));
+  }
+  void drain_tag(int tag) {
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
+      MPI_Count bytes = 0;
+      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
+      if (bytes <= INT_MAX) {
+        MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Datatype whole = MPI_DATATYPE_NULL;
+        make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
+        MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
+        MPI_Type_free(&whole);
+      }
+    }
+  }
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  bool cuda_aware = false;
+  bool departed = false;
+  std::uint64_t aborted_seq = 0;  // the operation an abort settles
+  operation_state ops;
+  std::vector<mpi_orphan> orphans;
+  std::vector<mpi_peer> peers;
+  mpi_notice incoming;
+  MPI_Request incoming_request = MPI_REQUEST_NULL;
+  std::deque<std::pair<std::unique_ptr<mpi_notice>, MPI_Request>> outgoing;
+  std::vector<char> sink;  // where drained messages land
+  std::mutex notice_mutex;
+};
+
+// Tells every peer that this rank leaves the communicator after the operations it issued.
+inline void depart(mpi_state& s) noexcept {
+  if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
+  s.departed = true;
+  try {
+    s.notify_all(mpi_notice::closed, s.ops.issued());
+  } catch (...) {
+  }
+}
+
+// Drains the aborted communicators whose peers have not all settled yet (see mpi_registry).
+inline void tend_unsettled() {
+  auto& r = registry();
+  if (!r.any_unsettled.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain(s.aborted_seq);
+    s.reap_outgoing();
+    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
+  }
+  r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
+}
+
+inline void add_unsettled(mpi_state* s) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.unsettled.push_back(s);
+  r.any_unsettled.store(true, std::memory_order_release);
+}
+
+// Frees the retired communicators that every peer has left; `all` frees the others too.
+inline void tend_retired(mpi_registry& r, bool all) {
+  for (auto it = r.retired.begin(); it != r.retired.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_tag(MPI_ANY_TAG);
+    s.reap_outgoing();
+    if (all || s.all_departed()) {
+      it = r.retired.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+inline int at_finalize(MPI_Comm, int, void*, void*) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (mpi_state* s : r.live) depart(*s);
+  // The peers' departures arrive as they destroy their communicators, normally within moments;
+  // a peer that is stuck is given up on after ten seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    tend_retired(r, false);
+    bool waiting = !r.retired.empty();
+    for (mpi_state* s : r.live) {
+      s->poll_notices();
+      s->drain_tag(MPI_ANY_TAG);
+      waiting = waiting || !s->all_departed();
+    }
+    if (!waiting || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  tend_retired(r, true);
+  for (mpi_state* s : r.live) s->release();
+  return MPI_SUCCESS;
+}
+
+inline void register_state(mpi_state* s) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (!r.hooked) {
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    r.hooked = true;
+  }
+  r.live.push_back(s);
+  tend_retired(r, false);
+}
+
+// A communicator's state after its owner is gone: it tells the peers and stays retired until
+// they have all left too.
+inline void retire(std::unique_ptr<mpi_state> s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
+  if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
+  depart(*s);
+  try {
+    r.retired.push_back(std::move(s));
+  } catch (...) {
+    return;  // s is freed now, without waiting for the peers
+  }
+  tend_retired(r, false);
+}
+
+}  // namespace detail
+
 class mpi_communicator {
  public:
-  // A pending isend or irecv. Destroying one that is still pending cancels a receive (so MPI never
-  // writes into memory the caller may free) and lets a send finish on its own.
+  // A pending isend or irecv. Destroying one that is still pending cancels a receive and waits
+  // for a send to complete, so that MPI never touches memory the caller may free next. (Inside a
+  // failing operation the abort settles it instead.)
   class request {
    public:
     request() = default;
@@ -1793,10 +3134,10 @@ class mpi_communicator {
       if (this != &other) {
         release();
         handle_ = std::exchange(other.handle_, MPI_REQUEST_NULL);
+        owner_ = other.owner_;
         peer_ = other.peer_;
         tag_ = other.tag_;
         receiving_ = other.receiving_;
-        collective_ = other.collective_;
       }
       return *this;
     }
@@ -1808,88 +3149,93 @@ class mpi_communicator {
     friend class mpi_communicator;
     void release() noexcept {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
-      if (collective_) {
-        // MPI forbids freeing or cancelling a nonblocking collective: leave it to MPI_Finalize.
-      } else if (receiving_) {
-        MPI_Cancel(&handle_);
-        MPI_Wait(&handle_, MPI_STATUS_IGNORE);
-      } else {
-        MPI_Request_free(&handle_);
+      if (owner_ != nullptr && tag_ >= reserved_tag_base && owner_->ops.in_operation()) {
+        try {
+          owner_->orphans.push_back({handle_, receiving_});
+          handle_ = MPI_REQUEST_NULL;
+          return;
+        } catch (...) {
+        }
       }
-      handle_ = MPI_REQUEST_NULL;
+      if (receiving_) MPI_Cancel(&handle_);
+      settle(handle_);
     }
 
     MPI_Request handle_ = MPI_REQUEST_NULL;
+    detail::mpi_state* owner_ = nullptr;
     int peer_ = -1;
     int tag_ = 0;
     bool receiving_ = false;
-    bool collective_ = false;
   };
 
-  // Duplicates `comm`, so herd's messages never mix with the caller's own on it.
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) : options_(options) {
+  // Duplicates `comm`, so herd's messages never mix with the caller's own on it. Every rank of
+  // `comm` creates its communicator together; the creation checks that all run the same wire
+  // protocol (comm_options) and raises on every rank if any has a malformed HERD_* variable.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) {
     if (!mpi::is_initialized()) {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
     }
-    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-    adopt();
+    make_state(options);
+    int parent_rank = 0;
+    int parent_size = 1;
+    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_Request pending = MPI_REQUEST_NULL;
+    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
+    {
+      // Watched like every wait: a rank that never comes to the creation is reported, not waited
+      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+      detail::waiting watch(options);
+      int done = 0;
+      for (;;) {
+        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) break;
+        if (watch.tick()) {
+          detail::tend_unsettled();
+          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
+        }
+        watch.pause();
+      }
+    }
+    adopt(copy);
+    detail::agree_creation(*this, runtime::defaults().problem);
   }
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
-  mpi_communicator(mpi_communicator&& other) noexcept { *this = std::move(other); }
+  mpi_communicator(mpi_communicator&& other) noexcept {
+    if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
+    s_ = std::move(other.s_);
+  }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
-      free();
-      comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
-      rank_ = other.rank_;
-      size_ = other.size_;
-      options_ = other.options_;
-      cuda_aware_ = other.cuda_aware_;
+      leave();
+      if (other.s_) other.s_->ops.drain();
+      s_ = std::move(other.s_);
     }
     return *this;
   }
-  ~mpi_communicator() { free(); }
+  // Waits for this rank's queued operations, then tells the other ranks it has left.
+  ~mpi_communicator() { leave(); }
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
-  MPI_Comm native() const noexcept { return comm_; }
-  const comm_options& options() const noexcept { return options_; }
+  int rank() const noexcept { return s_ ? s_->rank : 0; }
+  int size() const noexcept { return s_ ? s_->size : 1; }
+  MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
+  const comm_options& options() const noexcept { return s_->ops.options(); }
+  detail::operation_state& operations() noexcept { return s_->ops; }
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
   // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
-  bool cuda_aware() const noexcept { return cuda_aware_; }
+  bool cuda_aware() const noexcept { return s_->cuda_aware; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_peer("isend", rank_, size_, peer);
-    detail::check_buffer("isend", rank_, size_, data, bytes);
-    request r;
-    r.peer_ = peer;
-    r.tag_ = tag;
-#if MPI_VERSION >= 4
-    check(MPI_Isend_c(data, static_cast<MPI_Count>(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Isend_c");
-#else
-    check(MPI_Isend(data, count_of(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Isend");
-#endif
-    return r;
+    return post(const_cast<void*>(data), bytes, peer, tag, false);
   }
 
-  request irecv(void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_peer("irecv", rank_, size_, peer);
-    detail::check_buffer("irecv", rank_, size_, data, bytes);
-    request r;
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.receiving_ = true;
-#if MPI_VERSION >= 4
-    check(MPI_Irecv_c(data, static_cast<MPI_Count>(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Irecv_c");
-#else
-    check(MPI_Irecv(data, count_of(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Irecv");
-#endif
-    return r;
-  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag) { return post(data, bytes, peer, tag, true); }
 
   // True once the request completed (it is then no longer pending).
   bool test(request& r) {
@@ -1899,17 +3245,30 @@ class mpi_communicator {
     return done != 0;
   }
 
-  // Polls with a yield between tests instead of MPI_Wait's busy spin: with more ranks than cores,
-  // the rank being waited for gets the core sooner. Watches for stalls (comm_options).
+  // Polls (spinning briefly, then yielding, then sleeping: detail::waiting) instead of MPI_Wait's
+  // busy spin, so that with more ranks than cores the rank being waited for gets the core. Inside
+  // an operation, raises at once when a peer aborted it or left; always watched (comm_options).
   void wait(request& r) {
     for (int i = 0; i < 32; ++i) {
       if (test(r)) return;
     }
-    detail::stall_watch watch(options_);
-    for (unsigned polls = 1;; ++polls) {
+    detail::waiting watch(options());
+    for (;;) {
       if (test(r)) return;
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) watch.check(rank_, size_, r.peer_, r.receiving_, r.tag_);
+      if (watch.tick()) {
+        detail::tend_unsettled();
+        if (s_->ops.in_operation()) check_peers();
+        watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
+      }
+      watch.pause();
+    }
+  }
+
+  // Raises if a peer aborted the running operation (or an earlier one), or left before it.
+  void check_peers() {
+    s_->poll_notices();
+    if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
+      detail::raise(site(), why, "");
     }
   }
 
@@ -1921,44 +3280,169 @@ class mpi_communicator {
     wait(sr);
   }
 
-  void barrier() {
-    request r;
-    r.peer_ = -1;  // no one peer: the stall message says "in a barrier"
-    r.tag_ = detail::tag_value(detail::tag::barrier);
-    r.collective_ = true;
-    check(MPI_Ibarrier(comm_, &r.handle_), "MPI_Ibarrier");
-    wait(r);
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
+  // operation of this communicator: every rank calls it, and the colors are agreed first, so that
+  // a bad color on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
+  mpi_communicator split(int color, int key) const {
+    auto& self = const_cast<mpi_communicator&>(*this);
+    MPI_Comm part = MPI_COMM_NULL;
+    detail::run_operation(self, {detail::op_kind::split}, [&] {
+      const int mine[2] = {color, key};
+      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
+      for (int r = 0; r < size(); ++r) {
+        int pair[2];
+        std::memcpy(pair, all.payload(r), sizeof pair);
+        if (pair[0] < 0) {
+          detail::raise_agreed({"split", rank(), size()}, "rank " + std::to_string(r) + " passed the negative color " +
+                                                                std::to_string(pair[0]),
+                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+        }
+      }
+      check(MPI_Comm_split(native(), color, key, &part), "MPI_Comm_split");
+    });
+    return mpi_communicator(part, options(), adopt_tag{});
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here.
-  mpi_communicator split(int color, int key) const {
-    // Agree first: a rank that raised alone would leave the others inside MPI_Comm_split.
-    int lowest = color;
-    check(MPI_Allreduce(&color, &lowest, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
-    if (lowest < 0) {
-      detail::raise({"split", rank_, size_},
-                    color < 0 ? "color " + std::to_string(color) + " is negative" : std::string("another rank passed a negative color"),
-                    "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+  // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
+  // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  mpi_communicator renew() const { return renew(options()); }
+  mpi_communicator renew(const comm_options& options) const { return mpi_communicator(native(), options); }
+
+  // Aborts the running operation (detail::run_now calls it when an operation fails after its
+  // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
+  // returns once this rank's sends are complete and every peer has said it is done (or, for peers
+  // that never answer, after the stall shutdown time).
+  void abort(std::string_view reason) noexcept {
+    if (!s_) return;
+    detail::mpi_state& s = *s_;
+    try {
+      s.ops.mark_aborted(std::string(reason));
+      const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.ops.issued();
+      for (auto& o : s.orphans) {
+        if (o.receiving) MPI_Cancel(&o.handle);
+      }
+      s.notify_all(detail::mpi_notice::abort, seq, reason);
+      detail::waiting watch(options());
+      bool said_done = false;
+      bool warned = false;
+      for (;;) {
+        bool in_flight = false;
+        for (auto& o : s.orphans) {
+          int done = 0;
+          if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+          in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+        }
+        if (!in_flight && !said_done) {
+          s.notify_all(detail::mpi_notice::done, seq);
+          said_done = true;
+        }
+        s.poll_notices();
+        s.drain(seq);
+        s.reap_outgoing();
+        if (watch.tick()) detail::tend_unsettled();
+        // A peer that does not answer within the stall shutdown time is left to the waits of
+        // this process, which go on draining its messages (tend_unsettled).
+        if (said_done && (s.all_settled() || watch.past_shutdown())) break;
+        if (!warned && !said_done && options().stall_check_seconds > 0 && watch.seconds() > options().stall_check_seconds) {
+          // Never raises: the sends still in flight read memory the caller owns.
+          warned = true;
+          std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of %s after an abort; "
+                               "its peers must take what it sent before it can return.\n",
+                       s.rank, watch.seconds(), s.ops.current().str().c_str());
+        }
+        watch.pause();
+      }
+      s.orphans.clear();
+      s.aborted_seq = seq;
+      if (!s.all_settled()) detail::add_unsettled(&s);
+    } catch (...) {
     }
-    MPI_Comm part = MPI_COMM_NULL;
-    check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
-    return mpi_communicator(part, options_, adopt_tag{});
   }
 
  private:
   struct adopt_tag {};
-  mpi_communicator(MPI_Comm owned, comm_options options, adopt_tag) : comm_(owned), options_(options) { adopt(); }
-
-  void adopt() {
-    cuda_aware_ = mpi::cuda_aware();
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
+  mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
+    make_state(options);
+    adopt(owned);
   }
 
-  void free() noexcept {
-    if (comm_ != MPI_COMM_NULL && mpi::is_initialized()) MPI_Comm_free(&comm_);
-    comm_ = MPI_COMM_NULL;
+  void make_state(comm_options options) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
+    if (level < MPI_THREAD_MULTIPLE) options.progress_thread = false;
+    s_ = std::make_unique<detail::mpi_state>(options);
+  }
+
+  void adopt(MPI_Comm comm) {
+    s_->comm = comm;
+    s_->cuda_aware = mpi::cuda_aware();
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &s_->rank);
+    MPI_Comm_size(comm, &s_->size);
+    s_->listen();
+    detail::register_state(s_.get());
+  }
+
+  void leave() noexcept {
+    if (!s_) return;
+    s_->ops.drain();
+    detail::retire(std::move(s_));
+  }
+
+  detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
+
+  request post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
+    const char* what = receiving ? "irecv" : "isend";
+    detail::check_peer(what, rank(), size(), peer);
+    detail::check_buffer(what, rank(), size(), data, bytes);
+    if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
+    request r;
+    r.owner_ = s_.get();
+    r.peer_ = peer;
+    r.tag_ = tag;
+    r.receiving_ = receiving;
+    if (bytes <= detail::mpi_message_limit()) {
+      const int count = static_cast<int>(bytes);
+      check(receiving ? MPI_Irecv(data, count, MPI_BYTE, peer, tag, native(), &r.handle_)
+                      : MPI_Isend(data, count, MPI_BYTE, peer, tag, native(), &r.handle_),
+            receiving ? "MPI_Irecv" : "MPI_Isend");
+      return r;
+    }
+    // One message of `blocks` pieces of `limit` bytes and a remainder, so that every count fits an int.
+    const std::size_t limit = detail::mpi_message_limit();
+    const std::size_t blocks = bytes / limit;
+    if (blocks > static_cast<std::size_t>(INT_MAX)) {
+      detail::raise({what, rank(), size()}, "a message of " + std::to_string(bytes) + " bytes is too large for MPI",
+                    "Split the tensor");
+    }
+    MPI_Datatype whole = MPI_DATATYPE_NULL;
+    check(detail::make_byte_type(bytes, limit, &whole), "MPI_Type_create_struct");
+    const int code = receiving ? MPI_Irecv(data, 1, whole, peer, tag, native(), &r.handle_)
+                               : MPI_Isend(data, 1, whole, peer, tag, native(), &r.handle_);
+    MPI_Type_free(&whole);  // MPI keeps what a posted operation still needs
+    check(code, receiving ? "MPI_Irecv" : "MPI_Isend");
+    return r;
+  }
+
+  // Completes a request outside any operation (a user's request destroyed while pending): never
+  // frees one MPI may still use; warns while it waits.
+  static void settle(MPI_Request& handle) noexcept {
+    detail::waiting watch(comm_options{});
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
+      if (watch.tick()) {
+        detail::tend_unsettled();
+        if (watch.seconds() > 60) {
+          std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
+                               "(its receiver must post a matching receive), because MPI may still read its buffer.\n");
+          watch = detail::waiting(comm_options{});
+        }
+      }
+      watch.pause();
+    }
+    handle = MPI_REQUEST_NULL;
   }
 
   void check(int code, const char* call) const {
@@ -1966,25 +3450,11 @@ class mpi_communicator {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     MPI_Error_string(code, text, &length);
-    detail::raise({"mpi_communicator", rank_, size_}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
+    detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
                   "This is an error inside MPI; check the MPI installation and that every rank is alive");
   }
 
-#if MPI_VERSION < 4
-  int count_of(std::size_t bytes) const {
-    if (bytes > static_cast<std::size_t>(INT_MAX)) {
-      detail::raise({"mpi_communicator", rank_, size_}, "message of " + std::to_string(bytes) + " bytes",
-                    "This MPI (before MPI-4) takes at most 2^31-1 bytes per message; split the buffer");
-    }
-    return static_cast<int>(bytes);
-  }
-#endif
-
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-  comm_options options_;
-  bool cuda_aware_ = false;
+  std::unique_ptr<detail::mpi_state> s_;
 };
 
 }  // namespace herd
@@ -1994,8 +3464,10 @@ class mpi_communicator {
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -2039,12 +3511,17 @@ class nccl_communicator {
       : nccl_communicator(bootstrap, device, nullptr, options) {}
 
   // On `device`, enqueueing on `stream` (the caller's, e.g. the one its framework computes on;
-  // nullptr: a stream of its own).
+  // nullptr: a stream of its own). An operation of `bootstrap`'s ranks: every rank creates its
+  // communicator together, and a rank without a usable GPU makes every rank raise instead of
+  // leaving the others in NCCL's set-up.
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
-      : control_(bootstrap.native(), options), device_(device), options_(options) {
-    // Every step that can fail on one rank alone is followed by an agreement, so that a rank
-    // without a usable GPU makes every rank raise instead of leaving them in NCCL's set-up.
-    std::string problem;
+      : control_(bootstrap.native(), options), device_(device) {
+    struct {
+      ncclUniqueId id;
+      std::int32_t ok;
+      char problem[512];
+    } mine{};
+    mine.ok = 1;
     try {
       const cuda::device_guard on(device_);
       if (stream == nullptr) {
@@ -2054,36 +3531,45 @@ class nccl_communicator {
       } else {
         stream_ = stream;
       }
-    } catch (const error& e) {
-      problem = e.what();
+      if (control_.rank() == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
+        throw error("rank 0 could not create NCCL's unique id (NCCL_DEBUG=WARN says why)");
+      }
+    } catch (const std::exception& e) {
+      mine.ok = 0;
+      std::strncpy(mine.problem, e.what(), sizeof mine.problem - 1);
     }
-    agree_or_raise(problem, "could not use cuda:" + std::to_string(device_));
-    struct {
-      ncclUniqueId id;
-      int ok;
-    } header{};
-    if (control_.rank() == 0) header.ok = ncclGetUniqueId(&header.id) == ncclSuccess;
-    MPI_Bcast(&header, sizeof header, MPI_BYTE, 0, control_.native());
-    if (!header.ok) {
-      detail::raise({"nccl_communicator", rank(), size()}, "rank 0 could not create NCCL's unique id",
-                    "Check that NCCL works on rank 0 (NCCL_DEBUG=WARN says more)");
-    }
+    ncclUniqueId id{};
+    detail::run_operation(control_, {detail::op_kind::create}, [&] {
+      const detail::exchanged all = detail::agree_identity(control_, &mine, sizeof mine);
+      for (int r = 0; r < size(); ++r) {
+        decltype(mine) theirs;
+        std::memcpy(&theirs, all.payload(r), sizeof theirs);
+        if (!theirs.ok) {
+          theirs.problem[sizeof theirs.problem - 1] = '\0';
+          detail::raise_agreed({"nccl_communicator", rank(), size()},
+                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device_) + " (" +
+                                   theirs.problem + ")",
+                               "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process "
+                               "per GPU)");
+        }
+        if (r == 0) id = theirs.id;
+      }
+    });
     const cuda::device_guard on(device_);
-    check(ncclCommInitRank(&comm_, control_.size(), header.id, control_.rank()), "ncclCommInitRank");
+    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator(nccl_communicator&& other) noexcept
-      : control_(std::move(other.control_)), device_(other.device_), options_(other.options_),
-        own_stream_(std::move(other.own_stream_)), upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
+      : control_(std::move(other.control_)), device_(other.device_), own_stream_(std::move(other.own_stream_)),
+        upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
         aborted_(other.aborted_) {}
   nccl_communicator& operator=(nccl_communicator&& other) noexcept {
     if (this != &other) {
       destroy();
       control_ = std::move(other.control_);
       device_ = other.device_;
-      options_ = other.options_;
       own_stream_ = std::move(other.own_stream_);
       upstream_ = std::move(other.upstream_);
       stream_ = other.stream_;
@@ -2102,6 +3588,9 @@ class nccl_communicator {
   // The MPI communicator (a duplicate of the bootstrap one) for small host messages: herd's
   // cross-rank argument checks travel over it.
   mpi_communicator& control() noexcept { return control_; }
+  const comm_options& options() const noexcept { return control_.options(); }
+  // Its operations are those of control(): one sequence of operations across both.
+  detail::operation_state& operations() noexcept { return control_.operations(); }
 
   // NCCL reaches this communicator's own GPU only.
   bool supports(device d) const noexcept { return d.is_cuda() && d.index == device_; }
@@ -2136,10 +3625,10 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::stall_watch watch(with_nccl_timeout(options_));
-    for (unsigned polls = 1; !test(r); ++polls) {
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, r.peer_, r.receiving_, r.tag_);
+    detail::waiting watch(with_nccl_timeout(options()));
+    while (!test(r)) {
+      if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
+      watch.pause();
     }
   }
 
@@ -2157,14 +3646,48 @@ class nccl_communicator {
     wait(r);
   }
 
-  void barrier() {
-    synchronize();
-    control_.barrier();
-  }
-
   nccl_communicator split(int color, int key) const {
     const mpi_communicator part = control_.split(color, key);
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options_);
+    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+  }
+
+  // A new communicator of the same ranks and GPU: how ranks go on after an abort (NCCL's
+  // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  nccl_communicator renew() const { return renew(options()); }
+  nccl_communicator renew(const comm_options& options) const {
+    return nccl_communicator(control_, device_, own_stream_ ? nullptr : stream_, options);
+  }
+
+  // Aborts NCCL's communicator and the running operation of control() (telling the peers).
+  void abort(std::string_view reason) noexcept {
+    abort_nccl();
+    control_.abort(reason);
+  }
+
+  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle).
+  std::shared_ptr<detail::device_completion> completion() {
+    class marker : public detail::device_completion {
+     public:
+      marker(nccl_communicator& owner) : owner_(&owner) {
+        const cuda::device_guard on(owner.device_);
+        done_.record(owner.stream_);
+      }
+      bool test() override { return done_.done(); }
+      // The caller's current stream (the default one) waits for the operation.
+      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, done_.get(), 0)); }
+      void synchronize() override {
+        detail::waiting watch(with_nccl_timeout(owner_->options()));
+        while (!done_.done()) {
+          if (watch.tick()) owner_->stalled(watch, "for its GPU stream (an asynchronous NCCL operation)");
+          watch.pause();
+        }
+      }
+
+     private:
+      nccl_communicator* owner_;
+      cuda::event done_;
+    };
+    return std::make_shared<marker>(*this);
   }
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
@@ -2201,29 +3724,18 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::stall_watch watch(with_nccl_timeout(options_));
-    for (unsigned polls = 1;; ++polls) {
+    detail::waiting watch(with_nccl_timeout(options()));
+    for (;;) {
       const cudaError_t state = cudaStreamQuery(stream_);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
       poll_errors();
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, -2, false, reserved_tag_base);
+      if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
+      watch.pause();
     }
   }
 
  private:
-  // Raises on every rank if `problem` is non-empty on any.
-  void agree_or_raise(const std::string& problem, const std::string& what) {
-    int failing = problem.empty() ? size() : rank();
-    int first = size();
-    MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, control_.native());
-    if (first == size()) return;
-    if (!problem.empty()) throw error(problem, rank());
-    detail::raise({"nccl_communicator", rank(), size()}, "rank " + std::to_string(first) + " " + what,
-                  "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process per GPU)");
-  }
-
   // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
   // the legacy default stream by frameworks without streams of their own) are done. On the
   // caller's stream, ordering is the caller's stream's.
@@ -2239,13 +3751,11 @@ class nccl_communicator {
     return o;
   }
 
-  void stalled(detail::stall_watch& watch, int peer, bool receiving, int tag) {
-    try {
-      watch.check(rank(), size(), peer, receiving, tag);
-    } catch (const error&) {
-      abort();
-      throw;
-    }
+  // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
+  // then aborts this communicator) on a stall or when a peer aborted.
+  void stalled(detail::waiting& watch, const std::string& what) {
+    if (operations().in_operation()) control_.check_peers();
+    watch.watch(detail::site_of(operations(), "nccl_communicator", rank(), size()), what);
   }
 
   ncclRedOp_t nccl_op(reduce_op op, dtype type) const {
@@ -2289,7 +3799,7 @@ class nccl_communicator {
     if (state == ncclSuccess || state == ncclInProgress) return;
     const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
                              ncclGetLastError(comm_) + ")";
-    abort();
+    abort_nccl();
     detail::raise({"nccl_communicator", rank(), size()}, what,
                   "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN "
                   "for NCCL's own account");
@@ -2303,7 +3813,7 @@ class nccl_communicator {
                   "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
-  void abort() noexcept {
+  void abort_nccl() noexcept {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
@@ -2321,7 +3831,7 @@ class nccl_communicator {
       if (state == cudaSuccess && async == ncclSuccess) break;
       if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
           std::chrono::steady_clock::now() > deadline) {
-        abort();
+        abort_nccl();
         return;
       }
       std::this_thread::yield();
@@ -2332,7 +3842,6 @@ class nccl_communicator {
 
   mpi_communicator control_;
   int device_ = 0;
-  comm_options options_;
   std::unique_ptr<cuda::stream> own_stream_;
   std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
   cudaStream_t stream_ = nullptr;
@@ -2353,162 +3862,45 @@ class nccl_communicator {
 //   herd::allgather(mine, all, comm);          // all.size() == mine.size() * comm.size()
 //   herd::allgatherv(mine, all, counts, comm); // counts[i]: elements from rank i, the same list on every rank
 //   auto counts = herd::allgatherv(mine, all_vector, comm);  // learns the counts and resizes the vector
+//   herd::handle h = herd::allgather_async(mine, all, comm);  // h.wait() finishes it
 //
 // In place: pass as input the output's own slot of this rank (all.data() + rank * n).
 
 
 // ---- herd/collectives/detail/agreement.hpp ----
-// Before any data moves, every rank of a collective learns what every other rank passed (the
-// operation, dtype, reduce op, element count, root, and whether its own arguments were valid).
-// A disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
-// the ranks and values concerned, instead of a hang or a corrupt result.
+// The arguments of a collective, checked on this rank (call_check) and then across ranks in the
+// agreement its operation starts with (comm/detail/agreement.hpp): the dtype, reduce op, element
+// count, root and device kind every rank passed, and whether each rank's arguments were valid. A
+// disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
+// the ranks and values concerned, and the communicator stays usable.
 //
-// The exchange is one Bruck allgather of a 40-byte signature: ceil(log2 p) rounds. Small
-// allreduces send their data along with it and need no other message. For larger collectives it
-// can be turned off with HERD_CHECK_ARGUMENTS=0 (on every rank alike); local checks still run
-// then, but a bad argument on one rank is reported on that rank alone and may leave the others
-// waiting.
+// Small allreduces send their data along with the agreement and need no other message. For larger
+// collectives the exchange can be turned off (HERD_CHECK_ARGUMENTS=0, on every rank alike): local
+// checks still run then, and a bad argument on one rank aborts the communicator, which its
+// peers learn at once; but a disagreement between ranks goes unnoticed until the data do not pair
+// up (the watchdog reports the stall) or, if they happen to, gives wrong results.
 
 
-// ---- herd/collectives/detail/scratch.hpp ----
-// Reusable per-thread staging memory, so that a collective in a training loop allocates nothing
-// (and takes no page faults) after its first call.
-
-#include <cstddef>
-#include <memory>
-
-namespace herd::detail {
-
-// Up to three independent buffers per thread; `which` picks one. The memory is uninitialized and
-// stays valid until the next call with the same `which` on this thread.
-inline std::byte* scratch(std::size_t bytes, int which = 0) {
-  struct buffer {
-    std::unique_ptr<std::byte[]> data;
-    std::size_t capacity = 0;
-  };
-  thread_local buffer buffers[3];
-  buffer& b = buffers[which];
-  if (b.capacity < bytes) {
-    b.data.reset(new std::byte[bytes]);
-    b.capacity = bytes;
-  }
-  return b.data.get();
-}
-
-}  // namespace herd::detail
-
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <exception>
+#include <limits>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace herd::detail {
 
-enum class collective_kind : std::uint8_t { allreduce, broadcast, allgather, allgatherv, reduce_scatter };
-
-constexpr const char* name(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::allreduce: return "allreduce";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::allgather: return "allgather";
-    case collective_kind::allgatherv: return "allgatherv";
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-  }
-  return "collective";
-}
-
-// What one rank passed, as the others see it.
-struct signature {
-  std::uint32_t magic = 0x48524433;  // "HRD3": guards against a rank running another herd build
-  collective_kind kind = collective_kind::allreduce;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
-  std::int32_t root = 0;
-  std::uint32_t fault_code = 0;
-  std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces)
-  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
-  std::uint64_t count = 0;  // the element count every rank must agree on
-  std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
-  std::uint64_t segment_bytes = 0;  // the ring's segment: messages must pair up one to one
-};
-
-// Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
-// this large, so a rank that sends less (or none, having taken another path) never overflows them.
-inline constexpr std::size_t payload_max_bytes = 8192;
-
-// Every rank's signature and payload, indexed by rank.
-struct exchanged {
-  std::vector<signature> signatures;
-  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
-  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
-};
-
-// Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
-// rank passes on the first min(d, p - have) blocks it holds. On the wire a message is the blocks'
-// signatures followed by their payloads, packed; the receiver reads the sizes from the signatures.
-template <communicator C>
-exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const auto parts = static_cast<std::size_t>(p);
-  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
-  std::byte* slots = scratch(parts * payload_max_bytes, 1);
-  std::byte* wire = scratch(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
-  rotated[0] = mine;
-  rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
-  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
-  std::size_t have = 1;
-  for (std::size_t distance = 1; distance < parts; distance *= 2) {
-    const std::size_t count = std::min(distance, parts - have);
-    std::byte* out = wire;
-    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
-    std::memcpy(out, rotated.data(), count * sizeof(signature));
-    std::size_t used = count * sizeof(signature);
-    for (std::size_t j = 0; j < count; ++j) {
-      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
-      used += rotated[j].payload_bytes;
-    }
-    const int d = static_cast<int>(distance);
-    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
-                  tag_value(tag::agreement));
-    std::memcpy(rotated.data() + have, in, count * sizeof(signature));
-    std::size_t at = count * sizeof(signature);
-    for (std::size_t j = have; j < have + count; ++j) {
-      const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
-      rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
-      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
-      at += bytes;
-    }
-    have += count;
-  }
-  // Undo the rotation: rank (r + j) % p's block is at j.
-  exchanged result;
-  result.signatures.resize(parts);
-  std::byte* by_rank = scratch(parts * payload_max_bytes, 0);
-  for (std::size_t j = 0; j < parts; ++j) {
-    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
-    result.signatures[owner] = rotated[j];
-    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
-  }
-  result.slots = by_rank;
-  return result;
-}
-
 // Accumulates the first local problem with a call's arguments, to be raised after the exchange.
 class call_check {
  public:
-  call_check(collective_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
+  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
 
   bool ok() const noexcept { return what_.empty(); }
   const std::string& what() const noexcept { return what_; }
   std::uint32_t code() const noexcept { return code_; }
+  op_kind kind() const noexcept { return kind_; }
 
-  // Records a problem (only the first one counts).
+  // Records a problem (only the first one counts). `code` names it to the other ranks (fault_text).
   void fail(std::uint32_t code, std::string what, std::string todo) {
     if (!ok()) return;
     code_ = code;
@@ -2525,6 +3917,10 @@ class call_check {
       fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
                   " elements",
            "Pass allocated memory, or a tensor of 0 elements");
+    } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
+      fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
+                   std::string(name(v.type)) + " overflow a byte count",
+           "Check the size its tensor_traits::size returns");
     }
   }
 
@@ -2602,10 +3998,15 @@ class call_check {
     }
   }
 
-  [[noreturn]] void raise_local() const { raise({name(kind_), rank_, size_}, what_, todo_); }
+  // This rank's own problem: agreed when the other ranks learnt of it in the exchange.
+  [[noreturn]] void raise_local(bool agreed) const {
+    const error_site site{name(kind_), rank_, size_};
+    if (agreed) raise_agreed(site, what_, todo_);
+    raise(site, what_, todo_);
+  }
 
  private:
-  collective_kind kind_;
+  op_kind kind_;
   int rank_;
   int size_;
   std::uint32_t code_ = 0;
@@ -2613,127 +4014,74 @@ class call_check {
   std::string todo_;
 };
 
-// The other ranks' words for a fault code of call_check.
-constexpr const char* fault_text(std::uint32_t code) noexcept {
-  switch (code) {
-    case 1: return "a tensor with an invalid dtype";
-    case 2: return "a null data pointer with a non-zero element count";
-    case 3: return "an invalid reduce_op";
-    case 4: return "a reduce_op its dtype does not support";
-    case 5: return "a tensor on a device the communicator cannot reach";
-    case 6: return "input and output tensors of different dtypes";
-    case 7: return "a tensor of the wrong size";
-    case 8: return "overlapping input and output buffers";
-    case 9: return "a root out of range";
-    case 10: return "a tensor its adapter rejected";
-    case 11: return "input and output tensors on different devices";
-    case 12: return "an operation this communicator cannot do in this translation unit";
-    default: return "invalid arguments";
+// Raises on every rank if the ranks passed different arguments.
+inline void verify_arguments(const error_site& site, const std::vector<signature>& all) {
+  const std::string every = "Every rank must call the same collective with the same ";
+  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
+                 every + "list of tensors, in the same order");
+  }
+  if (differs(all, [](const signature& s) { return s.type; })) {
+    raise_agreed(site, "the dtype differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
+                 every + "dtype");
+  }
+  if (differs(all, [](const signature& s) { return s.op; })) {
+    raise_agreed(site, "the reduce_op differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
+                 every + "reduce_op");
+  }
+  if (differs(all, [](const signature& s) { return s.count; })) {
+    raise_agreed(site, "the element count differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
+                 every + "number of elements");
+  }
+  if (differs(all, [](const signature& s) { return s.root; })) {
+    raise_agreed(site, "the root differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
+                 every + "root");
+  }
+  if (differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+  }
+  if (differs(all, [](const signature& s) { return s.memory; })) {
+    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
+                           per_rank(all, [](const signature& s) {
+                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
+                           }) + ")",
+                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
   }
 }
 
-// "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
-template <class Field>
-std::string per_rank(const std::vector<signature>& all, Field field) {
-  std::string text;
-  for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
-    if (i) text += ", ";
-    text += "rank " + std::to_string(i) + ": " + field(all[i]);
-  }
-  if (all.size() > 16) text += ", ...";
-  return text;
-}
-
-// Raises on every rank if any rank's signature disagrees with the others or reports a fault.
-inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all);
-
-// The communicator small host messages (the argument checks) travel on: its control() when it
-// has one (nccl_communicator moves device memory only), itself otherwise.
-template <class C> auto& control_of(C& comm) {
-  if constexpr (requires { comm.control(); }) return comm.control();
-  else return comm;
-}
-
-// Runs the exchange (carrying `payload`, when given) and raises on every rank if anything is
-// wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
-// off, it exchanges nothing.
+// The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
+// arguments; the operation's identity and the protocol options are filled in here) and `payload`
+// when given. Raises on every rank if anything is wrong anywhere; returns every rank's payload.
+// Without a payload, and with the checks turned off, it exchanges nothing.
 template <communicator C>
-exchanged agree(C& comm, const signature& mine_in, const call_check& check, bool carries_payload = false,
+exchanged agree(C& comm, signature mine, const call_check& check, bool carries_payload = false,
                 const void* payload = nullptr, std::size_t payload_bytes = 0) {
-  signature mine = mine_in;
+  const signature identity = signature_of(comm.operations());
+  mine.kind = identity.kind;
+  mine.seq = identity.seq;
+  mine.typed = identity.typed;
+  mine.check_arguments = identity.check_arguments;
+  mine.segment_bytes = identity.segment_bytes;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
-  mine.segment_bytes = runtime::defaults().ring_segment_bytes;
-  if (comm.size() == 1 || (!carries_payload && !runtime::defaults().check_arguments)) {
-    if (!check.ok()) check.raise_local();
+  if (comm.size() == 1 || (!carries_payload && !comm.options().check_arguments)) {
+    if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};
   }
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
-  if (!check.ok()) check.raise_local();
-  verify({name(mine.kind), comm.rank(), comm.size()}, mine, all.signatures);
+  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  verify_identity(site, all.signatures, [&] {
+    if (!check.ok()) check.raise_local(true);
+  });
+  verify_arguments(site, all.signatures);
   return all;
 }
 
-inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all) {
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (all[i].magic != mine.magic) {
-      raise(site, "rank " + std::to_string(i) + " runs a different herd build or is not in the same collective",
-            "Build every rank from the same sources and call the same collectives in the same order");
-    }
-    if (all[i].faulty) {
-      raise(site, "rank " + std::to_string(i) + " passed " + fault_text(all[i].fault_code) +
-                      " (its own error says more)",
-            "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
-    }
-  }
-  auto differs = [&](auto field) {
-    for (const auto& s : all)
-      if (field(s) != field(all[0])) return true;
-    return false;
-  };
-  const std::string every = "Every rank must call the same collective with the same ";
-  if (differs([](const signature& s) { return s.kind; })) {
-    raise(site, "ranks called different collectives (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.kind)); }) + ")",
-          "Every rank must call the same collectives in the same order");
-  }
-  if (differs([](const signature& s) { return s.type; })) {
-    raise(site, "the dtype differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-          every + "dtype");
-  }
-  if (differs([](const signature& s) { return s.op; })) {
-    raise(site, "the reduce_op differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-          every + "reduce_op");
-  }
-  if (differs([](const signature& s) { return s.count; })) {
-    raise(site, "the element count differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-          every + "number of elements");
-  }
-  if (differs([](const signature& s) { return s.root; })) {
-    raise(site, "the root differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-          every + "root");
-  }
-  if (differs([](const signature& s) { return s.layout; })) {
-    raise(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
-  }
-  if (differs([](const signature& s) { return s.memory; })) {
-    raise(site, "the tensors live on different kinds of device across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda"); }) +
-                    ")",
-          "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
-  }
-  if (differs([](const signature& s) { return s.segment_bytes; })) {
-    raise(site, "the ring segment differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + " bytes)",
-          "Give every rank the same HERD_RING_SEGMENT_BYTES (and the same herd::runtime::defaults())");
-  }
-}
-
-// FNV-1a over the per-rank counts of an allgatherv.
+// FNV-1a over a list of numbers (the per-rank counts of an allgatherv, a grouped allreduce's tensors).
 inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
   std::uint64_t h = 1469598103934665603ull;
   for (std::size_t c : counts) {
@@ -2810,6 +4158,34 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
         return;
     }
   });
+}
+
+}  // namespace herd::detail
+
+// ---- herd/collectives/detail/scratch.hpp ----
+// Reusable per-thread staging memory, so that a collective in a training loop allocates nothing
+// (and takes no page faults) after its first call.
+
+#include <cstddef>
+#include <memory>
+
+namespace herd::detail {
+
+// Up to four independent buffers per thread; `which` picks one (0: the ring's receive slots, 1 and 2:
+// reduce_scatter's partial results, 3: a grouped allreduce's fusion buffer). The memory is uninitialized and
+// stays valid until the next call with the same `which` on this thread.
+inline std::byte* scratch(std::size_t bytes, int which = 0) {
+  struct buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
+  thread_local buffer buffers[4];
+  buffer& b = buffers[which];
+  if (b.capacity < bytes) {
+    b.data.reset(new std::byte[bytes]);
+    b.capacity = bytes;
+  }
+  return b.data.get();
 }
 
 }  // namespace herd::detail
@@ -2943,7 +4319,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
   ring_pipeline(
-      comm, tag_value(tag::reduce_scatter), p - 1, seg.count, ring_window,
+      comm, comm.operations().data_tag(), p - 1, seg.count, ring_window,
       [&](int s, std::size_t k) {
         const int c = chunk_sent(s);
         const std::byte* base = s == 0 ? in_chunk(c) : result(s - 1, c);
@@ -2978,7 +4354,7 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
                                          seg.length(chunks.length[chunk], k) * element_bytes);
   };
   ring_pipeline(
-      comm, tag_value(tag::allgather), p - 1, seg.count, ring_window,
+      comm, comm.operations().data_tag(), p - 1, seg.count, ring_window,
       [&](int s, std::size_t k) { return where(ring_mod(r - s, p), k); },
       [&](int s, std::size_t k, std::size_t) { return where(ring_mod(r - s - 1, p), k); },
       [](int, std::size_t, void*, std::size_t) {});
@@ -3003,7 +4379,6 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 
 
 #include <cstddef>
-#include <thread>
 #include <vector>
 
 namespace herd::detail {
@@ -3030,6 +4405,7 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
   std::byte* incoming = dev.device_buffer(chunk_bytes);
   const int right = ring_mod(r + 1, p);
   const int left = ring_mod(r - 1, p);
+  const int tag = comm.operations().data_tag();
   using marker = typename Backend::marker;
   std::vector<marker> staged(m);
   marker drained[2] = {};  // the last copy out of each receive buffer
@@ -3051,16 +4427,15 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
     std::vector<request> sends;
     sends.reserve(m);
     for (std::size_t k = 0; k < m; ++k) {
-      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag_value(tag::reduce_scatter));
+      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag);
     }
-    stall_watch watch(comm.options());
+    waiting watch(comm.options());
     std::size_t sent = 0;
     std::size_t received = 0;
-    for (unsigned idle = 0; sent < m || received < m;) {
+    for (; sent < m || received < m;) {
       bool progress = false;
       if (sent < m && (!stage_sends || dev.done(staged[sent]))) {
-        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right,
-                                   tag_value(tag::reduce_scatter)));
+        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right, tag));
         ++sent;
         progress = true;
       }
@@ -3069,11 +4444,13 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
         ++received;
         progress = true;
       }
-      if (progress) {
-        idle = 0;
-      } else {
-        std::this_thread::yield();
-        if ((++idle & 1023u) == 0) watch.check(r, p, received < m ? left : right, received < m, tag_value(tag::reduce_scatter));
+      if (!progress) {
+        if (watch.tick()) {
+          check_peers_of(comm);
+          const bool receiving = received < m;
+          watch.watch({"allreduce", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
+        }
+        watch.pause();
       }
     }
     for (auto& s : sends) comm.wait(s);
@@ -3683,7 +5060,7 @@ void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* o
   if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
   stage.begin(direct);
   staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
-                        runtime::defaults().ring_segment_bytes);
+                        comm.options().ring_segment_bytes);
 }
 
 // The other collectives on device tensors over a host-memory communicator: the input copied to
@@ -3723,18 +5100,70 @@ inline void require_native_op(call_check& check, dtype type, reduce_op op) {
   }
 }
 
-// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and waits for
-// it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's sum followed by
-// herd's division kernel.
+// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
+// host_sync waits for it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's
+// sum followed by herd's division kernel.
 template <communicator C, class Reduce>
-void native_reduction(C& comm, buffer_view out, reduce_op op, Reduce reduce) {
+void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Reduce reduce) {
   const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
   reduce(integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
   if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
-  comm.synchronize();
+  if (host_sync) comm.synchronize();
 }
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+// ---- herd/collectives/detail/launch.hpp ----
+// How a collective's body runs as an operation of its communicator (comm/detail/operation.hpp):
+// now, on the caller's thread, for the blocking forms; queued, for the _async forms, on the
+// communicator's progress thread (or inside handle::wait/test without one). On a communicator
+// with native collectives (NCCL) an _async operation is stream-ordered instead: it is agreed and
+// enqueued now, and its handle completes with the device.
+//
+// A body takes one argument, `host_sync`: whether it must wait on the host for a native
+// communicator's stream before it returns.
+
+
+#include <utility>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// The label of a collective on tensor `v` (its size and dtype appear in messages).
+inline op_label tensor_label(op_kind kind, const const_buffer_view& v) {
+  op_label label{kind};
+  if (is_valid(v.type) && v.count <= (std::size_t{1} << 56)) {
+    label.count = v.count;
+    label.type = v.type;
+    label.typed = true;
+  }
+  return label;
+}
+
+template <communicator C, class Body> void run_collective(C& comm, const op_label& label, Body&& body) {
+  run_operation(comm, label, [&] { body(true); });
+}
+
+template <communicator C, class Body> handle start_collective(C& comm, const op_label& label, Body body) {
+  if constexpr (native_collectives<C>) {
+    run_operation(comm, label, [&] { body(false); });
+    if constexpr (requires { comm.completion(); }) {
+      return handle(comm.completion());
+    } else {
+      comm.synchronize();
+      return handle();
+    }
+  } else {
+    return handle(&comm.operations(),
+                  submit_operation(comm, label, [body = std::move(body)]() mutable { body(true); }));
+  }
+}
+
+// The data tag of the running operation: its messages can never be matched by another operation's.
+template <communicator C> int data_tag_of(C& comm) { return comm.operations().data_tag(); }
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -3750,9 +5179,21 @@ HERD_CONFIG_NAMESPACE_BEGIN
 template <communicator C>
 void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, std::size_t before);
 
+struct allgather_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  std::vector<std::size_t> counts;
+  std::size_t total = 0;   // elements of the output
+  std::size_t before = 0;  // elements before this rank's slot
+
+  op_label label() const { return tensor_label(check.kind(), const_buffer_view(out)); }
+};
+
+// `kind`: allgather (equal counts) or allgatherv.
 template <communicator C>
-void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, buffer_view out,
-                std::span<const std::size_t> counts, C& comm) {
+allgather_call prepare_allgatherv(call_check check, const_buffer_view in, buffer_view out,
+                                  std::span<const std::size_t> counts, C& comm) {
   const int p = comm.size();
   const int r = comm.rank();
   check.require_valid("input", in);
@@ -3768,7 +5209,7 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
     check.require_count("input", in.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
     check.require_count("output", out.count, total, "the sum of the per-rank counts");
   }
-  const std::size_t es = size_of(in.type);
+  const std::size_t es = is_valid(in.type) ? size_of(in.type) : 1;
   const std::size_t before = check.ok() ? std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0}) : 0;
   auto* base = static_cast<std::byte*>(out.data);
   check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * es,
@@ -3777,7 +5218,7 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) {
-    if (check.ok() && kind == collective_kind::allgatherv && p > 1) {
+    if (check.ok() && check.kind() == op_kind::allgatherv && p > 1) {
       for (std::size_t c : counts) {
         if (c != counts[0]) {
           check.fail(12, "NCCL's allgather takes equal counts only", "Pad to equal counts, or use an mpi_communicator");
@@ -3786,26 +5227,34 @@ void allgatherv(call_check& check, collective_kind kind, const_buffer_view in, b
       }
     }
   }
+  allgather_call call{std::move(check), in, out, {counts.begin(), counts.end()}};
+  call.total = total;
+  call.before = before;
+  return call;
+}
+
+template <communicator C> void run_allgatherv(C& comm, const allgather_call& call, bool host_sync) {
+  const auto& check = call.check;
   signature mine;
-  mine.kind = kind;
-  mine.type = in.type;
-  mine.count = kind == collective_kind::allgather ? in.count : total;
-  mine.layout = kind == collective_kind::allgatherv ? hash_counts(counts) : 0;
-  mine.memory = in.device.type;
+  mine.type = call.in.type;
+  mine.count = check.kind() == op_kind::allgather ? call.in.count : call.total;
+  mine.layout = check.kind() == op_kind::allgatherv ? hash_counts(call.counts) : 0;
+  mine.memory = call.in.device.type;
   agree(comm, mine, check);
-  if (total == 0) return;
+  if (call.total == 0) return;
   if constexpr (native_collectives<C>) {
-    comm.native_allgather(in, out);
-    comm.synchronize();
+    comm.native_allgather(call.in, call.out);
+    if (host_sync) comm.synchronize();
   } else {
+    (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
-    if (in.device.is_cuda()) {
-      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
-        allgather_host(comm, host_in, host_out, counts, before);
+    if (call.in.device.is_cuda()) {
+      return through_host(call.in, call.out, [&](const_buffer_view host_in, buffer_view host_out) {
+        allgather_host(comm, host_in, host_out, call.counts, call.before);
       });
     }
 #endif
-    allgather_host(comm, in, out, counts, before);
+    allgather_host(comm, call.in, call.out, call.counts, call.before);
   }
 }
 
@@ -3815,7 +5264,29 @@ void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<co
   auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
   if (comm.size() == 1) return;
-  ring_allgather(comm, base, es, chunk_layout::of_counts(counts), runtime::defaults().ring_segment_bytes);
+  ring_allgather(comm, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
+}
+
+template <class In, class Out, communicator C>
+allgather_call allgather_call_of(const In& input, Out& output, C& comm) {
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::allgather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
+  check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
+  return prepare_allgatherv(std::move(check), in, out, counts, comm);
+}
+
+template <class In, class Out, communicator C>
+allgather_call allgatherv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm) {
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::allgatherv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  return prepare_allgatherv(std::move(check), in, out, counts, comm);
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -3826,25 +5297,34 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 // `output` (comm.size() times the input's elements) receives every rank's `input`, in rank order.
 template <class In, class Out, communicator C> void allgather(const In& input, Out& output, C& comm) {
-  detail::require_tensor<In>();
-  detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::allgather, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = check.view("output", output);
-  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
-  check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
-  detail::allgatherv(check, detail::collective_kind::allgather, in, out, counts, comm);
+  auto call = detail::allgather_call_of(input, output, comm);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allgatherv(comm, call, sync); });
 }
 
 // Ranks contribute different counts; `counts` lists them and must be the same on every rank.
 template <class In, class Out, communicator C>
 void allgatherv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm) {
-  detail::require_tensor<In>();
-  detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::allgatherv, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = check.view("output", output);
-  detail::allgatherv(check, detail::collective_kind::allgatherv, in, out, counts, comm);
+  auto call = detail::allgatherv_call_of(input, output, counts, comm);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allgatherv(comm, call, sync); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle allgather_async(const In& input, Out& output, C& comm) {
+  auto call = detail::allgather_call_of(input, output, comm);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allgatherv(comm, call, sync);
+  });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle allgatherv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm) {
+  auto call = detail::allgatherv_call_of(input, output, counts, comm);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allgatherv(comm, call, sync);
+  });
 }
 
 // Every rank's `count`, in rank order: what allgatherv needs when ranks do not know each other's sizes.
@@ -3875,14 +5355,20 @@ HERD_CONFIG_NAMESPACE_END
 //   herd::allreduce(grad, comm);                          // in place, sum
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
+//   herd::allreduce(herd::views(w, b, e), comm, herd::reduce_op::avg);  // many tensors, one operation
+//   herd::handle h = herd::allreduce_async(grad, comm);   // starts it; h.wait() finishes it
 //
-// Host tensors up to 8 KiB travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Host tensors up to 8 KiB travel with the ranks' agreement (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
 // (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined. GPU tensors take NCCL
 // on an nccl_communicator, or herd's staged ring with its kernels over MPI (detail/dispatch.hpp).
+// The grouped form (Horovod's grouped_allreduce) checks the whole list across ranks once and
+// packs host tensors of one dtype into one buffer, reduced by one ring.
 
 
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
@@ -3892,11 +5378,11 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   const int p = comm.size();
   const std::size_t es = size_of(type);
   if (p == 1) {  // the reduction of one tensor, avg included, is the tensor
-    if (out != in) std::memcpy(out, in, count * es);
+    if (out != in && count != 0) std::memcpy(out, in, count * es);
     return;
   }
   const chunk_layout chunks = chunk_layout::even(count, p);
-  const std::size_t segment_bytes = runtime::defaults().ring_segment_bytes;
+  const std::size_t segment_bytes = comm.options().ring_segment_bytes;
   ring_reduce_scatter(
       comm, type, op, chunks, segment_bytes,
       [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
@@ -3904,7 +5390,18 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   ring_allgather(comm, out, es, chunks, segment_bytes);
 }
 
-template <communicator C> void allreduce(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
+// One allreduce: its arguments, checked on this rank.
+struct allreduce_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  reduce_op op;
+
+  op_label label() const { return tensor_label(op_kind::allreduce, in); }
+};
+
+template <communicator C>
+allreduce_call prepare_allreduce(call_check check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
   check.require_valid("input", in);
   check.require_valid("output", out);
   check.require_op(in.type, op);
@@ -3915,13 +5412,33 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  return {std::move(check), in, out, op};
+}
+
+// The reduction of the tensor itself, after the agreement (no checks: the caller made them).
+template <communicator C>
+void reduce_tensor(C& comm, const_buffer_view in, buffer_view out, reduce_op op, bool host_sync) {
+  if (in.count == 0) return;
+  if constexpr (native_collectives<C>) {
+    native_reduction(comm, out, op, host_sync, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
+  } else {
+    (void)host_sync;
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
+#endif
+    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+                   in.count);
+  }
+}
+
+template <communicator C> void run_allreduce(C& comm, const allreduce_call& call, bool host_sync) {
+  const auto& [check, in, out, op] = call;
   signature mine;
-  mine.kind = collective_kind::allreduce;
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
   mine.memory = in.device.type;
-  const std::size_t bytes = in.bytes();
+  const std::size_t bytes = check.ok() ? in.bytes() : 0;
   const int p = comm.size();
   if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
@@ -3936,17 +5453,102 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
     return;
   }
   agree(comm, mine, check);
-  if (in.count == 0) return;
+  reduce_tensor(comm, in, out, op, host_sync);
+}
+
+// Many tensors as one operation.
+struct grouped_allreduce_call {
+  call_check check;
+  std::vector<buffer_view> tensors;
+  reduce_op op;
+  std::size_t total = 0;     // elements
+  std::uint64_t layout = 0;  // the list: every tensor's count, dtype and device kind
+
+  op_label label() const {
+    op_label l{op_kind::grouped_allreduce};
+    l.count = total;
+    return l;
+  }
+};
+
+template <communicator C>
+grouped_allreduce_call prepare_grouped_allreduce(call_check check, std::vector<buffer_view> tensors, C& comm,
+                                                 reduce_op op) {
+  std::vector<std::size_t> codes;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const buffer_view& t = tensors[i];
+    const std::string role = "grouped tensor " + std::to_string(i) + "'s";
+    check.require_valid(role.c_str(), t);
+    check.require_op(t.type, op);
+    check.require_reachable(role.c_str(), t, reaches(comm, t.device), unreachable_advice(comm, t.device));
+    if constexpr (native_collectives<C>) require_native_op(check, t.type, op);
+    for (std::size_t j = 0; check.ok() && j < i; ++j) {
+      check.require_disjoint(tensors[j], t, nullptr, nullptr);
+    }
+    codes.push_back(t.count);
+    codes.push_back(static_cast<std::size_t>(t.type) | static_cast<std::size_t>(t.device.type) << 8);
+    total += t.count;
+  }
+  grouped_allreduce_call call{std::move(check), std::move(tensors), op};
+  call.total = total;
+  call.layout = hash_counts(codes);
+  return call;
+}
+
+template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allreduce_call& call, bool host_sync) {
+  signature mine;
+  mine.op = call.op;
+  mine.count = call.total;
+  mine.layout = call.layout;
+  mine.memory = call.tensors.empty() ? device::kind::cpu : call.tensors.front().device.type;
+  agree(comm, mine, call.check);
+  const auto& tensors = call.tensors;
+  std::vector<bool> done(tensors.size(), false);
+  for (std::size_t first = 0; first < tensors.size(); ++first) {
+    if (done[first]) continue;
+    const buffer_view& lead = tensors[first];
+    if (lead.device.is_cuda() || comm.size() == 1) {  // device tensors one by one; one rank: nothing to do
+      done[first] = true;
+      reduce_tensor(comm, lead, lead, call.op, false);
+      continue;
+    }
+    // Host tensors of lead's dtype: packed into one buffer, reduced by one ring, unpacked.
+    std::vector<std::size_t> members;
+    std::size_t count = 0;
+    for (std::size_t i = first; i < tensors.size(); ++i) {
+      if (!done[i] && tensors[i].device.is_cpu() && tensors[i].type == lead.type) {
+        done[i] = true;
+        members.push_back(i);
+        count += tensors[i].count;
+      }
+    }
+    if (members.size() == 1) {
+      reduce_tensor(comm, lead, lead, call.op, false);
+      continue;
+    }
+    const std::size_t es = size_of(lead.type);
+    std::byte* fused = scratch(count * es, 3);
+    std::size_t at = 0;
+    for (std::size_t i : members) {
+      if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
+      at += tensors[i].bytes();
+    }
+    ring_allreduce(comm, lead.type, call.op, fused, fused, count);
+    at = 0;
+    for (std::size_t i : members) {
+      if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());
+      at += tensors[i].bytes();
+    }
+  }
   if constexpr (native_collectives<C>) {
-    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
+    if (host_sync) comm.synchronize();
   } else {
-#if HERD_WITH_CUDA_KERNELS
-    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
-#endif
-    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
-                   in.count);
+    (void)host_sync;
   }
 }
+
+template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -3955,11 +5557,14 @@ namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // In place: `tensor` ends as the reduction over all ranks.
-template <class T, communicator C> void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
+template <class T, communicator C>
+  requires(!detail::is_view_list<T>)
+void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_writable_tensor<T>();
-  detail::call_check check(detail::collective_kind::allreduce, comm.rank(), comm.size());
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const buffer_view v = check.view("input", tensor);
-  detail::allreduce(check, v, v, comm, op);
+  const auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
 }
 
 // Out of place: `output` (same dtype and size as `input`) receives the reduction; `input` is unchanged.
@@ -3967,22 +5572,77 @@ template <class In, class Out, communicator C>
 void allreduce(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_tensor<In>();
   detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::allreduce, comm.rank(), comm.size());
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const const_buffer_view in = check.const_view("input", input);
   const buffer_view out = check.view("output", output);
-  detail::allreduce(check, in, out, comm, op);
+  const auto call = detail::prepare_allreduce(std::move(check), in, out, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
+}
+
+// Many tensors, each in place, as one operation (herd::views(a, b, c) makes the list).
+template <communicator C>
+void allreduce(const std::vector<buffer_view>& tensors, C& comm, reduce_op op = reduce_op::sum) {
+  detail::call_check check(detail::op_kind::grouped_allreduce, comm.rank(), comm.size());
+  const auto call = detail::prepare_grouped_allreduce(std::move(check), tensors, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_grouped_allreduce(comm, call, sync); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle). The tensors
+// must stay alive and untouched until then.
+template <class T, communicator C>
+  requires(!detail::is_view_list<T>)
+[[nodiscard]] handle allreduce_async(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
+  detail::require_writable_tensor<T>();
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allreduce(comm, call, sync);
+  });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle allreduce_async(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
+  detail::require_tensor<In>();
+  detail::require_writable_tensor<Out>();
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  auto call = detail::prepare_allreduce(std::move(check), in, out, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allreduce(comm, call, sync);
+  });
+}
+
+template <communicator C>
+[[nodiscard]] handle allreduce_async(std::vector<buffer_view> tensors, C& comm, reduce_op op = reduce_op::sum) {
+  detail::call_check check(detail::op_kind::grouped_allreduce, comm.rank(), comm.size());
+  auto call = detail::prepare_grouped_allreduce(std::move(check), std::move(tensors), comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_grouped_allreduce(comm, call, sync);
+  });
 }
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 // ---- herd/collectives/barrier.hpp ----
-// herd::barrier: returns on each rank once every rank has entered it.
+// herd::barrier: returns on each rank once every rank has entered it. An operation like any
+// other: a rank in a barrier while another is in a different collective is an error on both,
+// naming both operations.
 
 
 namespace herd {
 
-template <communicator C> void barrier(C& comm) { comm.barrier(); }
+template <communicator C> void barrier(C& comm) {
+  detail::run_operation(comm, {detail::op_kind::barrier}, [&] {
+    if constexpr (requires { comm.synchronize(); }) comm.synchronize();  // a GPU communicator's queued work first
+    detail::agree_identity(comm);
+  });
+}
 
 }  // namespace herd
 
@@ -3990,6 +5650,7 @@ template <communicator C> void barrier(C& comm) { comm.barrier(); }
 // herd::broadcast: every rank ends with the root's tensor.
 //
 //   herd::broadcast(weights, comm, /*root=*/0);
+//   herd::handle h = herd::broadcast_async(weights, comm, 0);   // h.wait() finishes it
 //
 // Small tensors go down a binomial tree (ceil(log2 p) hops); large ones along a pipelined chain
 // root -> root+1 -> ..., segment by segment, so each link carries the tensor once and all links
@@ -4007,7 +5668,7 @@ inline constexpr std::size_t broadcast_tree_max_bytes = std::size_t{64} << 10;
 template <communicator C> void broadcast_tree(C& comm, std::byte* data, std::size_t bytes, int root) {
   const int p = comm.size();
   const int q = ring_mod(comm.rank() - root, p);  // rank relative to the root
-  const int tag = tag_value(tag::broadcast);
+  const int tag = comm.operations().data_tag();
   int mask = 1;
   while (mask < p) {
     if (q & mask) {
@@ -4028,7 +5689,7 @@ template <communicator C>
 void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std::size_t segment_bytes) {
   const int p = comm.size();
   const int q = ring_mod(comm.rank() - root, p);
-  const int tag = tag_value(tag::broadcast);
+  const int tag = comm.operations().data_tag();
   const std::size_t segments = (bytes + segment_bytes - 1) / segment_bytes;
   auto segment = [&](std::size_t k) {
     return std::pair<std::byte*, std::size_t>(data + k * segment_bytes, std::min(segment_bytes, bytes - k * segment_bytes));
@@ -4065,24 +5726,36 @@ void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std:
 
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root);
 
-template <communicator C> void broadcast(call_check& check, buffer_view v, C& comm, int root) {
+struct broadcast_call {
+  call_check check;
+  buffer_view v;
+  int root;
+
+  op_label label() const { return tensor_label(op_kind::broadcast, v); }
+};
+
+template <communicator C> broadcast_call prepare_broadcast(call_check check, buffer_view v, C& comm, int root) {
   check.require_valid("input", v);
   check.require_root(root);
   check.require_reachable("input", v, reaches(comm, v.device), unreachable_advice(comm, v.device));
+  return {std::move(check), v, root};
+}
+
+template <communicator C> void run_broadcast(C& comm, const broadcast_call& call, bool host_sync) {
+  const auto& [check, v, root] = call;
   signature mine;
-  mine.kind = collective_kind::broadcast;
   mine.type = v.type;
   mine.count = v.count;
   mine.root = root;
   mine.memory = v.device.type;
   agree(comm, mine, check);
-  const std::size_t bytes = v.bytes();
-  if (bytes == 0 || comm.size() == 1) return;
+  if (v.bytes() == 0 || comm.size() == 1) return;
   if constexpr (native_collectives<C>) {
     comm.native_broadcast(v, root);
-    comm.synchronize();
+    if (host_sync) comm.synchronize();
     return;
   } else {
+    (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (v.device.is_cuda()) {
       return through_host(v, v, [&](const_buffer_view, buffer_view host) { broadcast_host(comm, host, root); });
@@ -4095,10 +5768,10 @@ template <communicator C> void broadcast(call_check& check, buffer_view v, C& co
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
   const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
-  if (bytes <= broadcast_tree_max_bytes || comm.size() == 2) {
+  if (bytes <= broadcast_tree_max_bytes) {
     broadcast_tree(comm, data, bytes, root);
   } else {
-    broadcast_chain(comm, data, bytes, root, runtime::defaults().ring_segment_bytes);
+    broadcast_chain(comm, data, bytes, root, comm.options().ring_segment_bytes);
   }
 }
 
@@ -4111,8 +5784,22 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // `tensor` on every rank ends equal to `tensor` on `root`.
 template <class T, communicator C> void broadcast(T& tensor, C& comm, int root = 0) {
   detail::require_writable_tensor<T>();
-  detail::call_check check(detail::collective_kind::broadcast, comm.rank(), comm.size());
-  detail::broadcast(check, check.view("input", tensor), comm, root);
+  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  const auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_broadcast(comm, call, sync); });
+}
+
+// Starts the broadcast; the handle finishes it (herd::handle).
+template <class T, communicator C> [[nodiscard]] handle broadcast_async(T& tensor, C& comm, int root = 0) {
+  detail::require_writable_tensor<T>();
+  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_broadcast(comm, call, sync);
+  });
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -4123,6 +5810,7 @@ HERD_CONFIG_NAMESPACE_END
 // the reduction over all ranks (MPI_Reduce_scatter_block).
 //
 //   herd::reduce_scatter(grads, my_shard, comm, herd::reduce_op::avg);  // grads.size() == p * my_shard.size()
+//   herd::handle h = herd::reduce_scatter_async(grads, my_shard, comm);  // h.wait() finishes it
 
 
 #include <cstring>
@@ -4133,22 +5821,39 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op);
 
-template <communicator C>
-void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
-  const int p = comm.size();
+struct reduce_scatter_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  reduce_op op;
+
+  op_label label() const { return tensor_label(op_kind::reduce_scatter, in); }
+};
+
+template <class In, class Out, communicator C>
+reduce_scatter_call prepare_reduce_scatter(const In& input, Out& output, C& comm, reduce_op op) {
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::reduce_scatter, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
   check.require_valid("input", in);
   check.require_valid("output", out);
   check.require_op(in.type, op);
   check.require_same_dtype(in, out);
-  check.require_count("input", in.count, out.count * static_cast<std::size_t>(p),
+  check.require_count("input", in.count, out.count * static_cast<std::size_t>(comm.size()),
                       "the output's elements times the ranks");
   check.require_disjoint(in, out, nullptr, nullptr);
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  return {std::move(check), in, out, op};
+}
+
+template <communicator C> void run_reduce_scatter(C& comm, const reduce_scatter_call& call, bool host_sync) {
+  const auto& [check, in, out, op] = call;
   signature mine;
-  mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
@@ -4156,8 +5861,9 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
-    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
+    native_reduction(comm, out, op, host_sync, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
   } else {
+    (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {
       return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
@@ -4183,7 +5889,7 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
   ring_reduce_scatter(
-      comm, in.type, op, chunks, runtime::defaults().ring_segment_bytes,
+      comm, in.type, op, chunks, comm.options().ring_segment_bytes,
       [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; },
       [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
 }
@@ -4196,12 +5902,18 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 template <class In, class Out, communicator C>
 void reduce_scatter(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
-  detail::require_tensor<In>();
-  detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::reduce_scatter, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = check.view("output", output);
-  detail::reduce_scatter(check, in, out, comm, op);
+  const auto call = detail::prepare_reduce_scatter(input, output, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
+}
+
+// Starts the reduce-scatter; the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle reduce_scatter_async(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
+  auto call = detail::prepare_reduce_scatter(input, output, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_reduce_scatter(comm, call, sync);
+  });
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -4836,11 +6548,17 @@ class adamw {
 
 
 // ---- herd/optim/detail/same_tensors.hpp ----
-// Checks that every rank holds the same list of tensors (`what` names one, in the singular) (count, sizes, dtypes) before a sequence
+// Checks that every rank holds the same list of tensors (count, sizes, dtypes) before a sequence
 // of collectives over them, so that a rank with a different model fails with a message on every
-// rank instead of pairing its tensors with the wrong ones or waiting forever.
+// rank instead of pairing its tensors with the wrong ones or waiting forever. A problem this rank
+// found on its own (`local_fault`, e.g. gradients on two devices) travels in the same exchange and
+// is raised on every rank too. `what` names one tensor, in the singular.
+//
+// One allgather of a three-number summary per rank; only when the summaries differ does a second
+// exchange gather the full lists, to say which tensor differs.
 
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -4849,14 +6567,32 @@ namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <communicator C>
-void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const char* operation, const char* what) {
-  std::vector<std::int64_t> mine;
-  mine.reserve(views.size());
-  for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
-  std::vector<std::int64_t> all;
-  // Host vectors: over the communicator's control channel (nccl_communicator moves GPU memory only).
-  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
+void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const char* operation, const char* what,
+                          const std::string& local_fault = {}) {
   const error_site site{operation, comm.rank(), comm.size()};
+  std::vector<std::int64_t> mine;
+  if (local_fault.empty()) {
+    mine.reserve(views.size());
+    for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
+  }
+  std::uint64_t hash = 1469598103934665603ull;
+  for (std::int64_t code : mine) hash = (hash ^ static_cast<std::uint64_t>(code)) * 1099511628211ull;
+  const std::array<std::int64_t, 3> summary = {local_fault.empty() ? 0 : 1, static_cast<std::int64_t>(mine.size()),
+                                               static_cast<std::int64_t>(hash)};
+  std::vector<std::int64_t> summaries(3 * static_cast<std::size_t>(comm.size()));
+  allgather(summary, summaries, control_of(comm));  // host numbers: over the control channel
+  if (!local_fault.empty()) raise(site, local_fault, "Every rank stops so that none waits forever");
+  bool same = true;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+    if (summaries[3 * r] != 0) {
+      raise(site, "rank " + std::to_string(r) + " found a problem with its " + what + "s (its own error says which)",
+            "Fix it on that rank; every rank stops so that none waits forever");
+    }
+    same = same && summaries[3 * r + 1] == summaries[1] && summaries[3 * r + 2] == summaries[2];
+  }
+  if (same) return;
+  std::vector<std::int64_t> all;
+  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
   auto describe = [](std::int64_t code) {
     const auto u = static_cast<std::uint64_t>(code);
     return std::to_string(u >> 8) + " elements of " + std::string(name(static_cast<dtype>(u & 0xffu)));
@@ -5562,7 +7298,7 @@ class checkpoint {
     if (static_cast<detail::ckpt::status_code>(reply.integer(1)) != detail::ckpt::status_code::ok) {
       raise_reported(site, reply, root, "writes the checkpoint");
     }
-    comm.barrier();
+    herd::barrier(comm);
   }
 
   // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
@@ -5826,7 +7562,9 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
 //   the reduction altogether.
 // - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
-//   and the same options, and raises herd::error on every rank if not.
+//   and the same options, and raises herd::error on every rank if not. Later steps check that
+//   this rank's gradients are still those (and on one device); a rank whose are not says so in
+//   the agreement of its next reduction, so that every rank raises, not just that one.
 
 
 // ---- herd/optim/detail/gradient_movers.hpp ----
@@ -6041,7 +7779,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       synchronize();
     } else if (!synchronized_ && accumulated_ > 0) {
       std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
-      check(grads);
+      std::string fault = check(grads);
+      if (fault.empty()) fault = std::exchange(pending_fault_, {});
+      if (!fault.empty()) raise_alone(fault);
       fold_accumulated(grads);
     }
     inner_.step();
@@ -6054,7 +7794,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // them without reducing again.
   void synchronize() {
     std::vector<buffer_view> grads = gradients_();
-    check(grads);
+    std::string fault = check(grads);
+    if (fault.empty()) fault = std::exchange(pending_fault_, {});
+    if (!fault.empty()) {
+      accumulated_ = 0;
+      raise_everywhere(fault);
+    }
     fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
@@ -6089,24 +7834,39 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double reduce_seconds() const noexcept { return reduce_seconds_; }
 
  private:
-  // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
-  void check(const std::vector<buffer_view>& grads) {
-    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
-    require_one_device(grads);
+  // The first call checks the gradients on every rank together (and raises on every rank);
+  // later calls check this rank's own and return what is wrong ("" when nothing is), for the next
+  // reduction to raise on every rank.
+  std::string check(const std::vector<buffer_view>& grads) {
+    std::string fault = local_fault(grads);
     if (!checked_) {
-      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
+      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
       require_same_options();
       shapes_.clear();
       for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
       checked_ = true;
-      return;
+      return {};
     }
     bool same = grads.size() == shapes_.size();
     for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
-    if (!same) {
-      detail::raise(site, "the gradients changed since the first step (count, size or dtype)",
-            "Hand the distributed optimizer the same gradient tensors at every step");
-    }
+    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
+    return fault;
+  }
+
+  // Raises `fault` on every rank: it travels in the agreement of the reduction the other ranks
+  // start now (with argument checks off, it aborts the communicator, which tells them).
+  [[noreturn]] void raise_everywhere(const std::string& fault) {
+    if (comm_.size() == 1) raise_alone(fault);
+    detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
+    failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
+    const auto call = detail::prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
+    detail::run_collective(comm_, call.label(), [&](bool sync) { detail::run_allreduce(comm_, call, sync); });
+    raise_alone(fault);  // not reached: the agreement raised
+  }
+
+  [[noreturn]] void raise_alone(const std::string& fault) const {
+    detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()}, fault,
+                  "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
   }
 
   void require_same_options() {
@@ -6131,7 +7891,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
 
   void accumulate() {
     std::vector<buffer_view> grads = gradients_();
-    check(grads);
+    if (std::string fault = check(grads); !fault.empty() || !pending_fault_.empty()) {
+      if (pending_fault_.empty()) pending_fault_ = fault;  // raised by the reduction that ends this round
+      ++accumulated_;
+      return;
+    }
     const bool first = accumulated_ == 0;
     with_mover(grads, [&](auto& mover) {
       mover.begin();
@@ -6157,28 +7921,28 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     accumulated_ = 0;
   }
 
-  // Every gradient in host memory, or every one on the same GPU.
-  void require_one_device(const std::vector<buffer_view>& grads) const {
-    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+  // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
+  // memory, or every one on the same GPU.
+  std::string local_fault(const std::vector<buffer_view>& grads) const {
     for (std::size_t i = 0; i < grads.size(); ++i) {
       const auto& g = grads[i];
-      if (!is_valid(g.type)) detail::raise(site, "gradient " + std::to_string(i) + " has an invalid dtype", "Check its tensor_traits::dtype");
+      if (!is_valid(g.type)) return "gradient " + std::to_string(i) + " has an invalid dtype (check its tensor_traits::dtype)";
       if (g.data == nullptr && g.count != 0) {
-        detail::raise(site, "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements",
-                      "Allocate it before handing it to herd");
+        return "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements";
       }
       if (g.device != grads[0].device) {
-        detail::raise(site, "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
-                                grads[0].device.str(),
-                      "Keep all gradients of one distributed optimizer on one device (or use one optimizer per device)");
+        return "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
+               grads[0].device.str() + " (keep all gradients of one distributed optimizer on one device)";
       }
     }
 #if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
     if (!grads.empty() && grads[0].device.is_cuda()) {
-      detail::raise(site, "the gradients live on " + grads[0].device.str() + " but this file was compiled without CUDA",
-                    "Compile it with nvcc, or link herd::nccl (which defines HERD_WITH_NCCL) and use a nccl_communicator");
+      return "the gradients live on " + grads[0].device.str() +
+             " but this file was compiled without CUDA (compile it with nvcc, or link herd::nccl and use a "
+             "nccl_communicator)";
     }
 #endif
+    return {};
   }
 
   // Calls f with the mover for where the gradients live.
@@ -6266,6 +8030,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   C& comm_;
   optimizer_options options_;
   bool checked_ = false;
+  std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
   int accumulated_ = 0;

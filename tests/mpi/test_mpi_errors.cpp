@@ -106,7 +106,7 @@ HERD_MPI_TEST_CASE("a rank waiting for a message that never comes gives up after
       comm.wait(r);
     });
     INFO(message);
-    CHECK(has(message, "rank 0 has waited 1 s to receive from rank 1 (tag 11)"));
+    CHECK(has(message, "rank 0 has waited 1.0 s to receive from rank 1 (tag 11)"));
   }
   herd::barrier(patient);
 }

@@ -7,6 +7,7 @@
 #include <herd/tensor/buffer_view.hpp>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace herd_test {
@@ -27,8 +28,10 @@ class native_stand_in {
   void sendrecv(const void* s, std::size_t sn, int to, void* r, std::size_t rn, int from, int tag) {
     host_->sendrecv(s, sn, to, r, rn, from, tag);
   }
-  void barrier() { host_->barrier(); }
   native_stand_in split(int, int) const { return *this; }
+  const herd::comm_options& options() const { return host_->options(); }
+  herd::detail::operation_state& operations() { return host_->operations(); }
+  void abort(std::string_view reason) noexcept { host_->abort(reason); }
   bool supports(herd::device d) const { return d == herd::device::cuda(0); }
   herd::local_communicator& control() { return *host_; }
 

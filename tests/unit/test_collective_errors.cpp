@@ -154,7 +154,7 @@ TEST_CASE("ranks calling different collectives") {
                               if (comm.rank() == 0) herd::allreduce(v, comm);
                               else herd::broadcast(v, comm, 0);
                             }),
-            {"ranks called different collectives (rank 0: allreduce, rank 1: broadcast)"});
+            {"the ranks are in different operations: rank 0 is in allreduce #1 (32 B f32), rank 1 in broadcast #1 (32 B f32)"});
 }
 
 TEST_CASE("broadcast roots out of range or differing") {

@@ -1,6 +1,7 @@
 // local_communicator: point-to-point semantics, barrier, split, and failure propagation.
 
 #include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/barrier.hpp>
 #include <herd/comm/local.hpp>
 #include <herd/tensor/std.hpp>
 
@@ -38,7 +39,7 @@ TEST_CASE("tags keep messages apart and test() reports completion") {
     if (comm.rank() == 0) {
       const int one = 1;
       const int two = 2;
-      comm.barrier();
+      herd::barrier(comm);
       auto s2 = comm.isend(&two, sizeof two, 1, 2);
       auto s1 = comm.isend(&one, sizeof one, 1, 1);
       comm.wait(s2);
@@ -49,7 +50,7 @@ TEST_CASE("tags keep messages apart and test() reports completion") {
       auto r1 = comm.irecv(&a, sizeof a, 0, 1);  // posted first, but only tag 1 may match it
       auto r2 = comm.irecv(&b, sizeof b, 0, 2);
       CHECK_FALSE(comm.test(r1));
-      comm.barrier();
+      herd::barrier(comm);
       comm.wait(r2);
       CHECK(b == 2);
       while (!comm.test(r1)) {
@@ -84,7 +85,7 @@ TEST_CASE("barrier holds every rank until all arrive") {
     std::atomic<int> early{0};
     herd::local::run(p, [&](herd::local_communicator& comm) {
       arrived++;
-      comm.barrier();
+      herd::barrier(comm);
       if (arrived.load() != p) early++;
     });
     CHECK(early.load() == 0);
@@ -118,9 +119,10 @@ TEST_CASE("an exception on one rank is rethrown by run() and releases the others
   std::atomic<int> released{0};
   try {
     herd::local::run(4, [&](herd::local_communicator& comm) {
-      if (comm.rank() == 2) throw std::runtime_error("rank two gives up");
       std::vector<float> v(10, 1.0f);
       try {
+        herd::allreduce(v, comm);  // every rank has created its communicator (not a must: run() releases those too)
+        if (comm.rank() == 2) throw std::runtime_error("rank two gives up");
         herd::allreduce(v, comm);  // waits for rank 2 forever, unless released
       } catch (const herd::error& e) {
         if (std::string(e.what()).find("rank 2 failed") != std::string::npos) released++;

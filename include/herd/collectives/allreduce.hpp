@@ -5,21 +5,29 @@
 //   herd::allreduce(grad, comm);                          // in place, sum
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::allreduce(input, output, comm, herd::reduce_op::max);   // out of place
+//   herd::allreduce(herd::views(w, b, e), comm, herd::reduce_op::avg);  // many tensors, one operation
+//   herd::handle h = herd::allreduce_async(grad, comm);   // starts it; h.wait() finishes it
 //
-// Host tensors up to 8 KiB travel with the ranks' argument check (collectives/detail/agreement.hpp)
+// Host tensors up to 8 KiB travel with the ranks' agreement (collectives/detail/agreement.hpp)
 // and every rank combines them itself, in rank order; larger ones take the ring
 // (collectives/detail/ring.hpp): reduce-scatter, then allgather, pipelined. GPU tensors take NCCL
 // on an nccl_communicator, or herd's staged ring with its kernels over MPI (detail/dispatch.hpp).
+// The grouped form (Horovod's grouped_allreduce) checks the whole list across ranks once and
+// packs host tensors of one dtype into one buffer, reduced by one ring.
 
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/dispatch.hpp>
+#include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
+#include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
-#include <herd/runtime/env.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
@@ -29,11 +37,11 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   const int p = comm.size();
   const std::size_t es = size_of(type);
   if (p == 1) {  // the reduction of one tensor, avg included, is the tensor
-    if (out != in) std::memcpy(out, in, count * es);
+    if (out != in && count != 0) std::memcpy(out, in, count * es);
     return;
   }
   const chunk_layout chunks = chunk_layout::even(count, p);
-  const std::size_t segment_bytes = runtime::defaults().ring_segment_bytes;
+  const std::size_t segment_bytes = comm.options().ring_segment_bytes;
   ring_reduce_scatter(
       comm, type, op, chunks, segment_bytes,
       [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
@@ -41,7 +49,18 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   ring_allgather(comm, out, es, chunks, segment_bytes);
 }
 
-template <communicator C> void allreduce(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
+// One allreduce: its arguments, checked on this rank.
+struct allreduce_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  reduce_op op;
+
+  op_label label() const { return tensor_label(op_kind::allreduce, in); }
+};
+
+template <communicator C>
+allreduce_call prepare_allreduce(call_check check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
   check.require_valid("input", in);
   check.require_valid("output", out);
   check.require_op(in.type, op);
@@ -52,13 +71,33 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  return {std::move(check), in, out, op};
+}
+
+// The reduction of the tensor itself, after the agreement (no checks: the caller made them).
+template <communicator C>
+void reduce_tensor(C& comm, const_buffer_view in, buffer_view out, reduce_op op, bool host_sync) {
+  if (in.count == 0) return;
+  if constexpr (native_collectives<C>) {
+    native_reduction(comm, out, op, host_sync, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
+  } else {
+    (void)host_sync;
+#if HERD_WITH_CUDA_KERNELS
+    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
+#endif
+    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+                   in.count);
+  }
+}
+
+template <communicator C> void run_allreduce(C& comm, const allreduce_call& call, bool host_sync) {
+  const auto& [check, in, out, op] = call;
   signature mine;
-  mine.kind = collective_kind::allreduce;
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
   mine.memory = in.device.type;
-  const std::size_t bytes = in.bytes();
+  const std::size_t bytes = check.ok() ? in.bytes() : 0;
   const int p = comm.size();
   if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
@@ -73,17 +112,102 @@ template <communicator C> void allreduce(call_check& check, const_buffer_view in
     return;
   }
   agree(comm, mine, check);
-  if (in.count == 0) return;
+  reduce_tensor(comm, in, out, op, host_sync);
+}
+
+// Many tensors as one operation.
+struct grouped_allreduce_call {
+  call_check check;
+  std::vector<buffer_view> tensors;
+  reduce_op op;
+  std::size_t total = 0;     // elements
+  std::uint64_t layout = 0;  // the list: every tensor's count, dtype and device kind
+
+  op_label label() const {
+    op_label l{op_kind::grouped_allreduce};
+    l.count = total;
+    return l;
+  }
+};
+
+template <communicator C>
+grouped_allreduce_call prepare_grouped_allreduce(call_check check, std::vector<buffer_view> tensors, C& comm,
+                                                 reduce_op op) {
+  std::vector<std::size_t> codes;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const buffer_view& t = tensors[i];
+    const std::string role = "grouped tensor " + std::to_string(i) + "'s";
+    check.require_valid(role.c_str(), t);
+    check.require_op(t.type, op);
+    check.require_reachable(role.c_str(), t, reaches(comm, t.device), unreachable_advice(comm, t.device));
+    if constexpr (native_collectives<C>) require_native_op(check, t.type, op);
+    for (std::size_t j = 0; check.ok() && j < i; ++j) {
+      check.require_disjoint(tensors[j], t, nullptr, nullptr);
+    }
+    codes.push_back(t.count);
+    codes.push_back(static_cast<std::size_t>(t.type) | static_cast<std::size_t>(t.device.type) << 8);
+    total += t.count;
+  }
+  grouped_allreduce_call call{std::move(check), std::move(tensors), op};
+  call.total = total;
+  call.layout = hash_counts(codes);
+  return call;
+}
+
+template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allreduce_call& call, bool host_sync) {
+  signature mine;
+  mine.op = call.op;
+  mine.count = call.total;
+  mine.layout = call.layout;
+  mine.memory = call.tensors.empty() ? device::kind::cpu : call.tensors.front().device.type;
+  agree(comm, mine, call.check);
+  const auto& tensors = call.tensors;
+  std::vector<bool> done(tensors.size(), false);
+  for (std::size_t first = 0; first < tensors.size(); ++first) {
+    if (done[first]) continue;
+    const buffer_view& lead = tensors[first];
+    if (lead.device.is_cuda() || comm.size() == 1) {  // device tensors one by one; one rank: nothing to do
+      done[first] = true;
+      reduce_tensor(comm, lead, lead, call.op, false);
+      continue;
+    }
+    // Host tensors of lead's dtype: packed into one buffer, reduced by one ring, unpacked.
+    std::vector<std::size_t> members;
+    std::size_t count = 0;
+    for (std::size_t i = first; i < tensors.size(); ++i) {
+      if (!done[i] && tensors[i].device.is_cpu() && tensors[i].type == lead.type) {
+        done[i] = true;
+        members.push_back(i);
+        count += tensors[i].count;
+      }
+    }
+    if (members.size() == 1) {
+      reduce_tensor(comm, lead, lead, call.op, false);
+      continue;
+    }
+    const std::size_t es = size_of(lead.type);
+    std::byte* fused = scratch(count * es, 3);
+    std::size_t at = 0;
+    for (std::size_t i : members) {
+      if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
+      at += tensors[i].bytes();
+    }
+    ring_allreduce(comm, lead.type, call.op, fused, fused, count);
+    at = 0;
+    for (std::size_t i : members) {
+      if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());
+      at += tensors[i].bytes();
+    }
+  }
   if constexpr (native_collectives<C>) {
-    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_allreduce(in, out, o); });
+    if (host_sync) comm.synchronize();
   } else {
-#if HERD_WITH_CUDA_KERNELS
-    if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
-#endif
-    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
-                   in.count);
+    (void)host_sync;
   }
 }
+
+template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -92,11 +216,14 @@ namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // In place: `tensor` ends as the reduction over all ranks.
-template <class T, communicator C> void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
+template <class T, communicator C>
+  requires(!detail::is_view_list<T>)
+void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_writable_tensor<T>();
-  detail::call_check check(detail::collective_kind::allreduce, comm.rank(), comm.size());
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const buffer_view v = check.view("input", tensor);
-  detail::allreduce(check, v, v, comm, op);
+  const auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
 }
 
 // Out of place: `output` (same dtype and size as `input`) receives the reduction; `input` is unchanged.
@@ -104,10 +231,58 @@ template <class In, class Out, communicator C>
 void allreduce(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_tensor<In>();
   detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::allreduce, comm.rank(), comm.size());
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const const_buffer_view in = check.const_view("input", input);
   const buffer_view out = check.view("output", output);
-  detail::allreduce(check, in, out, comm, op);
+  const auto call = detail::prepare_allreduce(std::move(check), in, out, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
+}
+
+// Many tensors, each in place, as one operation (herd::views(a, b, c) makes the list).
+template <communicator C>
+void allreduce(const std::vector<buffer_view>& tensors, C& comm, reduce_op op = reduce_op::sum) {
+  detail::call_check check(detail::op_kind::grouped_allreduce, comm.rank(), comm.size());
+  const auto call = detail::prepare_grouped_allreduce(std::move(check), tensors, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_grouped_allreduce(comm, call, sync); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle). The tensors
+// must stay alive and untouched until then.
+template <class T, communicator C>
+  requires(!detail::is_view_list<T>)
+[[nodiscard]] handle allreduce_async(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
+  detail::require_writable_tensor<T>();
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allreduce(comm, call, sync);
+  });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle allreduce_async(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
+  detail::require_tensor<In>();
+  detail::require_writable_tensor<Out>();
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  auto call = detail::prepare_allreduce(std::move(check), in, out, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_allreduce(comm, call, sync);
+  });
+}
+
+template <communicator C>
+[[nodiscard]] handle allreduce_async(std::vector<buffer_view> tensors, C& comm, reduce_op op = reduce_op::sum) {
+  detail::call_check check(detail::op_kind::grouped_allreduce, comm.rank(), comm.size());
+  auto call = detail::prepare_grouped_allreduce(std::move(check), std::move(tensors), comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_grouped_allreduce(comm, call, sync);
+  });
 }
 
 HERD_CONFIG_NAMESPACE_END

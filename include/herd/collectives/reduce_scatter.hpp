@@ -3,13 +3,15 @@
 // the reduction over all ranks (MPI_Reduce_scatter_block).
 //
 //   herd::reduce_scatter(grads, my_shard, comm, herd::reduce_op::avg);  // grads.size() == p * my_shard.size()
+//   herd::handle h = herd::reduce_scatter_async(grads, my_shard, comm);  // h.wait() finishes it
 
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/dispatch.hpp>
+#include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
-#include <herd/runtime/env.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstring>
@@ -20,22 +22,39 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op);
 
-template <communicator C>
-void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C& comm, reduce_op op) {
-  const int p = comm.size();
+struct reduce_scatter_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  reduce_op op;
+
+  op_label label() const { return tensor_label(op_kind::reduce_scatter, in); }
+};
+
+template <class In, class Out, communicator C>
+reduce_scatter_call prepare_reduce_scatter(const In& input, Out& output, C& comm, reduce_op op) {
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::reduce_scatter, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
   check.require_valid("input", in);
   check.require_valid("output", out);
   check.require_op(in.type, op);
   check.require_same_dtype(in, out);
-  check.require_count("input", in.count, out.count * static_cast<std::size_t>(p),
+  check.require_count("input", in.count, out.count * static_cast<std::size_t>(comm.size()),
                       "the output's elements times the ranks");
   check.require_disjoint(in, out, nullptr, nullptr);
   check.require_reachable("input", in, reaches(comm, in.device), unreachable_advice(comm, in.device));
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  return {std::move(check), in, out, op};
+}
+
+template <communicator C> void run_reduce_scatter(C& comm, const reduce_scatter_call& call, bool host_sync) {
+  const auto& [check, in, out, op] = call;
   signature mine;
-  mine.kind = collective_kind::reduce_scatter;
   mine.type = in.type;
   mine.op = op;
   mine.count = in.count;
@@ -43,8 +62,9 @@ void reduce_scatter(call_check& check, const_buffer_view in, buffer_view out, C&
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
-    native_reduction(comm, out, op, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
+    native_reduction(comm, out, op, host_sync, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
   } else {
+    (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {
       return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
@@ -70,7 +90,7 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
   ring_reduce_scatter(
-      comm, in.type, op, chunks, runtime::defaults().ring_segment_bytes,
+      comm, in.type, op, chunks, comm.options().ring_segment_bytes,
       [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; },
       [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
 }
@@ -83,12 +103,18 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 template <class In, class Out, communicator C>
 void reduce_scatter(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
-  detail::require_tensor<In>();
-  detail::require_writable_tensor<Out>();
-  detail::call_check check(detail::collective_kind::reduce_scatter, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = check.view("output", output);
-  detail::reduce_scatter(check, in, out, comm, op);
+  const auto call = detail::prepare_reduce_scatter(input, output, comm, op);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
+}
+
+// Starts the reduce-scatter; the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle reduce_scatter_async(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum) {
+  auto call = detail::prepare_reduce_scatter(input, output, comm, op);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_reduce_scatter(comm, call, sync);
+  });
 }
 
 HERD_CONFIG_NAMESPACE_END

@@ -4,11 +4,16 @@
 //
 //   herd::local::run(4, [](herd::local_communicator& comm) { ... });
 //
-// Waiting ranks block on a condition variable rather than spinning. If fn throws on any rank,
-// every other rank's pending or later wait fails with herd::error, and run() rethrows the first
-// exception once all threads have finished.
+// Waiting ranks block on a condition variable rather than spinning. Operations follow the rules
+// of every herd communicator (comm/detail/operation.hpp): an operation that fails after its
+// agreement aborts the communicator on every rank, and a rank whose function returns while the
+// others wait for it makes them raise. If fn throws on any rank, every other rank's pending or
+// later wait fails with herd::error, and run() rethrows the first exception once all threads have
+// finished.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/operation.hpp>
+#include <herd/comm/detail/watchdog.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -16,9 +21,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,7 +35,7 @@ namespace herd {
 namespace detail::local {
 
 // One isend or irecv.
-struct operation {
+struct message {
   const void* send_data = nullptr;
   void* receive_data = nullptr;
   std::size_t bytes = 0;
@@ -39,13 +46,13 @@ struct operation {
   bool done = false;   // guarded by the owner's waiter mutex
   std::string failure;  // written before done
 };
-using operation_ptr = std::shared_ptr<operation>;
+using message_ptr = std::shared_ptr<message>;
 
 // Unmatched messages addressed to one rank, and that rank's unmatched receives.
 struct mailbox {
   std::mutex mutex;
-  std::deque<operation_ptr> sends;
-  std::deque<operation_ptr> receives;
+  std::deque<message_ptr> sends;
+  std::deque<message_ptr> receives;
 };
 
 struct waiter {
@@ -53,67 +60,115 @@ struct waiter {
   std::condition_variable wake;
 };
 
+inline constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+
 class world {
  public:
-  explicit world(int size) : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
-                             splits_(static_cast<std::size_t>(size), 0) {}
+  explicit world(int size)
+      : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
+        splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
+        aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
+        departed_at_(static_cast<std::size_t>(size), never) {}
 
   int size() const noexcept { return size_; }
-  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
-  std::string abort_reason() {
+  // --- local::run's failure: every wait of this world and of the worlds split from it fails.
+  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  std::string failure() {
     std::lock_guard lock(registry_mutex_);
-    return abort_reason_;
+    return failure_;
   }
-
-  // Wakes every waiting rank of this world and of the worlds split from it.
-  void abort(const std::string& reason) {
+  void fail(const std::string& reason) {
     std::vector<std::shared_ptr<world>> children;
     {
       // Under the registry lock, so that a world split from this one right now sees the flag.
       std::lock_guard lock(registry_mutex_);
-      if (abort_reason_.empty()) abort_reason_ = reason;
-      aborted_.store(true, std::memory_order_release);
+      if (failure_.empty()) failure_ = reason;
+      failed_.store(true, std::memory_order_release);
       for (auto& weak : children_)
         if (auto child = weak.lock()) children.push_back(std::move(child));
     }
-    for (auto& w : waiters_) {
-      { std::lock_guard lock(w.mutex); }
-      w.wake.notify_all();
-    }
-    for (auto& child : children) child->abort(reason);
+    wake_all();
+    for (auto& child : children) child->fail(reason);
   }
 
-  // Posts an operation, completing it (and its partner) at once if its partner is already waiting.
-  void post(const operation_ptr& op) {
-    mailbox& box = boxes_[static_cast<std::size_t>(op->receiving ? op->owner : op->peer)];
-    operation_ptr partner;
+  // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
+  void abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      auto& at = aborted_at_[static_cast<std::size_t>(rank)];
+      if (at == never) {
+        at = seq;
+        abort_reasons_[static_cast<std::size_t>(rank)] = reason;
+      }
+      events_.store(true, std::memory_order_release);
+    }
+    wake_all();
+  }
+  void depart(int rank, std::uint64_t issued) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      departed_at_[static_cast<std::size_t>(rank)] = issued;
+      events_.store(true, std::memory_order_release);
+    }
+    wake_all();
+  }
+
+  // Why rank `me`, in its operation `label`, waits in vain: a peer aborted that operation (or an
+  // earlier one), or left before issuing it. Empty when there is hope.
+  std::string hopeless(int me, const op_label& label) {
+    if (!events_.load(std::memory_order_acquire)) return {};
+    std::lock_guard lock(registry_mutex_);
+    // A departure is named before an abort, which may only be another rank's report of it.
+    for (int q = 0; q < size_; ++q) {
+      const auto at = static_cast<std::size_t>(q);
+      if (q != me && departed_at_[at] <= label.seq) {
+        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
+               std::to_string(departed_at_[at]) + " operations) while rank " + std::to_string(me) + " waits in " +
+               label.str();
+      }
+    }
+    for (int q = 0; q < size_; ++q) {
+      const auto at = static_cast<std::size_t>(q);
+      if (q != me && aborted_at_[at] <= label.seq) {
+        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(aborted_at_[at]) + " (" +
+               abort_reasons_[at] + ") while rank " + std::to_string(me) + " waits in " + label.str();
+      }
+    }
+    return {};
+  }
+
+  // Posts a message, completing it (and its partner) at once if its partner is already waiting.
+  void post(const message_ptr& m) {
+    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+    message_ptr partner;
     {
       std::lock_guard lock(box.mutex);
-      auto& partners = op->receiving ? box.sends : box.receives;
-      auto& mine = op->receiving ? box.receives : box.sends;
+      auto& partners = m->receiving ? box.sends : box.receives;
+      auto& mine = m->receiving ? box.receives : box.sends;
       // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
-      auto match = std::find_if(partners.begin(), partners.end(), [&](const operation_ptr& other) {
-        return other->tag == op->tag && (op->receiving ? other->owner == op->peer : other->peer == op->owner);
+      auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
+        return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
       });
       if (match == partners.end()) {
-        mine.push_back(op);
+        mine.push_back(m);
         return;
       }
       partner = *match;
       partners.erase(match);
-      transfer(op->receiving ? *partner : *op, op->receiving ? *op : *partner);
+      transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
     }
     complete(*partner);
-    complete(*op);
+    complete(*m);
   }
 
-  // Takes back an operation nobody matched yet; true if it was still unmatched.
-  bool withdraw(const operation_ptr& op) {
-    mailbox& box = boxes_[static_cast<std::size_t>(op->receiving ? op->owner : op->peer)];
+  // Takes back a message nobody matched yet, so that nothing is read from or written into its
+  // memory later; true if it was still unmatched.
+  bool withdraw(const message_ptr& m) {
+    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
     std::lock_guard lock(box.mutex);
-    auto& mine = op->receiving ? box.receives : box.sends;
-    auto it = std::find(mine.begin(), mine.end(), op);
+    auto& mine = m->receiving ? box.receives : box.sends;
+    auto it = std::find(mine.begin(), mine.end(), m);
     if (it == mine.end()) return false;
     mine.erase(it);
     return true;
@@ -125,21 +180,39 @@ class world {
   // calls it once; the first creates it.
   std::shared_ptr<world> split_world(int rank, int color, int members) {
     std::lock_guard lock(registry_mutex_);
-    const auto key = std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color);
-    auto& entry = pending_splits_[key];
+    return shared_world(pending_splits_, std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color), members);
+  }
+
+  // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
+  std::shared_ptr<world> renewed_world(int rank) {
+    std::lock_guard lock(registry_mutex_);
+    return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
+  }
+
+ private:
+  using pending = std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>>;
+
+  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members) {
+    auto& entry = table[key];
     if (!entry.first) {
       entry.first = std::make_shared<world>(members);
       entry.second = members;
       children_.push_back(entry.first);
-      if (aborted()) entry.first->abort(abort_reason_);
+      if (failed()) entry.first->fail(failure_);
     }
     auto result = entry.first;
-    if (--entry.second == 0) pending_splits_.erase(key);
+    if (--entry.second == 0) table.erase(key);
     return result;
   }
 
- private:
-  static void transfer(operation& send, operation& receive) {
+  void wake_all() {
+    for (auto& w : waiters_) {
+      { std::lock_guard lock(w.mutex); }
+      w.wake.notify_all();
+    }
+  }
+
+  static void transfer(message& send, message& receive) {
     if (send.bytes > receive.bytes) {
       const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
                                std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
@@ -151,11 +224,11 @@ class world {
     if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
   }
 
-  void complete(operation& op) {
-    waiter& w = waiter_of(op.owner);
+  void complete(message& m) {
+    waiter& w = waiter_of(m.owner);
     {
       std::lock_guard lock(w.mutex);
-      op.done = true;
+      m.done = true;
     }
     w.wake.notify_all();
   }
@@ -163,11 +236,16 @@ class world {
   int size_;
   std::deque<mailbox> boxes_;  // deque: mutexes neither copy nor move
   std::deque<waiter> waiters_;
-  std::atomic<bool> aborted_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> events_{false};  // some rank aborted or departed
   std::mutex registry_mutex_;
-  std::string abort_reason_;
+  std::string failure_;
   std::vector<int> splits_;
-  std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>> pending_splits_;
+  std::vector<int> renewals_;
+  std::vector<std::uint64_t> aborted_at_;
+  std::vector<std::string> abort_reasons_;
+  std::vector<std::uint64_t> departed_at_;
+  pending pending_splits_;
   std::vector<std::weak_ptr<world>> children_;
 };
 
@@ -175,6 +253,8 @@ class world {
 
 class local_communicator {
  public:
+  // A pending isend or irecv. Destroying one that is still pending withdraws it, so that nothing
+  // is read from or written into its memory afterwards.
   class request {
    public:
     request() = default;
@@ -183,53 +263,70 @@ class local_communicator {
       if (this != &other) {
         release();
         world_ = std::move(other.world_);
-        op_ = std::move(other.op_);
+        message_ = std::move(other.message_);
       }
       return *this;
     }
     ~request() { release(); }
 
-    bool pending() const noexcept { return op_ != nullptr; }
+    bool pending() const noexcept { return message_ != nullptr; }
 
    private:
     friend class local_communicator;
-    // A receive abandoned before it matched must never be written into later.
     void release() noexcept {
-      if (op_) world_->withdraw(op_);
-      op_.reset();
+      if (message_) world_->withdraw(message_);
+      message_.reset();
     }
     std::shared_ptr<detail::local::world> world_;
-    detail::local::operation_ptr op_;
+    detail::local::message_ptr message_;
   };
 
+  // Rank `rank` of the world `w`; local::run makes these. Creating one is an operation: all ranks
+  // of `w` create theirs together.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, comm_options options = {})
-      : world_(std::move(w)), rank_(rank), options_(options) {}
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+    detail::agree_creation(*this, runtime::defaults().problem);
+  }
+
+  local_communicator(local_communicator&& other) noexcept { take(other); }
+  local_communicator& operator=(local_communicator&& other) noexcept {
+    if (this != &other) {
+      leave();
+      take(other);
+    }
+    return *this;
+  }
+  local_communicator(const local_communicator&) = delete;
+  local_communicator& operator=(const local_communicator&) = delete;
+  // Waits for this rank's queued operations, then tells the other ranks it has left.
+  ~local_communicator() { leave(); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }
-  const comm_options& options() const noexcept { return options_; }
+  const comm_options& options() const noexcept { return ops_->options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
+  detail::operation_state& operations() noexcept { return *ops_; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("isend", rank_, size(), data, bytes);
-    auto op = make_operation(bytes, peer, tag, false);
-    op->send_data = data;
-    return start(std::move(op));
+    auto m = make_message(bytes, peer, tag, false);
+    m->send_data = data;
+    return start(std::move(m));
   }
 
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("irecv", rank_, size(), data, bytes);
-    auto op = make_operation(bytes, peer, tag, true);
-    op->receive_data = data;
-    return start(std::move(op));
+    auto m = make_message(bytes, peer, tag, true);
+    m->receive_data = data;
+    return start(std::move(m));
   }
 
   bool test(request& r) {
     if (!r.pending()) return true;
     {
       std::lock_guard lock(world_->waiter_of(rank_).mutex);
-      if (!r.op_->done) {
-        if (world_->aborted()) fail_aborted();
+      if (!r.message_->done) {
+        if (world_->failed()) fail_with_world();
         return false;
       }
     }
@@ -241,21 +338,30 @@ class local_communicator {
     if (!r.pending()) return;
     {
       detail::local::waiter& w = world_->waiter_of(rank_);
-      detail::stall_watch watch(options_);
+      detail::waiting watch(options());
       std::unique_lock lock(w.mutex);
-      while (!r.op_->done) {
-        if (world_->aborted()) {
+      while (!r.message_->done) {
+        if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
           lock.unlock();
-          fail_aborted();
+          check_peers();
         }
         if (w.wake.wait_for(lock, std::chrono::milliseconds(250)) == std::cv_status::timeout) {
           lock.unlock();
-          watch.check(rank_, size(), r.op_->peer, r.op_->receiving, r.op_->tag);
+          watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
           lock.lock();
         }
       }
     }
     finish(r);
+  }
+
+  // Raises if a peer aborted the running operation (or an earlier one), or left before it.
+  void check_peers() {
+    if (world_->failed()) fail_with_world();
+    if (!ops_->in_operation()) return;
+    if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
+      detail::raise(site(), why, "");
+    }
   }
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
@@ -266,80 +372,113 @@ class local_communicator {
     wait(sr);
   }
 
-  // Dissemination barrier: ceil(log2 size) rounds of empty messages.
-  void barrier() {
-    const int n = size();
-    for (int distance = 1; distance < n; distance *= 2) {
-      sendrecv(nullptr, 0, (rank_ + distance) % n, nullptr, 0, (rank_ - distance + n) % n,
-               detail::tag_value(detail::tag::barrier));
-    }
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
+  // operation of this communicator: every rank calls it.
+  local_communicator split(int color, int key) const {
+    auto& self = const_cast<local_communicator&>(*this);
+    std::shared_ptr<detail::local::world> part;
+    int new_rank = 0;
+    detail::run_operation(self, {detail::op_kind::split}, [&] {
+      const int mine[2] = {color, key};
+      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
+      const int n = size();
+      auto pair_of = [&](int r) {
+        int pair[2];
+        std::memcpy(pair, all.payload(r), sizeof pair);
+        return std::make_pair(pair[0], pair[1]);
+      };
+      for (int r = 0; r < n; ++r) {
+        if (pair_of(r).first < 0) {
+          detail::raise_agreed({"split", rank_, n}, "rank " + std::to_string(r) + " passed the negative color " +
+                                                        std::to_string(pair_of(r).first),
+                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+        }
+      }
+      std::vector<int> members;
+      for (int r = 0; r < n; ++r)
+        if (pair_of(r).first == color) members.push_back(r);
+      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return pair_of(a).second < pair_of(b).second; });
+      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      part = world_->split_world(rank_, color, static_cast<int>(members.size()));
+    });
+    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
   }
 
-  local_communicator split(int color, int key) const {
-    if (color < 0) {
-      detail::raise({"split", rank_, size()}, "color " + std::to_string(color) + " is negative",
-                    "Pass a color >= 0; ranks with equal colors end up in the same communicator");
+  // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
+  // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  local_communicator renew() const { return renew(options()); }
+  local_communicator renew(const comm_options& options) const {
+    return local_communicator(world_->renewed_world(rank_), rank_, options);
+  }
+
+  // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
+  // request of the operation still pending is withdrawn when its owner destroys it.
+  void abort(std::string_view reason) noexcept {
+    try {
+      ops_->mark_aborted(std::string(reason));
+      world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
+    } catch (...) {
+      world_->fail("rank " + std::to_string(rank_) + " could not record an abort");
     }
-    // Every rank learns every (color, key), then the members of each color agree on one world.
-    auto& self = const_cast<local_communicator&>(*this);
-    const int n = size();
-    std::vector<int> pairs(2 * static_cast<std::size_t>(n));
-    const int mine[2] = {color, key};
-    std::vector<request> pending;
-    for (int peer = 0; peer < n; ++peer) {
-      pending.push_back(self.irecv(&pairs[2 * static_cast<std::size_t>(peer)], sizeof mine, peer,
-                                   detail::tag_value(detail::tag::split)));
-      pending.push_back(self.isend(mine, sizeof mine, peer, detail::tag_value(detail::tag::split)));
-    }
-    for (auto& r : pending) self.wait(r);
-    std::vector<int> members;
-    for (int peer = 0; peer < n; ++peer)
-      if (pairs[2 * static_cast<std::size_t>(peer)] == color) members.push_back(peer);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return pairs[2 * static_cast<std::size_t>(a) + 1] < pairs[2 * static_cast<std::size_t>(b) + 1];
-    });
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-    return local_communicator(world_->split_world(rank_, color, static_cast<int>(members.size())), new_rank,
-                              options_);
   }
 
  private:
-  detail::local::operation_ptr make_operation(std::size_t bytes, int peer, int tag, bool receiving) const {
-    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
-    if (world_->aborted()) fail_aborted();
-    auto op = std::make_shared<detail::local::operation>();
-    op->bytes = bytes;
-    op->owner = rank_;
-    op->peer = peer;
-    op->tag = tag;
-    op->receiving = receiving;
-    return op;
+  struct adopt_tag {};
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+
+  void take(local_communicator& other) noexcept {
+    if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
+    world_ = std::move(other.world_);
+    rank_ = other.rank_;
+    ops_ = std::move(other.ops_);
   }
 
-  request start(detail::local::operation_ptr op) {
-    world_->post(op);
+  void leave() noexcept {
+    if (!ops_) return;
+    ops_->drain();
+    world_->depart(rank_, ops_->issued());
+    ops_.reset();
+  }
+
+  detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
+
+  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
+    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+    if (world_->failed()) fail_with_world();
+    if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
+    auto m = std::make_shared<detail::local::message>();
+    m->bytes = bytes;
+    m->owner = rank_;
+    m->peer = peer;
+    m->tag = tag;
+    m->receiving = receiving;
+    return m;
+  }
+
+  request start(detail::local::message_ptr m) {
+    world_->post(m);
     request r;
     r.world_ = world_;
-    r.op_ = std::move(op);
+    r.message_ = std::move(m);
     return r;
   }
 
   void finish(request& r) {
-    auto op = std::move(r.op_);
-    if (!op->failure.empty()) {
-      detail::raise({op->receiving ? "irecv" : "isend", rank_, size()}, op->failure,
+    auto m = std::move(r.message_);
+    if (!m->failure.empty()) {
+      detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
                     "Post receive buffers at least as large as the messages sent to them");
     }
   }
 
-  [[noreturn]] void fail_aborted() const {
-    detail::raise({"local_communicator", rank_, size()}, "stopped because " + world_->abort_reason(),
-                  "See the first exception, which local::run rethrows");
+  [[noreturn]] void fail_with_world() const {
+    detail::raise(site(), "stopped because " + world_->failure(), "See the first exception, which local::run rethrows");
   }
 
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
-  comm_options options_;
+  std::unique_ptr<detail::operation_state> ops_;
 };
 
 namespace local {
@@ -355,9 +494,12 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(n));
   std::atomic<int> first_failure{-1};
   auto body = [&](int rank) {
+    // Destroyed after the failure is recorded, so that the others learn of the failure rather
+    // than of a departure.
+    std::optional<local_communicator> comm;
     try {
-      local_communicator comm(w, rank, options);
-      fn(comm);
+      comm.emplace(w, rank, options);
+      fn(*comm);
     } catch (...) {
       failures[static_cast<std::size_t>(rank)] = std::current_exception();
       int none = -1;
@@ -370,7 +512,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
           what += e.what();
         } catch (...) {
         }
-        w->abort(what);
+        w->fail(what);
       }
     }
   };
@@ -379,7 +521,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
   try {
     for (int rank = 1; rank < n; ++rank) threads.emplace_back(body, rank);
   } catch (...) {
-    w->abort("local::run could not start a thread");
+    w->fail("local::run could not start a thread");
     for (auto& t : threads) t.join();
     throw;
   }

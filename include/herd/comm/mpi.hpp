@@ -1,20 +1,74 @@
 #pragma once
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
+//
+// Besides moving bytes, an mpi_communicator keeps the rules every herd communicator follows
+// (comm/detail/operation.hpp). Ranks tell each other about aborts and departures with small
+// notices on a tag of their own, which every rank waiting inside an operation polls:
+// - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
+//   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
+//   own receives, drains the messages its peers sent it in that operation (so that their sends
+//   complete), waits until its own sends are complete, says "done", and waits (a bounded time) for
+//   every peer's "done". Only then does the error reach the caller: MPI never reads or writes a
+//   buffer that the caller may free after catching it. (MPI cannot cancel a send once posted, so
+//   this is the only safe way: the receiver must take it.)
+// - closed: the sender destroyed its communicator (returned from main, say) after issuing n
+//   operations. A rank waiting in operation n or later raises at once.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/operation.hpp>
+#include <herd/comm/detail/watchdog.hpp>
 
 #include <mpi.h>
 #if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
 #endif
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace herd {
+namespace detail {
+class mpi_state;
+
+// The communicators of this process. A destroyed communicator stays "retired" until every peer's
+// departure notice has arrived (after which nothing more can), taking in and throwing away what
+// still comes, so that no message is left unmatched; MPI_Finalize (through an attribute on
+// MPI_COMM_SELF, whose delete callback MPI runs first thing) tells the peers of communicators
+// still alive that this rank leaves, and waits a bounded time for the retired ones.
+struct mpi_registry {
+  std::recursive_mutex mutex;  // a state destroyed under it takes itself off the lists
+  std::vector<mpi_state*> live;
+  std::vector<std::unique_ptr<mpi_state>> retired;
+  // Aborted communicators some of whose peers had not settled their messages when this rank went
+  // on: every wait of this process keeps draining them, so that those peers' sends complete.
+  std::vector<mpi_state*> unsettled;
+  std::atomic<bool> any_unsettled{false};
+  bool hooked = false;
+};
+inline mpi_registry& registry() {
+  static mpi_registry r;
+  return r;
+}
+
+// Messages above this many bytes are sent as one message of a derived datatype, whose count fits
+// an int: MPI before version 4 counts in int. (Tests lower it to exercise that path.)
+inline std::size_t& mpi_message_limit() {
+  static std::size_t limit = static_cast<std::size_t>(INT_MAX);
+  return limit;
+}
+}  // namespace detail
+
 namespace mpi {
 
 inline bool is_initialized() {
@@ -36,10 +90,9 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
+  // MPI_Finalize first tells the peers of every communicator still alive that this rank leaves.
   ~environment() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (owns_ && is_initialized()) MPI_Finalize();
   }
 
   // The thread support MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
@@ -111,10 +164,327 @@ inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank
 
 }  // namespace mpi
 
+namespace detail {
+
+// A committed datatype of `bytes` bytes made of pieces of `limit` bytes and a remainder, for a
+// message whose byte count does not fit an int (MPI before version 4 counts in int).
+inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type) {
+  MPI_Datatype block = MPI_DATATYPE_NULL;
+  int code = MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
+  if (code != MPI_SUCCESS) return code;
+  int lengths[2] = {static_cast<int>(bytes / limit), static_cast<int>(bytes % limit)};
+  MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(bytes / limit * limit)};
+  MPI_Datatype types[2] = {block, MPI_BYTE};
+  code = MPI_Type_create_struct(lengths[1] != 0 ? 2 : 1, lengths, offsets, types, type);
+  MPI_Type_free(&block);  // the struct keeps what it needs
+  return code == MPI_SUCCESS ? MPI_Type_commit(type) : code;
+}
+
+// A notice between the ranks of one communicator. Small enough to travel eagerly.
+struct mpi_notice {
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3 };
+  std::uint32_t magic = 0x4e544345;  // "NTCE"
+  std::uint8_t type = 0;
+  std::uint8_t unused[3] = {};
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued
+  char reason[1008] = {};
+};
+
+// What this rank has heard from a peer.
+struct mpi_peer {
+  std::uint64_t aborted_at = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
+  bool done = false;  // settled everything it had in flight after an abort
+  std::string reason;
+};
+
+// A request of an operation dropped while still pending (the operation is failing): the abort
+// settles it.
+struct mpi_orphan {
+  MPI_Request handle = MPI_REQUEST_NULL;
+  bool receiving = false;
+};
+
+// Everything an mpi_communicator owns, at an address that moves of the communicator keep.
+class mpi_state {
+ public:
+  explicit mpi_state(const comm_options& options) : ops(options) {}
+  mpi_state(const mpi_state&) = delete;
+  mpi_state& operator=(const mpi_state&) = delete;
+
+  ~mpi_state() {
+    {
+      auto& r = registry();
+      std::lock_guard lock(r.mutex);
+      r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
+      r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
+      r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
+    }
+    release();
+  }
+
+  // Gives back what MPI holds for this communicator.
+  void release() noexcept {
+    if (!mpi::is_initialized()) return;
+    if (incoming_request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&incoming_request);
+      MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
+    }
+    // Notices are small and sent eagerly, so they complete at once; one that does not within a
+    // second keeps its buffer (leaked on purpose) rather than free memory MPI may still read.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (reap_outgoing() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    for (auto& [buffer, request] : outgoing) {
+      MPI_Request_free(&request);
+      (void)buffer.release();
+    }
+    outgoing.clear();
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    comm = MPI_COMM_NULL;
+  }
+
+  void listen() {
+    peers.assign(static_cast<std::size_t>(size), mpi_peer{});
+    MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+  }
+
+  // Whether every peer has settled the messages of an abort (or left).
+  bool all_settled() const {
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && !peer.done && peer.departed_at == mpi_peer{}.departed_at) return false;
+    }
+    return true;
+  }
+
+  // Whether every peer has said it left: then no message can come any more.
+  bool all_departed() const {
+    for (int q = 0; q < size; ++q)
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == mpi_peer{}.departed_at) return false;
+    return true;
+  }
+
+  // Takes in the notices that arrived.
+  void poll_notices() {
+    std::unique_lock lock(notice_mutex, std::try_to_lock);
+    if (!lock || incoming_request == MPI_REQUEST_NULL) return;
+    for (;;) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+      const int from = status.MPI_SOURCE;
+      if (incoming.magic == mpi_notice{}.magic && from >= 0 && from < size) {
+        mpi_peer& peer = peers[static_cast<std::size_t>(from)];
+        incoming.reason[sizeof incoming.reason - 1] = '\0';
+        if (incoming.type == mpi_notice::abort && incoming.seq < peer.aborted_at) {
+          peer.aborted_at = incoming.seq;
+          peer.reason = incoming.reason;
+        } else if (incoming.type == mpi_notice::done) {
+          peer.done = true;
+        } else if (incoming.type == mpi_notice::closed) {
+          peer.departed_at = incoming.seq;
+        }
+      }
+      MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+    }
+  }
+
+  // Why this rank, in operation `label`, waits in vain (empty when there is hope).
+  // A departure is named before an abort, which may only be another rank's report of it.
+  std::string hopeless(const op_label& label) const {
+    for (int q = 0; q < size; ++q) {
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
+        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
+               std::to_string(peers[static_cast<std::size_t>(q)].departed_at) + " operations) while rank " +
+               std::to_string(rank) + " waits in " + label.str();
+      }
+    }
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && peer.aborted_at <= label.seq) {
+        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(peer.aborted_at) + " (" +
+               peer.reason + ") while rank " + std::to_string(rank) + " waits in " + label.str();
+      }
+    }
+    return {};
+  }
+
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) {
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      auto notice = std::make_unique<mpi_notice>();
+      notice->type = type;
+      notice->seq = seq;
+      const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
+      std::memcpy(notice->reason, reason.data(), n);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(notice.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request) == MPI_SUCCESS) {
+        outgoing.emplace_back(std::move(notice), request);
+      }
+    }
+  }
+
+  // Forgets the notices that were delivered; true while some are still in flight.
+  bool reap_outgoing() {
+    while (!outgoing.empty()) {
+      int done = 0;
+      MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
+      if (!done) return true;
+      outgoing.pop_front();
+    }
+    return false;
+  }
+
+  // Takes, and throws away, every message peers sent for operation `seq` or to the control tag,
+  // which completes their sends. (herd's messages are at most a ring segment or an agreement, so
+  // the buffer stays small; a receive into a smaller one would be an error MPI may treat as fatal.)
+  void drain(std::uint64_t seq) {
+    drain_tag(control_tag);
+    drain_tag(data_tag(seq));
+  }
+  void drain_tag(int tag) {
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
+      MPI_Count bytes = 0;
+      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
+      if (bytes <= INT_MAX) {
+        MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Datatype whole = MPI_DATATYPE_NULL;
+        make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
+        MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
+        MPI_Type_free(&whole);
+      }
+    }
+  }
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  bool cuda_aware = false;
+  bool departed = false;
+  std::uint64_t aborted_seq = 0;  // the operation an abort settles
+  operation_state ops;
+  std::vector<mpi_orphan> orphans;
+  std::vector<mpi_peer> peers;
+  mpi_notice incoming;
+  MPI_Request incoming_request = MPI_REQUEST_NULL;
+  std::deque<std::pair<std::unique_ptr<mpi_notice>, MPI_Request>> outgoing;
+  std::vector<char> sink;  // where drained messages land
+  std::mutex notice_mutex;
+};
+
+// Tells every peer that this rank leaves the communicator after the operations it issued.
+inline void depart(mpi_state& s) noexcept {
+  if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
+  s.departed = true;
+  try {
+    s.notify_all(mpi_notice::closed, s.ops.issued());
+  } catch (...) {
+  }
+}
+
+// Drains the aborted communicators whose peers have not all settled yet (see mpi_registry).
+inline void tend_unsettled() {
+  auto& r = registry();
+  if (!r.any_unsettled.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain(s.aborted_seq);
+    s.reap_outgoing();
+    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
+  }
+  r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
+}
+
+inline void add_unsettled(mpi_state* s) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.unsettled.push_back(s);
+  r.any_unsettled.store(true, std::memory_order_release);
+}
+
+// Frees the retired communicators that every peer has left; `all` frees the others too.
+inline void tend_retired(mpi_registry& r, bool all) {
+  for (auto it = r.retired.begin(); it != r.retired.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_tag(MPI_ANY_TAG);
+    s.reap_outgoing();
+    if (all || s.all_departed()) {
+      it = r.retired.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+inline int at_finalize(MPI_Comm, int, void*, void*) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (mpi_state* s : r.live) depart(*s);
+  // The peers' departures arrive as they destroy their communicators, normally within moments;
+  // a peer that is stuck is given up on after ten seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    tend_retired(r, false);
+    bool waiting = !r.retired.empty();
+    for (mpi_state* s : r.live) {
+      s->poll_notices();
+      s->drain_tag(MPI_ANY_TAG);
+      waiting = waiting || !s->all_departed();
+    }
+    if (!waiting || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  tend_retired(r, true);
+  for (mpi_state* s : r.live) s->release();
+  return MPI_SUCCESS;
+}
+
+inline void register_state(mpi_state* s) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (!r.hooked) {
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    r.hooked = true;
+  }
+  r.live.push_back(s);
+  tend_retired(r, false);
+}
+
+// A communicator's state after its owner is gone: it tells the peers and stays retired until
+// they have all left too.
+inline void retire(std::unique_ptr<mpi_state> s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
+  if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
+  depart(*s);
+  try {
+    r.retired.push_back(std::move(s));
+  } catch (...) {
+    return;  // s is freed now, without waiting for the peers
+  }
+  tend_retired(r, false);
+}
+
+}  // namespace detail
+
 class mpi_communicator {
  public:
-  // A pending isend or irecv. Destroying one that is still pending cancels a receive (so MPI never
-  // writes into memory the caller may free) and lets a send finish on its own.
+  // A pending isend or irecv. Destroying one that is still pending cancels a receive and waits
+  // for a send to complete, so that MPI never touches memory the caller may free next. (Inside a
+  // failing operation the abort settles it instead.)
   class request {
    public:
     request() = default;
@@ -123,10 +493,10 @@ class mpi_communicator {
       if (this != &other) {
         release();
         handle_ = std::exchange(other.handle_, MPI_REQUEST_NULL);
+        owner_ = other.owner_;
         peer_ = other.peer_;
         tag_ = other.tag_;
         receiving_ = other.receiving_;
-        collective_ = other.collective_;
       }
       return *this;
     }
@@ -138,88 +508,93 @@ class mpi_communicator {
     friend class mpi_communicator;
     void release() noexcept {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
-      if (collective_) {
-        // MPI forbids freeing or cancelling a nonblocking collective: leave it to MPI_Finalize.
-      } else if (receiving_) {
-        MPI_Cancel(&handle_);
-        MPI_Wait(&handle_, MPI_STATUS_IGNORE);
-      } else {
-        MPI_Request_free(&handle_);
+      if (owner_ != nullptr && tag_ >= reserved_tag_base && owner_->ops.in_operation()) {
+        try {
+          owner_->orphans.push_back({handle_, receiving_});
+          handle_ = MPI_REQUEST_NULL;
+          return;
+        } catch (...) {
+        }
       }
-      handle_ = MPI_REQUEST_NULL;
+      if (receiving_) MPI_Cancel(&handle_);
+      settle(handle_);
     }
 
     MPI_Request handle_ = MPI_REQUEST_NULL;
+    detail::mpi_state* owner_ = nullptr;
     int peer_ = -1;
     int tag_ = 0;
     bool receiving_ = false;
-    bool collective_ = false;
   };
 
-  // Duplicates `comm`, so herd's messages never mix with the caller's own on it.
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) : options_(options) {
+  // Duplicates `comm`, so herd's messages never mix with the caller's own on it. Every rank of
+  // `comm` creates its communicator together; the creation checks that all run the same wire
+  // protocol (comm_options) and raises on every rank if any has a malformed HERD_* variable.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) {
     if (!mpi::is_initialized()) {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
     }
-    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-    adopt();
+    make_state(options);
+    int parent_rank = 0;
+    int parent_size = 1;
+    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_Request pending = MPI_REQUEST_NULL;
+    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
+    {
+      // Watched like every wait: a rank that never comes to the creation is reported, not waited
+      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+      detail::waiting watch(options);
+      int done = 0;
+      for (;;) {
+        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) break;
+        if (watch.tick()) {
+          detail::tend_unsettled();
+          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
+        }
+        watch.pause();
+      }
+    }
+    adopt(copy);
+    detail::agree_creation(*this, runtime::defaults().problem);
   }
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
-  mpi_communicator(mpi_communicator&& other) noexcept { *this = std::move(other); }
+  mpi_communicator(mpi_communicator&& other) noexcept {
+    if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
+    s_ = std::move(other.s_);
+  }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
-      free();
-      comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
-      rank_ = other.rank_;
-      size_ = other.size_;
-      options_ = other.options_;
-      cuda_aware_ = other.cuda_aware_;
+      leave();
+      if (other.s_) other.s_->ops.drain();
+      s_ = std::move(other.s_);
     }
     return *this;
   }
-  ~mpi_communicator() { free(); }
+  // Waits for this rank's queued operations, then tells the other ranks it has left.
+  ~mpi_communicator() { leave(); }
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
-  MPI_Comm native() const noexcept { return comm_; }
-  const comm_options& options() const noexcept { return options_; }
+  int rank() const noexcept { return s_ ? s_->rank : 0; }
+  int size() const noexcept { return s_ ? s_->size : 1; }
+  MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
+  const comm_options& options() const noexcept { return s_->ops.options(); }
+  detail::operation_state& operations() noexcept { return s_->ops; }
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
   // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
-  bool cuda_aware() const noexcept { return cuda_aware_; }
+  bool cuda_aware() const noexcept { return s_->cuda_aware; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_peer("isend", rank_, size_, peer);
-    detail::check_buffer("isend", rank_, size_, data, bytes);
-    request r;
-    r.peer_ = peer;
-    r.tag_ = tag;
-#if MPI_VERSION >= 4
-    check(MPI_Isend_c(data, static_cast<MPI_Count>(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Isend_c");
-#else
-    check(MPI_Isend(data, count_of(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Isend");
-#endif
-    return r;
+    return post(const_cast<void*>(data), bytes, peer, tag, false);
   }
 
-  request irecv(void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_peer("irecv", rank_, size_, peer);
-    detail::check_buffer("irecv", rank_, size_, data, bytes);
-    request r;
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.receiving_ = true;
-#if MPI_VERSION >= 4
-    check(MPI_Irecv_c(data, static_cast<MPI_Count>(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Irecv_c");
-#else
-    check(MPI_Irecv(data, count_of(bytes), MPI_BYTE, peer, tag, comm_, &r.handle_), "MPI_Irecv");
-#endif
-    return r;
-  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag) { return post(data, bytes, peer, tag, true); }
 
   // True once the request completed (it is then no longer pending).
   bool test(request& r) {
@@ -229,17 +604,30 @@ class mpi_communicator {
     return done != 0;
   }
 
-  // Polls with a yield between tests instead of MPI_Wait's busy spin: with more ranks than cores,
-  // the rank being waited for gets the core sooner. Watches for stalls (comm_options).
+  // Polls (spinning briefly, then yielding, then sleeping: detail::waiting) instead of MPI_Wait's
+  // busy spin, so that with more ranks than cores the rank being waited for gets the core. Inside
+  // an operation, raises at once when a peer aborted it or left; always watched (comm_options).
   void wait(request& r) {
     for (int i = 0; i < 32; ++i) {
       if (test(r)) return;
     }
-    detail::stall_watch watch(options_);
-    for (unsigned polls = 1;; ++polls) {
+    detail::waiting watch(options());
+    for (;;) {
       if (test(r)) return;
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) watch.check(rank_, size_, r.peer_, r.receiving_, r.tag_);
+      if (watch.tick()) {
+        detail::tend_unsettled();
+        if (s_->ops.in_operation()) check_peers();
+        watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
+      }
+      watch.pause();
+    }
+  }
+
+  // Raises if a peer aborted the running operation (or an earlier one), or left before it.
+  void check_peers() {
+    s_->poll_notices();
+    if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
+      detail::raise(site(), why, "");
     }
   }
 
@@ -251,44 +639,169 @@ class mpi_communicator {
     wait(sr);
   }
 
-  void barrier() {
-    request r;
-    r.peer_ = -1;  // no one peer: the stall message says "in a barrier"
-    r.tag_ = detail::tag_value(detail::tag::barrier);
-    r.collective_ = true;
-    check(MPI_Ibarrier(comm_, &r.handle_), "MPI_Ibarrier");
-    wait(r);
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
+  // operation of this communicator: every rank calls it, and the colors are agreed first, so that
+  // a bad color on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
+  mpi_communicator split(int color, int key) const {
+    auto& self = const_cast<mpi_communicator&>(*this);
+    MPI_Comm part = MPI_COMM_NULL;
+    detail::run_operation(self, {detail::op_kind::split}, [&] {
+      const int mine[2] = {color, key};
+      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
+      for (int r = 0; r < size(); ++r) {
+        int pair[2];
+        std::memcpy(pair, all.payload(r), sizeof pair);
+        if (pair[0] < 0) {
+          detail::raise_agreed({"split", rank(), size()}, "rank " + std::to_string(r) + " passed the negative color " +
+                                                                std::to_string(pair[0]),
+                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+        }
+      }
+      check(MPI_Comm_split(native(), color, key, &part), "MPI_Comm_split");
+    });
+    return mpi_communicator(part, options(), adopt_tag{});
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here.
-  mpi_communicator split(int color, int key) const {
-    // Agree first: a rank that raised alone would leave the others inside MPI_Comm_split.
-    int lowest = color;
-    check(MPI_Allreduce(&color, &lowest, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
-    if (lowest < 0) {
-      detail::raise({"split", rank_, size_},
-                    color < 0 ? "color " + std::to_string(color) + " is negative" : std::string("another rank passed a negative color"),
-                    "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
+  // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
+  // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  mpi_communicator renew() const { return renew(options()); }
+  mpi_communicator renew(const comm_options& options) const { return mpi_communicator(native(), options); }
+
+  // Aborts the running operation (detail::run_now calls it when an operation fails after its
+  // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
+  // returns once this rank's sends are complete and every peer has said it is done (or, for peers
+  // that never answer, after the stall shutdown time).
+  void abort(std::string_view reason) noexcept {
+    if (!s_) return;
+    detail::mpi_state& s = *s_;
+    try {
+      s.ops.mark_aborted(std::string(reason));
+      const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.ops.issued();
+      for (auto& o : s.orphans) {
+        if (o.receiving) MPI_Cancel(&o.handle);
+      }
+      s.notify_all(detail::mpi_notice::abort, seq, reason);
+      detail::waiting watch(options());
+      bool said_done = false;
+      bool warned = false;
+      for (;;) {
+        bool in_flight = false;
+        for (auto& o : s.orphans) {
+          int done = 0;
+          if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+          in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+        }
+        if (!in_flight && !said_done) {
+          s.notify_all(detail::mpi_notice::done, seq);
+          said_done = true;
+        }
+        s.poll_notices();
+        s.drain(seq);
+        s.reap_outgoing();
+        if (watch.tick()) detail::tend_unsettled();
+        // A peer that does not answer within the stall shutdown time is left to the waits of
+        // this process, which go on draining its messages (tend_unsettled).
+        if (said_done && (s.all_settled() || watch.past_shutdown())) break;
+        if (!warned && !said_done && options().stall_check_seconds > 0 && watch.seconds() > options().stall_check_seconds) {
+          // Never raises: the sends still in flight read memory the caller owns.
+          warned = true;
+          std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of %s after an abort; "
+                               "its peers must take what it sent before it can return.\n",
+                       s.rank, watch.seconds(), s.ops.current().str().c_str());
+        }
+        watch.pause();
+      }
+      s.orphans.clear();
+      s.aborted_seq = seq;
+      if (!s.all_settled()) detail::add_unsettled(&s);
+    } catch (...) {
     }
-    MPI_Comm part = MPI_COMM_NULL;
-    check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
-    return mpi_communicator(part, options_, adopt_tag{});
   }
 
  private:
   struct adopt_tag {};
-  mpi_communicator(MPI_Comm owned, comm_options options, adopt_tag) : comm_(owned), options_(options) { adopt(); }
-
-  void adopt() {
-    cuda_aware_ = mpi::cuda_aware();
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
+  mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
+    make_state(options);
+    adopt(owned);
   }
 
-  void free() noexcept {
-    if (comm_ != MPI_COMM_NULL && mpi::is_initialized()) MPI_Comm_free(&comm_);
-    comm_ = MPI_COMM_NULL;
+  void make_state(comm_options options) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
+    if (level < MPI_THREAD_MULTIPLE) options.progress_thread = false;
+    s_ = std::make_unique<detail::mpi_state>(options);
+  }
+
+  void adopt(MPI_Comm comm) {
+    s_->comm = comm;
+    s_->cuda_aware = mpi::cuda_aware();
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &s_->rank);
+    MPI_Comm_size(comm, &s_->size);
+    s_->listen();
+    detail::register_state(s_.get());
+  }
+
+  void leave() noexcept {
+    if (!s_) return;
+    s_->ops.drain();
+    detail::retire(std::move(s_));
+  }
+
+  detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
+
+  request post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
+    const char* what = receiving ? "irecv" : "isend";
+    detail::check_peer(what, rank(), size(), peer);
+    detail::check_buffer(what, rank(), size(), data, bytes);
+    if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
+    request r;
+    r.owner_ = s_.get();
+    r.peer_ = peer;
+    r.tag_ = tag;
+    r.receiving_ = receiving;
+    if (bytes <= detail::mpi_message_limit()) {
+      const int count = static_cast<int>(bytes);
+      check(receiving ? MPI_Irecv(data, count, MPI_BYTE, peer, tag, native(), &r.handle_)
+                      : MPI_Isend(data, count, MPI_BYTE, peer, tag, native(), &r.handle_),
+            receiving ? "MPI_Irecv" : "MPI_Isend");
+      return r;
+    }
+    // One message of `blocks` pieces of `limit` bytes and a remainder, so that every count fits an int.
+    const std::size_t limit = detail::mpi_message_limit();
+    const std::size_t blocks = bytes / limit;
+    if (blocks > static_cast<std::size_t>(INT_MAX)) {
+      detail::raise({what, rank(), size()}, "a message of " + std::to_string(bytes) + " bytes is too large for MPI",
+                    "Split the tensor");
+    }
+    MPI_Datatype whole = MPI_DATATYPE_NULL;
+    check(detail::make_byte_type(bytes, limit, &whole), "MPI_Type_create_struct");
+    const int code = receiving ? MPI_Irecv(data, 1, whole, peer, tag, native(), &r.handle_)
+                               : MPI_Isend(data, 1, whole, peer, tag, native(), &r.handle_);
+    MPI_Type_free(&whole);  // MPI keeps what a posted operation still needs
+    check(code, receiving ? "MPI_Irecv" : "MPI_Isend");
+    return r;
+  }
+
+  // Completes a request outside any operation (a user's request destroyed while pending): never
+  // frees one MPI may still use; warns while it waits.
+  static void settle(MPI_Request& handle) noexcept {
+    detail::waiting watch(comm_options{});
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
+      if (watch.tick()) {
+        detail::tend_unsettled();
+        if (watch.seconds() > 60) {
+          std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
+                               "(its receiver must post a matching receive), because MPI may still read its buffer.\n");
+          watch = detail::waiting(comm_options{});
+        }
+      }
+      watch.pause();
+    }
+    handle = MPI_REQUEST_NULL;
   }
 
   void check(int code, const char* call) const {
@@ -296,25 +809,11 @@ class mpi_communicator {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     MPI_Error_string(code, text, &length);
-    detail::raise({"mpi_communicator", rank_, size_}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
+    detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
                   "This is an error inside MPI; check the MPI installation and that every rank is alive");
   }
 
-#if MPI_VERSION < 4
-  int count_of(std::size_t bytes) const {
-    if (bytes > static_cast<std::size_t>(INT_MAX)) {
-      detail::raise({"mpi_communicator", rank_, size_}, "message of " + std::to_string(bytes) + " bytes",
-                    "This MPI (before MPI-4) takes at most 2^31-1 bytes per message; split the buffer");
-    }
-    return static_cast<int>(bytes);
-  }
-#endif
-
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-  comm_options options_;
-  bool cuda_aware_ = false;
+  std::unique_ptr<detail::mpi_state> s_;
 };
 
 }  // namespace herd

@@ -6,16 +6,22 @@
 //   herd::nccl_communicator gpus(world, herd::mpi::local_rank());   // the GPU of this process
 //   herd::allreduce(grad, gpus, herd::reduce_op::avg);              // grad: a CUDA tensor on that GPU
 //
-// herd's collectives on it check their arguments across ranks over the MPI communicator, then
-// call NCCL on the communicator's stream and wait for the result. While waiting they poll NCCL's
-// asynchronous errors; an error, or no progress for the stall shutdown time
-// (HERD_STALL_SHUTDOWN_TIME_SECONDS, or 30 minutes when that is 0, DDP's default), aborts the
-// NCCL communicator and raises herd::error, on every rank, instead of hanging.
+// herd's collectives on it are operations of its MPI communicator (control()): they agree on their
+// arguments across ranks over MPI, then call NCCL on the communicator's stream and wait for the
+// result. While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
+// peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
+// minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
+// and raises herd::error, on every rank, instead of hanging. The _async collectives are
+// stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
+// makes the caller's current stream wait for them, synchronize() waits on the host.
 //
 // Available under nvcc, and in host-compiled files of programs that link herd::nccl (which
 // defines HERD_WITH_NCCL): NCCL and the CUDA runtime are plain C APIs.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/operation.hpp>
+#include <herd/comm/detail/watchdog.hpp>
+#include <herd/comm/handle.hpp>
 #include <herd/core/reduce_op.hpp>
 #include <herd/cuda/error.hpp>
 #include <herd/cuda/runtime.hpp>
@@ -28,8 +34,10 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -73,12 +81,17 @@ class nccl_communicator {
       : nccl_communicator(bootstrap, device, nullptr, options) {}
 
   // On `device`, enqueueing on `stream` (the caller's, e.g. the one its framework computes on;
-  // nullptr: a stream of its own).
+  // nullptr: a stream of its own). An operation of `bootstrap`'s ranks: every rank creates its
+  // communicator together, and a rank without a usable GPU makes every rank raise instead of
+  // leaving the others in NCCL's set-up.
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
-      : control_(bootstrap.native(), options), device_(device), options_(options) {
-    // Every step that can fail on one rank alone is followed by an agreement, so that a rank
-    // without a usable GPU makes every rank raise instead of leaving them in NCCL's set-up.
-    std::string problem;
+      : control_(bootstrap.native(), options), device_(device) {
+    struct {
+      ncclUniqueId id;
+      std::int32_t ok;
+      char problem[512];
+    } mine{};
+    mine.ok = 1;
     try {
       const cuda::device_guard on(device_);
       if (stream == nullptr) {
@@ -88,36 +101,45 @@ class nccl_communicator {
       } else {
         stream_ = stream;
       }
-    } catch (const error& e) {
-      problem = e.what();
+      if (control_.rank() == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
+        throw error("rank 0 could not create NCCL's unique id (NCCL_DEBUG=WARN says why)");
+      }
+    } catch (const std::exception& e) {
+      mine.ok = 0;
+      std::strncpy(mine.problem, e.what(), sizeof mine.problem - 1);
     }
-    agree_or_raise(problem, "could not use cuda:" + std::to_string(device_));
-    struct {
-      ncclUniqueId id;
-      int ok;
-    } header{};
-    if (control_.rank() == 0) header.ok = ncclGetUniqueId(&header.id) == ncclSuccess;
-    MPI_Bcast(&header, sizeof header, MPI_BYTE, 0, control_.native());
-    if (!header.ok) {
-      detail::raise({"nccl_communicator", rank(), size()}, "rank 0 could not create NCCL's unique id",
-                    "Check that NCCL works on rank 0 (NCCL_DEBUG=WARN says more)");
-    }
+    ncclUniqueId id{};
+    detail::run_operation(control_, {detail::op_kind::create}, [&] {
+      const detail::exchanged all = detail::agree_identity(control_, &mine, sizeof mine);
+      for (int r = 0; r < size(); ++r) {
+        decltype(mine) theirs;
+        std::memcpy(&theirs, all.payload(r), sizeof theirs);
+        if (!theirs.ok) {
+          theirs.problem[sizeof theirs.problem - 1] = '\0';
+          detail::raise_agreed({"nccl_communicator", rank(), size()},
+                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device_) + " (" +
+                                   theirs.problem + ")",
+                               "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process "
+                               "per GPU)");
+        }
+        if (r == 0) id = theirs.id;
+      }
+    });
     const cuda::device_guard on(device_);
-    check(ncclCommInitRank(&comm_, control_.size(), header.id, control_.rank()), "ncclCommInitRank");
+    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator(nccl_communicator&& other) noexcept
-      : control_(std::move(other.control_)), device_(other.device_), options_(other.options_),
-        own_stream_(std::move(other.own_stream_)), upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
+      : control_(std::move(other.control_)), device_(other.device_), own_stream_(std::move(other.own_stream_)),
+        upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
         aborted_(other.aborted_) {}
   nccl_communicator& operator=(nccl_communicator&& other) noexcept {
     if (this != &other) {
       destroy();
       control_ = std::move(other.control_);
       device_ = other.device_;
-      options_ = other.options_;
       own_stream_ = std::move(other.own_stream_);
       upstream_ = std::move(other.upstream_);
       stream_ = other.stream_;
@@ -136,6 +158,9 @@ class nccl_communicator {
   // The MPI communicator (a duplicate of the bootstrap one) for small host messages: herd's
   // cross-rank argument checks travel over it.
   mpi_communicator& control() noexcept { return control_; }
+  const comm_options& options() const noexcept { return control_.options(); }
+  // Its operations are those of control(): one sequence of operations across both.
+  detail::operation_state& operations() noexcept { return control_.operations(); }
 
   // NCCL reaches this communicator's own GPU only.
   bool supports(device d) const noexcept { return d.is_cuda() && d.index == device_; }
@@ -170,10 +195,10 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::stall_watch watch(with_nccl_timeout(options_));
-    for (unsigned polls = 1; !test(r); ++polls) {
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, r.peer_, r.receiving_, r.tag_);
+    detail::waiting watch(with_nccl_timeout(options()));
+    while (!test(r)) {
+      if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
+      watch.pause();
     }
   }
 
@@ -191,14 +216,48 @@ class nccl_communicator {
     wait(r);
   }
 
-  void barrier() {
-    synchronize();
-    control_.barrier();
-  }
-
   nccl_communicator split(int color, int key) const {
     const mpi_communicator part = control_.split(color, key);
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options_);
+    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+  }
+
+  // A new communicator of the same ranks and GPU: how ranks go on after an abort (NCCL's
+  // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  nccl_communicator renew() const { return renew(options()); }
+  nccl_communicator renew(const comm_options& options) const {
+    return nccl_communicator(control_, device_, own_stream_ ? nullptr : stream_, options);
+  }
+
+  // Aborts NCCL's communicator and the running operation of control() (telling the peers).
+  void abort(std::string_view reason) noexcept {
+    abort_nccl();
+    control_.abort(reason);
+  }
+
+  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle).
+  std::shared_ptr<detail::device_completion> completion() {
+    class marker : public detail::device_completion {
+     public:
+      marker(nccl_communicator& owner) : owner_(&owner) {
+        const cuda::device_guard on(owner.device_);
+        done_.record(owner.stream_);
+      }
+      bool test() override { return done_.done(); }
+      // The caller's current stream (the default one) waits for the operation.
+      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, done_.get(), 0)); }
+      void synchronize() override {
+        detail::waiting watch(with_nccl_timeout(owner_->options()));
+        while (!done_.done()) {
+          if (watch.tick()) owner_->stalled(watch, "for its GPU stream (an asynchronous NCCL operation)");
+          watch.pause();
+        }
+      }
+
+     private:
+      nccl_communicator* owner_;
+      cuda::event done_;
+    };
+    return std::make_shared<marker>(*this);
   }
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
@@ -235,29 +294,18 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::stall_watch watch(with_nccl_timeout(options_));
-    for (unsigned polls = 1;; ++polls) {
+    detail::waiting watch(with_nccl_timeout(options()));
+    for (;;) {
       const cudaError_t state = cudaStreamQuery(stream_);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
       poll_errors();
-      std::this_thread::yield();
-      if ((polls & 1023u) == 0) stalled(watch, -2, false, reserved_tag_base);
+      if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
+      watch.pause();
     }
   }
 
  private:
-  // Raises on every rank if `problem` is non-empty on any.
-  void agree_or_raise(const std::string& problem, const std::string& what) {
-    int failing = problem.empty() ? size() : rank();
-    int first = size();
-    MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, control_.native());
-    if (first == size()) return;
-    if (!problem.empty()) throw error(problem, rank());
-    detail::raise({"nccl_communicator", rank(), size()}, "rank " + std::to_string(first) + " " + what,
-                  "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process per GPU)");
-  }
-
   // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
   // the legacy default stream by frameworks without streams of their own) are done. On the
   // caller's stream, ordering is the caller's stream's.
@@ -273,13 +321,11 @@ class nccl_communicator {
     return o;
   }
 
-  void stalled(detail::stall_watch& watch, int peer, bool receiving, int tag) {
-    try {
-      watch.check(rank(), size(), peer, receiving, tag);
-    } catch (const error&) {
-      abort();
-      throw;
-    }
+  // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
+  // then aborts this communicator) on a stall or when a peer aborted.
+  void stalled(detail::waiting& watch, const std::string& what) {
+    if (operations().in_operation()) control_.check_peers();
+    watch.watch(detail::site_of(operations(), "nccl_communicator", rank(), size()), what);
   }
 
   ncclRedOp_t nccl_op(reduce_op op, dtype type) const {
@@ -323,7 +369,7 @@ class nccl_communicator {
     if (state == ncclSuccess || state == ncclInProgress) return;
     const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
                              ncclGetLastError(comm_) + ")";
-    abort();
+    abort_nccl();
     detail::raise({"nccl_communicator", rank(), size()}, what,
                   "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN "
                   "for NCCL's own account");
@@ -337,7 +383,7 @@ class nccl_communicator {
                   "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
-  void abort() noexcept {
+  void abort_nccl() noexcept {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
@@ -355,7 +401,7 @@ class nccl_communicator {
       if (state == cudaSuccess && async == ncclSuccess) break;
       if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
           std::chrono::steady_clock::now() > deadline) {
-        abort();
+        abort_nccl();
         return;
       }
       std::this_thread::yield();
@@ -366,7 +412,6 @@ class nccl_communicator {
 
   mpi_communicator control_;
   int device_ = 0;
-  comm_options options_;
   std::unique_ptr<cuda::stream> own_stream_;
   std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
   cudaStream_t stream_ = nullptr;

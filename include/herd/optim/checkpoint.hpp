@@ -26,6 +26,7 @@
 //   checksum   u64      FNV-1a 64 of every byte before it
 
 #include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/barrier.hpp>
 #include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -607,7 +608,7 @@ class checkpoint {
     if (static_cast<detail::ckpt::status_code>(reply.integer(1)) != detail::ckpt::status_code::ok) {
       raise_reported(site, reply, root, "writes the checkpoint");
     }
-    comm.barrier();
+    herd::barrier(comm);
   }
 
   // Root reads and checks the file, then sends each entry to every rank, so the other ranks need

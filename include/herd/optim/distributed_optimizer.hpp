@@ -22,7 +22,9 @@
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
 //   the reduction altogether.
 // - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
-//   and the same options, and raises herd::error on every rank if not.
+//   and the same options, and raises herd::error on every rank if not. Later steps check that
+//   this rank's gradients are still those (and on one device); a rank whose are not says so in
+//   the agreement of its next reduction, so that every rank raises, not just that one.
 
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
@@ -94,7 +96,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       synchronize();
     } else if (!synchronized_ && accumulated_ > 0) {
       std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
-      check(grads);
+      std::string fault = check(grads);
+      if (fault.empty()) fault = std::exchange(pending_fault_, {});
+      if (!fault.empty()) raise_alone(fault);
       fold_accumulated(grads);
     }
     inner_.step();
@@ -107,7 +111,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // them without reducing again.
   void synchronize() {
     std::vector<buffer_view> grads = gradients_();
-    check(grads);
+    std::string fault = check(grads);
+    if (fault.empty()) fault = std::exchange(pending_fault_, {});
+    if (!fault.empty()) {
+      accumulated_ = 0;
+      raise_everywhere(fault);
+    }
     fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
     synchronized_ = true;
@@ -142,24 +151,39 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double reduce_seconds() const noexcept { return reduce_seconds_; }
 
  private:
-  // The first call checks the gradients on every rank; later calls check this rank's list is unchanged.
-  void check(const std::vector<buffer_view>& grads) {
-    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
-    require_one_device(grads);
+  // The first call checks the gradients on every rank together (and raises on every rank);
+  // later calls check this rank's own and return what is wrong ("" when nothing is), for the next
+  // reduction to raise on every rank.
+  std::string check(const std::vector<buffer_view>& grads) {
+    std::string fault = local_fault(grads);
     if (!checked_) {
-      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient");
+      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
       require_same_options();
       shapes_.clear();
       for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
       checked_ = true;
-      return;
+      return {};
     }
     bool same = grads.size() == shapes_.size();
     for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
-    if (!same) {
-      detail::raise(site, "the gradients changed since the first step (count, size or dtype)",
-            "Hand the distributed optimizer the same gradient tensors at every step");
-    }
+    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
+    return fault;
+  }
+
+  // Raises `fault` on every rank: it travels in the agreement of the reduction the other ranks
+  // start now (with argument checks off, it aborts the communicator, which tells them).
+  [[noreturn]] void raise_everywhere(const std::string& fault) {
+    if (comm_.size() == 1) raise_alone(fault);
+    detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
+    failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
+    const auto call = detail::prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
+    detail::run_collective(comm_, call.label(), [&](bool sync) { detail::run_allreduce(comm_, call, sync); });
+    raise_alone(fault);  // not reached: the agreement raised
+  }
+
+  [[noreturn]] void raise_alone(const std::string& fault) const {
+    detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()}, fault,
+                  "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
   }
 
   void require_same_options() {
@@ -184,7 +208,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
 
   void accumulate() {
     std::vector<buffer_view> grads = gradients_();
-    check(grads);
+    if (std::string fault = check(grads); !fault.empty() || !pending_fault_.empty()) {
+      if (pending_fault_.empty()) pending_fault_ = fault;  // raised by the reduction that ends this round
+      ++accumulated_;
+      return;
+    }
     const bool first = accumulated_ == 0;
     with_mover(grads, [&](auto& mover) {
       mover.begin();
@@ -210,28 +238,28 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     accumulated_ = 0;
   }
 
-  // Every gradient in host memory, or every one on the same GPU.
-  void require_one_device(const std::vector<buffer_view>& grads) const {
-    const detail::error_site site{"distributed_optimizer", comm_.rank(), comm_.size()};
+  // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
+  // memory, or every one on the same GPU.
+  std::string local_fault(const std::vector<buffer_view>& grads) const {
     for (std::size_t i = 0; i < grads.size(); ++i) {
       const auto& g = grads[i];
-      if (!is_valid(g.type)) detail::raise(site, "gradient " + std::to_string(i) + " has an invalid dtype", "Check its tensor_traits::dtype");
+      if (!is_valid(g.type)) return "gradient " + std::to_string(i) + " has an invalid dtype (check its tensor_traits::dtype)";
       if (g.data == nullptr && g.count != 0) {
-        detail::raise(site, "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements",
-                      "Allocate it before handing it to herd");
+        return "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements";
       }
       if (g.device != grads[0].device) {
-        detail::raise(site, "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
-                                grads[0].device.str(),
-                      "Keep all gradients of one distributed optimizer on one device (or use one optimizer per device)");
+        return "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
+               grads[0].device.str() + " (keep all gradients of one distributed optimizer on one device)";
       }
     }
 #if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
     if (!grads.empty() && grads[0].device.is_cuda()) {
-      detail::raise(site, "the gradients live on " + grads[0].device.str() + " but this file was compiled without CUDA",
-                    "Compile it with nvcc, or link herd::nccl (which defines HERD_WITH_NCCL) and use a nccl_communicator");
+      return "the gradients live on " + grads[0].device.str() +
+             " but this file was compiled without CUDA (compile it with nvcc, or link herd::nccl and use a "
+             "nccl_communicator)";
     }
 #endif
+    return {};
   }
 
   // Calls f with the mover for where the gradients live.
@@ -319,6 +347,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   C& comm_;
   optimizer_options options_;
   bool checked_ = false;
+  std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
   int accumulated_ = 0;

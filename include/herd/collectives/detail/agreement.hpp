@@ -1,135 +1,43 @@
 #pragma once
-// Before any data moves, every rank of a collective learns what every other rank passed (the
-// operation, dtype, reduce op, element count, root, and whether its own arguments were valid).
-// A disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
-// the ranks and values concerned, instead of a hang or a corrupt result.
+// The arguments of a collective, checked on this rank (call_check) and then across ranks in the
+// agreement its operation starts with (comm/detail/agreement.hpp): the dtype, reduce op, element
+// count, root and device kind every rank passed, and whether each rank's arguments were valid. A
+// disagreement or a bad argument on any rank then raises herd::error on every rank, each naming
+// the ranks and values concerned, and the communicator stays usable.
 //
-// The exchange is one Bruck allgather of a 40-byte signature: ceil(log2 p) rounds. Small
-// allreduces send their data along with it and need no other message. For larger collectives it
-// can be turned off with HERD_CHECK_ARGUMENTS=0 (on every rank alike); local checks still run
-// then, but a bad argument on one rank is reported on that rank alone and may leave the others
-// waiting.
+// Small allreduces send their data along with the agreement and need no other message. For larger
+// collectives the exchange can be turned off (HERD_CHECK_ARGUMENTS=0, on every rank alike): local
+// checks still run then, and a bad argument on one rank aborts the communicator, which its
+// peers learn at once; but a disagreement between ranks goes unnoticed until the data do not pair
+// up (the watchdog reports the stall) or, if they happen to, gives wrong results.
 
-#include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/agreement.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/core/reduce_op.hpp>
-#include <herd/runtime/env.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <exception>
+#include <limits>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace herd::detail {
 
-enum class collective_kind : std::uint8_t { allreduce, broadcast, allgather, allgatherv, reduce_scatter };
-
-constexpr const char* name(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::allreduce: return "allreduce";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::allgather: return "allgather";
-    case collective_kind::allgatherv: return "allgatherv";
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-  }
-  return "collective";
-}
-
-// What one rank passed, as the others see it.
-struct signature {
-  std::uint32_t magic = 0x48524433;  // "HRD3": guards against a rank running another herd build
-  collective_kind kind = collective_kind::allreduce;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
-  std::int32_t root = 0;
-  std::uint32_t fault_code = 0;
-  std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces)
-  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
-  std::uint64_t count = 0;  // the element count every rank must agree on
-  std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts
-  std::uint64_t segment_bytes = 0;  // the ring's segment: messages must pair up one to one
-};
-
-// Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
-// this large, so a rank that sends less (or none, having taken another path) never overflows them.
-inline constexpr std::size_t payload_max_bytes = 8192;
-
-// Every rank's signature and payload, indexed by rank.
-struct exchanged {
-  std::vector<signature> signatures;
-  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
-  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
-};
-
-// Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
-// rank passes on the first min(d, p - have) blocks it holds. On the wire a message is the blocks'
-// signatures followed by their payloads, packed; the receiver reads the sizes from the signatures.
-template <communicator C>
-exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const auto parts = static_cast<std::size_t>(p);
-  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
-  std::byte* slots = scratch(parts * payload_max_bytes, 1);
-  std::byte* wire = scratch(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
-  rotated[0] = mine;
-  rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
-  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
-  std::size_t have = 1;
-  for (std::size_t distance = 1; distance < parts; distance *= 2) {
-    const std::size_t count = std::min(distance, parts - have);
-    std::byte* out = wire;
-    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
-    std::memcpy(out, rotated.data(), count * sizeof(signature));
-    std::size_t used = count * sizeof(signature);
-    for (std::size_t j = 0; j < count; ++j) {
-      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
-      used += rotated[j].payload_bytes;
-    }
-    const int d = static_cast<int>(distance);
-    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
-                  tag_value(tag::agreement));
-    std::memcpy(rotated.data() + have, in, count * sizeof(signature));
-    std::size_t at = count * sizeof(signature);
-    for (std::size_t j = have; j < have + count; ++j) {
-      const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
-      rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
-      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
-      at += bytes;
-    }
-    have += count;
-  }
-  // Undo the rotation: rank (r + j) % p's block is at j.
-  exchanged result;
-  result.signatures.resize(parts);
-  std::byte* by_rank = scratch(parts * payload_max_bytes, 0);
-  for (std::size_t j = 0; j < parts; ++j) {
-    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
-    result.signatures[owner] = rotated[j];
-    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
-  }
-  result.slots = by_rank;
-  return result;
-}
-
 // Accumulates the first local problem with a call's arguments, to be raised after the exchange.
 class call_check {
  public:
-  call_check(collective_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
+  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
 
   bool ok() const noexcept { return what_.empty(); }
   const std::string& what() const noexcept { return what_; }
   std::uint32_t code() const noexcept { return code_; }
+  op_kind kind() const noexcept { return kind_; }
 
-  // Records a problem (only the first one counts).
+  // Records a problem (only the first one counts). `code` names it to the other ranks (fault_text).
   void fail(std::uint32_t code, std::string what, std::string todo) {
     if (!ok()) return;
     code_ = code;
@@ -146,6 +54,10 @@ class call_check {
       fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
                   " elements",
            "Pass allocated memory, or a tensor of 0 elements");
+    } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
+      fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
+                   std::string(name(v.type)) + " overflow a byte count",
+           "Check the size its tensor_traits::size returns");
     }
   }
 
@@ -223,10 +135,15 @@ class call_check {
     }
   }
 
-  [[noreturn]] void raise_local() const { raise({name(kind_), rank_, size_}, what_, todo_); }
+  // This rank's own problem: agreed when the other ranks learnt of it in the exchange.
+  [[noreturn]] void raise_local(bool agreed) const {
+    const error_site site{name(kind_), rank_, size_};
+    if (agreed) raise_agreed(site, what_, todo_);
+    raise(site, what_, todo_);
+  }
 
  private:
-  collective_kind kind_;
+  op_kind kind_;
   int rank_;
   int size_;
   std::uint32_t code_ = 0;
@@ -234,127 +151,74 @@ class call_check {
   std::string todo_;
 };
 
-// The other ranks' words for a fault code of call_check.
-constexpr const char* fault_text(std::uint32_t code) noexcept {
-  switch (code) {
-    case 1: return "a tensor with an invalid dtype";
-    case 2: return "a null data pointer with a non-zero element count";
-    case 3: return "an invalid reduce_op";
-    case 4: return "a reduce_op its dtype does not support";
-    case 5: return "a tensor on a device the communicator cannot reach";
-    case 6: return "input and output tensors of different dtypes";
-    case 7: return "a tensor of the wrong size";
-    case 8: return "overlapping input and output buffers";
-    case 9: return "a root out of range";
-    case 10: return "a tensor its adapter rejected";
-    case 11: return "input and output tensors on different devices";
-    case 12: return "an operation this communicator cannot do in this translation unit";
-    default: return "invalid arguments";
+// Raises on every rank if the ranks passed different arguments.
+inline void verify_arguments(const error_site& site, const std::vector<signature>& all) {
+  const std::string every = "Every rank must call the same collective with the same ";
+  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
+                 every + "list of tensors, in the same order");
+  }
+  if (differs(all, [](const signature& s) { return s.type; })) {
+    raise_agreed(site, "the dtype differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
+                 every + "dtype");
+  }
+  if (differs(all, [](const signature& s) { return s.op; })) {
+    raise_agreed(site, "the reduce_op differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
+                 every + "reduce_op");
+  }
+  if (differs(all, [](const signature& s) { return s.count; })) {
+    raise_agreed(site, "the element count differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
+                 every + "number of elements");
+  }
+  if (differs(all, [](const signature& s) { return s.root; })) {
+    raise_agreed(site, "the root differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
+                 every + "root");
+  }
+  if (differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+  }
+  if (differs(all, [](const signature& s) { return s.memory; })) {
+    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
+                           per_rank(all, [](const signature& s) {
+                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
+                           }) + ")",
+                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
   }
 }
 
-// "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
-template <class Field>
-std::string per_rank(const std::vector<signature>& all, Field field) {
-  std::string text;
-  for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
-    if (i) text += ", ";
-    text += "rank " + std::to_string(i) + ": " + field(all[i]);
-  }
-  if (all.size() > 16) text += ", ...";
-  return text;
-}
-
-// Raises on every rank if any rank's signature disagrees with the others or reports a fault.
-inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all);
-
-// The communicator small host messages (the argument checks) travel on: its control() when it
-// has one (nccl_communicator moves device memory only), itself otherwise.
-template <class C> auto& control_of(C& comm) {
-  if constexpr (requires { comm.control(); }) return comm.control();
-  else return comm;
-}
-
-// Runs the exchange (carrying `payload`, when given) and raises on every rank if anything is
-// wrong anywhere. Returns every rank's payload; without a payload, and with the checks turned
-// off, it exchanges nothing.
+// The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
+// arguments; the operation's identity and the protocol options are filled in here) and `payload`
+// when given. Raises on every rank if anything is wrong anywhere; returns every rank's payload.
+// Without a payload, and with the checks turned off, it exchanges nothing.
 template <communicator C>
-exchanged agree(C& comm, const signature& mine_in, const call_check& check, bool carries_payload = false,
+exchanged agree(C& comm, signature mine, const call_check& check, bool carries_payload = false,
                 const void* payload = nullptr, std::size_t payload_bytes = 0) {
-  signature mine = mine_in;
+  const signature identity = signature_of(comm.operations());
+  mine.kind = identity.kind;
+  mine.seq = identity.seq;
+  mine.typed = identity.typed;
+  mine.check_arguments = identity.check_arguments;
+  mine.segment_bytes = identity.segment_bytes;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
-  mine.segment_bytes = runtime::defaults().ring_segment_bytes;
-  if (comm.size() == 1 || (!carries_payload && !runtime::defaults().check_arguments)) {
-    if (!check.ok()) check.raise_local();
+  if (comm.size() == 1 || (!carries_payload && !comm.options().check_arguments)) {
+    if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};
   }
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
-  if (!check.ok()) check.raise_local();
-  verify({name(mine.kind), comm.rank(), comm.size()}, mine, all.signatures);
+  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  verify_identity(site, all.signatures, [&] {
+    if (!check.ok()) check.raise_local(true);
+  });
+  verify_arguments(site, all.signatures);
   return all;
 }
 
-inline void verify(const error_site& site, const signature& mine, const std::vector<signature>& all) {
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (all[i].magic != mine.magic) {
-      raise(site, "rank " + std::to_string(i) + " runs a different herd build or is not in the same collective",
-            "Build every rank from the same sources and call the same collectives in the same order");
-    }
-    if (all[i].faulty) {
-      raise(site, "rank " + std::to_string(i) + " passed " + fault_text(all[i].fault_code) +
-                      " (its own error says more)",
-            "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
-    }
-  }
-  auto differs = [&](auto field) {
-    for (const auto& s : all)
-      if (field(s) != field(all[0])) return true;
-    return false;
-  };
-  const std::string every = "Every rank must call the same collective with the same ";
-  if (differs([](const signature& s) { return s.kind; })) {
-    raise(site, "ranks called different collectives (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.kind)); }) + ")",
-          "Every rank must call the same collectives in the same order");
-  }
-  if (differs([](const signature& s) { return s.type; })) {
-    raise(site, "the dtype differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-          every + "dtype");
-  }
-  if (differs([](const signature& s) { return s.op; })) {
-    raise(site, "the reduce_op differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-          every + "reduce_op");
-  }
-  if (differs([](const signature& s) { return s.count; })) {
-    raise(site, "the element count differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-          every + "number of elements");
-  }
-  if (differs([](const signature& s) { return s.root; })) {
-    raise(site, "the root differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-          every + "root");
-  }
-  if (differs([](const signature& s) { return s.layout; })) {
-    raise(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
-  }
-  if (differs([](const signature& s) { return s.memory; })) {
-    raise(site, "the tensors live on different kinds of device across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda"); }) +
-                    ")",
-          "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
-  }
-  if (differs([](const signature& s) { return s.segment_bytes; })) {
-    raise(site, "the ring segment differs across ranks (" +
-                    per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + " bytes)",
-          "Give every rank the same HERD_RING_SEGMENT_BYTES (and the same herd::runtime::defaults())");
-  }
-}
-
-// FNV-1a over the per-rank counts of an allgatherv.
+// FNV-1a over a list of numbers (the per-rank counts of an allgatherv, a grouped allreduce's tensors).
 inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
   std::uint64_t h = 1469598103934665603ull;
   for (std::size_t c : counts) {

@@ -12,7 +12,6 @@
 #include <herd/core/config.hpp>
 #include <herd/core/device.hpp>
 #include <herd/cuda/staging.hpp>
-#include <herd/runtime/env.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstring>
@@ -62,7 +61,7 @@ void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* o
   if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
   stage.begin(direct);
   staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
-                        runtime::defaults().ring_segment_bytes);
+                        comm.options().ring_segment_bytes);
 }
 
 // The other collectives on device tensors over a host-memory communicator: the input copied to
@@ -102,17 +101,17 @@ inline void require_native_op(call_check& check, dtype type, reduce_op op) {
   }
 }
 
-// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and waits for
-// it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's sum followed by
-// herd's division kernel.
+// Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
+// host_sync waits for it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's
+// sum followed by herd's division kernel.
 template <communicator C, class Reduce>
-void native_reduction(C& comm, buffer_view out, reduce_op op, Reduce reduce) {
+void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Reduce reduce) {
   const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
   reduce(integer_avg ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
   if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
-  comm.synchronize();
+  if (host_sync) comm.synchronize();
 }
 
 HERD_CONFIG_NAMESPACE_END

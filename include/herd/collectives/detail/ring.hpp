@@ -139,7 +139,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
   ring_pipeline(
-      comm, tag_value(tag::reduce_scatter), p - 1, seg.count, ring_window,
+      comm, comm.operations().data_tag(), p - 1, seg.count, ring_window,
       [&](int s, std::size_t k) {
         const int c = chunk_sent(s);
         const std::byte* base = s == 0 ? in_chunk(c) : result(s - 1, c);
@@ -174,7 +174,7 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
                                          seg.length(chunks.length[chunk], k) * element_bytes);
   };
   ring_pipeline(
-      comm, tag_value(tag::allgather), p - 1, seg.count, ring_window,
+      comm, comm.operations().data_tag(), p - 1, seg.count, ring_window,
       [&](int s, std::size_t k) { return where(ring_mod(r - s, p), k); },
       [&](int s, std::size_t k, std::size_t) { return where(ring_mod(r - s - 1, p), k); },
       [](int, std::size_t, void*, std::size_t) {});

@@ -15,9 +15,9 @@
 
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/watchdog.hpp>
 
 #include <cstddef>
-#include <thread>
 #include <vector>
 
 namespace herd::detail {
@@ -44,6 +44,7 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
   std::byte* incoming = dev.device_buffer(chunk_bytes);
   const int right = ring_mod(r + 1, p);
   const int left = ring_mod(r - 1, p);
+  const int tag = comm.operations().data_tag();
   using marker = typename Backend::marker;
   std::vector<marker> staged(m);
   marker drained[2] = {};  // the last copy out of each receive buffer
@@ -65,16 +66,15 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
     std::vector<request> sends;
     sends.reserve(m);
     for (std::size_t k = 0; k < m; ++k) {
-      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag_value(tag::reduce_scatter));
+      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag);
     }
-    stall_watch watch(comm.options());
+    waiting watch(comm.options());
     std::size_t sent = 0;
     std::size_t received = 0;
-    for (unsigned idle = 0; sent < m || received < m;) {
+    for (; sent < m || received < m;) {
       bool progress = false;
       if (sent < m && (!stage_sends || dev.done(staged[sent]))) {
-        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right,
-                                   tag_value(tag::reduce_scatter)));
+        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right, tag));
         ++sent;
         progress = true;
       }
@@ -83,11 +83,13 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
         ++received;
         progress = true;
       }
-      if (progress) {
-        idle = 0;
-      } else {
-        std::this_thread::yield();
-        if ((++idle & 1023u) == 0) watch.check(r, p, received < m ? left : right, received < m, tag_value(tag::reduce_scatter));
+      if (!progress) {
+        if (watch.tick()) {
+          check_peers_of(comm);
+          const bool receiving = received < m;
+          watch.watch({"allreduce", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
+        }
+        watch.pause();
       }
     }
     for (auto& s : sends) comm.wait(s);

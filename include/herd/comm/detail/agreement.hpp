@@ -1,0 +1,241 @@
+#pragma once
+// The cross-rank agreement every operation starts with. Each rank sends a fixed-size signature
+// (which operation, its sequence number, its arguments, the communicator's wire-protocol options,
+// and whether its own arguments were valid), optionally with up to 8 KiB of data, and learns
+// every other rank's. A mismatch of operation, order or protocol options is found here and raised
+// on every rank, each naming the ranks and values concerned, instead of a hang or a corrupt result.
+//
+// The exchange is one Bruck allgather: ceil(log2 p) rounds, over the communicator's one control
+// tag, so that ranks in different operations still meet and see it. Errors raised after it are
+// agreed: every rank raises, no message is left in flight, and the communicator stays usable.
+
+#include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/device.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/core/reduce_op.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+
+// An error every rank of the operation raises alike, after an agreement: the communicator stays
+// usable. Callers catch it as herd::error.
+class agreed_error : public error {
+ public:
+  using error::error;
+};
+
+[[noreturn]] inline void raise_agreed(const error_site& site, std::string_view what, std::string_view todo) {
+  throw agreed_error(error_message(site, what, todo), site.rank);
+}
+
+// What one rank passed, as the others see it.
+struct signature {
+  std::uint32_t magic = 0x48524434;  // "HRD4": guards against a rank running another herd build
+  op_kind kind = op_kind::barrier;
+  dtype type = dtype::u8;
+  reduce_op op = reduce_op::sum;
+  std::uint8_t faulty = 0;  // 1 when this rank's own arguments failed a local check
+  std::int32_t root = 0;
+  std::uint32_t fault_code = 0;
+  std::uint32_t payload_bytes = 0;  // data travelling with the signature (small allreduces, split)
+  device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
+  std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
+  std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
+  std::uint8_t unused = 0;
+  std::uint64_t seq = 0;     // the operation's sequence number on its communicator
+  std::uint64_t count = 0;   // the element count every rank must agree on
+  std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts; grouped: of the tensor list
+  std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
+
+  op_label label() const { return {kind, seq, count, type, typed != 0}; }
+};
+
+// Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
+// this large, so a rank that sends less (or none, having taken another path) never overflows them.
+inline constexpr std::size_t payload_max_bytes = 8192;
+
+// Every rank's signature and payload, indexed by rank.
+struct exchanged {
+  std::vector<signature> signatures;
+  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
+  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
+};
+
+// Per-thread memory for the exchange, reused so that an agreement allocates nothing after its first.
+inline std::byte* exchange_buffer(std::size_t bytes, int which) {
+  struct buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
+  thread_local buffer buffers[3];
+  buffer& b = buffers[which];
+  if (b.capacity < bytes) {
+    b.data.reset(new std::byte[bytes]);
+    b.capacity = bytes;
+  }
+  return b.data.get();
+}
+
+// Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
+// rank passes on the first min(d, p - have) blocks it holds, its own first. On the wire a message
+// is the blocks' signatures followed by their payloads, packed; the receiver reads the sizes from
+// the signatures.
+template <class C>
+exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const auto parts = static_cast<std::size_t>(p);
+  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
+  std::byte* slots = exchange_buffer(parts * payload_max_bytes, 1);
+  std::byte* wire = exchange_buffer(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
+  rotated[0] = mine;
+  rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
+  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
+  std::size_t have = 1;
+  for (std::size_t distance = 1; distance < parts; distance *= 2) {
+    const std::size_t count = std::min(distance, parts - have);
+    std::byte* out = wire;
+    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
+    std::memcpy(out, rotated.data(), count * sizeof(signature));
+    std::size_t used = count * sizeof(signature);
+    for (std::size_t j = 0; j < count; ++j) {
+      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+      used += rotated[j].payload_bytes;
+    }
+    const int d = static_cast<int>(distance);
+    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
+                  control_tag);
+    std::memcpy(rotated.data() + have, in, count * sizeof(signature));
+    std::size_t at = count * sizeof(signature);
+    for (std::size_t j = have; j < have + count; ++j) {
+      const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
+      rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
+      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
+      at += bytes;
+    }
+    have += count;
+  }
+  // Undo the rotation: rank (r + j) % p's block is at j.
+  exchanged result;
+  result.signatures.resize(parts);
+  std::byte* by_rank = exchange_buffer(parts * payload_max_bytes, 0);
+  for (std::size_t j = 0; j < parts; ++j) {
+    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
+    result.signatures[owner] = rotated[j];
+    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+  }
+  result.slots = by_rank;
+  return result;
+}
+
+// The other ranks' words for a fault code (collectives/detail/agreement.hpp records them).
+constexpr const char* fault_text(std::uint32_t code) noexcept {
+  switch (code) {
+    case 1: return "a tensor with an invalid dtype";
+    case 2: return "a null data pointer with a non-zero element count";
+    case 3: return "an invalid reduce_op";
+    case 4: return "a reduce_op its dtype does not support";
+    case 5: return "a tensor on a device the communicator cannot reach";
+    case 6: return "input and output tensors of different dtypes";
+    case 7: return "a tensor of the wrong size";
+    case 8: return "overlapping input and output buffers";
+    case 9: return "a root out of range";
+    case 10: return "a tensor its adapter rejected";
+    case 11: return "input and output tensors on different devices";
+    case 12: return "an operation this communicator cannot do in this translation unit";
+    case 13: return "a tensor whose size in bytes overflows";
+    case 14: return "gradients that differ from those of the first step";
+    case 15: return "a negative color";
+    default: return "invalid arguments";
+  }
+}
+
+// "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
+template <class Field>
+std::string per_rank(const std::vector<signature>& all, Field field) {
+  std::string text;
+  for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
+    if (i) text += ", ";
+    text += "rank " + std::to_string(i) + ": " + field(all[i]);
+  }
+  if (all.size() > 16) text += ", ...";
+  return text;
+}
+
+template <class Field> bool differs(const std::vector<signature>& all, Field field) {
+  for (const auto& s : all)
+    if (field(s) != field(all[0])) return true;
+  return false;
+}
+
+// Raises on every rank if the ranks are not in the same operation (kind and sequence number),
+// run different wire protocols, or if any rank reported a fault of its own. `own_fault()` raises
+// this rank's own fault in its own words, before the others' are named.
+inline void no_fault() noexcept {}
+template <class OwnFault = void (*)() noexcept>
+void verify_identity(const error_site& site, const std::vector<signature>& all, OwnFault own_fault = no_fault) {
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].magic != signature{}.magic) {
+      raise_agreed(site, "rank " + std::to_string(i) + " runs a different herd build or is not in a herd operation",
+                   "Build every rank from the same sources and call the same collectives in the same order");
+    }
+  }
+  if (differs(all, [](const signature& s) { return s.kind; }) || differs(all, [](const signature& s) { return s.seq; })) {
+    std::string text;
+    for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
+      text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
+    }
+    if (all.size() > 16) text += ", ...";
+    raise_agreed(site, "the ranks are in different operations: " + text,
+                 "Every rank must call the same collectives on a communicator, in the same order; look for a rank "
+                 "that skipped one or called another");
+  }
+  own_fault();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].faulty) {
+      raise_agreed(site, "rank " + std::to_string(i) + " passed " + fault_text(all[i].fault_code) + " (its own error says more)",
+                   "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
+    }
+  }
+  if (differs(all, [](const signature& s) { return s.check_arguments; })) {
+    raise_agreed(site, "HERD_CHECK_ARGUMENTS differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.check_arguments); }) + ")",
+                 "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
+                 "messages a collective sends");
+  }
+  if (differs(all, [](const signature& s) { return s.segment_bytes; })) {
+    raise_agreed(site, "HERD_RING_SEGMENT_BYTES differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + ")",
+                 "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
+                 "messages must pair up one to one");
+  }
+}
+
+// The communicator small host messages (agreements) travel on: its control() when it has one
+// (nccl_communicator moves device memory only), itself otherwise.
+template <class C> auto& control_of(C& comm) {
+  if constexpr (requires { comm.control(); }) return comm.control();
+  else return comm;
+}
+
+// A signature for the running operation, carrying the communicator's wire-protocol options.
+inline signature signature_of(const operation_state& ops) {
+  signature s;
+  s.kind = ops.current().kind;
+  s.seq = ops.current().seq;
+  s.count = ops.current().count;
+  s.type = ops.current().type;
+  s.typed = ops.current().typed ? 1 : 0;
+  s.check_arguments = ops.options().check_arguments ? 1 : 0;
+  s.segment_bytes = ops.options().ring_segment_bytes;
+  return s;
+}
+
+}  // namespace herd::detail

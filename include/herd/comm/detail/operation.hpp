@@ -1,0 +1,106 @@
+#pragma once
+// An operation of a communicator, from start to end: it takes the communicator's next sequence
+// number (in the order operations were issued on this rank, which must be the order on every
+// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
+// aborts the communicator: the transport settles every request still in flight and tells the
+// peers before the error reaches the caller.
+
+#include <herd/comm/detail/agreement.hpp>
+#include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/error.hpp>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace herd::detail {
+
+// Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
+template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
+  operation_state& ops = comm.operations();
+  if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
+  ops.begin(label);
+  try {
+    body();
+  } catch (const agreed_error&) {
+    ops.end();
+    throw;
+  } catch (const error& e) {
+    comm.abort(e.what());
+    ops.end();
+    throw error(std::string(e.what()) +
+                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
+                e.rank());
+  } catch (const std::exception& e) {
+    comm.abort(std::string("rank ") + std::to_string(comm.rank()) + " failed: " + e.what());
+    ops.end();
+    throw;
+  } catch (...) {
+    comm.abort("rank " + std::to_string(comm.rank()) + " failed with an exception that is not a std::exception");
+    ops.end();
+    throw;
+  }
+  ops.end();
+}
+
+// Runs body() as the next operation of comm, after every operation issued before it.
+template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
+  comm.operations().run_blocking([&](std::uint64_t seq) {
+    label.seq = seq;
+    run_now(comm, label, body);
+  });
+}
+
+// Queues body() as the next operation of comm; body must own (copy) what it uses.
+template <class C, class Body>
+std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
+  return comm.operations().submit([&comm, label, body = std::move(body)](std::uint64_t seq) mutable {
+    op_label numbered = label;
+    numbered.seq = seq;
+    run_now(comm, numbered, body);
+  });
+}
+
+// The agreement of an operation without tensor arguments (barrier, split, creation): every
+// rank's signature and payload, after checking that all ranks are in the same operation.
+template <class C> exchanged agree_identity(C& comm, const void* payload = nullptr, std::size_t payload_bytes = 0) {
+  const operation_state& ops = comm.operations();
+  const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
+  if (comm.size() == 1) {
+    exchanged alone;
+    alone.signatures.push_back(signature_of(ops));
+    std::byte* slot = exchange_buffer(payload_max_bytes, 0);
+    if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
+    alone.slots = slot;
+    return alone;
+  }
+  exchanged all = exchange(control_of(comm), signature_of(ops), payload, payload_bytes);
+  verify_identity(site, all.signatures);
+  return all;
+}
+
+// A new communicator's first operation (#0): all ranks check that they run the same wire
+// protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
+// raised on every rank, naming it.
+template <class C> void agree_creation(C& comm, const std::string& problem) {
+  op_label label{op_kind::create, 0};
+  auto body = [&] {
+    const error_site site{"communicator", comm.rank(), comm.size()};
+    const std::string text = problem.substr(0, payload_max_bytes);
+    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), text.data(), text.size());
+    if (!problem.empty()) raise_agreed(site, problem, "Every rank stops so that none waits forever");
+    for (int r = 0; r < static_cast<int>(all.signatures.size()); ++r) {
+      const auto bytes = all.signatures[static_cast<std::size_t>(r)].payload_bytes;
+      if (bytes != 0) {
+        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " +
+                               std::string(reinterpret_cast<const char*>(all.payload(r)), bytes),
+                     "Fix it on that rank; every rank stops so that none waits forever");
+      }
+    }
+    if (!all.signatures.empty()) verify_identity(site, all.signatures);
+  };
+  run_now(comm, label, body);
+}
+
+}  // namespace herd::detail

@@ -1,0 +1,314 @@
+#pragma once
+// What a communicator knows about its operations: their sequence numbers, the one running now
+// (for the watchdog's messages and the data tag), whether the communicator was aborted and why,
+// and the queue that runs operations in submission order (on the caller's thread, or on a
+// progress thread for asynchronous ones).
+
+#include <herd/core/dtype.hpp>
+#include <herd/core/error.hpp>
+#include <herd/runtime/env.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace herd {
+
+// A communicator's settings, fixed when it is created. The wire-protocol ones (ring segment,
+// argument checking) must be the same on every rank: creating a communicator checks that they are.
+struct comm_options {
+  double stall_check_seconds = runtime::defaults().stall_check_seconds;        // warn after waiting this long (0: never)
+  double stall_shutdown_seconds = runtime::defaults().stall_shutdown_seconds;  // raise after this long (0: never)
+  std::size_t ring_segment_bytes = runtime::defaults().ring_segment_bytes;
+  bool check_arguments = runtime::defaults().check_arguments;
+  bool progress_thread = runtime::defaults().progress_thread;  // asynchronous operations on a thread of their own
+};
+
+// Tags at and above this value belong to herd; point-to-point calls of the user take tags in
+// [0, reserved_tag_base). MPI guarantees tags up to 32767.
+inline constexpr int reserved_tag_base = 1 << 14;
+
+namespace detail {
+
+// Every operation's agreement travels on one shared tag, so that ranks in different operations
+// meet and see it; notices (abort, confirmation, departure) on another. The data messages of
+// operation k carry a tag derived from k, so that they can never be matched by operation k+1.
+inline constexpr int control_tag = reserved_tag_base;
+inline constexpr int notice_tag = reserved_tag_base + 1;
+inline constexpr int data_tag_base = reserved_tag_base + 2;
+inline constexpr int data_tag_span = 32767 - data_tag_base + 1;
+inline constexpr int data_tag(std::uint64_t seq) noexcept {
+  return data_tag_base + static_cast<int>(seq % static_cast<std::uint64_t>(data_tag_span));
+}
+
+enum class op_kind : std::uint8_t {
+  create,
+  split,
+  barrier,
+  allreduce,
+  broadcast,
+  allgather,
+  allgatherv,
+  reduce_scatter,
+  grouped_allreduce,
+};
+
+constexpr const char* name(op_kind k) noexcept {
+  switch (k) {
+    case op_kind::create: return "communicator creation";
+    case op_kind::split: return "split";
+    case op_kind::barrier: return "barrier";
+    case op_kind::allreduce: return "allreduce";
+    case op_kind::broadcast: return "broadcast";
+    case op_kind::allgather: return "allgather";
+    case op_kind::allgatherv: return "allgatherv";
+    case op_kind::reduce_scatter: return "reduce_scatter";
+    case op_kind::grouped_allreduce: return "grouped allreduce";
+  }
+  return "operation";
+}
+
+// "4 MiB", "1.5 KiB", "12 B"
+inline std::string byte_text(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, value == static_cast<double>(static_cast<std::uint64_t>(value)) ? "%.0f %s" : "%.3g %s",
+                value, units[unit]);
+  return text;
+}
+
+// One operation, as messages name it: "allreduce #17 (4 MiB f32)".
+struct op_label {
+  op_kind kind = op_kind::barrier;
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;  // elements, when typed
+  dtype type = dtype::u8;
+  bool typed = false;
+
+  std::string str() const {
+    std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+    if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
+    return text;
+  }
+};
+
+// A queued operation: the work, and once it ran, whether it failed.
+struct queued_operation {
+  std::uint64_t seq = 0;
+  std::function<void(std::uint64_t)> work;
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;  // written before done
+};
+
+class operation_state {
+ public:
+  explicit operation_state(const comm_options& options) : options_(options) {}
+  operation_state(const operation_state&) = delete;
+  operation_state& operator=(const operation_state&) = delete;
+  ~operation_state() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  const comm_options& options() const noexcept { return options_; }
+  comm_options& options() noexcept { return options_; }
+
+  // --- The operation running now (touched only by the thread running it).
+  bool in_operation() const noexcept { return in_operation_; }
+  const op_label& current() const noexcept { return current_; }
+  int data_tag() const noexcept { return detail::data_tag(current_.seq); }
+  void begin(const op_label& label) noexcept {
+    current_ = label;
+    in_operation_ = true;
+  }
+  void end() noexcept { in_operation_ = false; }
+
+  // Operations issued so far (the next sequence number).
+  std::uint64_t issued() const {
+    std::lock_guard lock(mutex_);
+    return next_seq_;
+  }
+  // Sequence numbers start after the creation, which is operation #0.
+  void set_issued(std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    next_seq_ = n;
+  }
+
+  // --- Abort: the first reason sticks.
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const {
+    std::lock_guard lock(mutex_);
+    return abort_reason_;
+  }
+  void mark_aborted(const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (!aborted_.load(std::memory_order_relaxed)) abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
+    raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
+          "Its operations cannot go on; create a new communicator (comm.renew() on every rank) and continue with that");
+  }
+
+  // --- Scheduling. Operations run one at a time, in the order they were issued.
+
+  // Runs f(seq) on this thread once every earlier operation has finished.
+  template <class F> void run_blocking(F&& f) {
+    std::unique_lock lock(mutex_);
+    refuse_nesting();
+    if (queue_.empty() && !busy_) {
+      busy_ = true;
+      runner_ = std::this_thread::get_id();
+      const std::uint64_t seq = next_seq_++;
+      lock.unlock();
+      struct release {
+        operation_state* self;
+        ~release() {
+          {
+            std::lock_guard guard(self->mutex_);
+            self->busy_ = false;
+            self->runner_ = {};
+          }
+          self->wake_.notify_all();
+        }
+      } done{this};
+      f(seq);
+      return;
+    }
+    auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
+    lock.unlock();
+    wait(*op);
+  }
+
+  // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
+  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f) {
+    std::unique_lock lock(mutex_);
+    refuse_nesting();
+    if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
+    return enqueue(lock, std::move(f));
+  }
+
+  // Waits for op (running queued operations on this thread when there is no progress thread) and
+  // rethrows its failure.
+  void wait(queued_operation& op) {
+    if (!op.done.load(std::memory_order_acquire)) {
+      std::unique_lock lock(mutex_);
+      while (!op.done.load(std::memory_order_acquire)) {
+        if (!options_.progress_thread && !busy_ && !queue_.empty()) {
+          run_next(lock);
+        } else {
+          wake_.wait(lock);
+        }
+      }
+    }
+    if (op.failure) std::rethrow_exception(op.failure);
+  }
+
+  // Whether op has finished; without a progress thread, first runs the queue up to op (which may
+  // wait for the other ranks, as wait() does).
+  bool test(queued_operation& op) {
+    if (op.done.load(std::memory_order_acquire)) return true;
+    if (options_.progress_thread) return false;
+    std::unique_lock lock(mutex_);
+    while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+    return op.done.load(std::memory_order_acquire);
+  }
+
+  // Runs or waits out every queued operation; their failures stay with their handles.
+  void drain() noexcept {
+    std::unique_lock lock(mutex_);
+    while (busy_ || !queue_.empty()) {
+      if (!options_.progress_thread && !busy_) {
+        run_next(lock);
+      } else {
+        wake_.wait(lock);
+      }
+    }
+  }
+
+ private:
+  void refuse_nesting() const {
+    if (busy_ && runner_ == std::this_thread::get_id()) {
+      throw error("herd: an operation was started from inside another operation of the same communicator. "
+                  "Start it after the first one returns.");
+    }
+  }
+
+  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f) {
+    auto op = std::make_shared<queued_operation>();
+    op->seq = next_seq_++;
+    op->work = std::move(f);
+    queue_.push_back(op);
+    wake_.notify_all();
+    return op;
+  }
+
+  // Runs the first queued operation on this thread (the lock is released meanwhile).
+  void run_next(std::unique_lock<std::mutex>& lock) {
+    auto op = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    runner_ = std::this_thread::get_id();
+    lock.unlock();
+    try {
+      op->work(op->seq);
+    } catch (...) {
+      op->failure = std::current_exception();
+    }
+    op->work = nullptr;  // drops what the work captured
+    lock.lock();
+    op->done.store(true, std::memory_order_release);
+    busy_ = false;
+    runner_ = {};
+    wake_.notify_all();
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
+      if (!busy_ && !queue_.empty()) {
+        run_next(lock);
+      } else if (stopping_ && queue_.empty()) {
+        return;
+      }
+    }
+  }
+
+  comm_options options_;
+  op_label current_;
+  bool in_operation_ = false;
+  std::atomic<bool> aborted_{false};
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::string abort_reason_;
+  std::uint64_t next_seq_ = 1;
+  std::deque<std::shared_ptr<queued_operation>> queue_;
+  bool busy_ = false;
+  std::thread::id runner_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace detail
+}  // namespace herd

@@ -1,0 +1,105 @@
+#pragma once
+// How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
+// core, then sleeping in steps that grow with the time already waited (at most an eighth of it,
+// and never more than a millisecond), so that a rank waiting for a late peer neither burns a core
+// nor adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
+// after stall_check_seconds naming the operation and the peer, herd::error after
+// stall_shutdown_seconds.
+
+#include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace herd::detail {
+
+class waiting {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit waiting(const comm_options& options) : options_(options), start_(clock::now()), last_tick_(start_) {}
+
+  // Gives the core away for a while, the longer the wait has lasted.
+  void pause() {
+    if (++polls_ < 64) return;
+    const auto waited = clock::now() - start_;
+    if (waited < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::clamp<clock::duration>(waited / 8, std::chrono::microseconds(50),
+                                                            std::chrono::milliseconds(1)));
+  }
+
+  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
+  bool tick() {
+    if ((polls_ & 15u) != 0) return false;
+    const auto now = clock::now();
+    if (now - last_tick_ < std::chrono::milliseconds(5)) return false;
+    last_tick_ = now;
+    return true;
+  }
+
+  double seconds() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+  // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
+  // allreduce #17 (4 MiB f32) to receive from rank 1".
+  void watch(const error_site& site, const std::string& what) {
+    const double waited = seconds();
+    char amount[32];
+    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
+    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
+    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
+      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
+            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
+            "ran out of data early, or is stuck elsewhere");
+    }
+    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
+      warned_ = true;
+      std::fprintf(stderr,
+                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
+                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
+                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  bool past_shutdown() const {
+    return options_.stall_shutdown_seconds > 0 && seconds() >= options_.stall_shutdown_seconds;
+  }
+
+ private:
+  static std::string number(double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return text;
+  }
+
+  comm_options options_;
+  clock::time_point start_;
+  clock::time_point last_tick_;
+  unsigned polls_ = 0;
+  bool warned_ = false;
+};
+
+// "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
+// rank 1 (tag 11)".
+inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
+  std::string text;
+  if (ops.in_operation()) text = "in " + ops.current().str() + " ";
+  if (peer < 0) return text + "for the other ranks";
+  text += std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer);
+  if (!ops.in_operation()) text += " (tag " + std::to_string(tag) + ")";
+  return text;
+}
+
+// The error site of the running operation ("allreduce"), or `fallback` outside operations.
+inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
+  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
+}
+
+}  // namespace herd::detail

@@ -1,0 +1,56 @@
+#pragma once
+// A communicator that forwards everything to another one, except that before its n-th data send
+// (a message of a collective's data, not of its agreement) it runs a fault: a sleep, a SIGSTOP of
+// its own process. For the fault-injection tests.
+
+#include <herd/comm/communicator.hpp>
+
+#include <functional>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+namespace herd_test {
+
+template <class C> class faulty_communicator {
+ public:
+  using request = typename C::request;
+
+  // `fault` runs before data send number `at` (0-based) of this rank, once.
+  faulty_communicator(C& inner, int at, std::function<void()> fault)
+      : inner_(&inner), at_(at), fault_(std::move(fault)) {}
+
+  int rank() const { return inner_->rank(); }
+  int size() const { return inner_->size(); }
+  const herd::comm_options& options() const { return inner_->options(); }
+  herd::detail::operation_state& operations() { return inner_->operations(); }
+  bool supports(herd::device d) const { return inner_->supports(d); }
+  void abort(std::string_view reason) noexcept { inner_->abort(reason); }
+  void check_peers() { inner_->check_peers(); }
+
+  request isend(const void* data, std::size_t bytes, int peer, int tag) {
+    if (tag >= herd::detail::data_tag_base && data_sends_++ == at_ && fault_) {
+      auto fault = std::exchange(fault_, nullptr);
+      fault();
+    }
+    return inner_->isend(data, bytes, peer, tag);
+  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag) { return inner_->irecv(data, bytes, peer, tag); }
+  void wait(request& r) { inner_->wait(r); }
+  bool test(request& r) { return inner_->test(r); }
+  void sendrecv(const void* s, std::size_t sn, int to, void* r, std::size_t rn, int from, int tag) {
+    inner_->sendrecv(s, sn, to, r, rn, from, tag);
+  }
+  faulty_communicator split(int, int) const { throw std::logic_error("faulty_communicator cannot split"); }
+
+  // Data sends made so far.
+  int data_sends() const { return data_sends_; }
+
+ private:
+  C* inner_;
+  int at_;
+  std::function<void()> fault_;
+  int data_sends_ = 0;
+};
+
+}  // namespace herd_test

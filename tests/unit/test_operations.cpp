@@ -1,0 +1,310 @@
+// Collectives as operations, on local_communicator: identities and order checked across ranks,
+// protocol options agreed at creation, aborts that reach every rank, departures noticed, a
+// renewed communicator that computes the right bits, asynchronous operations in order, and the
+// grouped allreduce.
+
+#include <herd/collectives/allgather.hpp>
+#include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/barrier.hpp>
+#include <herd/collectives/broadcast.hpp>
+#include <herd/collectives/reduce_scatter.hpp>
+#include <herd/comm/local.hpp>
+#include <herd/tensor/std.hpp>
+
+#include "../support/faulty_communicator.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+// Runs fn on p ranks; returns each rank's herd::error message ("" for none).
+template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn, herd::comm_options options = {}) {
+  std::vector<std::string> messages(static_cast<std::size_t>(p));
+  herd::local::run(
+      p,
+      [&](herd::local_communicator& comm) {
+        try {
+          fn(comm);
+        } catch (const herd::error& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      },
+      options);
+  return messages;
+}
+
+// Integer-valued floats: every order of summation gives the same bits.
+std::vector<float> ramp(std::size_t n, int rank) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>(i % 1000) - 500 + 7 * rank);
+  return v;
+}
+
+std::vector<float> ramp_sum(std::size_t n, int p) {
+  std::vector<float> sum(n, 0.0f);
+  for (int r = 0; r < p; ++r) {
+    const auto v = ramp(n, r);
+    for (std::size_t i = 0; i < n; ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+herd::comm_options impatient() {
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 0.5;
+  o.ring_segment_bytes = 64 << 10;  // many segments: the fault lands mid-ring
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("ranks in different operations: allreduce against barrier, and a skipped collective") {
+  for (const auto& m : errors_per_rank(2, [](herd::local_communicator& comm) {
+         std::vector<float> v(1 << 20);
+         if (comm.rank() == 0) herd::allreduce(v, comm);
+         else herd::barrier(comm);
+       })) {
+    INFO(m);
+    CHECK(has(m, "the ranks are in different operations: rank 0 is in allreduce #1 (4 MiB f32), rank 1 in barrier #1"));
+  }
+  // Rank 1 skips the first allreduce: the next operation already tells.
+  for (const auto& m : errors_per_rank(3, [](herd::local_communicator& comm) {
+         std::vector<double> grad(100);
+         std::vector<int> step(1);
+         if (comm.rank() != 1) herd::allreduce(grad, comm);
+         herd::broadcast(step, comm, 0);
+       })) {
+    INFO(m);
+    CHECK(has(m, "rank 0 is in allreduce #1 (800 B f64), rank 1 in broadcast #1 (4 B i32), rank 2 in allreduce #1"));
+  }
+}
+
+TEST_CASE("an agreed error leaves the communicator usable; the sequence goes on alike on every rank") {
+  herd::local::run(3, [](herd::local_communicator& comm) {
+    std::vector<float> wrong(comm.rank() == 2 ? 5 : 6);
+    CHECK_THROWS_AS(herd::allreduce(wrong, comm), herd::error);
+    CHECK_FALSE(comm.operations().aborted());
+    std::vector<float> v = ramp(3000, comm.rank());
+    herd::allreduce(v, comm);
+    CHECK(v == ramp_sum(3000, 3));
+    CHECK(comm.operations().issued() == 3);  // the creation is #0; the failed allreduce counted as #1
+  });
+}
+
+TEST_CASE("differing protocol options are an error at creation on every rank, naming the variable") {
+  auto create_pair = [](herd::comm_options zero, herd::comm_options one) {
+    auto w = std::make_shared<herd::detail::local::world>(2);
+    std::vector<std::string> messages(2);
+    std::thread other([&] {
+      try {
+        herd::local_communicator c(w, 1, one);
+      } catch (const herd::error& e) {
+        messages[1] = e.what();
+      }
+    });
+    try {
+      herd::local_communicator c(w, 0, zero);
+    } catch (const herd::error& e) {
+      messages[0] = e.what();
+    }
+    other.join();
+    return messages;
+  };
+  herd::comm_options checks_off;
+  checks_off.check_arguments = false;
+  for (const auto& m : create_pair({}, checks_off)) {
+    INFO(m);
+    CHECK(has(m, "HERD_CHECK_ARGUMENTS differs across ranks (rank 0: 1, rank 1: 0)"));
+  }
+  herd::comm_options small_segments;
+  small_segments.ring_segment_bytes = 4096;
+  for (const auto& m : create_pair(small_segments, {})) {
+    INFO(m);
+    CHECK(has(m, "HERD_RING_SEGMENT_BYTES differs across ranks (rank 0: 4096, rank 1: 1048576)"));
+  }
+}
+
+TEST_CASE("a malformed HERD_ variable is kept as a problem, not thrown, when the settings are read") {
+  ::setenv("HERD_RING_SEGMENT_BYTES", "lots", 1);
+  const herd::runtime::settings s = herd::runtime::read_settings();
+  ::unsetenv("HERD_RING_SEGMENT_BYTES");
+  CHECK(has(s.problem, "HERD_RING_SEGMENT_BYTES='lots' is not a number"));
+  CHECK(s.ring_segment_bytes == herd::runtime::settings{}.ring_segment_bytes);
+  CHECK(herd::runtime::read_settings().problem.empty());
+}
+
+TEST_CASE("a rank delayed mid-ring: every rank gets the error, the old communicator refuses, a renewed one is exact") {
+  for (int p : {2, 3}) {
+    std::vector<std::string> first(static_cast<std::size_t>(p)), later(static_cast<std::size_t>(p));
+    std::vector<int> exact(static_cast<std::size_t>(p), 0);
+    const auto start = clock_type::now();
+    herd::local::run(
+        p,
+        [&](herd::local_communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          herd_test::faulty_communicator<herd::local_communicator> faulty(
+              comm, comm.rank() == 1 ? 5 : -1, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); });
+          std::vector<float> v = ramp(1 << 18, comm.rank());
+          try {
+            herd::allreduce(v, faulty);
+          } catch (const herd::error& e) {
+            first[r] = e.what();
+          }
+          CHECK(comm.operations().aborted());
+          try {
+            herd::allreduce(v, comm);
+          } catch (const herd::error& e) {
+            later[r] = e.what();
+          }
+          herd::local_communicator fresh = comm.renew(herd::comm_options{});  // patient: rank 1 may still sleep
+          std::vector<float> w = ramp(1 << 18, comm.rank());
+          herd::allreduce(w, fresh);
+          exact[r] = w == ramp_sum(1 << 18, p) ? 1 : 0;
+        },
+        impatient());
+    CHECK(seconds_since(start) < 10);
+    for (int r = 0; r < p; ++r) {
+      const auto& m = first[static_cast<std::size_t>(r)];
+      INFO("p=", p, " rank ", r, ": ", m);
+      CHECK(has(m, "herd::allreduce on rank " + std::to_string(r)));
+      CHECK((has(m, "has waited") || has(m, "aborted its operation #1")));
+      CHECK(has(m, "The communicator is now aborted"));
+      INFO(later[static_cast<std::size_t>(r)]);
+      CHECK(has(later[static_cast<std::size_t>(r)], "this communicator was aborted by an earlier error"));
+      CHECK(has(later[static_cast<std::size_t>(r)], "comm.renew()"));
+      CHECK(exact[static_cast<std::size_t>(r)] == 1);
+    }
+  }
+}
+
+TEST_CASE("a rank whose function returns while the others wait: they raise at once, naming it") {
+  const auto start = clock_type::now();
+  const auto messages = errors_per_rank(3, [](herd::local_communicator& comm) {
+    std::vector<float> v(10, 1.0f);
+    herd::allreduce(v, comm);  // #1: every rank takes part
+    if (comm.rank() == 1) return;
+    herd::allreduce(v, comm);  // #2: rank 1 has left
+  });
+  CHECK(seconds_since(start) < 5);
+  CHECK(messages[1].empty());
+  for (std::size_t r : {0u, 2u}) {
+    INFO(messages[r]);
+    CHECK(has(messages[r], "rank 1 finished (its communicator was destroyed after 2 operations)"));
+    CHECK(has(messages[r], "waits in allreduce #2 (40 B f32)"));
+  }
+}
+
+TEST_CASE("asynchronous operations complete in order, interleaved with blocking ones, with and without a progress thread") {
+  for (bool thread : {true, false}) {
+    herd::comm_options options;
+    options.progress_thread = thread;
+    herd::local::run(
+        3,
+        [&](herd::local_communicator& comm) {
+          const int r = comm.rank();
+          const std::size_t n = 100000;
+          std::vector<float> a = ramp(n, r), b = ramp(n, r), c = ramp(7, r), d = ramp(n, r);
+          std::vector<int> root_value(5, r == 1 ? 42 : -1);
+          std::vector<float> gathered(3 * 7);
+          std::vector<float> shard(n / 4);
+          std::vector<float> scatter_in = ramp(3 * (n / 4), r);
+          herd::handle ha = herd::allreduce_async(a, comm);
+          herd::handle hb = herd::allreduce_async(b, comm, herd::reduce_op::max);
+          herd::allreduce(d, comm);  // blocking, after the two above
+          herd::handle hc = herd::broadcast_async(root_value, comm, 1);
+          herd::handle hd = herd::allgather_async(c, gathered, comm);
+          herd::handle he = herd::reduce_scatter_async(scatter_in, shard, comm);
+          he.wait();
+          CHECK(ha.test());  // operations complete in submission order
+          CHECK(hd.test());
+          ha.wait();
+          hb.wait();
+          hc.wait();
+          hd.wait();
+          CHECK(a == ramp_sum(n, 3));
+          CHECK(d == ramp_sum(n, 3));
+          CHECK(b == ramp(n, 2));  // max: rank 2's values are the largest
+          CHECK(root_value == std::vector<int>(5, 42));
+          for (int q = 0; q < 3; ++q) CHECK(std::vector<float>(gathered.begin() + 7 * q, gathered.begin() + 7 * q + 7) == ramp(7, q));
+          const auto full = ramp_sum(3 * (n / 4), 3);
+          CHECK(shard == std::vector<float>(full.begin() + static_cast<std::ptrdiff_t>(r) * static_cast<std::ptrdiff_t>(n / 4),
+                                            full.begin() + static_cast<std::ptrdiff_t>(r + 1) * static_cast<std::ptrdiff_t>(n / 4)));
+          {
+            std::vector<float> e = ramp(n, r);
+            herd::handle dropped = herd::allreduce_async(e, comm);
+            // destroyed here, before anyone waited: it waits, so e is still valid while it runs
+          }
+          CHECK(comm.operations().issued() == 8);
+        },
+        options);
+  }
+}
+
+TEST_CASE("an asynchronous operation's error is rethrown by wait() on every rank") {
+  for (const auto& m : errors_per_rank(2, [](herd::local_communicator& comm) {
+         std::vector<float> v(comm.rank() == 0 ? 10 : 11);
+         herd::handle h = herd::allreduce_async(v, comm);
+         h.wait();
+       })) {
+    INFO(m);
+    CHECK(has(m, "the element count differs across ranks (rank 0: 10, rank 1: 11)"));
+  }
+}
+
+TEST_CASE("grouped allreduce: many tensors, one operation, the same bits as one by one") {
+  herd::local::run(3, [](herd::local_communicator& comm) {
+    const int r = comm.rank();
+    std::vector<float> a = ramp(100, r), d = ramp(5000, r);
+    std::vector<double> b(50, 0.25 * r);
+    std::vector<std::int32_t> c(3000, r + 1);
+    std::vector<float> empty;
+    herd::allreduce(herd::views(a, b, c, empty, d), comm);
+    CHECK(a == ramp_sum(100, 3));
+    CHECK(d == ramp_sum(5000, 3));
+    CHECK(b == std::vector<double>(50, 0.75));
+    CHECK(c == std::vector<std::int32_t>(3000, 6));
+    std::vector<double> avg(9, r);
+    herd::handle h = herd::allreduce_async(herd::views(avg), comm, herd::reduce_op::avg);
+    h.wait();
+    CHECK(avg == std::vector<double>(9, 1.0));
+    CHECK(comm.operations().issued() == 3);
+  });
+  for (const auto& m : errors_per_rank(2, [](herd::local_communicator& comm) {
+         std::vector<float> a(10), b(20);
+         if (comm.rank() == 0) herd::allreduce(herd::views(a, b), comm);
+         else herd::allreduce(herd::views(a), comm);
+       })) {
+    INFO(m);
+    CHECK(has(m, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks"));
+  }
+}
+
+TEST_CASE("an operation started from inside another of the same communicator is refused, not deadlocked") {
+  herd::local::run(1, [](herd::local_communicator& comm) {
+    auto& ops = comm.operations();
+    std::string message;
+    ops.run_blocking([&](std::uint64_t) {
+      try {
+        herd::barrier(comm);
+      } catch (const herd::error& e) {
+        message = e.what();
+      }
+    });
+    CHECK(has(message, "started from inside another operation"));
+  });
+}
