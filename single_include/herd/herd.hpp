@@ -1185,6 +1185,23 @@ class operation_state {
 
   // Runs f(seq) on this thread once every earlier operation has finished.
   template <class F> void run_blocking(F&& f) {
+    if (!queued_ever_.load(std::memory_order_relaxed)) {
+      // Nothing was ever queued, so no other thread runs operations of this communicator (its
+      // operations are issued from one thread at a time, as MPI's are): no lock needed.
+      if (busy_) refuse_nesting();
+      busy_ = true;
+      runner_ = std::this_thread::get_id();
+      const std::uint64_t seq = next_seq_++;
+      struct release {
+        operation_state* self;
+        ~release() {
+          self->busy_ = false;
+          self->runner_ = {};
+        }
+      } done{this};
+      f(seq);
+      return;
+    }
     std::unique_lock lock(mutex_);
     refuse_nesting();
     if (queue_.empty() && !busy_) {
@@ -1214,6 +1231,7 @@ class operation_state {
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
   std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f) {
     std::unique_lock lock(mutex_);
+    queued_ever_.store(true, std::memory_order_relaxed);
     refuse_nesting();
     if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
     return enqueue(lock, std::move(f));
@@ -1318,6 +1336,7 @@ class operation_state {
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
   std::thread::id runner_;
+  std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
   bool stopping_ = false;
   std::thread worker_;
 };
@@ -1417,6 +1436,7 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -1459,26 +1479,37 @@ struct signature {
 // this large, so a rank that sends less (or none, having taken another path) never overflows them.
 inline constexpr std::size_t payload_max_bytes = 8192;
 
-// Every rank's signature and payload, indexed by rank.
+// Every rank's signature and payload, indexed by rank; valid until this thread's next exchange.
 struct exchanged {
-  std::vector<signature> signatures;
+  std::span<const signature> signatures;
   const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
   const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
 };
 
 // Per-thread memory for the exchange, reused so that an agreement allocates nothing after its first.
+inline std::vector<signature>& signature_buffer(int which) {
+  thread_local std::vector<signature> buffers[2];
+  return buffers[which];
+}
+
+// The three buffers start at different offsets within a 4 KiB page: copies between buffers whose
+// addresses differ by a multiple of 4 KiB are several times slower on x86 (loads falsely wait for
+// stores to the same page offset), which made the exchange of 4-8 KiB payloads 3x slower.
 inline std::byte* exchange_buffer(std::size_t bytes, int which) {
   struct buffer {
     std::unique_ptr<std::byte[]> data;
     std::size_t capacity = 0;
   };
+  constexpr std::size_t page = 4096;
   thread_local buffer buffers[3];
   buffer& b = buffers[which];
   if (b.capacity < bytes) {
-    b.data.reset(new std::byte[bytes]);
+    b.data.reset(new std::byte[bytes + 2 * page]);
     b.capacity = bytes;
   }
-  return b.data.get();
+  const auto address = reinterpret_cast<std::uintptr_t>(b.data.get());
+  const std::size_t offset = (page - address % page) % page + static_cast<std::size_t>(which) * 1088;
+  return b.data.get() + offset;
 }
 
 // Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
@@ -1490,7 +1521,8 @@ exchanged exchange(C& comm, const signature& mine, const void* payload, std::siz
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
-  std::vector<signature> rotated(parts);  // rotated[j] comes from rank r + j
+  std::vector<signature>& rotated = signature_buffer(0);  // rotated[j] comes from rank r + j
+  rotated.resize(parts);
   std::byte* slots = exchange_buffer(parts * payload_max_bytes, 1);
   std::byte* wire = exchange_buffer(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
   rotated[0] = mine;
@@ -1521,14 +1553,16 @@ exchanged exchange(C& comm, const signature& mine, const void* payload, std::siz
     have += count;
   }
   // Undo the rotation: rank (r + j) % p's block is at j.
-  exchanged result;
-  result.signatures.resize(parts);
+  std::vector<signature>& by_owner = signature_buffer(1);
+  by_owner.resize(parts);
   std::byte* by_rank = exchange_buffer(parts * payload_max_bytes, 0);
+  exchanged result;
   for (std::size_t j = 0; j < parts; ++j) {
     const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
-    result.signatures[owner] = rotated[j];
+    by_owner[owner] = rotated[j];
     std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
   }
+  result.signatures = by_owner;
   result.slots = by_rank;
   return result;
 }
@@ -1557,7 +1591,7 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
 
 // "rank 0: 100, rank 1: 128, rank 2: 100" (the first 16 ranks).
 template <class Field>
-std::string per_rank(const std::vector<signature>& all, Field field) {
+std::string per_rank(std::span<const signature> all, Field field) {
   std::string text;
   for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
     if (i) text += ", ";
@@ -1567,7 +1601,7 @@ std::string per_rank(const std::vector<signature>& all, Field field) {
   return text;
 }
 
-template <class Field> bool differs(const std::vector<signature>& all, Field field) {
+template <class Field> bool differs(std::span<const signature> all, Field field) {
   for (const auto& s : all)
     if (field(s) != field(all[0])) return true;
   return false;
@@ -1578,7 +1612,7 @@ template <class Field> bool differs(const std::vector<signature>& all, Field fie
 // this rank's own fault in its own words, before the others' are named.
 inline void no_fault() noexcept {}
 template <class OwnFault = void (*)() noexcept>
-void verify_identity(const error_site& site, const std::vector<signature>& all, OwnFault own_fault = no_fault) {
+void verify_identity(const error_site& site, std::span<const signature> all, OwnFault own_fault = no_fault) {
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i].magic != signature{}.magic) {
       raise_agreed(site, "rank " + std::to_string(i) + " runs a different herd build or is not in a herd operation",
@@ -1698,7 +1732,9 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
   const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
   if (comm.size() == 1) {
     exchanged alone;
-    alone.signatures.push_back(signature_of(ops));
+    std::vector<signature>& own = signature_buffer(1);
+    own.assign(1, signature_of(ops));
+    alone.signatures = own;
     std::byte* slot = exchange_buffer(payload_max_bytes, 0);
     if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
     alone.slots = slot;
@@ -3937,7 +3973,7 @@ class call_check {
   }
 
   // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
-  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const std::string& advice) {
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice) {
     if (!ok() || reachable) return;
     fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
          advice);
@@ -3955,7 +3991,7 @@ class call_check {
          "Pass input and output tensors of the same dtype");
   }
 
-  void require_count(const char* role, std::size_t actual, std::size_t expected, const std::string& why) {
+  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why) {
     if (!ok() || actual == expected) return;
     fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
                 std::to_string(expected) + " are needed (" + why + ")",
@@ -4015,34 +4051,34 @@ class call_check {
 };
 
 // Raises on every rank if the ranks passed different arguments.
-inline void verify_arguments(const error_site& site, const std::vector<signature>& all) {
-  const std::string every = "Every rank must call the same collective with the same ";
+inline void verify_arguments(const error_site& site, std::span<const signature> all) {
+  const char* const every = "Every rank must call the same collective with the same ";
   if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
     raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
-                 every + "list of tensors, in the same order");
+                 std::string(every) + "list of tensors, in the same order");
   }
   if (differs(all, [](const signature& s) { return s.type; })) {
     raise_agreed(site, "the dtype differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-                 every + "dtype");
+                 std::string(every) + "dtype");
   }
   if (differs(all, [](const signature& s) { return s.op; })) {
     raise_agreed(site, "the reduce_op differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-                 every + "reduce_op");
+                 std::string(every) + "reduce_op");
   }
   if (differs(all, [](const signature& s) { return s.count; })) {
     raise_agreed(site, "the element count differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-                 every + "number of elements");
+                 std::string(every) + "number of elements");
   }
   if (differs(all, [](const signature& s) { return s.root; })) {
     raise_agreed(site, "the root differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-                 every + "root");
+                 std::string(every) + "root");
   }
   if (differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
   }
   if (differs(all, [](const signature& s) { return s.memory; })) {
     raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
@@ -5036,7 +5072,7 @@ template <communicator C> bool reaches(const C& comm, device d) {
 }
 
 // What to do about a tensor `comm` cannot reach.
-template <communicator C> std::string unreachable_advice(const C& comm, device d) {
+template <communicator C> const char* unreachable_advice(const C& comm, device d) {
   if constexpr (native_collectives<C>) {
     (void)comm;
     return d.is_cpu() ? "This communicator reduces GPU memory with NCCL; move the tensor to its GPU, or use an "

@@ -74,7 +74,7 @@ class call_check {
   }
 
   // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
-  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const std::string& advice) {
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice) {
     if (!ok() || reachable) return;
     fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
          advice);
@@ -92,7 +92,7 @@ class call_check {
          "Pass input and output tensors of the same dtype");
   }
 
-  void require_count(const char* role, std::size_t actual, std::size_t expected, const std::string& why) {
+  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why) {
     if (!ok() || actual == expected) return;
     fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
                 std::to_string(expected) + " are needed (" + why + ")",
@@ -152,34 +152,34 @@ class call_check {
 };
 
 // Raises on every rank if the ranks passed different arguments.
-inline void verify_arguments(const error_site& site, const std::vector<signature>& all) {
-  const std::string every = "Every rank must call the same collective with the same ";
+inline void verify_arguments(const error_site& site, std::span<const signature> all) {
+  const char* const every = "Every rank must call the same collective with the same ";
   if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
     raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
-                 every + "list of tensors, in the same order");
+                 std::string(every) + "list of tensors, in the same order");
   }
   if (differs(all, [](const signature& s) { return s.type; })) {
     raise_agreed(site, "the dtype differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-                 every + "dtype");
+                 std::string(every) + "dtype");
   }
   if (differs(all, [](const signature& s) { return s.op; })) {
     raise_agreed(site, "the reduce_op differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-                 every + "reduce_op");
+                 std::string(every) + "reduce_op");
   }
   if (differs(all, [](const signature& s) { return s.count; })) {
     raise_agreed(site, "the element count differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-                 every + "number of elements");
+                 std::string(every) + "number of elements");
   }
   if (differs(all, [](const signature& s) { return s.root; })) {
     raise_agreed(site, "the root differs across ranks (" +
                            per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-                 every + "root");
+                 std::string(every) + "root");
   }
   if (differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the per-rank counts differ across ranks", every + "list of per-rank counts");
+    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
   }
   if (differs(all, [](const signature& s) { return s.memory; })) {
     raise_agreed(site, "the tensors live on different kinds of device across ranks (" +

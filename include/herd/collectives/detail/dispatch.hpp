@@ -37,7 +37,7 @@ template <communicator C> bool reaches(const C& comm, device d) {
 }
 
 // What to do about a tensor `comm` cannot reach.
-template <communicator C> std::string unreachable_advice(const C& comm, device d) {
+template <communicator C> const char* unreachable_advice(const C& comm, device d) {
   if constexpr (native_collectives<C>) {
     (void)comm;
     return d.is_cpu() ? "This communicator reduces GPU memory with NCCL; move the tensor to its GPU, or use an "

@@ -69,7 +69,9 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
   const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
   if (comm.size() == 1) {
     exchanged alone;
-    alone.signatures.push_back(signature_of(ops));
+    std::vector<signature>& own = signature_buffer(1);
+    own.assign(1, signature_of(ops));
+    alone.signatures = own;
     std::byte* slot = exchange_buffer(payload_max_bytes, 0);
     if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
     alone.slots = slot;

@@ -173,6 +173,23 @@ class operation_state {
 
   // Runs f(seq) on this thread once every earlier operation has finished.
   template <class F> void run_blocking(F&& f) {
+    if (!queued_ever_.load(std::memory_order_relaxed)) {
+      // Nothing was ever queued, so no other thread runs operations of this communicator (its
+      // operations are issued from one thread at a time, as MPI's are): no lock needed.
+      if (busy_) refuse_nesting();
+      busy_ = true;
+      runner_ = std::this_thread::get_id();
+      const std::uint64_t seq = next_seq_++;
+      struct release {
+        operation_state* self;
+        ~release() {
+          self->busy_ = false;
+          self->runner_ = {};
+        }
+      } done{this};
+      f(seq);
+      return;
+    }
     std::unique_lock lock(mutex_);
     refuse_nesting();
     if (queue_.empty() && !busy_) {
@@ -202,6 +219,7 @@ class operation_state {
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
   std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f) {
     std::unique_lock lock(mutex_);
+    queued_ever_.store(true, std::memory_order_relaxed);
     refuse_nesting();
     if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
     return enqueue(lock, std::move(f));
@@ -306,6 +324,7 @@ class operation_state {
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
   std::thread::id runner_;
+  std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
   bool stopping_ = false;
   std::thread worker_;
 };
