@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh clone: installs what is missing, configures, builds, runs ctest.
-# Extra arguments go to ctest (e.g. -R mpi).
+# The whole test suite from a fresh clone: installs what is missing, configures, builds, runs ctest;
+# then the MPI tests again against Open MPI when it is installed (the openmpi preset).
+# Extra arguments go to the first ctest (e.g. -R mpi).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh --with-torch
+tools/install-deps.sh --with-torch --with-openmpi
 cmake --preset default
 cmake --build --preset default -j "$(nproc)"
 ctest --test-dir build --output-on-failure --no-tests=error "$@"
+if command -v mpicxx.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null; then
+  cmake --workflow --preset openmpi
+else
+  echo "herd: Open MPI is not installed; its run of the MPI tests is skipped"
+fi

@@ -123,8 +123,8 @@ class world {
     for (int q = 0; q < size_; ++q) {
       const auto at = static_cast<std::size_t>(q);
       if (q != me && departed_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
-               std::to_string(departed_at_[at]) + " operations) while rank " + std::to_string(me) + " waits in " +
+        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+               std::to_string(departed_at_[at] - 1) + ") while rank " + std::to_string(me) + " waits in " +
                label.str();
       }
     }

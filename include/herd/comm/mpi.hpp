@@ -294,8 +294,8 @@ class mpi_state {
   std::string hopeless(const op_label& label) const {
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
-               std::to_string(peers[static_cast<std::size_t>(q)].departed_at) + " operations) while rank " +
+        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+               std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
                std::to_string(rank) + " waits in " + label.str();
       }
     }
