@@ -13,7 +13,8 @@
 // A second table (--async-max-bytes, default 4 MiB; 0 skips it) times many operations in flight:
 // `--outstanding` (16) allreduces of different buffers started one after another, then all
 // waited for, per operation: herd blocking, herd_async (herd::allreduce_async and handles, on
-// the communicator's progress thread), and MPI_Iallreduce with MPI_Waitall.
+// the communicator's progress thread), the same without a progress thread (operations run inside
+// wait()), and MPI_Iallreduce with MPI_Waitall.
 
 #include <herd/herd.hpp>
 
@@ -195,12 +196,15 @@ int main(int argc, char** argv) {
 
   // Many operations in flight: K buffers, each reduced once per repetition.
   const int k = o.outstanding;
+  herd::comm_options in_wait;
+  in_wait.progress_thread = false;
+  herd::mpi_communicator caller_driven(MPI_COMM_WORLD, in_wait);
   if (rank == 0) {
     std::printf("\n# %d allreduces in flight: per operation, medians of %d repetitions\n", k, o.reps);
-    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "bytes", "blocking", "busbw", "herd_async",
-                "busbw", "MPI_Iallr", "busbw", "async/", "async/");
-    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "", "us", "GB/s", "us", "GB/s", "us", "GB/s",
-                "blocking", "MPI");
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "bytes", "blocking", "busbw",
+                "herd_async", "busbw", "no thread", "busbw", "MPI_Iallr", "busbw", "async/", "async/");
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %10s %9s | %8s %8s\n", "", "us", "GB/s", "us", "GB/s", "us",
+                "GB/s", "us", "GB/s", "blocking", "MPI");
   }
   for (std::size_t bytes = o.async_min_bytes; bytes <= o.async_max_bytes; bytes *= 2) {
     const std::size_t count = std::max<std::size_t>(bytes / es, 1);
@@ -213,14 +217,19 @@ int main(int argc, char** argv) {
     }
     const double blocking_s = time_calls([&] { for (auto& v : views) herd::allreduce(v, comm, o.op); },
                                          real_bytes * static_cast<std::size_t>(k), o.reps) / k;
-    const double async_s = time_calls(
-        [&] {
-          std::vector<herd::handle> handles;
-          handles.reserve(views.size());
-          for (auto& v : views) handles.push_back(herd::allreduce_async(v, comm, o.op));
-          for (auto& h : handles) h.wait();
-        },
-        real_bytes * static_cast<std::size_t>(k), o.reps) / k;
+    auto in_flight = [&](herd::mpi_communicator& c) {
+      return time_calls(
+                 [&] {
+                   std::vector<herd::handle> handles;
+                   handles.reserve(views.size());
+                   for (auto& v : views) handles.push_back(herd::allreduce_async(v, c, o.op));
+                   for (auto& h : handles) h.wait();
+                 },
+                 real_bytes * static_cast<std::size_t>(k), o.reps) /
+             k;
+    };
+    const double async_s = in_flight(comm);
+    const double caller_s = in_flight(caller_driven);
     double mpi_s = 0;
     if (mpi_comparable) {
       std::vector<MPI_Request> requests(views.size());
@@ -235,8 +244,9 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
       const double gb = static_cast<double>(real_bytes) / 1e9;
-      std::printf("  %12zu | %10.2f %9.3f | %10.2f %9.3f | ", real_bytes, blocking_s * 1e6, gb / blocking_s * bus_factor,
-                  async_s * 1e6, gb / async_s * bus_factor);
+      std::printf("  %12zu | %10.2f %9.3f | %10.2f %9.3f | %10.2f %9.3f | ", real_bytes, blocking_s * 1e6,
+                  gb / blocking_s * bus_factor, async_s * 1e6, gb / async_s * bus_factor, caller_s * 1e6,
+                  gb / caller_s * bus_factor);
       if (mpi_comparable) {
         std::printf("%10.2f %9.3f | %8.2f %8.2f\n", mpi_s * 1e6, gb / mpi_s * bus_factor, blocking_s / async_s,
                     mpi_s / async_s);

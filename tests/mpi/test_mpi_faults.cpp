@@ -139,7 +139,8 @@ HERD_MPI_TEST_CASE("a rank delayed mid-ring: all get the error, freed tensors do
   delete data;  // at once: MPI must not read it any more (it is unmapped: a read would crash the peer)
   INFO(message);
   CHECK(has(message, "herd::allreduce on rank " + std::to_string(comm.rank())));
-  CHECK((has(message, "has waited 0.7 s in allreduce #1 (16 MiB f32)") || has(message, "aborted its operation #1")));
+  if (comm.rank() == 1) CHECK(has(message, "aborted its operation #1"));  // told by the others, who gave up meanwhile
+  else CHECK((has(message, "has waited 0.7 s in allreduce #1 (16 MiB f32)") || has(message, "aborted its operation #1")));
   CHECK(seconds_since(start) < 15);
   check_recovery(comm, 300000);
 }
@@ -210,10 +211,11 @@ HERD_MPI_TEST_CASE("asynchronous operations interleaved with blocking ones, and 
     pending.push_back(herd::broadcast_async(root, comm, 0));
     herd::allreduce(d, comm);
     pending.push_back(herd::allreduce_async(herd::views(b), comm, herd::reduce_op::max));
+    std::vector<float> dropped = ramp(n, comm.rank());
     {
-      std::vector<float> dropped = ramp(n, comm.rank());
-      herd::handle h = herd::allreduce_async(dropped, comm);
+      herd::handle h = herd::allreduce_async(dropped, comm);  // destroyed unwaited: it waits
     }
+    CHECK(dropped == ramp_sum(n, p));
     for (auto& h : pending) h.wait();
     CHECK(a == ramp_sum(n, p));
     CHECK(d == ramp_sum(3000, p));

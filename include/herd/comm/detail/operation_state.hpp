@@ -228,7 +228,10 @@ class operation_state {
   // Waits for op (running queued operations on this thread when there is no progress thread) and
   // rethrows its failure.
   void wait(queued_operation& op) {
-    if (!op.done.load(std::memory_order_acquire)) {
+    if (options_.progress_thread) {
+      // Woken by this operation's completion only, not by every other one's.
+      op.done.wait(false, std::memory_order_acquire);
+    } else if (!op.done.load(std::memory_order_acquire)) {
       std::unique_lock lock(mutex_);
       while (!op.done.load(std::memory_order_acquire)) {
         if (!options_.progress_thread && !busy_ && !queue_.empty()) {
@@ -295,6 +298,7 @@ class operation_state {
     op->work = nullptr;  // drops what the work captured
     lock.lock();
     op->done.store(true, std::memory_order_release);
+    op->done.notify_all();
     busy_ = false;
     runner_ = {};
     wake_.notify_all();
