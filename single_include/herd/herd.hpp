@@ -1030,6 +1030,7 @@ inline settings& defaults() {
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -1144,15 +1145,16 @@ class operation_state {
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
 
-  // --- The operation running now (touched only by the thread running it).
-  bool in_operation() const noexcept { return in_operation_; }
+  // --- The operation running now, as the thread running it sees it: another thread (the caller's,
+  // while the progress thread runs an operation) is not inside it.
+  bool in_operation() const noexcept { return running_here() == this; }
   const op_label& current() const noexcept { return current_; }
   int data_tag() const noexcept { return detail::data_tag(current_.seq); }
   void begin(const op_label& label) noexcept {
     current_ = label;
-    in_operation_ = true;
+    running_here() = this;
   }
-  void end() noexcept { in_operation_ = false; }
+  void end() noexcept { running_here() = nullptr; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -1171,10 +1173,15 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return abort_reason_;
   }
-  void mark_aborted(const std::string& reason) {
+  // Never fails to mark it; only the reason may be lost (to a failed allocation).
+  void mark_aborted(std::string_view reason) noexcept {
     std::lock_guard lock(mutex_);
-    if (!aborted_.load(std::memory_order_relaxed)) abort_reason_ = reason;
-    aborted_.store(true, std::memory_order_release);
+    if (!aborted_.exchange(true, std::memory_order_acq_rel)) {
+      try {
+        abort_reason_ = reason;
+      } catch (...) {
+      }
+    }
   }
   [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
     raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
@@ -1240,7 +1247,12 @@ class operation_state {
   // Waits for op (running queued operations on this thread when there is no progress thread) and
   // rethrows its failure.
   void wait(queued_operation& op) {
-    if (!op.done.load(std::memory_order_acquire)) {
+    if (op.done.load(std::memory_order_acquire)) {
+      // Done: nothing else of this state is touched (a handle may outlive its communicator).
+    } else if (options_.progress_thread) {
+      // Woken by this operation's completion only, not by every other one's.
+      op.done.wait(false, std::memory_order_acquire);
+    } else if (!op.done.load(std::memory_order_acquire)) {
       std::unique_lock lock(mutex_);
       while (!op.done.load(std::memory_order_acquire)) {
         if (!options_.progress_thread && !busy_ && !queue_.empty()) {
@@ -1276,6 +1288,12 @@ class operation_state {
   }
 
  private:
+  // The operation state whose operation this thread runs now.
+  static const operation_state*& running_here() noexcept {
+    thread_local const operation_state* state = nullptr;
+    return state;
+  }
+
   void refuse_nesting() const {
     if (busy_ && runner_ == std::this_thread::get_id()) {
       throw error("herd: an operation was started from inside another operation of the same communicator. "
@@ -1307,6 +1325,7 @@ class operation_state {
     op->work = nullptr;  // drops what the work captured
     lock.lock();
     op->done.store(true, std::memory_order_release);
+    op->done.notify_all();
     busy_ = false;
     runner_ = {};
     wake_.notify_all();
@@ -1326,7 +1345,6 @@ class operation_state {
 
   comm_options options_;
   op_label current_;
-  bool in_operation_ = false;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;
@@ -1619,15 +1637,20 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                    "Build every rank from the same sources and call the same collectives in the same order");
     }
   }
-  if (differs(all, [](const signature& s) { return s.kind; }) || differs(all, [](const signature& s) { return s.seq; })) {
+  const bool numbers_differ = differs(all, [](const signature& s) { return s.seq; });
+  if (numbers_differ || differs(all, [](const signature& s) { return s.kind; })) {
     std::string text;
     for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
       text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
     }
     if (all.size() > 16) text += ", ...";
-    raise_agreed(site, "the ranks are in different operations: " + text,
-                 "Every rank must call the same collectives on a communicator, in the same order; look for a rank "
-                 "that skipped one or called another");
+    const std::string what = "the ranks are in different operations: " + text;
+    const char* todo = "Every rank must call the same collectives on a communicator, in the same order; look for a "
+                       "rank that skipped one or called another";
+    // Different numbers mean the ranks' sequences went apart for good (a collective without an
+    // agreement ran on some ranks only): an abort, not an error to go on from.
+    if (numbers_differ) raise(site, what, todo);
+    raise_agreed(site, what, todo);
   }
   own_fault();
   for (std::size_t i = 0; i < all.size(); ++i) {
@@ -1690,17 +1713,17 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
     ops.end();
     throw;
   } catch (const error& e) {
-    comm.abort(e.what());
+    comm.abort(e.what());  // nothing here may fail before the abort: it settles what MPI still uses
     ops.end();
     throw error(std::string(e.what()) +
                     " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
                 e.rank());
   } catch (const std::exception& e) {
-    comm.abort(std::string("rank ") + std::to_string(comm.rank()) + " failed: " + e.what());
+    comm.abort(e.what());
     ops.end();
     throw;
   } catch (...) {
-    comm.abort("rank " + std::to_string(comm.rank()) + " failed with an exception that is not a std::exception");
+    comm.abort("an exception that is not a std::exception");
     ops.end();
     throw;
   }
@@ -1772,9 +1795,10 @@ template <class C> void agree_creation(C& comm, const std::string& problem) {
 
 // ---- herd/comm/detail/watchdog.hpp ----
 // How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
-// core, then sleeping in steps that grow with the time already waited (at most an eighth of it,
-// and never more than a millisecond), so that a rank waiting for a late peer neither burns a core
-// nor adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
+// core (which lets a peer sharing it run; a ring's segments arrive within this phase), and after a
+// millisecond sleeping in steps that grow with the time already waited (an eighth of it, at most a
+// millisecond), so that a rank waiting for a late peer neither burns a core nor adds more than a
+// small fraction to the wait. And while it waits, the watchdog: a warning
 // after stall_check_seconds naming the operation and the peer, herd::error after
 // stall_shutdown_seconds.
 
@@ -1797,12 +1821,11 @@ class waiting {
   void pause() {
     if (++polls_ < 64) return;
     const auto waited = clock::now() - start_;
-    if (waited < std::chrono::microseconds(200)) {
+    if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(std::clamp<clock::duration>(waited / 8, std::chrono::microseconds(50),
-                                                            std::chrono::milliseconds(1)));
+    std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
   }
 
   // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
@@ -1836,10 +1859,6 @@ class waiting {
                    text.c_str(), number(options_.stall_shutdown_seconds).c_str());
       std::fflush(stderr);
     }
-  }
-
-  bool past_shutdown() const {
-    return options_.stall_shutdown_seconds > 0 && seconds() >= options_.stall_shutdown_seconds;
   }
 
  private:
@@ -1982,8 +2001,8 @@ class world {
     for (int q = 0; q < size_; ++q) {
       const auto at = static_cast<std::size_t>(q);
       if (q != me && departed_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
-               std::to_string(departed_at_[at]) + " operations) while rank " + std::to_string(me) + " waits in " +
+        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+               std::to_string(departed_at_[at] - 1) + ") while rank " + std::to_string(me) + " waits in " +
                label.str();
       }
     }
@@ -2161,10 +2180,10 @@ class local_communicator {
   ~local_communicator() { leave(); }
 
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return world_->size(); }
-  const comm_options& options() const noexcept { return ops_->options(); }
+  int size() const noexcept { return world_ ? world_->size() : 1; }
+  const comm_options& options() const { return state().options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
-  detail::operation_state& operations() noexcept { return *ops_; }
+  detail::operation_state& operations() { return state(); }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("isend", rank_, size(), data, bytes);
@@ -2198,13 +2217,18 @@ class local_communicator {
     {
       detail::local::waiter& w = world_->waiter_of(rank_);
       detail::waiting watch(options());
+      double last_watch = 0;
       std::unique_lock lock(w.mutex);
       while (!r.message_->done) {
         if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
           lock.unlock();
           check_peers();
         }
-        if (w.wake.wait_for(lock, std::chrono::milliseconds(250)) == std::cv_status::timeout) {
+        w.wake.wait_for(lock, std::chrono::milliseconds(250));
+        // Checked after every wake-up, not only on timeouts: other traffic on this rank's waiter
+        // (a progress thread's messages) must not keep the watchdog quiet.
+        if (const double now = watch.seconds(); now - last_watch >= 0.25) {
+          last_watch = now;
           lock.unlock();
           watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
           lock.lock();
@@ -2273,11 +2297,12 @@ class local_communicator {
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
   void abort(std::string_view reason) noexcept {
+    if (!ops_) return;
+    ops_->mark_aborted(reason);
     try {
-      ops_->mark_aborted(std::string(reason));
       world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
     } catch (...) {
-      world_->fail("rank " + std::to_string(rank_) + " could not record an abort");
+      world_->fail("a rank could not record an abort (out of memory)");
     }
   }
 
@@ -2302,7 +2327,13 @@ class local_communicator {
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
+  detail::operation_state& state() const {
+    if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
+    return *ops_;
+  }
+
   detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
+    state();
     detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
     if (world_->failed()) fail_with_world();
     if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
@@ -2477,26 +2508,33 @@ class handle {
   // Waits for the operation and rethrows its error (every time it is called).
   void wait() {
     waited_ = true;
-    if (op_) owner_->wait(*op_);
+    if (op_) finish();
     if (device_) device_->wait();
   }
 
   // The host waits for the operation (for host operations the same as wait()).
   void synchronize() {
     waited_ = true;
-    if (op_) owner_->wait(*op_);
+    if (op_) finish();
     if (device_) device_->synchronize();
   }
 
   // Whether the operation has completed (then wait() returns at once). Without a progress thread
   // it first runs the queued operations up to this one, which waits for the other ranks.
   bool test() {
-    if (op_) return owner_->test(*op_);
+    if (op_) return op_->done.load(std::memory_order_acquire) || owner_->test(*op_);
     if (device_) return device_->test();
     return true;
   }
 
  private:
+  // A finished operation never touches its communicator, which may be gone by now (its
+  // destruction waited for this operation).
+  void finish() {
+    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_);
+    if (op_->failure) std::rethrow_exception(op_->failure);
+  }
+
   void settle() noexcept {
     if (waited_ || !valid()) return;
     try {
@@ -2730,11 +2768,11 @@ struct mpi_registry {
   // Aborted communicators some of whose peers had not settled their messages when this rank went
   // on: every wait of this process keeps draining them, so that those peers' sends complete.
   std::vector<mpi_state*> unsettled;
-  std::atomic<bool> any_unsettled{false};
+  std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
 };
 inline mpi_registry& registry() {
-  static mpi_registry r;
+  static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
   return r;
 }
 
@@ -2885,6 +2923,8 @@ struct mpi_orphan {
 // Everything an mpi_communicator owns, at an address that moves of the communicator keep.
 class mpi_state {
  public:
+  static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+
   explicit mpi_state(const comm_options& options) : ops(options) {}
   mpi_state(const mpi_state&) = delete;
   mpi_state& operator=(const mpi_state&) = delete;
@@ -2895,7 +2935,6 @@ class mpi_state {
       std::lock_guard lock(r.mutex);
       r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
       r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
-      r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
     }
     release();
   }
@@ -2925,23 +2964,10 @@ class mpi_state {
     MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
   }
 
-  // Whether every peer has settled the messages of an abort (or left).
-  bool all_settled() const {
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && !peer.done && peer.departed_at == mpi_peer{}.departed_at) return false;
-    }
-    return true;
-  }
+  // --- What the peers said. Written under notice_mutex (the progress thread and the caller's
+  // may both poll), read under it too.
 
-  // Whether every peer has said it left: then no message can come any more.
-  bool all_departed() const {
-    for (int q = 0; q < size; ++q)
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == mpi_peer{}.departed_at) return false;
-    return true;
-  }
-
-  // Takes in the notices that arrived.
+  // Takes in the notices that arrived (unless another thread is doing so right now).
   void poll_notices() {
     std::unique_lock lock(notice_mutex, std::try_to_lock);
     if (!lock || incoming_request == MPI_REQUEST_NULL) return;
@@ -2949,30 +2975,37 @@ class mpi_state {
       int arrived = 0;
       MPI_Status status;
       if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
-      const int from = status.MPI_SOURCE;
-      if (incoming.magic == mpi_notice{}.magic && from >= 0 && from < size) {
-        mpi_peer& peer = peers[static_cast<std::size_t>(from)];
-        incoming.reason[sizeof incoming.reason - 1] = '\0';
-        if (incoming.type == mpi_notice::abort && incoming.seq < peer.aborted_at) {
-          peer.aborted_at = incoming.seq;
-          peer.reason = incoming.reason;
-        } else if (incoming.type == mpi_notice::done) {
-          peer.done = true;
-        } else if (incoming.type == mpi_notice::closed) {
-          peer.departed_at = incoming.seq;
-        }
-      }
+      record(incoming, status.MPI_SOURCE);
       MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
     }
   }
 
+  // Whether every peer has settled the messages of an abort (or left).
+  bool all_settled() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && !peer.done && peer.departed_at == never) return false;
+    }
+    return true;
+  }
+
+  // Whether every peer has said it left: then no message can come any more.
+  bool all_departed() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q)
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == never) return false;
+    return true;
+  }
+
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
   // A departure is named before an abort, which may only be another rank's report of it.
-  std::string hopeless(const op_label& label) const {
+  std::string hopeless(const op_label& label) {
+    std::lock_guard lock(notice_mutex);
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (its communicator was destroyed after " +
-               std::to_string(peers[static_cast<std::size_t>(q)].departed_at) + " operations) while rank " +
+        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+               std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
                std::to_string(rank) + " waits in " + label.str();
       }
     }
@@ -2986,23 +3019,28 @@ class mpi_state {
     return {};
   }
 
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) {
+  // --- Notices to the peers.
+
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) noexcept {
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
-      auto notice = std::make_unique<mpi_notice>();
-      notice->type = type;
-      notice->seq = seq;
-      const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
-      std::memcpy(notice->reason, reason.data(), n);
-      MPI_Request request = MPI_REQUEST_NULL;
-      if (MPI_Isend(notice.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request) == MPI_SUCCESS) {
-        outgoing.emplace_back(std::move(notice), request);
+      try {
+        auto notice = std::make_unique<mpi_notice>();
+        notice->type = type;
+        notice->seq = seq;
+        const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
+        std::memcpy(notice->reason, reason.data(), n);
+        outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
+        auto& [buffer, request] = outgoing.back();
+        MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
+      } catch (...) {
+        // Out of memory: that peer will notice through its own watchdog instead.
       }
     }
   }
 
   // Forgets the notices that were delivered; true while some are still in flight.
-  bool reap_outgoing() {
+  bool reap_outgoing() noexcept {
     while (!outgoing.empty()) {
       int done = 0;
       MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
@@ -3012,30 +3050,49 @@ class mpi_state {
     return false;
   }
 
-  // Takes, and throws away, every message peers sent for operation `seq` or to the control tag,
-  // which completes their sends. (herd's messages are at most a ring segment or an agreement, so
-  // the buffer stays small; a receive into a smaller one would be an error MPI may treat as fatal.)
-  void drain(std::uint64_t seq) {
+  // --- Draining: taking, and throwing away, what peers sent, so that their sends complete.
+
+  // After an abort: the agreements (control tag) and the data of the aborted operation, and of
+  // any later one a peer reports it aborted in (it may have sent for that one already).
+  void drain_aborted() noexcept {
     drain_tag(control_tag);
-    drain_tag(data_tag(seq));
+    drain_tag(data_tag(aborted_seq));
+    std::uint64_t seen[8];
+    int count = 0;
+    {
+      std::lock_guard lock(notice_mutex);
+      for (const mpi_peer& peer : peers) {
+        if (peer.aborted_at != never && peer.aborted_at != aborted_seq && count < 8) seen[count++] = peer.aborted_at;
+      }
+    }
+    for (int i = 0; i < count; ++i) drain_tag(data_tag(seen[i]));
   }
-  void drain_tag(int tag) {
+
+  // A retired communicator: everything, notices included (taken in as notices).
+  void drain_everything() noexcept {
     for (;;) {
       int flag = 0;
       MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
-      MPI_Count bytes = 0;
-      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
-      if (bytes <= INT_MAX) {
-        MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
-      } else {
-        MPI_Datatype whole = MPI_DATATYPE_NULL;
-        make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
-        MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
-        MPI_Type_free(&whole);
+      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      if (status.MPI_TAG == notice_tag) {
+        mpi_notice notice;
+        MPI_Mrecv(&notice, sizeof notice, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+        std::lock_guard lock(notice_mutex);
+        record(notice, status.MPI_SOURCE);
+      } else if (!take(message, status)) {
+        return;
       }
+    }
+  }
+
+  void drain_tag(int tag) noexcept {
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      if (!take(message, status)) return;
     }
   }
 
@@ -3047,6 +3104,45 @@ class mpi_state {
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   operation_state ops;
   std::vector<mpi_orphan> orphans;
+
+ private:
+  void record(const mpi_notice& notice, int from) {
+    if (notice.magic != mpi_notice{}.magic || from < 0 || from >= size || from == rank) return;
+    mpi_peer& peer = peers[static_cast<std::size_t>(from)];
+    if (notice.type == mpi_notice::abort && notice.seq < peer.aborted_at) {
+      peer.aborted_at = notice.seq;
+      try {
+        peer.reason.assign(notice.reason, strnlen(notice.reason, sizeof notice.reason));
+      } catch (...) {
+      }
+    } else if (notice.type == mpi_notice::done) {
+      peer.done = true;
+    } else if (notice.type == mpi_notice::closed) {
+      peer.departed_at = notice.seq;
+    }
+  }
+
+  // Receives a probed message whole (a receive into a smaller buffer is an error MPI may treat as
+  // fatal); false if no buffer that large could be had, leaving it.
+  bool take(MPI_Message& message, const MPI_Status& status) noexcept {
+    MPI_Count bytes = 0;
+    MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+    try {
+      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
+    } catch (...) {
+      return false;
+    }
+    if (bytes <= INT_MAX) {
+      MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Datatype whole = MPI_DATATYPE_NULL;
+      make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
+      MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
+      MPI_Type_free(&whole);
+    }
+    return true;
+  }
+
   std::vector<mpi_peer> peers;
   mpi_notice incoming;
   MPI_Request incoming_request = MPI_REQUEST_NULL;
@@ -3059,41 +3155,21 @@ class mpi_state {
 inline void depart(mpi_state& s) noexcept {
   if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
   s.departed = true;
+  std::uint64_t issued = 0;
   try {
-    s.notify_all(mpi_notice::closed, s.ops.issued());
+    issued = s.ops.issued();
   } catch (...) {
+    return;
   }
-}
-
-// Drains the aborted communicators whose peers have not all settled yet (see mpi_registry).
-inline void tend_unsettled() {
-  auto& r = registry();
-  if (!r.any_unsettled.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
-  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain(s.aborted_seq);
-    s.reap_outgoing();
-    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
-  }
-  r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
-}
-
-inline void add_unsettled(mpi_state* s) {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.unsettled.push_back(s);
-  r.any_unsettled.store(true, std::memory_order_release);
+  s.notify_all(mpi_notice::closed, issued);
 }
 
 // Frees the retired communicators that every peer has left; `all` frees the others too.
-inline void tend_retired(mpi_registry& r, bool all) {
+inline void tend_retired(mpi_registry& r, bool all) noexcept {
   for (auto it = r.retired.begin(); it != r.retired.end();) {
     mpi_state& s = **it;
     s.poll_notices();
-    s.drain_tag(MPI_ANY_TAG);
+    s.drain_everything();
     s.reap_outgoing();
     if (all || s.all_departed()) {
       it = r.retired.erase(it);
@@ -3103,10 +3179,43 @@ inline void tend_retired(mpi_registry& r, bool all) {
   }
 }
 
+// Called now and then by every wait of this process: drains the aborted communicators whose
+// peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
+// this rank complete even while it is busy with something else.
+inline void tend() noexcept {
+  auto& r = registry();
+  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_aborted();
+    s.reap_outgoing();
+    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
+  }
+  tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
+}
+
+inline void add_unsettled(mpi_state* s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  try {
+    r.unsettled.push_back(s);
+  } catch (...) {
+    return;
+  }
+  r.anything_to_tend.store(true, std::memory_order_release);
+}
+
 inline int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  for (mpi_state* s : r.live) depart(*s);
+  for (mpi_state* s : r.live) {
+    s->ops.drain();  // queued operations first: they still need MPI
+    depart(*s);
+  }
   // The peers' departures arrive as they destroy their communicators, normally within moments;
   // a peer that is stuck is given up on after ten seconds.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -3115,7 +3224,7 @@ inline int at_finalize(MPI_Comm, int, void*, void*) {
     bool waiting = !r.retired.empty();
     for (mpi_state* s : r.live) {
       s->poll_notices();
-      s->drain_tag(MPI_ANY_TAG);
+      s->drain_everything();
       waiting = waiting || !s->all_departed();
     }
     if (!waiting || std::chrono::steady_clock::now() > deadline) break;
@@ -3123,6 +3232,7 @@ inline int at_finalize(MPI_Comm, int, void*, void*) {
   }
   tend_retired(r, true);
   for (mpi_state* s : r.live) s->release();
+  r.anything_to_tend.store(false, std::memory_order_release);
   return MPI_SUCCESS;
 }
 
@@ -3136,7 +3246,6 @@ inline void register_state(mpi_state* s) {
     r.hooked = true;
   }
   r.live.push_back(s);
-  tend_retired(r, false);
 }
 
 // A communicator's state after its owner is gone: it tells the peers and stays retired until
@@ -3152,7 +3261,9 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   } catch (...) {
     return;  // s is freed now, without waiting for the peers
   }
+  r.anything_to_tend.store(true, std::memory_order_release);
   tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
 }  // namespace detail
@@ -3229,14 +3340,19 @@ class mpi_communicator {
         check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) break;
         if (watch.tick()) {
-          detail::tend_unsettled();
+          detail::tend();
           watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
         }
         watch.pause();
       }
     }
     adopt(copy);
-    detail::agree_creation(*this, runtime::defaults().problem);
+    try {
+      detail::agree_creation(*this, runtime::defaults().problem);
+    } catch (...) {
+      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+      throw;
+    }
   }
 
   mpi_communicator(const mpi_communicator&) = delete;
@@ -3259,13 +3375,13 @@ class mpi_communicator {
   int rank() const noexcept { return s_ ? s_->rank : 0; }
   int size() const noexcept { return s_ ? s_->size : 1; }
   MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
-  const comm_options& options() const noexcept { return s_->ops.options(); }
-  detail::operation_state& operations() noexcept { return s_->ops; }
+  const comm_options& options() const { return state().ops.options(); }
+  detail::operation_state& operations() { return state().ops; }
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
   // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
-  bool cuda_aware() const noexcept { return s_->cuda_aware; }
+  bool cuda_aware() const { return state().cuda_aware; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     return post(const_cast<void*>(data), bytes, peer, tag, false);
@@ -3292,7 +3408,7 @@ class mpi_communicator {
     for (;;) {
       if (test(r)) return;
       if (watch.tick()) {
-        detail::tend_unsettled();
+        detail::tend();
         if (s_->ops.in_operation()) check_peers();
         watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
       }
@@ -3346,53 +3462,52 @@ class mpi_communicator {
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
-  // returns once this rank's sends are complete and every peer has said it is done (or, for peers
-  // that never answer, after the stall shutdown time).
+  // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
+  // cancel a send) and every peer has said it is done, or a few seconds after that for peers that
+  // do not answer (this process's later waits go on draining for them: detail::tend).
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
-    try {
-      s.ops.mark_aborted(std::string(reason));
-      const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.ops.issued();
-      for (auto& o : s.orphans) {
-        if (o.receiving) MPI_Cancel(&o.handle);
-      }
-      s.notify_all(detail::mpi_notice::abort, seq, reason);
-      detail::waiting watch(options());
-      bool said_done = false;
-      bool warned = false;
-      for (;;) {
-        bool in_flight = false;
-        for (auto& o : s.orphans) {
-          int done = 0;
-          if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
-          in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
-        }
-        if (!in_flight && !said_done) {
-          s.notify_all(detail::mpi_notice::done, seq);
-          said_done = true;
-        }
-        s.poll_notices();
-        s.drain(seq);
-        s.reap_outgoing();
-        if (watch.tick()) detail::tend_unsettled();
-        // A peer that does not answer within the stall shutdown time is left to the waits of
-        // this process, which go on draining its messages (tend_unsettled).
-        if (said_done && (s.all_settled() || watch.past_shutdown())) break;
-        if (!warned && !said_done && options().stall_check_seconds > 0 && watch.seconds() > options().stall_check_seconds) {
-          // Never raises: the sends still in flight read memory the caller owns.
-          warned = true;
-          std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of %s after an abort; "
-                               "its peers must take what it sent before it can return.\n",
-                       s.rank, watch.seconds(), s.ops.current().str().c_str());
-        }
-        watch.pause();
-      }
-      s.orphans.clear();
-      s.aborted_seq = seq;
-      if (!s.all_settled()) detail::add_unsettled(&s);
-    } catch (...) {
+    s.ops.mark_aborted(reason);
+    const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+    s.aborted_seq = seq;
+    for (auto& o : s.orphans) {
+      if (o.receiving) MPI_Cancel(&o.handle);
     }
+    s.notify_all(detail::mpi_notice::abort, seq, reason);
+    detail::waiting watch(s.ops.options());
+    constexpr double grace_seconds = 5;
+    double settled_at = 0;
+    bool said_done = false;
+    bool warned = false;
+    for (;;) {
+      bool in_flight = false;
+      for (auto& o : s.orphans) {
+        int done = 0;
+        if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+        in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+      }
+      if (!in_flight && !said_done) {
+        s.notify_all(detail::mpi_notice::done, seq);
+        said_done = true;
+        settled_at = watch.seconds();
+      }
+      s.poll_notices();
+      s.drain_aborted();
+      s.reap_outgoing();
+      if (watch.tick()) detail::tend();
+      if (said_done && (s.all_settled() || watch.seconds() - settled_at > grace_seconds)) break;
+      if (!warned && !said_done && watch.seconds() > 60) {
+        // Never raises: the sends still in flight read memory the caller owns.
+        warned = true;
+        std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
+                             "an abort; its peers must take what it sent before it can return.\n",
+                     s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
+      }
+      watch.pause();
+    }
+    s.orphans.clear();
+    if (!s.all_settled()) detail::add_unsettled(&s);
   }
 
  private:
@@ -3428,10 +3543,22 @@ class mpi_communicator {
 
   detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
 
+  detail::mpi_state& state() const {
+    if (!s_) {
+      throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
+    }
+    return *s_;
+  }
+
   request post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
     const char* what = receiving ? "irecv" : "isend";
+    state();
     detail::check_peer(what, rank(), size(), peer);
     detail::check_buffer(what, rank(), size(), data, bytes);
+    if (tag < 0) {
+      detail::raise({what, rank(), size()}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+                    "Use a tag in [0, herd::reserved_tag_base)");
+    }
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
     request r;
     r.owner_ = s_.get();
@@ -3469,7 +3596,7 @@ class mpi_communicator {
       int done = 0;
       if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
       if (watch.tick()) {
-        detail::tend_unsettled();
+        detail::tend();
         if (watch.seconds() > 60) {
           std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
                                "(its receiver must post a matching receive), because MPI may still read its buffer.\n");
@@ -4104,6 +4231,9 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   mine.segment_bytes = identity.segment_bytes;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
+  // Without argument checks a rank's own problem is not exchanged (its peers may not be in an
+  // exchange at all): it raises here, and the abort that follows tells the peers at once.
+  if (!check.ok() && !comm.options().check_arguments && comm.size() > 1) check.raise_local(false);
   if (comm.size() == 1 || (!carries_payload && !comm.options().check_arguments)) {
     if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};
@@ -5325,6 +5455,17 @@ allgather_call allgatherv_call_of(const In& input, Out& output, std::span<const 
   return prepare_allgatherv(std::move(check), in, out, counts, comm);
 }
 
+// Every rank's `count` (as allgather_counts), the operation carrying a problem `check` may hold.
+template <communicator C> std::vector<std::size_t> allgather_counts(call_check check, std::size_t count, C& comm) {
+  const auto mine = static_cast<std::int64_t>(count);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), 1);
+  const auto call = prepare_allgatherv(std::move(check), const_buffer_view(&mine, 1, dtype::i64),
+                                       buffer_view{all.data(), all.size(), dtype::i64}, counts, comm);
+  run_collective(comm, call.label(), [&](bool sync) { run_allgatherv(comm, call, sync); });
+  return {all.begin(), all.end()};
+}
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
@@ -5365,17 +5506,16 @@ template <class In, class Out, communicator C>
 
 // Every rank's `count`, in rank order: what allgatherv needs when ranks do not know each other's sizes.
 template <communicator C> std::vector<std::size_t> allgather_counts(std::size_t count, C& comm) {
-  const auto mine = static_cast<std::int64_t>(count);
-  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
-  allgather(const_buffer_view(&mine, 1, dtype::i64), all, comm);
-  return {all.begin(), all.end()};
+  return detail::allgather_counts(detail::call_check(detail::op_kind::allgather, comm.rank(), comm.size()), count, comm);
 }
 
 // Learns every rank's count, resizes `output` to their sum, gathers, and returns the counts.
 template <class In, element T, class Allocator, communicator C>
 std::vector<std::size_t> allgatherv(const In& input, std::vector<T, Allocator>& output, C& comm) {
   detail::require_tensor<In>();
-  std::vector<std::size_t> counts = allgather_counts(const_view_of(input).count, comm);
+  detail::call_check check(detail::op_kind::allgather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);  // an adapter's refusal reaches every rank
+  std::vector<std::size_t> counts = detail::allgather_counts(std::move(check), in.count, comm);
   output.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
   allgatherv(input, output, std::span<const std::size_t>(counts), comm);
   return counts;
@@ -7817,7 +7957,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
       std::string fault = check(grads);
       if (fault.empty()) fault = std::exchange(pending_fault_, {});
-      if (!fault.empty()) raise_alone(fault);
+      if (!fault.empty()) {
+        accumulated_ = 0;  // the round is abandoned
+        raise_alone(fault);
+      }
       fold_accumulated(grads);
     }
     inner_.step();

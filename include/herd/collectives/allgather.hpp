@@ -139,6 +139,17 @@ allgather_call allgatherv_call_of(const In& input, Out& output, std::span<const 
   return prepare_allgatherv(std::move(check), in, out, counts, comm);
 }
 
+// Every rank's `count` (as allgather_counts), the operation carrying a problem `check` may hold.
+template <communicator C> std::vector<std::size_t> allgather_counts(call_check check, std::size_t count, C& comm) {
+  const auto mine = static_cast<std::int64_t>(count);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), 1);
+  const auto call = prepare_allgatherv(std::move(check), const_buffer_view(&mine, 1, dtype::i64),
+                                       buffer_view{all.data(), all.size(), dtype::i64}, counts, comm);
+  run_collective(comm, call.label(), [&](bool sync) { run_allgatherv(comm, call, sync); });
+  return {all.begin(), all.end()};
+}
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
@@ -179,17 +190,16 @@ template <class In, class Out, communicator C>
 
 // Every rank's `count`, in rank order: what allgatherv needs when ranks do not know each other's sizes.
 template <communicator C> std::vector<std::size_t> allgather_counts(std::size_t count, C& comm) {
-  const auto mine = static_cast<std::int64_t>(count);
-  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
-  allgather(const_buffer_view(&mine, 1, dtype::i64), all, comm);
-  return {all.begin(), all.end()};
+  return detail::allgather_counts(detail::call_check(detail::op_kind::allgather, comm.rank(), comm.size()), count, comm);
 }
 
 // Learns every rank's count, resizes `output` to their sum, gathers, and returns the counts.
 template <class In, element T, class Allocator, communicator C>
 std::vector<std::size_t> allgatherv(const In& input, std::vector<T, Allocator>& output, C& comm) {
   detail::require_tensor<In>();
-  std::vector<std::size_t> counts = allgather_counts(const_view_of(input).count, comm);
+  detail::call_check check(detail::op_kind::allgather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);  // an adapter's refusal reaches every rank
+  std::vector<std::size_t> counts = detail::allgather_counts(std::move(check), in.count, comm);
   output.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
   allgatherv(input, output, std::span<const std::size_t>(counts), comm);
   return counts;

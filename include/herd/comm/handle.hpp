@@ -63,26 +63,33 @@ class handle {
   // Waits for the operation and rethrows its error (every time it is called).
   void wait() {
     waited_ = true;
-    if (op_) owner_->wait(*op_);
+    if (op_) finish();
     if (device_) device_->wait();
   }
 
   // The host waits for the operation (for host operations the same as wait()).
   void synchronize() {
     waited_ = true;
-    if (op_) owner_->wait(*op_);
+    if (op_) finish();
     if (device_) device_->synchronize();
   }
 
   // Whether the operation has completed (then wait() returns at once). Without a progress thread
   // it first runs the queued operations up to this one, which waits for the other ranks.
   bool test() {
-    if (op_) return owner_->test(*op_);
+    if (op_) return op_->done.load(std::memory_order_acquire) || owner_->test(*op_);
     if (device_) return device_->test();
     return true;
   }
 
  private:
+  // A finished operation never touches its communicator, which may be gone by now (its
+  // destruction waited for this operation).
+  void finish() {
+    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_);
+    if (op_->failure) std::rethrow_exception(op_->failure);
+  }
+
   void settle() noexcept {
     if (waited_ || !valid()) return;
     try {

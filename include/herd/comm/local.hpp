@@ -302,10 +302,10 @@ class local_communicator {
   ~local_communicator() { leave(); }
 
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return world_->size(); }
-  const comm_options& options() const noexcept { return ops_->options(); }
+  int size() const noexcept { return world_ ? world_->size() : 1; }
+  const comm_options& options() const { return state().options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
-  detail::operation_state& operations() noexcept { return *ops_; }
+  detail::operation_state& operations() { return state(); }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_buffer("isend", rank_, size(), data, bytes);
@@ -339,13 +339,18 @@ class local_communicator {
     {
       detail::local::waiter& w = world_->waiter_of(rank_);
       detail::waiting watch(options());
+      double last_watch = 0;
       std::unique_lock lock(w.mutex);
       while (!r.message_->done) {
         if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
           lock.unlock();
           check_peers();
         }
-        if (w.wake.wait_for(lock, std::chrono::milliseconds(250)) == std::cv_status::timeout) {
+        w.wake.wait_for(lock, std::chrono::milliseconds(250));
+        // Checked after every wake-up, not only on timeouts: other traffic on this rank's waiter
+        // (a progress thread's messages) must not keep the watchdog quiet.
+        if (const double now = watch.seconds(); now - last_watch >= 0.25) {
+          last_watch = now;
           lock.unlock();
           watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
           lock.lock();
@@ -414,11 +419,12 @@ class local_communicator {
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
   void abort(std::string_view reason) noexcept {
+    if (!ops_) return;
+    ops_->mark_aborted(reason);
     try {
-      ops_->mark_aborted(std::string(reason));
       world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
     } catch (...) {
-      world_->fail("rank " + std::to_string(rank_) + " could not record an abort");
+      world_->fail("a rank could not record an abort (out of memory)");
     }
   }
 
@@ -443,7 +449,13 @@ class local_communicator {
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
+  detail::operation_state& state() const {
+    if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
+    return *ops_;
+  }
+
   detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
+    state();
     detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
     if (world_->failed()) fail_with_world();
     if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());

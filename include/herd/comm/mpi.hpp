@@ -53,11 +53,11 @@ struct mpi_registry {
   // Aborted communicators some of whose peers had not settled their messages when this rank went
   // on: every wait of this process keeps draining them, so that those peers' sends complete.
   std::vector<mpi_state*> unsettled;
-  std::atomic<bool> any_unsettled{false};
+  std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
 };
 inline mpi_registry& registry() {
-  static mpi_registry r;
+  static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
   return r;
 }
 
@@ -208,6 +208,8 @@ struct mpi_orphan {
 // Everything an mpi_communicator owns, at an address that moves of the communicator keep.
 class mpi_state {
  public:
+  static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+
   explicit mpi_state(const comm_options& options) : ops(options) {}
   mpi_state(const mpi_state&) = delete;
   mpi_state& operator=(const mpi_state&) = delete;
@@ -218,7 +220,6 @@ class mpi_state {
       std::lock_guard lock(r.mutex);
       r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
       r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
-      r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
     }
     release();
   }
@@ -248,23 +249,10 @@ class mpi_state {
     MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
   }
 
-  // Whether every peer has settled the messages of an abort (or left).
-  bool all_settled() const {
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && !peer.done && peer.departed_at == mpi_peer{}.departed_at) return false;
-    }
-    return true;
-  }
+  // --- What the peers said. Written under notice_mutex (the progress thread and the caller's
+  // may both poll), read under it too.
 
-  // Whether every peer has said it left: then no message can come any more.
-  bool all_departed() const {
-    for (int q = 0; q < size; ++q)
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == mpi_peer{}.departed_at) return false;
-    return true;
-  }
-
-  // Takes in the notices that arrived.
+  // Takes in the notices that arrived (unless another thread is doing so right now).
   void poll_notices() {
     std::unique_lock lock(notice_mutex, std::try_to_lock);
     if (!lock || incoming_request == MPI_REQUEST_NULL) return;
@@ -272,26 +260,33 @@ class mpi_state {
       int arrived = 0;
       MPI_Status status;
       if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
-      const int from = status.MPI_SOURCE;
-      if (incoming.magic == mpi_notice{}.magic && from >= 0 && from < size) {
-        mpi_peer& peer = peers[static_cast<std::size_t>(from)];
-        incoming.reason[sizeof incoming.reason - 1] = '\0';
-        if (incoming.type == mpi_notice::abort && incoming.seq < peer.aborted_at) {
-          peer.aborted_at = incoming.seq;
-          peer.reason = incoming.reason;
-        } else if (incoming.type == mpi_notice::done) {
-          peer.done = true;
-        } else if (incoming.type == mpi_notice::closed) {
-          peer.departed_at = incoming.seq;
-        }
-      }
+      record(incoming, status.MPI_SOURCE);
       MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
     }
   }
 
+  // Whether every peer has settled the messages of an abort (or left).
+  bool all_settled() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && !peer.done && peer.departed_at == never) return false;
+    }
+    return true;
+  }
+
+  // Whether every peer has said it left: then no message can come any more.
+  bool all_departed() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q)
+      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == never) return false;
+    return true;
+  }
+
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
   // A departure is named before an abort, which may only be another rank's report of it.
-  std::string hopeless(const op_label& label) const {
+  std::string hopeless(const op_label& label) {
+    std::lock_guard lock(notice_mutex);
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
         return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
@@ -309,23 +304,28 @@ class mpi_state {
     return {};
   }
 
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) {
+  // --- Notices to the peers.
+
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) noexcept {
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
-      auto notice = std::make_unique<mpi_notice>();
-      notice->type = type;
-      notice->seq = seq;
-      const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
-      std::memcpy(notice->reason, reason.data(), n);
-      MPI_Request request = MPI_REQUEST_NULL;
-      if (MPI_Isend(notice.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request) == MPI_SUCCESS) {
-        outgoing.emplace_back(std::move(notice), request);
+      try {
+        auto notice = std::make_unique<mpi_notice>();
+        notice->type = type;
+        notice->seq = seq;
+        const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
+        std::memcpy(notice->reason, reason.data(), n);
+        outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
+        auto& [buffer, request] = outgoing.back();
+        MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
+      } catch (...) {
+        // Out of memory: that peer will notice through its own watchdog instead.
       }
     }
   }
 
   // Forgets the notices that were delivered; true while some are still in flight.
-  bool reap_outgoing() {
+  bool reap_outgoing() noexcept {
     while (!outgoing.empty()) {
       int done = 0;
       MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
@@ -335,30 +335,49 @@ class mpi_state {
     return false;
   }
 
-  // Takes, and throws away, every message peers sent for operation `seq` or to the control tag,
-  // which completes their sends. (herd's messages are at most a ring segment or an agreement, so
-  // the buffer stays small; a receive into a smaller one would be an error MPI may treat as fatal.)
-  void drain(std::uint64_t seq) {
+  // --- Draining: taking, and throwing away, what peers sent, so that their sends complete.
+
+  // After an abort: the agreements (control tag) and the data of the aborted operation, and of
+  // any later one a peer reports it aborted in (it may have sent for that one already).
+  void drain_aborted() noexcept {
     drain_tag(control_tag);
-    drain_tag(data_tag(seq));
+    drain_tag(data_tag(aborted_seq));
+    std::uint64_t seen[8];
+    int count = 0;
+    {
+      std::lock_guard lock(notice_mutex);
+      for (const mpi_peer& peer : peers) {
+        if (peer.aborted_at != never && peer.aborted_at != aborted_seq && count < 8) seen[count++] = peer.aborted_at;
+      }
+    }
+    for (int i = 0; i < count; ++i) drain_tag(data_tag(seen[i]));
   }
-  void drain_tag(int tag) {
+
+  // A retired communicator: everything, notices included (taken in as notices).
+  void drain_everything() noexcept {
     for (;;) {
       int flag = 0;
       MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
-      MPI_Count bytes = 0;
-      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
-      if (bytes <= INT_MAX) {
-        MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
-      } else {
-        MPI_Datatype whole = MPI_DATATYPE_NULL;
-        make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
-        MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
-        MPI_Type_free(&whole);
+      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      if (status.MPI_TAG == notice_tag) {
+        mpi_notice notice;
+        MPI_Mrecv(&notice, sizeof notice, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+        std::lock_guard lock(notice_mutex);
+        record(notice, status.MPI_SOURCE);
+      } else if (!take(message, status)) {
+        return;
       }
+    }
+  }
+
+  void drain_tag(int tag) noexcept {
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      if (!take(message, status)) return;
     }
   }
 
@@ -370,6 +389,45 @@ class mpi_state {
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   operation_state ops;
   std::vector<mpi_orphan> orphans;
+
+ private:
+  void record(const mpi_notice& notice, int from) {
+    if (notice.magic != mpi_notice{}.magic || from < 0 || from >= size || from == rank) return;
+    mpi_peer& peer = peers[static_cast<std::size_t>(from)];
+    if (notice.type == mpi_notice::abort && notice.seq < peer.aborted_at) {
+      peer.aborted_at = notice.seq;
+      try {
+        peer.reason.assign(notice.reason, strnlen(notice.reason, sizeof notice.reason));
+      } catch (...) {
+      }
+    } else if (notice.type == mpi_notice::done) {
+      peer.done = true;
+    } else if (notice.type == mpi_notice::closed) {
+      peer.departed_at = notice.seq;
+    }
+  }
+
+  // Receives a probed message whole (a receive into a smaller buffer is an error MPI may treat as
+  // fatal); false if no buffer that large could be had, leaving it.
+  bool take(MPI_Message& message, const MPI_Status& status) noexcept {
+    MPI_Count bytes = 0;
+    MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+    try {
+      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
+    } catch (...) {
+      return false;
+    }
+    if (bytes <= INT_MAX) {
+      MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Datatype whole = MPI_DATATYPE_NULL;
+      make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
+      MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
+      MPI_Type_free(&whole);
+    }
+    return true;
+  }
+
   std::vector<mpi_peer> peers;
   mpi_notice incoming;
   MPI_Request incoming_request = MPI_REQUEST_NULL;
@@ -382,41 +440,21 @@ class mpi_state {
 inline void depart(mpi_state& s) noexcept {
   if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
   s.departed = true;
+  std::uint64_t issued = 0;
   try {
-    s.notify_all(mpi_notice::closed, s.ops.issued());
+    issued = s.ops.issued();
   } catch (...) {
+    return;
   }
-}
-
-// Drains the aborted communicators whose peers have not all settled yet (see mpi_registry).
-inline void tend_unsettled() {
-  auto& r = registry();
-  if (!r.any_unsettled.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
-  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain(s.aborted_seq);
-    s.reap_outgoing();
-    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
-  }
-  r.any_unsettled.store(!r.unsettled.empty(), std::memory_order_release);
-}
-
-inline void add_unsettled(mpi_state* s) {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.unsettled.push_back(s);
-  r.any_unsettled.store(true, std::memory_order_release);
+  s.notify_all(mpi_notice::closed, issued);
 }
 
 // Frees the retired communicators that every peer has left; `all` frees the others too.
-inline void tend_retired(mpi_registry& r, bool all) {
+inline void tend_retired(mpi_registry& r, bool all) noexcept {
   for (auto it = r.retired.begin(); it != r.retired.end();) {
     mpi_state& s = **it;
     s.poll_notices();
-    s.drain_tag(MPI_ANY_TAG);
+    s.drain_everything();
     s.reap_outgoing();
     if (all || s.all_departed()) {
       it = r.retired.erase(it);
@@ -426,10 +464,43 @@ inline void tend_retired(mpi_registry& r, bool all) {
   }
 }
 
+// Called now and then by every wait of this process: drains the aborted communicators whose
+// peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
+// this rank complete even while it is busy with something else.
+inline void tend() noexcept {
+  auto& r = registry();
+  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_aborted();
+    s.reap_outgoing();
+    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
+  }
+  tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
+}
+
+inline void add_unsettled(mpi_state* s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  try {
+    r.unsettled.push_back(s);
+  } catch (...) {
+    return;
+  }
+  r.anything_to_tend.store(true, std::memory_order_release);
+}
+
 inline int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  for (mpi_state* s : r.live) depart(*s);
+  for (mpi_state* s : r.live) {
+    s->ops.drain();  // queued operations first: they still need MPI
+    depart(*s);
+  }
   // The peers' departures arrive as they destroy their communicators, normally within moments;
   // a peer that is stuck is given up on after ten seconds.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -438,7 +509,7 @@ inline int at_finalize(MPI_Comm, int, void*, void*) {
     bool waiting = !r.retired.empty();
     for (mpi_state* s : r.live) {
       s->poll_notices();
-      s->drain_tag(MPI_ANY_TAG);
+      s->drain_everything();
       waiting = waiting || !s->all_departed();
     }
     if (!waiting || std::chrono::steady_clock::now() > deadline) break;
@@ -446,6 +517,7 @@ inline int at_finalize(MPI_Comm, int, void*, void*) {
   }
   tend_retired(r, true);
   for (mpi_state* s : r.live) s->release();
+  r.anything_to_tend.store(false, std::memory_order_release);
   return MPI_SUCCESS;
 }
 
@@ -459,7 +531,6 @@ inline void register_state(mpi_state* s) {
     r.hooked = true;
   }
   r.live.push_back(s);
-  tend_retired(r, false);
 }
 
 // A communicator's state after its owner is gone: it tells the peers and stays retired until
@@ -475,7 +546,9 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   } catch (...) {
     return;  // s is freed now, without waiting for the peers
   }
+  r.anything_to_tend.store(true, std::memory_order_release);
   tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
 }  // namespace detail
@@ -552,14 +625,19 @@ class mpi_communicator {
         check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) break;
         if (watch.tick()) {
-          detail::tend_unsettled();
+          detail::tend();
           watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
         }
         watch.pause();
       }
     }
     adopt(copy);
-    detail::agree_creation(*this, runtime::defaults().problem);
+    try {
+      detail::agree_creation(*this, runtime::defaults().problem);
+    } catch (...) {
+      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+      throw;
+    }
   }
 
   mpi_communicator(const mpi_communicator&) = delete;
@@ -582,13 +660,13 @@ class mpi_communicator {
   int rank() const noexcept { return s_ ? s_->rank : 0; }
   int size() const noexcept { return s_ ? s_->size : 1; }
   MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
-  const comm_options& options() const noexcept { return s_->ops.options(); }
-  detail::operation_state& operations() noexcept { return s_->ops; }
+  const comm_options& options() const { return state().ops.options(); }
+  detail::operation_state& operations() { return state().ops; }
 
   // Host memory only; device buffers go through herd's staging path or the NCCL communicator.
   bool supports(device d) const noexcept { return d.is_cpu(); }
   // Whether the staged path may hand MPI device memory directly (mpi::cuda_aware()).
-  bool cuda_aware() const noexcept { return s_->cuda_aware; }
+  bool cuda_aware() const { return state().cuda_aware; }
 
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     return post(const_cast<void*>(data), bytes, peer, tag, false);
@@ -615,7 +693,7 @@ class mpi_communicator {
     for (;;) {
       if (test(r)) return;
       if (watch.tick()) {
-        detail::tend_unsettled();
+        detail::tend();
         if (s_->ops.in_operation()) check_peers();
         watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
       }
@@ -669,53 +747,52 @@ class mpi_communicator {
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
-  // returns once this rank's sends are complete and every peer has said it is done (or, for peers
-  // that never answer, after the stall shutdown time).
+  // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
+  // cancel a send) and every peer has said it is done, or a few seconds after that for peers that
+  // do not answer (this process's later waits go on draining for them: detail::tend).
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
-    try {
-      s.ops.mark_aborted(std::string(reason));
-      const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.ops.issued();
-      for (auto& o : s.orphans) {
-        if (o.receiving) MPI_Cancel(&o.handle);
-      }
-      s.notify_all(detail::mpi_notice::abort, seq, reason);
-      detail::waiting watch(options());
-      bool said_done = false;
-      bool warned = false;
-      for (;;) {
-        bool in_flight = false;
-        for (auto& o : s.orphans) {
-          int done = 0;
-          if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
-          in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
-        }
-        if (!in_flight && !said_done) {
-          s.notify_all(detail::mpi_notice::done, seq);
-          said_done = true;
-        }
-        s.poll_notices();
-        s.drain(seq);
-        s.reap_outgoing();
-        if (watch.tick()) detail::tend_unsettled();
-        // A peer that does not answer within the stall shutdown time is left to the waits of
-        // this process, which go on draining its messages (tend_unsettled).
-        if (said_done && (s.all_settled() || watch.past_shutdown())) break;
-        if (!warned && !said_done && options().stall_check_seconds > 0 && watch.seconds() > options().stall_check_seconds) {
-          // Never raises: the sends still in flight read memory the caller owns.
-          warned = true;
-          std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of %s after an abort; "
-                               "its peers must take what it sent before it can return.\n",
-                       s.rank, watch.seconds(), s.ops.current().str().c_str());
-        }
-        watch.pause();
-      }
-      s.orphans.clear();
-      s.aborted_seq = seq;
-      if (!s.all_settled()) detail::add_unsettled(&s);
-    } catch (...) {
+    s.ops.mark_aborted(reason);
+    const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+    s.aborted_seq = seq;
+    for (auto& o : s.orphans) {
+      if (o.receiving) MPI_Cancel(&o.handle);
     }
+    s.notify_all(detail::mpi_notice::abort, seq, reason);
+    detail::waiting watch(s.ops.options());
+    constexpr double grace_seconds = 5;
+    double settled_at = 0;
+    bool said_done = false;
+    bool warned = false;
+    for (;;) {
+      bool in_flight = false;
+      for (auto& o : s.orphans) {
+        int done = 0;
+        if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+        in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+      }
+      if (!in_flight && !said_done) {
+        s.notify_all(detail::mpi_notice::done, seq);
+        said_done = true;
+        settled_at = watch.seconds();
+      }
+      s.poll_notices();
+      s.drain_aborted();
+      s.reap_outgoing();
+      if (watch.tick()) detail::tend();
+      if (said_done && (s.all_settled() || watch.seconds() - settled_at > grace_seconds)) break;
+      if (!warned && !said_done && watch.seconds() > 60) {
+        // Never raises: the sends still in flight read memory the caller owns.
+        warned = true;
+        std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
+                             "an abort; its peers must take what it sent before it can return.\n",
+                     s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
+      }
+      watch.pause();
+    }
+    s.orphans.clear();
+    if (!s.all_settled()) detail::add_unsettled(&s);
   }
 
  private:
@@ -751,10 +828,22 @@ class mpi_communicator {
 
   detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
 
+  detail::mpi_state& state() const {
+    if (!s_) {
+      throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
+    }
+    return *s_;
+  }
+
   request post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
     const char* what = receiving ? "irecv" : "isend";
+    state();
     detail::check_peer(what, rank(), size(), peer);
     detail::check_buffer(what, rank(), size(), data, bytes);
+    if (tag < 0) {
+      detail::raise({what, rank(), size()}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+                    "Use a tag in [0, herd::reserved_tag_base)");
+    }
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
     request r;
     r.owner_ = s_.get();
@@ -792,7 +881,7 @@ class mpi_communicator {
       int done = 0;
       if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
       if (watch.tick()) {
-        detail::tend_unsettled();
+        detail::tend();
         if (watch.seconds() > 60) {
           std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
                                "(its receiver must post a matching receive), because MPI may still read its buffer.\n");

@@ -98,7 +98,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
       std::string fault = check(grads);
       if (fault.empty()) fault = std::exchange(pending_fault_, {});
-      if (!fault.empty()) raise_alone(fault);
+      if (!fault.empty()) {
+        accumulated_ = 0;  // the round is abandoned
+        raise_alone(fault);
+      }
       fold_accumulated(grads);
     }
     inner_.step();

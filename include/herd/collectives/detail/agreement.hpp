@@ -205,6 +205,9 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   mine.segment_bytes = identity.segment_bytes;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
+  // Without argument checks a rank's own problem is not exchanged (its peers may not be in an
+  // exchange at all): it raises here, and the abort that follows tells the peers at once.
+  if (!check.ok() && !comm.options().check_arguments && comm.size() > 1) check.raise_local(false);
   if (comm.size() == 1 || (!carries_payload && !comm.options().check_arguments)) {
     if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};

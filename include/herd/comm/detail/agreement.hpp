@@ -202,15 +202,20 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                    "Build every rank from the same sources and call the same collectives in the same order");
     }
   }
-  if (differs(all, [](const signature& s) { return s.kind; }) || differs(all, [](const signature& s) { return s.seq; })) {
+  const bool numbers_differ = differs(all, [](const signature& s) { return s.seq; });
+  if (numbers_differ || differs(all, [](const signature& s) { return s.kind; })) {
     std::string text;
     for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
       text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
     }
     if (all.size() > 16) text += ", ...";
-    raise_agreed(site, "the ranks are in different operations: " + text,
-                 "Every rank must call the same collectives on a communicator, in the same order; look for a rank "
-                 "that skipped one or called another");
+    const std::string what = "the ranks are in different operations: " + text;
+    const char* todo = "Every rank must call the same collectives on a communicator, in the same order; look for a "
+                       "rank that skipped one or called another";
+    // Different numbers mean the ranks' sequences went apart for good (a collective without an
+    // agreement ran on some ranks only): an abort, not an error to go on from.
+    if (numbers_differ) raise(site, what, todo);
+    raise_agreed(site, what, todo);
   }
   own_fault();
   for (std::size_t i = 0; i < all.size(); ++i) {

@@ -27,17 +27,17 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
     ops.end();
     throw;
   } catch (const error& e) {
-    comm.abort(e.what());
+    comm.abort(e.what());  // nothing here may fail before the abort: it settles what MPI still uses
     ops.end();
     throw error(std::string(e.what()) +
                     " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
                 e.rank());
   } catch (const std::exception& e) {
-    comm.abort(std::string("rank ") + std::to_string(comm.rank()) + " failed: " + e.what());
+    comm.abort(e.what());
     ops.end();
     throw;
   } catch (...) {
-    comm.abort("rank " + std::to_string(comm.rank()) + " failed with an exception that is not a std::exception");
+    comm.abort("an exception that is not a std::exception");
     ops.end();
     throw;
   }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -132,15 +133,16 @@ class operation_state {
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
 
-  // --- The operation running now (touched only by the thread running it).
-  bool in_operation() const noexcept { return in_operation_; }
+  // --- The operation running now, as the thread running it sees it: another thread (the caller's,
+  // while the progress thread runs an operation) is not inside it.
+  bool in_operation() const noexcept { return running_here() == this; }
   const op_label& current() const noexcept { return current_; }
   int data_tag() const noexcept { return detail::data_tag(current_.seq); }
   void begin(const op_label& label) noexcept {
     current_ = label;
-    in_operation_ = true;
+    running_here() = this;
   }
-  void end() noexcept { in_operation_ = false; }
+  void end() noexcept { running_here() = nullptr; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -159,10 +161,15 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return abort_reason_;
   }
-  void mark_aborted(const std::string& reason) {
+  // Never fails to mark it; only the reason may be lost (to a failed allocation).
+  void mark_aborted(std::string_view reason) noexcept {
     std::lock_guard lock(mutex_);
-    if (!aborted_.load(std::memory_order_relaxed)) abort_reason_ = reason;
-    aborted_.store(true, std::memory_order_release);
+    if (!aborted_.exchange(true, std::memory_order_acq_rel)) {
+      try {
+        abort_reason_ = reason;
+      } catch (...) {
+      }
+    }
   }
   [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
     raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
@@ -228,7 +235,9 @@ class operation_state {
   // Waits for op (running queued operations on this thread when there is no progress thread) and
   // rethrows its failure.
   void wait(queued_operation& op) {
-    if (options_.progress_thread) {
+    if (op.done.load(std::memory_order_acquire)) {
+      // Done: nothing else of this state is touched (a handle may outlive its communicator).
+    } else if (options_.progress_thread) {
       // Woken by this operation's completion only, not by every other one's.
       op.done.wait(false, std::memory_order_acquire);
     } else if (!op.done.load(std::memory_order_acquire)) {
@@ -267,6 +276,12 @@ class operation_state {
   }
 
  private:
+  // The operation state whose operation this thread runs now.
+  static const operation_state*& running_here() noexcept {
+    thread_local const operation_state* state = nullptr;
+    return state;
+  }
+
   void refuse_nesting() const {
     if (busy_ && runner_ == std::this_thread::get_id()) {
       throw error("herd: an operation was started from inside another operation of the same communicator. "
@@ -318,7 +333,6 @@ class operation_state {
 
   comm_options options_;
   op_label current_;
-  bool in_operation_ = false;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;

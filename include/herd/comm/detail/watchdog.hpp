@@ -1,8 +1,9 @@
 #pragma once
 // How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
-// core, then sleeping in steps that grow with the time already waited (at most an eighth of it,
-// and never more than a millisecond), so that a rank waiting for a late peer neither burns a core
-// nor adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
+// core (which lets a peer sharing it run; a ring's segments arrive within this phase), and after a
+// millisecond sleeping in steps that grow with the time already waited (an eighth of it, at most a
+// millisecond), so that a rank waiting for a late peer neither burns a core nor adds more than a
+// small fraction to the wait. And while it waits, the watchdog: a warning
 // after stall_check_seconds naming the operation and the peer, herd::error after
 // stall_shutdown_seconds.
 
@@ -27,12 +28,11 @@ class waiting {
   void pause() {
     if (++polls_ < 64) return;
     const auto waited = clock::now() - start_;
-    if (waited < std::chrono::microseconds(200)) {
+    if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(std::clamp<clock::duration>(waited / 8, std::chrono::microseconds(50),
-                                                            std::chrono::milliseconds(1)));
+    std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
   }
 
   // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
@@ -66,10 +66,6 @@ class waiting {
                    text.c_str(), number(options_.stall_shutdown_seconds).c_str());
       std::fflush(stderr);
     }
-  }
-
-  bool past_shutdown() const {
-    return options_.stall_shutdown_seconds > 0 && seconds() >= options_.stall_shutdown_seconds;
   }
 
  private:
