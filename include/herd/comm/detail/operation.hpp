@@ -74,7 +74,8 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
     alone.signatures = own;
     std::byte* slot = exchange_buffer(payload_max_bytes, 0);
     if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
-    alone.slots = slot;
+    payload_pointers().assign(1, slot);
+    alone.payloads = payload_pointers();
     return alone;
   }
   exchanged all = exchange(control_of(comm), signature_of(ops), payload, payload_bytes);
