@@ -1498,10 +1498,16 @@ struct signature {
 inline constexpr std::size_t payload_max_bytes = 8192;
 
 // Every rank's signature and payload, indexed by rank; valid until this thread's next exchange.
+// The payloads are read where the exchange received them (rotated: rank first + j's is at j), so
+// that no byte is copied after it arrived.
 struct exchanged {
   std::span<const signature> signatures;
-  const std::byte* slots = nullptr;  // rank r's payload at slots + r * payload_max_bytes
-  const std::byte* payload(int r) const { return slots + static_cast<std::size_t>(r) * payload_max_bytes; }
+  std::span<const std::byte* const> payloads;
+  int first = 0;
+  const std::byte* payload(int r) const {
+    const auto p = static_cast<int>(payloads.size());
+    return payloads[static_cast<std::size_t>((r - first + p) % p)];
+  }
 };
 
 // Per-thread memory for the exchange, reused so that an agreement allocates nothing after its first.
@@ -1509,8 +1515,12 @@ inline std::vector<signature>& signature_buffer(int which) {
   thread_local std::vector<signature> buffers[2];
   return buffers[which];
 }
+inline std::vector<const std::byte*>& payload_pointers() {
+  thread_local std::vector<const std::byte*> pointers;
+  return pointers;
+}
 
-// The three buffers start at different offsets within a 4 KiB page: copies between buffers whose
+// The buffers start at different offsets within a 4 KiB page: copies between buffers whose
 // addresses differ by a multiple of 4 KiB are several times slower on x86 (loads falsely wait for
 // stores to the same page offset), which made the exchange of 4-8 KiB payloads 3x slower.
 inline std::byte* exchange_buffer(std::size_t bytes, int which) {
@@ -1519,70 +1529,66 @@ inline std::byte* exchange_buffer(std::size_t bytes, int which) {
     std::size_t capacity = 0;
   };
   constexpr std::size_t page = 4096;
-  thread_local buffer buffers[3];
+  thread_local buffer buffers[2];
   buffer& b = buffers[which];
   if (b.capacity < bytes) {
     b.data.reset(new std::byte[bytes + 2 * page]);
     b.capacity = bytes;
   }
   const auto address = reinterpret_cast<std::uintptr_t>(b.data.get());
-  const std::size_t offset = (page - address % page) % page + static_cast<std::size_t>(which) * 1088;
+  const std::size_t offset = (page - address % page) % page + static_cast<std::size_t>(which + 1) * 1088;
   return b.data.get() + offset;
 }
 
 // Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
 // rank passes on the first min(d, p - have) blocks it holds, its own first. On the wire a message
 // is the blocks' signatures followed by their payloads, packed; the receiver reads the sizes from
-// the signatures.
+// the signatures. Every round sends from and receives into memory of its own, so a payload stays
+// where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
+  constexpr std::size_t block = sizeof(signature) + payload_max_bytes;
   std::vector<signature>& rotated = signature_buffer(0);  // rotated[j] comes from rank r + j
+  std::vector<const std::byte*>& where = payload_pointers();
   rotated.resize(parts);
-  std::byte* slots = exchange_buffer(parts * payload_max_bytes, 1);
-  std::byte* wire = exchange_buffer(2 * parts * (sizeof(signature) + payload_max_bytes), 2);
+  where.assign(parts, nullptr);
+  std::byte* wire = exchange_buffer(2 * (parts - 1) * block, 1);
   rotated[0] = mine;
   rotated[0].payload_bytes = static_cast<std::uint32_t>(payload_bytes);
-  if (payload_bytes != 0) std::memcpy(slots, payload, payload_bytes);
+  where[0] = static_cast<const std::byte*>(payload);
   std::size_t have = 1;
   for (std::size_t distance = 1; distance < parts; distance *= 2) {
     const std::size_t count = std::min(distance, parts - have);
     std::byte* out = wire;
-    std::byte* in = wire + parts * (sizeof(signature) + payload_max_bytes);
+    std::byte* in = wire + count * block;
+    wire = in + count * block;
     std::memcpy(out, rotated.data(), count * sizeof(signature));
     std::size_t used = count * sizeof(signature);
     for (std::size_t j = 0; j < count; ++j) {
-      std::memcpy(out + used, slots + j * payload_max_bytes, rotated[j].payload_bytes);
+      if (rotated[j].payload_bytes != 0) std::memcpy(out + used, where[j], rotated[j].payload_bytes);
+      if (distance == 1) where[j] = out + used;  // this rank's own: the caller's memory may change
       used += rotated[j].payload_bytes;
     }
     const int d = static_cast<int>(distance);
-    comm.sendrecv(out, used, (r - d + p) % p, in, count * (sizeof(signature) + payload_max_bytes), (r + d) % p,
-                  control_tag);
+    comm.sendrecv(out, used, (r - d + p) % p, in, count * block, (r + d) % p, control_tag);
     std::memcpy(rotated.data() + have, in, count * sizeof(signature));
     std::size_t at = count * sizeof(signature);
     for (std::size_t j = have; j < have + count; ++j) {
       const std::size_t bytes = std::min<std::size_t>(rotated[j].payload_bytes, payload_max_bytes);
       rotated[j].payload_bytes = static_cast<std::uint32_t>(bytes);
-      std::memcpy(slots + j * payload_max_bytes, in + at, bytes);
+      where[j] = in + at;
       at += bytes;
     }
     have += count;
   }
-  // Undo the rotation: rank (r + j) % p's block is at j.
+  // The signatures in rank order: rank (r + j) % p's is at j.
   std::vector<signature>& by_owner = signature_buffer(1);
   by_owner.resize(parts);
-  std::byte* by_rank = exchange_buffer(parts * payload_max_bytes, 0);
-  exchanged result;
-  for (std::size_t j = 0; j < parts; ++j) {
-    const std::size_t owner = (static_cast<std::size_t>(r) + j) % parts;
-    by_owner[owner] = rotated[j];
-    std::memcpy(by_rank + owner * payload_max_bytes, slots + j * payload_max_bytes, rotated[j].payload_bytes);
-  }
-  result.signatures = by_owner;
-  result.slots = by_rank;
-  return result;
+  for (std::size_t j = 0; j < parts; ++j) by_owner[(static_cast<std::size_t>(r) + j) % parts] = rotated[j];
+  return {by_owner, where, r};
 }
 
 // The other ranks' words for a fault code (collectives/detail/agreement.hpp records them).
@@ -1760,7 +1766,8 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
     alone.signatures = own;
     std::byte* slot = exchange_buffer(payload_max_bytes, 0);
     if (payload_bytes != 0) std::memcpy(slot, payload, payload_bytes);
-    alone.slots = slot;
+    payload_pointers().assign(1, slot);
+    alone.payloads = payload_pointers();
     return alone;
   }
   exchanged all = exchange(control_of(comm), signature_of(ops), payload, payload_bytes);
@@ -4287,17 +4294,46 @@ inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
 
 namespace herd::detail {
 
+// The loops, for buffers that do not overlap (restrict) or for dst == a: then, in fixed blocks of
+// one cache line, GCC vectorizes them even at -O2, which vectorizes no loop that needs a run-time
+// overlap check or a remainder of unknown length. Vector or not, every element gets the same
+// operation: the same bits.
+template <class T, class F>
+void combine_disjoint(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n, F f) {
+  constexpr std::size_t width = sizeof(T) < 64 ? 64 / sizeof(T) : 1;
+  std::size_t i = 0;
+  for (; i + width <= n; i += width) {
+    for (std::size_t k = 0; k < width; ++k) dst[i + k] = f(a[i + k], b[i + k]);
+  }
+  for (; i < n; ++i) dst[i] = f(a[i], b[i]);
+}
+template <class T, class F> void combine_into(T* __restrict dst, const T* __restrict b, std::size_t n, F f) {
+  constexpr std::size_t width = sizeof(T) < 64 ? 64 / sizeof(T) : 1;
+  std::size_t i = 0;
+  for (; i + width <= n; i += width) {
+    for (std::size_t k = 0; k < width; ++k) dst[i + k] = f(dst[i + k], b[i + k]);
+  }
+  for (; i < n; ++i) dst[i] = f(dst[i], b[i]);
+}
+
+template <class T, class F> void combine_elements(T* dst, const T* a, const T* b, std::size_t n, F f) {
+  const auto overlaps = [n](const T* x, const T* y) { return x < y + n && y < x + n; };
+  if (dst == a && !overlaps(dst, b)) return combine_into(dst, b, n, f);
+  if (!overlaps(dst, a) && !overlaps(dst, b)) return combine_disjoint(dst, a, b, n, f);
+  for (std::size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);  // any other aliasing: element by element
+}
+
 template <class T, reduce_op Op>
 void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
   const combine<Op> f;
   if (avg_ranks > 0) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = finalize_avg(f(a[i], b[i]), avg_ranks);
+    combine_elements(dst, a, b, n, [f, avg_ranks](T x, T y) { return finalize_avg(f(x, y), avg_ranks); });
   } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+    combine_elements(dst, a, b, n, f);
   }
 }
 
-// dst[i] = a[i] ∘ b[i] for i < n; dst may be a. With avg_ranks > 0 (the last combination of an
+// dst[i] = a[i] ∘ b[i] for i < n; dst may be a (any other overlap works too, but slowly). With avg_ranks > 0 (the last combination of an
 // avg) the result is also divided by avg_ranks. The caller has checked supports(t, op).
 inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
                         int avg_ranks = 0) {
