@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# herd's allreduce latency at an earlier commit beside the working tree's, in one run:
+#
+#   benchmarks/compare_commits.sh REF [ROUNDS] [RANKS] [MAX_BYTES]
+#
+# Builds benchmarks/allreduce at REF (in a temporary git worktree) and in build/ (the default
+# preset's folder, which must be configured), then runs the two one after the other ROUNDS times
+# (default 5) at RANKS ranks (default 2), sizes 8 B to MAX_BYTES (default 16384), and prints per size
+# the median over the rounds of each build's time (each itself a median of 41 repetitions) and
+# their ratio. Alternating the builds spreads the machine's slow moments over both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ref=${1:?usage: benchmarks/compare_commits.sh REF [ROUNDS] [RANKS] [MAX_BYTES]}
+rounds=${2:-5}
+ranks=${3:-2}
+max_bytes=${4:-16384}
+old_tree=$(mktemp -d)
+trap 'git worktree remove --force "$old_tree" >/dev/null 2>&1 || rm -rf "$old_tree"' EXIT
+git worktree add --detach --force "$old_tree" "$ref" >/dev/null
+cmake -S "$old_tree" -B "$old_tree/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHERD_BUILD_TESTS=OFF \
+  -DHERD_BUILD_EXAMPLES=OFF -DHERD_WITH_CUDA=OFF >/dev/null
+cmake --build "$old_tree/build" --target allreduce -j "$(nproc)" >/dev/null
+cmake --build build --target allreduce -j "$(nproc)" >/dev/null
+
+# herd's time per size, one "bytes us" line each, from one run of a build's benchmark.
+run() {
+  local extra=()
+  local help
+  help=$("$1" --help 2>&1 || true)
+  if [[ $help == *--async-max-bytes* ]]; then extra=(--async-max-bytes 0); fi
+  mpiexec -n "$ranks" "$1" --min-bytes 8 --max-bytes "$max_bytes" --reps 41 "${extra[@]}" | awk '!/^#/ && NF {print $1, $4}'
+}
+results=$(mktemp)
+for ((i = 0; i < rounds; ++i)); do
+  run "$old_tree/build/benchmarks/allreduce" | sed 's/^/before /' >>"$results"
+  run build/benchmarks/allreduce | sed 's/^/after /' >>"$results"
+done
+echo "# herd allreduce at $ranks ranks, f32 sum: $(git rev-parse --short "$ref") (before) vs the working tree (after)"
+echo "# median over $rounds alternating runs of each run's median time per call"
+python3 - "$results" <<'EOF'
+import statistics, sys
+times = {}
+for line in open(sys.argv[1]):
+    build, size, us = line.split()
+    times.setdefault(int(size), {}).setdefault(build, []).append(float(us))
+print(f"# {'bytes':>10} | {'before us':>10} | {'after us':>10} | {'after/before':>12}")
+for size in sorted(times):
+    b, a = statistics.median(times[size]["before"]), statistics.median(times[size]["after"])
+    print(f"  {size:>10} | {b:>10.2f} | {a:>10.2f} | {a / b:>12.2f}")
+EOF
+rm -f "$results"
