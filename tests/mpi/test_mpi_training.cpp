@@ -1,7 +1,8 @@
 // Data-parallel training on real MPI ranks computes what one rank computes with the combined
 // batch: K steps with W ranks at per-rank batch b give the parameters of 1 rank at batch W*b
 // over the same samples (fp32, relative difference <= 1e-5), for SGD and AdamW, with fusion on,
-// off and below one tensor's size, and with two backward passes per step.
+// off and below one tensor's size, with two backward passes per step (which are summed, so each
+// pass divides its loss by two), and with the buckets of mark_ready.
 
 #include <herd/herd.hpp>
 
@@ -22,7 +23,8 @@ struct fusion_case {
 // `batch` samples right after those of ranks 0..r-1. The reference runs on every rank alone
 // with the whole round's samples as one batch.
 template <class Make>
-void check_equivalence(herd::mpi_communicator& comm, Make make_optimizer, std::size_t threshold, int passes) {
+void check_equivalence(herd::mpi_communicator& comm, Make make_optimizer, std::size_t threshold, int passes,
+                       bool overlap) {
   const std::size_t batch = 8;
   const int steps = 6;
   const auto world = static_cast<std::size_t>(comm.size());
@@ -35,6 +37,8 @@ void check_equivalence(herd::mpi_communicator& comm, Make make_optimizer, std::s
   herd::optimizer_options options;
   options.fusion_threshold_bytes = threshold;
   options.backward_passes_per_step = passes;
+  options.bucket_bytes = 200;  // several buckets of this small model
+  options.first_bucket_bytes = 100;
   herd::distributed_optimizer opt(inner, distributed.grads(), comm, options);
 
   std::size_t at = 0;
@@ -42,6 +46,12 @@ void check_equivalence(herd::mpi_communicator& comm, Make make_optimizer, std::s
     for (int k = 0; k < passes; ++k) {
       const std::size_t mine = at + static_cast<std::size_t>(comm.rank()) * batch;
       distributed.forward_backward(data, mine, mine + batch);
+      for (auto g : distributed.grads()) {  // the loss divided by the passes: their sum is the mean
+        for (std::size_t i = 0; i < g.count; ++i) static_cast<float*>(g.data)[i] /= static_cast<float>(passes);
+      }
+      if (overlap) {
+        for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);  // as a backward pass would, last layer first
+      }
       CHECK(opt.step() == (k == passes - 1));
       at += world * batch;
     }
@@ -66,8 +76,12 @@ HERD_MPI_TEST_CASE("distributed SGD equals one rank with the combined batch", 1)
   for (const auto& fusion : fusions) {
     for (int passes : {1, 2}) {
       INFO("fusion ", fusion.name, ", backward passes per step ", passes);
-      check_equivalence(comm, make, fusion.threshold, passes);
+      check_equivalence(comm, make, fusion.threshold, passes, false);
     }
+  }
+  for (int passes : {1, 2}) {
+    INFO("buckets (mark_ready), backward passes per step ", passes);
+    check_equivalence(comm, make, 0, passes, true);
   }
 }
 
@@ -77,8 +91,12 @@ HERD_MPI_TEST_CASE("distributed AdamW equals one rank with the combined batch", 
   for (const auto& fusion : fusions) {
     for (int passes : {1, 2}) {
       INFO("fusion ", fusion.name, ", backward passes per step ", passes);
-      check_equivalence(comm, make, fusion.threshold, passes);
+      check_equivalence(comm, make, fusion.threshold, passes, false);
     }
+  }
+  for (int passes : {1, 2}) {
+    INFO("buckets (mark_ready), backward passes per step ", passes);
+    check_equivalence(comm, make, 0, passes, true);
   }
 }
 

@@ -129,7 +129,7 @@ TEST_CASE("gradients are averaged or summed over ranks, with predivision, across
   }
 }
 
-TEST_CASE("backward_passes_per_step accumulates locally and reduces the mean of the passes every k-th step") {
+TEST_CASE("backward_passes_per_step accumulates locally and reduces the sum of the passes every k-th step (as Horovod)") {
   herd::local::run(2, [](herd::local_communicator& comm) {
     std::vector<float> g(3);
     recorder inner;
@@ -143,10 +143,10 @@ TEST_CASE("backward_passes_per_step accumulates locally and reduces the mean of 
         CHECK(opt.step() == (pass == 2));
       }
       CHECK(inner.steps == round + 1);
-      // Mean over passes 0, 1, 2 and ranks 0, 1 of (r + pass): 1.5.
-      CHECK(inner.seen[0][0] == doctest::Approx(1.5));
-      CHECK(inner.seen[0][1] == doctest::Approx(10.0 * round));
-      CHECK(inner.seen[0][2] == doctest::Approx(-1.0));
+      // Sum over passes 0, 1, 2, mean over ranks 0, 1, of (r + pass): 3 * 0.5 + 3 = 4.5.
+      CHECK(inner.seen[0][0] == doctest::Approx(4.5));
+      CHECK(inner.seen[0][1] == doctest::Approx(30.0 * round));
+      CHECK(inner.seen[0][2] == doctest::Approx(-3.0));
     }
   });
 }

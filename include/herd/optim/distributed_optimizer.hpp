@@ -16,11 +16,21 @@
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
 //   (for op avg), which keeps sums of many large gradients from overflowing in f16.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
-//   round only accumulate the gradients locally, the k-th reduces the mean over the k passes and
-//   steps the wrapped optimizer. The effective batch is k × ranks × per-rank batch.
+//   round only accumulate the gradients locally, the k-th reduces the *sum* of the k passes (as
+//   Horovod, and as libtorch's own gradient accumulation: divide the loss by k for their mean)
+//   and steps the wrapped optimizer. no_sync() does the same for as long as its guard lives.
 // - synchronize() reduces now (to clip or inspect the averaged gradients before step());
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
 //   the reduction altogether.
+// - Overlap with the backward pass (DDP's buckets): call mark_ready(i) as soon as gradient i is
+//   final. Gradients are grouped into buckets, in reverse order, the first of up to
+//   first_bucket_bytes (1 MiB), the others of up to bucket_bytes (25 MiB, HERD_BUCKET_BYTES); a
+//   bucket whose gradients are all ready is packed and its allreduce started asynchronously,
+//   buckets in order on every rank; step() starts what is left, waits, unpacks and steps. After
+//   the first such step the buckets are rebuilt in the order rank 0 saw its gradients become
+//   ready. A gradient never marked in a pass is an error on every rank, or, with
+//   find_unused_parameters, reduced as zeros. Without mark_ready, step() reduces everything at
+//   once, in fusion buffers of fusion_threshold_bytes (Horovod's tensor fusion).
 // - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
 //   and the same options, and raises herd::error on every rank if not. Later steps check that
 //   this rank's gradients are still those (and on one device); a rank whose are not says so in
@@ -28,10 +38,12 @@
 
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/optim/compression.hpp>
+#include <herd/optim/detail/bucket_plan.hpp>
 #include <herd/optim/detail/gradient_movers.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
@@ -40,7 +52,10 @@
 #include <herd/tensor/host_tensor.hpp>
 
 #include <bit>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <memory>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -56,6 +71,24 @@ struct optimizer_options {
   int backward_passes_per_step = 1;
   std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
   herd::compression compression = herd::compression::none;
+  // Buckets, with mark_ready (DDP's bucket_cap_mb and first bucket).
+  std::size_t bucket_bytes = runtime::defaults().bucket_bytes;
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  // Gradients not marked ready in a pass are reduced as zeros instead of being an error.
+  bool find_unused_parameters = false;
+};
+
+// Where the time of the overlapped reductions went, summed over steps (seconds): `communication`,
+// each bucket's operation from its start to its end on the communicator (on its progress thread,
+// while the caller goes on with its backward pass); `exposed`, the caller's own time in them:
+// packing at mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the
+// part of `exposed` spent waiting for buckets to finish. communication - waiting is what the
+// backward pass hid.
+struct overlap_stats {
+  double communication = 0;
+  double exposed = 0;
+  double waiting = 0;
+  std::size_t steps = 0;
 };
 
 HERD_CONFIG_NAMESPACE_BEGIN
@@ -79,6 +112,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       detail::raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
     if (options_.backward_passes_per_step < 1)
       detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+    if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
+      detail::raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
   }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
@@ -88,7 +123,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // already synchronized or skipped) and stepped the wrapped optimizer.
   bool step() {
     const bool reduce_now = !synchronized_ && !skip_;
-    if (reduce_now && accumulated_ + 1 < options_.backward_passes_per_step) {
+    if (reduce_now && (no_sync_ || accumulated_ + 1 < options_.backward_passes_per_step)) {
       accumulate();
       return false;
     }
@@ -113,6 +148,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
   // them without reducing again.
   void synchronize() {
+    if (marks_ > 0) {
+      finish_buckets();
+      synchronized_ = true;
+      return;
+    }
     std::vector<buffer_view> grads = gradients_();
     std::string fault = check(grads);
     if (fault.empty()) fault = std::exchange(pending_fault_, {});
@@ -144,6 +184,40 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   };
   [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
 
+  // While the returned guard lives, step() only accumulates the gradients locally (and does not
+  // step the wrapped optimizer): DDP's no_sync(). The first step() after it reduces the sum of
+  // every pass since the last reduction.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->no_sync_ = true; }
+    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(no_sync_guard&&) = delete;
+    ~no_sync_guard() {
+      if (owner_) owner_->no_sync_ = false;
+    }
+
+   private:
+    distributed_optimizer* owner_;
+  };
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  // Gradient i is final for this backward pass: its bucket starts reducing once all of its
+  // gradients are. The first form reads the gradient from the list the optimizer was given (the
+  // source is called once per pass); the second takes its current view. Call from one thread at a
+  // time. In passes that only accumulate (no_sync, backward_passes_per_step) it does nothing.
+  void mark_ready(std::size_t i) { mark(i, nullptr); }
+  void mark_ready(std::size_t i, const buffer_view& gradient) { mark(i, &gradient); }
+
+  // Which gradients share a bucket now (indices into the gradient list), in launch order.
+  std::vector<std::vector<std::size_t>> buckets() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : plan_.buckets) out.push_back(b.members);
+    return out;
+  }
+  const overlap_stats& overlap() const noexcept { return stats_; }
+
   Optimizer& inner() noexcept { return inner_; }
   C& comm() noexcept { return comm_; }
   const optimizer_options& options() const noexcept { return options_; }
@@ -164,6 +238,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       require_same_options();
       shapes_.clear();
       for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+      device_ = grads.empty() ? device::cpu() : grads[0].device;
       checked_ = true;
       return {};
     }
@@ -193,17 +268,24 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     const std::vector<std::int64_t> mine = {
         static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor)};
+        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
+        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     allgather(mine, all, detail::control_of(comm_));
-    static const char* const names[] = {"op", "compression", "fusion_threshold_bytes", "backward_passes_per_step",
-                                        "gradient_predivide_factor"};
+    static const char* const names[] = {"op",
+                                        "compression",
+                                        "fusion_threshold_bytes",
+                                        "backward_passes_per_step",
+                                        "gradient_predivide_factor",
+                                        "bucket_bytes",
+                                        "first_bucket_bytes",
+                                        "find_unused_parameters"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {
           detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()},
                 std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD)");
+                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
         }
       }
     }
@@ -229,13 +311,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     ++accumulated_;
   }
 
-  // grads = the mean of the accumulated passes and the current one.
+  // grads = the sum of the accumulated passes and the current one.
   void fold_accumulated(const std::vector<buffer_view>& grads) {
     if (accumulated_ == 0) return;
     with_mover(grads, [&](auto& mover) {
       mover.begin();
-      for (std::size_t i = 0; i < grads.size(); ++i)
-        mover.fold_mean(grads[i], accumulators_[i], static_cast<double>(accumulated_ + 1));
+      for (std::size_t i = 0; i < grads.size(); ++i) mover.fold(grads[i], accumulators_[i]);
       mover.finish();
     });
     accumulated_ = 0;
@@ -285,11 +366,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   template <class Mover> void reduce(const std::vector<buffer_view>& grads, Mover& mover) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
-    const bool average = options_.op == reduce_op::avg;
-    const double f = options_.gradient_predivide_factor;
-    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
-    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
-    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+    set_scales();
 
     std::vector<bool> done(grads.size(), false);
     for (std::size_t first = 0; first < grads.size(); ++first) {
@@ -345,6 +422,255 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     mover.finish();
   }
 
+  // --- Buckets (mark_ready).
+
+  struct bucket_state {
+    buffer_view buffer;          // what its allreduce reduces: the packed bucket, or its lone gradient
+    std::size_t waiting = 0;     // gradients not yet ready in this pass
+    std::string fault;           // this rank's problem with one of its gradients in this pass
+    std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
+    std::optional<handle> done;  // its operation, once started
+    std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
+  };
+
+  // scale_before_/scale_after_/wire_op_ for the options (gradient_predivide_factor).
+  void set_scales() {
+    const bool average = options_.op == reduce_op::avg;
+    const double f = options_.gradient_predivide_factor;
+    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
+    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
+    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+  }
+
+  // Whether this pass reduces (rather than accumulates, skips, or runs alone).
+  bool reducing_pass() const {
+    return comm_.size() > 1 && !skip_ && !no_sync_ && !synchronized_ &&
+           accumulated_ + 1 >= options_.backward_passes_per_step;
+  }
+
+  const std::vector<buffer_view>& pass_views() {
+    if (pass_views_.empty()) pass_views_ = gradients_();
+    return pass_views_;
+  }
+
+  void mark(std::size_t i, const buffer_view* given) {
+    if (!reducing_pass()) return;
+    const auto start = std::chrono::steady_clock::now();
+    if (marks_ == 0) begin_buckets();
+    if (i >= shapes_.size()) {
+      if (pass_fault_.empty()) {
+        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                      std::to_string(shapes_.size()) + ")";
+      }
+      return;
+    }
+    if (marked_[i]) {
+      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+      return;
+    }
+    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+    bucket_state& b = buckets_[plan_.bucket_of[i]];
+    if (b.fault.empty()) {
+      if (v.count != shapes_[i].first || v.type != shapes_[i].second) {
+        b.fault = "gradient " + std::to_string(i) + " changed since the first step (" + std::to_string(v.count) + " " +
+                  std::string(name(v.type)) + " instead of " + std::to_string(shapes_[i].first) + " " +
+                  std::string(name(shapes_[i].second)) + ")";
+      } else if (v.data == nullptr && v.count != 0) {
+        b.fault = "gradient " + std::to_string(i) + " has a null data pointer";
+      } else if (v.device != device_) {
+        b.fault = "gradient " + std::to_string(i) + " lives on " + v.device.str() + " but the first one on " +
+                  device_.str() + " (keep all gradients of one distributed optimizer on one device)";
+      }
+    }
+    marked_[i] = 1;
+    ++marks_;
+    ready_views_[i] = v;
+    if (!rebuilt_) ready_order_.push_back(i);
+    --b.waiting;
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+    stats_.exposed += seconds_since(start);
+  }
+
+  // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
+  void begin_buckets() {
+    if (!checked_) check(gradients_());  // every rank's first mark: agreed there, or raised on every rank
+    if (plan_.buckets.empty() && !shapes_.empty()) make_plan(detail::bucket_plan::reverse_order(shapes_.size()));
+    set_scales();
+    marked_.assign(shapes_.size(), 0);
+    ready_views_.assign(shapes_.size(), buffer_view{});
+    pass_views_.clear();
+    pass_fault_.clear();
+    next_launch_ = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b].waiting = plan_.buckets[b].members.size();
+      buckets_[b].fault.clear();
+      buckets_[b].fault_code = 14;
+      buckets_[b].done.reset();
+      buckets_[b].seconds->store(0.0);
+    }
+  }
+
+  void make_plan(const std::vector<std::size_t>& order) {
+    plan_ = detail::bucket_plan::make(shapes_, order, options_.first_bucket_bytes, options_.bucket_bytes);
+    buckets_.clear();
+    buckets_.resize(plan_.buckets.size());
+  }
+
+  // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
+  // found a problem with starts an operation that carries the problem instead, so that every rank
+  // raises it and the buckets after it still pair up.
+  void launch(std::size_t b) {
+    bucket_state& st = buckets_[b];
+    const detail::bucket_plan::bucket& plan = plan_.buckets[b];
+    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
+    if (!fault.empty()) {
+      detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
+      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
+                             "and mark each ready once per backward pass");
+      start_bucket(st, std::move(failed), buffer_view{});
+      return;
+    }
+    const dtype wire = wire_dtype(options_.compression, plan.type);
+    with_device_mover([&](auto& mover) {
+      mover.begin();
+      if (accumulated_ > 0) {
+        for (std::size_t i : plan.members) {
+          if (marked_[i]) mover.fold(ready_views_[i], accumulators_[i]);
+        }
+      }
+      const std::size_t lone = plan.members.front();
+      if (plan.members.size() == 1 && marked_[lone] && wire == plan.type && scale_before_ == 1.0 &&
+          scale_after_ == 1.0) {
+        mover.finish();
+        st.buffer = ready_views_[lone];  // reduced in place
+      } else {
+        st.buffer = mover.bucket(b, wire, plan.count);
+        auto* base = static_cast<std::byte*>(st.buffer.data);
+        std::vector<detail::move_item> pack, unused;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          void* slot = base + plan.offsets[k] * size_of(wire);
+          if (marked_[i]) {
+            pack.push_back({ready_views_[i].data, slot, shapes_[i].first});
+          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
+            mover.zero({slot, shapes_[i].first, wire, device_});
+            if (accumulated_ > 0) unused.push_back({accumulators_[i].data, slot, shapes_[i].first});
+          }
+        }
+        mover.move(pack, wire, plan.type, scale_before_);
+        mover.move(unused, wire, detail::accumulation_dtype(plan.type), scale_before_);
+        mover.finish();
+      }
+    });
+    detail::call_check fine(detail::op_kind::allreduce, comm_.rank(), comm_.size());
+    start_bucket(st, std::move(fine), st.buffer);
+  }
+
+  void start_bucket(bucket_state& st, detail::call_check check, buffer_view v) {
+    auto call = detail::prepare_allreduce(std::move(check), v, v, comm_, wire_op_);
+    const auto label = call.label();
+    st.done.emplace(detail::start_collective(
+        comm_, label, [&comm = comm_, call = std::move(call), seconds = st.seconds](bool sync) {
+          const auto start = std::chrono::steady_clock::now();
+          detail::run_allreduce(comm, call, sync);
+          seconds->store(seconds_since(start));
+        }));
+  }
+
+  // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
+  // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
+  void finish_buckets() {
+    const auto start = std::chrono::steady_clock::now();
+    std::exception_ptr failure;
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
+      std::string missing;
+      for (std::size_t i : plan_.buckets[b].members) {
+        if (!marked_[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+      }
+      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
+        buckets_[b].fault_code = 16;
+        buckets_[b].fault = "gradient(s) " + missing +
+                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
+                            "reduce gradients a pass did not produce as zeros)";
+      }
+      try {
+        launch(b);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    next_launch_ = buckets_.size();
+    const auto wait_start = std::chrono::steady_clock::now();
+    for (bucket_state& st : buckets_) {
+      if (!st.done) continue;
+      try {
+        st.done->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    stats_.waiting += seconds_since(wait_start);
+    for (const bucket_state& st : buckets_) stats_.communication += st.seconds->load();
+    marks_ = 0;
+    if (failure) {
+      accumulated_ = 0;  // the round is abandoned
+      std::rethrow_exception(failure);
+    }
+    with_device_mover([&](auto& mover) {
+      mover.begin();
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const detail::bucket_plan::bucket& plan = plan_.buckets[b];
+        if (buckets_[b].buffer.data == ready_views_[plan.members.front()].data && plan.members.size() == 1) continue;
+        const dtype wire = buckets_[b].buffer.type;
+        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
+        std::vector<detail::move_item> unpack;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          if (!marked_[i] && i >= pass_views().size()) continue;
+          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
+          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, shapes_[i].first});
+        }
+        mover.move(unpack, plan.type, wire, scale_after_);
+      }
+      mover.finish();
+    });
+    accumulated_ = 0;
+    ++stats_.steps;
+    stats_.exposed += seconds_since(start);
+    reduce_seconds_ += seconds_since(start);
+    if (!rebuilt_) rebuild();
+  }
+
+  // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
+  // (those it never saw ready last, in reverse order), the same plan on every rank.
+  void rebuild() {
+    std::vector<std::int64_t> order(shapes_.size());
+    std::vector<char> placed(shapes_.size(), 0);
+    std::size_t at = 0;
+    for (std::size_t i : ready_order_) {
+      order[at++] = static_cast<std::int64_t>(i);
+      placed[i] = 1;
+    }
+    for (std::size_t i = shapes_.size(); i-- > 0;) {
+      if (!placed[i]) order[at++] = static_cast<std::int64_t>(i);
+    }
+    broadcast(order, detail::control_of(comm_), 0);
+    std::vector<std::size_t> chosen(order.begin(), order.end());
+    make_plan(chosen);
+    rebuilt_ = true;
+    ready_order_.clear();
+  }
+
+  template <class F> void with_device_mover(F&& f) {
+    std::vector<buffer_view> where;
+    if (device_.is_cuda()) where.push_back({nullptr, 0, dtype::f32, device_});
+    with_mover(where, std::forward<F>(f));
+  }
+
+  static double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
   Optimizer& inner_;
   gradient_source gradients_;
   C& comm_;
@@ -353,6 +679,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
+  bool no_sync_ = false;
   int accumulated_ = 0;
   std::vector<std::pair<std::size_t, dtype>> shapes_;
   std::vector<buffer_view> accumulators_;
@@ -365,6 +692,20 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double scale_after_ = 1.0;
   reduce_op wire_op_ = reduce_op::avg;
   double reduce_seconds_ = 0;
+
+  // Buckets (mark_ready).
+  device device_ = device::cpu();  // where the gradients live (the first one's device)
+  detail::bucket_plan plan_;
+  std::vector<bucket_state> buckets_;
+  std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
+  std::vector<char> marked_;
+  std::size_t marks_ = 0;                 // gradients marked in this pass
+  std::size_t next_launch_ = 0;           // the next bucket to start
+  std::string pass_fault_;                // a problem of this pass not tied to one bucket
+  std::vector<buffer_view> pass_views_;   // gradients_() of this pass, read on demand
+  std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
+  bool rebuilt_ = false;
+  overlap_stats stats_;
 };
 
 HERD_CONFIG_NAMESPACE_END

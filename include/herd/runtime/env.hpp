@@ -9,6 +9,8 @@
 //   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
+//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
+//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer with mark_ready (26214400)
 //
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
@@ -29,6 +31,7 @@ struct settings {
   bool check_arguments = true;
   bool progress_thread = true;
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
+  std::size_t bucket_bytes = std::size_t{25} << 20;
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
@@ -61,6 +64,8 @@ inline settings read_settings() {
   s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
   s.fusion_threshold_bytes = static_cast<std::size_t>(
       env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
+  s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
+  if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
   return s;
 }
 

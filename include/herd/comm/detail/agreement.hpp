@@ -174,6 +174,7 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 13: return "a tensor whose size in bytes overflows";
     case 14: return "gradients that differ from those of the first step";
     case 15: return "a negative color";
+    case 16: return "gradients it did not mark ready in this backward pass";
     default: return "invalid arguments";
   }
 }

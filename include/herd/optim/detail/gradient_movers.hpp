@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <span>
 #include <vector>
@@ -51,14 +52,24 @@ class host_mover {
   void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
     host_accumulate(acc.data, acc.type, grad.data, grad.type, grad.count, first);
   }
-  // grad = (acc + grad) / divisor
-  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
-    host_fold_mean(grad.data, grad.type, acc.data, acc.type, grad.count, divisor);
+  // grad = acc + grad
+  void fold(const buffer_view& grad, const buffer_view& acc) {
+    host_fold(grad.data, grad.type, acc.data, acc.type, grad.count);
+  }
+  // The storage of bucket `index` (kept between steps: a bucket's operation may still read it).
+  buffer_view bucket(std::size_t index, dtype type, std::size_t count) {
+    if (buckets_.size() <= index) buckets_.resize(index + 1);
+    buckets_[index].reserve(type, count);
+    return buckets_[index].view();
+  }
+  void zero(const buffer_view& v) {
+    if (v.count != 0) std::memset(v.data, 0, v.bytes());
   }
 
  private:
   host_tensor fusion_;
   std::vector<host_tensor> accumulators_;
+  std::vector<host_tensor> buckets_;
 };
 
 #if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
@@ -124,17 +135,28 @@ class device_mover {
 #endif
   }
 
-  void fold_mean(const buffer_view& grad, const buffer_view& acc, double divisor) {
+  void fold(const buffer_view& grad, const buffer_view& acc) {
 #if HERD_WITH_CUDA_KERNELS
     const cuda::device_guard on(device_);
     void* sum = scratch_.get(grad.count * size_of(acc.type));
     cuda::cast(sum, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
     cuda::reduce(acc.type, reduce_op::sum, sum, acc.data, sum, grad.count, 0, stream_->get());
-    cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0 / divisor, stream_->get());
+    cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0, stream_->get());
 #else
-    (void)grad, (void)acc, (void)divisor;
+    (void)grad, (void)acc;
     needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
 #endif
+  }
+
+  buffer_view bucket(std::size_t index, dtype type, std::size_t count) {
+    const cuda::device_guard on(device_);
+    while (buckets_.size() <= index) buckets_.emplace_back(std::make_unique<cuda::device_buffer>());
+    return {buckets_[index]->get(count * size_of(type)), count, type, device::cuda(device_)};
+  }
+
+  void zero(const buffer_view& v) {
+    const cuda::device_guard on(device_);
+    if (v.count != 0) HERD_CUDA_CHECK(cudaMemsetAsync(v.data, 0, v.bytes(), stream_->get()));
   }
 
  private:
@@ -150,6 +172,7 @@ class device_mover {
   cuda::device_buffer fusion_;
   cuda::device_buffer scratch_;
   std::vector<std::unique_ptr<cuda::device_buffer>> accumulators_;
+  std::vector<std::unique_ptr<cuda::device_buffer>> buckets_;
 #if HERD_WITH_CUDA_KERNELS
   cuda::batched_copy copier_;
   std::vector<cuda::batched_copy::item> batch_;

@@ -87,15 +87,15 @@ inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype sr
   });
 }
 
-// dst[i] = (acc[i] + dst[i]) / divisor: the mean over the accumulated passes and the current one.
-inline void host_fold_mean(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n, double divisor) {
+// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
+inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
   visit(dst_type, [&](auto d) {
     using D = decltype(d);
     visit(acc_type, [&](auto a) {
       using A = decltype(a);
       auto* out = static_cast<D*>(dst);
       const auto* in = static_cast<const A*>(acc);
-      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>((to_double(in[i]) + to_double(out[i])) / divisor);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) + to_double(out[i]));
     });
   });
 }

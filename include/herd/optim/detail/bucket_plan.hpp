@@ -1,0 +1,76 @@
+#pragma once
+// Which gradients share a bucket, as DDP assigns them: gradients are taken in a given order
+// (reverse registration order at first, since backward produces the last layers' gradients first;
+// later the order they were observed to become ready), each into the open bucket of its dtype,
+// which closes once it holds at least its cap: first_bucket_bytes for the first bucket of each
+// dtype (small, so that communication starts early in the backward pass), bucket_bytes for the
+// rest. A gradient larger than the cap fills a bucket alone. Buckets are numbered in the order
+// of their first gradient, and launched in that order on every rank.
+
+#include <herd/core/dtype.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+struct bucket_plan {
+  struct bucket {
+    dtype type = dtype::f32;
+    std::vector<std::size_t> members;  // gradient indices, in the order they are packed
+    std::vector<std::size_t> offsets;  // element offset of each member in the bucket
+    std::size_t count = 0;             // elements in all
+  };
+
+  std::vector<bucket> buckets;
+  std::vector<std::size_t> bucket_of;  // gradient index -> its bucket
+  std::vector<std::size_t> slot_of;    // gradient index -> its position in bucket.members
+
+  // `shapes[i]` = (elements, dtype) of gradient i; `order`: a permutation of the gradient indices.
+  static bucket_plan make(std::span<const std::pair<std::size_t, dtype>> shapes, std::span<const std::size_t> order,
+                          std::size_t first_bucket_bytes, std::size_t bucket_bytes) {
+    bucket_plan plan;
+    plan.bucket_of.assign(shapes.size(), 0);
+    plan.slot_of.assign(shapes.size(), 0);
+    struct open_bucket {
+      dtype type;
+      std::size_t index;  // in plan.buckets
+      bool first;         // the first bucket of its dtype
+    };
+    std::vector<open_bucket> open;
+    std::vector<dtype> seen;  // dtypes that have had a bucket
+    for (std::size_t i : order) {
+      const auto [count, type] = shapes[i];
+      auto it = open.begin();
+      while (it != open.end() && it->type != type) ++it;
+      if (it == open.end()) {
+        bool first = true;
+        for (dtype t : seen) first = first && t != type;
+        if (first) seen.push_back(type);
+        plan.buckets.push_back({type, {}, {}, 0});
+        open.push_back({type, plan.buckets.size() - 1, first});
+        it = open.end() - 1;
+      }
+      bucket& b = plan.buckets[it->index];
+      plan.bucket_of[i] = it->index;
+      plan.slot_of[i] = b.members.size();
+      b.members.push_back(i);
+      b.offsets.push_back(b.count);
+      b.count += count;
+      if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
+    }
+    return plan;
+  }
+
+  // The default order: the last gradient first.
+  static std::vector<std::size_t> reverse_order(std::size_t n) {
+    std::vector<std::size_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
+    return order;
+  }
+};
+
+}  // namespace herd::detail
