@@ -8499,6 +8499,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     ready_views_.assign(shapes_.size(), buffer_view{});
     pass_views_.clear();
     pass_fault_.clear();
+    ready_order_.clear();  // the rebuild follows the first pass that succeeds
     next_launch_ = 0;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       buckets_[b].waiting = plan_.buckets[b].members.size();

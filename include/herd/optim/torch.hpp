@@ -34,12 +34,12 @@ namespace herd {
 // The gradients of every parameter of `opt`, read afresh at each call: libtorch may replace a
 // gradient tensor between steps (zero_grad with set_to_none). A parameter that got no gradient
 // (unused in this forward pass) gets zeros, so that every rank reduces the same list.
-inline std::function<std::vector<buffer_view>()> torch_gradients(torch::optim::Optimizer& opt) {
+inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim::Optimizer& opt) {
   return [&opt] {
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
       for (auto& p : group.params()) {
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
         views.push_back(view_of(p.mutable_grad()));
       }
     }
@@ -55,25 +55,25 @@ inline std::string torch_state_key(const at::Tensor& p) { return c10::guts::to_s
 // Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
 // filled as a first step would start from: zeros and step 0. Returns the step counters and the
 // state tensors, in parameter order.
-inline void torch_state(torch::optim::Optimizer& opt, std::vector<std::int64_t*>& steps, std::vector<at::Tensor*>& tensors) {
+inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t*>& steps, std::vector<at::Tensor*>& tensors) {
   auto& state = opt.state();
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
       const std::string key = torch_state_key(p);
-      auto zeros = [&] { return torch::zeros_like(p, at::MemoryFormat::Contiguous); };
-      if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
+      auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
+      if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
         (void)sgd;
-        if (static_cast<torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
+        if (static_cast<::torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
         if (!state.count(key)) {
-          auto s = std::make_unique<torch::optim::SGDParamState>();
+          auto s = std::make_unique<::torch::optim::SGDParamState>();
           s->momentum_buffer(zeros());
           state[key] = std::move(s);
         }
-        tensors.push_back(&static_cast<torch::optim::SGDParamState&>(*state[key]).momentum_buffer());
-      } else if (dynamic_cast<torch::optim::Adam*>(&opt) || dynamic_cast<torch::optim::AdamW*>(&opt)) {
-        const bool is_adam = dynamic_cast<torch::optim::Adam*>(&opt) != nullptr;
-        const bool amsgrad = is_adam ? static_cast<torch::optim::AdamOptions&>(group.options()).amsgrad()
-                                     : static_cast<torch::optim::AdamWOptions&>(group.options()).amsgrad();
+        tensors.push_back(&static_cast<::torch::optim::SGDParamState&>(*state[key]).momentum_buffer());
+      } else if (dynamic_cast<::torch::optim::Adam*>(&opt) || dynamic_cast<::torch::optim::AdamW*>(&opt)) {
+        const bool is_adam = dynamic_cast<::torch::optim::Adam*>(&opt) != nullptr;
+        const bool amsgrad = is_adam ? static_cast<::torch::optim::AdamOptions&>(group.options()).amsgrad()
+                                     : static_cast<::torch::optim::AdamWOptions&>(group.options()).amsgrad();
         auto fill = [&](auto& s) {
           if (!s.exp_avg().defined()) {
             s.step(0);
@@ -87,11 +87,11 @@ inline void torch_state(torch::optim::Optimizer& opt, std::vector<std::int64_t*>
           if (amsgrad) tensors.push_back(&s.max_exp_avg_sq());
         };
         if (is_adam) {
-          if (!state.count(key)) state[key] = std::make_unique<torch::optim::AdamParamState>();
-          fill(static_cast<torch::optim::AdamParamState&>(*state[key]));
+          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamParamState>();
+          fill(static_cast<::torch::optim::AdamParamState&>(*state[key]));
         } else {
-          if (!state.count(key)) state[key] = std::make_unique<torch::optim::AdamWParamState>();
-          fill(static_cast<torch::optim::AdamWParamState&>(*state[key]));
+          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamWParamState>();
+          fill(static_cast<::torch::optim::AdamWParamState&>(*state[key]));
         }
       } else {
         raise({"broadcast_optimizer_state"}, "herd knows the state of libtorch's SGD, Adam and AdamW only",
@@ -107,7 +107,7 @@ inline void torch_state(torch::optim::Optimizer& opt, std::vector<std::int64_t*>
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
-template <communicator C> void broadcast_parameters(torch::nn::Module& module, C& comm, int root = 0) {
+template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
   std::vector<buffer_view> views;
   for (auto& p : module.parameters()) views.push_back(view_of(p));
   for (auto& b : module.buffers()) views.push_back(view_of(b));
@@ -119,7 +119,7 @@ template <communicator C> void broadcast_parameters(torch::nn::Module& module, C
 // optimizer has not stepped yet get their state created first, as zeros: the state a first step
 // starts from (for SGD with dampening, a fresh libtorch SGD would instead copy the first gradient).
 template <class Optimizer, communicator C>
-  requires std::derived_from<Optimizer, torch::optim::Optimizer>
+  requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
 void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;

@@ -1,0 +1,37 @@
+// The distributed optimizer's buckets (mark_ready) on real MPI ranks: the cases of
+// support/overlap_cases.hpp (tests/unit/test_overlap.cpp runs the same on threads).
+
+#include <herd/herd.hpp>
+
+#include "../support/mpi_test.hpp"
+#include "../support/overlap_cases.hpp"
+
+HERD_MPI_TEST_CASE("buckets: marks in any order give the bits of a blocking reduction; rebuilt from rank 0's order", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::marks_in_any_order_give_the_blocking_bits(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: integer-valued gradients reduce to the bits of the fusion buffer", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::buckets_equal_fusion_on_exact_values(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: a gradient never marked ready is an error on every rank naming it", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::unmarked_gradient_is_an_error_everywhere(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: with find_unused_parameters a gradient a rank did not produce counts as zeros", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::unused_gradient_counts_as_zeros(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: no_sync accumulates, the next step reduces the sum", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::no_sync_accumulates_then_reduces_the_sum(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: a bad gradient found when it is marked reaches step() on every rank", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::a_bad_gradient_in_a_bucket_reaches_step_everywhere(comm);
+}

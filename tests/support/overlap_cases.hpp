@@ -1,0 +1,232 @@
+#pragma once
+// The distributed optimizer's buckets (mark_ready), as cases every rank runs with its own
+// communicator: tests/unit/test_overlap.cpp runs them on threads, tests/mpi/test_mpi_overlap.cpp
+// on MPI ranks. Each case checks its own rank's results and messages.
+
+#include <herd/herd.hpp>
+
+#include "reference.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace herd_test::overlap {
+
+inline bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct counting_optimizer {
+  int steps = 0;
+  void step() { ++steps; }
+};
+
+// Five f32 gradients whose sizes make several buckets with small_buckets().
+struct model {
+  std::vector<std::vector<float>> grads;
+  explicit model(int rank, int seed = 0) {
+    for (std::size_t n : std::vector<std::size_t>{700, 30, 2000, 5, 300}) grads.emplace_back(n);
+    refill(rank, seed);
+  }
+  // New values in the same memory (the optimizer holds views of it).
+  void refill(int rank, int seed) {
+    rng g(static_cast<std::uint64_t>(100 * seed + rank + 1));
+    for (auto& v : grads) {
+      for (auto& x : v) x = static_cast<float>(g.unit() * 2 - 1);
+    }
+  }
+  std::vector<herd::buffer_view> views() {
+    std::vector<herd::buffer_view> out;
+    for (auto& g : grads) out.push_back(herd::view_of(g));
+    return out;
+  }
+};
+
+inline herd::optimizer_options small_buckets() {
+  herd::optimizer_options o;
+  o.first_bucket_bytes = 1000;
+  o.bucket_bytes = 4000;
+  return o;
+}
+
+template <class Fn> std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const herd::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every rank marks in an order of its own, one gradient at a time; a second optimizer marks all
+// just before step() (a blocking reduction), first in rank 0's first order so that it rebuilds
+// the same buckets. Same bits at any number of ranks, alike on every rank, equal to the average.
+template <class C> void marks_in_any_order_give_the_blocking_bits(C& comm) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  model a(comm.rank()), b(comm.rank());
+  counting_optimizer inner_a, inner_b;
+  herd::distributed_optimizer opt_a(inner_a, a.views(), comm, small_buckets());
+  herd::distributed_optimizer opt_b(inner_b, b.views(), comm, small_buckets());
+  const std::vector<std::size_t> orders[] = {{1, 0, 4, 2, 3}, {0, 2, 4, 1, 3}, {3, 4, 0, 2, 1}};
+  const std::vector<std::vector<std::size_t>> reverse = {{4}, {3, 2}, {1, 0}};
+  CHECK(opt_a.buckets().empty());  // planned at the first mark
+  for (int step = 0; step < 3; ++step) {
+    a.refill(comm.rank(), step);
+    b.refill(comm.rank(), step);
+    for (std::size_t i : orders[(r + static_cast<std::size_t>(step)) % 3]) opt_a.mark_ready(i);
+    if (step == 0) CHECK(opt_a.buckets() == reverse);
+    opt_a.step();
+    if (step == 0) {
+      for (std::size_t i : orders[0]) opt_b.mark_ready(i);
+    } else {
+      for (std::size_t i = 5; i-- > 0;) opt_b.mark_ready(i);
+    }
+    opt_b.step();
+  }
+  // Rebuilt once, from rank 0's first order 1, 0, 4, 2, 3 (120, 2800, 1200, 8000, 20 bytes):
+  // 1 + 0 closes the first bucket (1000 B), 4 + 2 the next (4000 B), 3 is alone.
+  const std::vector<std::vector<std::size_t>> rebuilt = {{1, 0}, {4, 2}, {3}};
+  CHECK(opt_a.buckets() == rebuilt);
+  CHECK(opt_b.buckets() == rebuilt);
+  CHECK(inner_a.steps == 3);
+  CHECK(a.grads == b.grads);
+  std::vector<float> mean(2000, 0.0f);
+  for (int q = 0; q < p; ++q) {
+    const auto g = model(q, 2).grads[2];
+    for (std::size_t i = 0; i < g.size(); ++i) mean[i] += g[i];
+  }
+  for (std::size_t i = 0; i < mean.size(); i += 97) CHECK(a.grads[2][i] == doctest::Approx(mean[i] / static_cast<float>(p)));
+  std::vector<float> gathered(a.grads[2].size() * static_cast<std::size_t>(p));
+  herd::allgather(a.grads[2], gathered, comm);
+  for (int q = 1; q < p; ++q) {
+    CHECK(std::equal(gathered.begin(), gathered.begin() + 2000, gathered.begin() + q * 2000));
+  }
+}
+
+// Integer-valued gradients: every order of summation is exact, so the buckets and the fusion
+// buffer give the same bits at any number of ranks.
+template <class C> void buckets_equal_fusion_on_exact_values(C& comm) {
+  std::vector<float> x(5000), y(77);
+  auto fill = [&] {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 17) - 8 + comm.rank());
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(comm.rank() * 3 - static_cast<int>(i));
+  };
+  counting_optimizer inner;
+  herd::distributed_optimizer plain(inner, herd::views(x, y), comm, {.op = herd::reduce_op::sum});
+  fill();
+  plain.step();
+  const std::vector<float> x1 = x, y1 = y;
+  herd::distributed_optimizer buckets(inner, herd::views(x, y), comm,
+                                      {.op = herd::reduce_op::sum, .bucket_bytes = 1000, .first_bucket_bytes = 100});
+  fill();
+  buckets.mark_ready(1);
+  buckets.mark_ready(0);
+  buckets.step();
+  CHECK(x == x1);
+  CHECK(y == y1);
+}
+
+// Rank 1 never marks gradient 2: an agreed error on every rank, the communicator still usable.
+template <class C> void unmarked_gradient_is_an_error_everywhere(C& comm) {
+  model m(comm.rank());
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, m.views(), comm, small_buckets());
+  const std::string message = error_of([&] {
+    for (std::size_t i = 5; i-- > 0;) {
+      if (!(comm.rank() == 1 && i == 2)) opt.mark_ready(i);
+    }
+    opt.step();
+  });
+  INFO(message);
+  if (comm.rank() == 1) {
+    CHECK(has(message, "gradient(s) 2 were not marked ready in this backward pass"));
+    CHECK(has(message, "find_unused_parameters"));
+  } else {
+    CHECK(has(message, "rank 1 passed gradients it did not mark ready in this backward pass"));
+  }
+  CHECK(inner.steps == 0);
+  std::vector<float> v(10, 1.0f);
+  herd::allreduce(v, comm);
+  CHECK(v[0] == static_cast<float>(comm.size()));
+  // The next pass, complete, works.
+  for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+  opt.step();
+  CHECK(inner.steps == 1);
+}
+
+// find_unused_parameters: a gradient only rank 0 produced is averaged with zeros from the others.
+template <class C> void unused_gradient_counts_as_zeros(C& comm) {
+  std::vector<float> used(100), unused(50);
+  counting_optimizer inner;
+  herd::optimizer_options o;
+  o.find_unused_parameters = true;
+  herd::distributed_optimizer opt(inner, herd::views(used, unused), comm, o);
+  // A first pass where every rank uses both leaves values in the bucket's memory.
+  std::fill(used.begin(), used.end(), 1.0f);
+  std::fill(unused.begin(), unused.end(), 5.0f);
+  opt.mark_ready(1);
+  opt.mark_ready(0);
+  opt.step();
+  CHECK(unused[0] == 5.0f);
+  std::fill(used.begin(), used.end(), 2.0f + static_cast<float>(comm.rank()));
+  std::fill(unused.begin(), unused.end(), comm.rank() == 0 ? 8.0f : -999.0f);  // the others leave garbage
+  opt.mark_ready(0);
+  if (comm.rank() == 0) opt.mark_ready(1);
+  opt.step();
+  const float p = static_cast<float>(comm.size());
+  CHECK(used[7] == doctest::Approx(2.0f + (p - 1) / 2));
+  CHECK(unused[7] == doctest::Approx(8.0f / p));
+  CHECK(inner.steps == 2);
+}
+
+// no_sync: passes under the guard accumulate (marks do nothing); the next reduces their sum.
+template <class C> void no_sync_accumulates_then_reduces_the_sum(C& comm) {
+  std::vector<float> g(300);
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, herd::views(g), comm, small_buckets());
+  const float r = static_cast<float>(comm.rank());
+  {
+    auto guard = opt.no_sync();
+    for (int pass = 0; pass < 2; ++pass) {
+      std::fill(g.begin(), g.end(), r + static_cast<float>(pass));
+      opt.mark_ready(0);
+      CHECK_FALSE(opt.step());
+    }
+  }
+  CHECK(inner.steps == 0);
+  CHECK(opt.accumulated_passes() == 2);
+  std::fill(g.begin(), g.end(), 10.0f);
+  opt.mark_ready(0);
+  CHECK(opt.step());
+  // Passes r, r + 1 and 10 summed (2r + 11), averaged over the ranks.
+  const float p = static_cast<float>(comm.size());
+  CHECK(g[0] == doctest::Approx(11.0f + (p - 1)));
+  CHECK(inner.steps == 1);
+  CHECK(opt.accumulated_passes() == 0);
+}
+
+// A gradient marked with a view of the wrong size: its bucket carries the problem, and step()
+// raises it on every rank.
+template <class C> void a_bad_gradient_in_a_bucket_reaches_step_everywhere(C& comm) {
+  model m(comm.rank());
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, m.views(), comm, small_buckets());
+  for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+  opt.step();
+  std::vector<float> wrong(123);
+  const std::string message = error_of([&] {
+    for (std::size_t i = 5; i-- > 0;) {
+      if (comm.rank() == 1 && i == 0) opt.mark_ready(0, herd::view_of(wrong));
+      else opt.mark_ready(i);
+    }
+    opt.step();
+  });
+  INFO(message);
+  if (comm.rank() == 1) CHECK(has(message, "gradient 0 changed since the first step (123 f32 instead of 700 f32)"));
+  else CHECK(has(message, "rank 1 passed gradients that differ from those of the first step"));
+  CHECK(inner.steps == 1);
+}
+
+}  // namespace herd_test::overlap
