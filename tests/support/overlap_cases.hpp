@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,57 @@ template <class C> void a_bad_gradient_in_a_bucket_reaches_step_everywhere(C& co
   if (comm.rank() == 1) CHECK(has(message, "gradient 0 changed since the first step (123 f32 instead of 700 f32)"));
   else CHECK(has(message, "rank 1 passed gradients that differ from those of the first step"));
   CHECK(inner.steps == 1);
+}
+
+// gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
+// in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
+// come in another order), and give the bits of the same gradients reduced by packing.
+template <class C> void gradients_in_their_buckets_reduce_in_place(C& comm) {
+  herd::optimizer_options options = small_buckets();
+  options.gradient_as_bucket_view = true;
+  model packed(comm.rank());
+  std::vector<std::pair<std::size_t, herd::dtype>> shapes;
+  for (const auto& g : packed.grads) shapes.emplace_back(g.size(), herd::dtype::f32);
+  const std::vector<herd::gradient_bucket> layout = herd::bucket_layout(shapes, options);
+  std::vector<std::vector<std::size_t>> members;
+  for (const auto& b : layout) members.push_back(b.members);
+  CHECK(members == std::vector<std::vector<std::size_t>>{{4}, {3, 2}, {1, 0}});
+
+  std::vector<std::vector<float>> storage;
+  std::vector<herd::buffer_view> views(shapes.size());
+  for (const auto& b : layout) {
+    storage.emplace_back(b.count);
+    for (std::size_t k = 0; k < b.members.size(); ++k) {
+      views[b.members[k]] = {storage.back().data() + b.offsets[k], shapes[b.members[k]].first, herd::dtype::f32};
+    }
+  }
+  auto copy_in = [&] {
+    for (std::size_t i = 0; i < views.size(); ++i) std::copy(packed.grads[i].begin(), packed.grads[i].end(), static_cast<float*>(views[i].data));
+  };
+  counting_optimizer inner_a, inner_b;
+  herd::distributed_optimizer in_place(inner_a, views, comm, options);
+  herd::distributed_optimizer copied(inner_b, packed.views(), comm, small_buckets());
+  for (int step = 0; step < 2; ++step) {
+    packed.refill(comm.rank(), step);
+    for (auto& g : packed.grads) {  // multiples of 2^-10: sums exact in any order, so buckets may differ
+      for (float& x : g) x = std::round(x * 1024.0f) / 1024.0f;
+    }
+    copy_in();
+    for (std::size_t i : std::vector<std::size_t>{1, 0, 4, 2, 3}) {
+      in_place.mark_ready(i);
+      copied.mark_ready(i);
+    }
+    in_place.step();
+    copied.step();
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const auto* got = static_cast<const float*>(views[i].data);
+      CHECK(std::equal(got, got + views[i].count, packed.grads[i].begin()));
+    }
+  }
+  CHECK(in_place.buckets() == members);  // kept: the copied optimizer rebuilt in the marks' order
+  CHECK(copied.buckets() != members);
+  CHECK(in_place.overlap().packed_bytes == 0);
+  CHECK(copied.overlap().packed_bytes > 0);
 }
 
 }  // namespace herd_test::overlap

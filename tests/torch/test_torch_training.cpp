@@ -131,7 +131,8 @@ namespace {
 // DistributedDataParallel (ddp) or through distributed_optimizer + torch_gradients (manual); with
 // `alone`, one rank on the combined batch of every rank.
 enum class path { ddp, manual, alone };
-torch::nn::Sequential train_with(herd::mpi_communicator& comm, path how, herd::optimizer_options options = {}) {
+torch::nn::Sequential train_with(herd::mpi_communicator& comm, path how, herd::optimizer_options options = {},
+                                 herd::overlap_stats* stats = nullptr) {
   torch::set_num_threads(1);
   const std::int64_t steps = 4, batch = 4, world = comm.size();
   torch::manual_seed(99);
@@ -152,6 +153,7 @@ torch::nn::Sequential train_with(herd::mpi_communicator& comm, path how, herd::o
       sgd.step();
     }
     CHECK(net.overlap().steps == static_cast<std::size_t>(comm.size() > 1 ? steps : 0));
+    if (stats) *stats = net.overlap();
   } else if (how == path::manual) {
     herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
     herd::broadcast_parameters(*model, comm, 0);
@@ -194,6 +196,44 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: the bits of the manual path, and on
   const double difference = relative_difference(with_ddp, alone);
   INFO("relative difference to one rank at the combined batch: ", difference);
   CHECK(difference <= 1e-5);
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: gradient_as_bucket_view reduces in place, to the same parameters", 2) {
+  herd::mpi_communicator comm;
+  herd::optimizer_options several;
+  several.first_bucket_bytes = 64;
+  several.bucket_bytes = 256;
+  herd::optimizer_options in_buckets = several;
+  in_buckets.gradient_as_bucket_view = true;
+  herd::overlap_stats copied, in_place;
+  auto a = train_with(comm, path::ddp, several, &copied);
+  auto b = train_with(comm, path::ddp, in_buckets, &in_place);
+  CHECK(copied.packed_bytes > 0);
+  CHECK(in_place.packed_bytes == 0);  // zero_grad() and backward() kept the gradients in their buckets
+  // The first plan is kept instead of the rebuilt one: other buckets, so from 3 ranks other sums.
+  if (comm.size() <= 2) {
+    auto pa = a->parameters();
+    auto pb = b->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].equal(pb[i]));
+  } else {
+    CHECK(relative_difference(a, b) <= 1e-6);
+  }
+  CHECK(identical_on_all_ranks(b, comm));
+  // The gradients are tensors on their bucket's storage: neighbours in a bucket are adjacent.
+  auto model = make_model(3);
+  herd::torch::DistributedDataParallel net(model, comm, in_buckets);
+  auto params = model->parameters();
+  std::vector<std::pair<std::size_t, herd::dtype>> shapes;
+  for (const auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::dtype::f32);
+  const auto layout = herd::bucket_layout(shapes, in_buckets);
+  REQUIRE(layout.size() >= 2);
+  for (const auto& bucket : layout) {
+    for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+      const auto& first = params[bucket.members.front()].grad();
+      REQUIRE(params[bucket.members[k]].grad().defined());
+      CHECK(static_cast<const float*>(first.data_ptr()) + bucket.offsets[k] == params[bucket.members[k]].grad().data_ptr());
+    }
+  }
 }
 
 HERD_MPI_TEST_CASE("DistributedDataParallel: no_sync leaves passes to add up in param.grad; the next one reduces the sum", 2) {

@@ -31,6 +31,11 @@
 //   ready. A gradient never marked in a pass is an error on every rank, or, with
 //   find_unused_parameters, reduced as zeros. Without mark_ready, step() reduces everything at
 //   once, in fusion buffers of fusion_threshold_bytes (Horovod's tensor fusion).
+// - Gradients that live inside their bucket (DDP's gradient_as_bucket_view): a bucket whose
+//   gradients follow each other in memory in the bucket's order is reduced where they are, with
+//   no copy in or out. bucket_layout() says where each gradient goes for that; with
+//   gradient_as_bucket_view the buckets keep that layout (they are not rebuilt), so storage
+//   allocated by it stays valid for the optimizer's life.
 // - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
 //   and the same options, and raises herd::error on every rank if not. Later steps check that
 //   this rank's gradients are still those (and on one device); a rank whose are not says so in
@@ -76,19 +81,38 @@ struct optimizer_options {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   // Gradients not marked ready in a pass are reduced as zeros instead of being an error.
   bool find_unused_parameters = false;
+  // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
+  // the ready order), so that each bucket's gradients stay back to back and reduce in place.
+  bool gradient_as_bucket_view = false;
 };
+
+// Bucket b of the distributed optimizer's buckets, in launch order: `count` elements of `type`,
+// gradient members[k] at element offsets[k].
+using gradient_bucket = detail::bucket_plan::bucket;
+
+// Where to put the gradients so that they live inside their buckets (gradient_as_bucket_view):
+// `shapes[i]` = (elements, dtype) of gradient i, in the order the optimizer is given them. Allocate
+// one buffer of `count` elements per bucket and make gradient members[k] the view at offsets[k].
+inline std::vector<gradient_bucket> bucket_layout(const std::vector<std::pair<std::size_t, dtype>>& shapes,
+                                                  const optimizer_options& options = {}) {
+  return detail::bucket_plan::make(shapes, detail::bucket_plan::reverse_order(shapes.size()),
+                                   options.first_bucket_bytes, options.bucket_bytes)
+      .buckets;
+}
 
 // Where the time of the overlapped reductions went, summed over steps (seconds): `communication`,
 // each bucket's operation from its start to its end on the communicator (on its progress thread,
 // while the caller goes on with its backward pass); `exposed`, the caller's own time in them:
 // packing at mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the
 // part of `exposed` spent waiting for buckets to finish. communication - waiting is what the
-// backward pass hid.
+// backward pass hid. `packed_bytes`: gradient bytes copied into buckets (and back out after
+// the reduction); none for buckets whose gradients live in them.
 struct overlap_stats {
   double communication = 0;
   double exposed = 0;
   double waiting = 0;
   std::size_t steps = 0;
+  std::size_t packed_bytes = 0;
 };
 
 HERD_CONFIG_NAMESPACE_BEGIN
@@ -269,7 +293,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
         std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
-        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0};
+        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
+        options_.gradient_as_bucket_view ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     allgather(mine, all, detail::control_of(comm_));
     static const char* const names[] = {"op",
@@ -279,7 +304,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
                                         "gradient_predivide_factor",
                                         "bucket_bytes",
                                         "first_bucket_bytes",
-                                        "find_unused_parameters"};
+                                        "find_unused_parameters",
+                                        "gradient_as_bucket_view"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {
@@ -429,6 +455,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     std::size_t waiting = 0;     // gradients not yet ready in this pass
     std::string fault;           // this rank's problem with one of its gradients in this pass
     std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
+    bool in_place = false;       // buffer is the gradients themselves: nothing to unpack
     std::optional<handle> done;  // its operation, once started
     std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
   };
@@ -506,6 +533,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       buckets_[b].waiting = plan_.buckets[b].members.size();
       buckets_[b].fault.clear();
       buckets_[b].fault_code = 14;
+      buckets_[b].in_place = false;
       buckets_[b].done.reset();
       buckets_[b].seconds->store(0.0);
     }
@@ -539,11 +567,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
           if (marked_[i]) mover.fold(ready_views_[i], accumulators_[i]);
         }
       }
-      const std::size_t lone = plan.members.front();
-      if (plan.members.size() == 1 && marked_[lone] && wire == plan.type && scale_before_ == 1.0 &&
-          scale_after_ == 1.0) {
+      st.in_place = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0 && lives_in_place(plan);
+      if (st.in_place) {
         mover.finish();
-        st.buffer = ready_views_[lone];  // reduced in place
+        const buffer_view& first = ready_views_[plan.members.front()];
+        st.buffer = {first.data, plan.count, plan.type, first.device};
       } else {
         st.buffer = mover.bucket(b, wire, plan.count);
         auto* base = static_cast<std::byte*>(st.buffer.data);
@@ -561,10 +589,22 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         mover.move(pack, wire, plan.type, scale_before_);
         mover.move(unused, wire, detail::accumulation_dtype(plan.type), scale_before_);
         mover.finish();
+        stats_.packed_bytes += plan.count * size_of(plan.type);
       }
     });
     detail::call_check fine(detail::op_kind::allreduce, comm_.rank(), comm_.size());
     start_bucket(st, std::move(fine), st.buffer);
+  }
+
+  // Whether the bucket's gradients were all marked and follow each other in memory in its order
+  // (a single gradient always does): then the bucket is reduced where they are.
+  bool lives_in_place(const detail::bucket_plan::bucket& plan) const {
+    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
+    for (std::size_t k = 0; k < plan.members.size(); ++k) {
+      const std::size_t i = plan.members[k];
+      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
+    }
+    return true;
   }
 
   void start_bucket(bucket_state& st, detail::call_check check, buffer_view v) {
@@ -621,7 +661,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       mover.begin();
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
         const detail::bucket_plan::bucket& plan = plan_.buckets[b];
-        if (buckets_[b].buffer.data == ready_views_[plan.members.front()].data && plan.members.size() == 1) continue;
+        if (buckets_[b].in_place) continue;
         const dtype wire = buckets_[b].buffer.type;
         const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
         std::vector<detail::move_item> unpack;
@@ -639,7 +679,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     ++stats_.steps;
     stats_.exposed += seconds_since(start);
     reduce_seconds_ += seconds_since(start);
-    if (!rebuilt_) rebuild();
+    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
   }
 
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready

@@ -21,6 +21,12 @@
 // rank. no_sync() skips the reduction while its guard lives: libtorch sums the gradients of
 // those passes in param.grad(), and the first backward after it reduces the sum.
 //
+// With options.gradient_as_bucket_view (DDP's), each param.grad() is made, at construction, a
+// tensor inside its bucket's storage (laid out by herd::bucket_layout, kept for the wrapper's
+// life): buckets reduce in place, without the copies in and out. As with DDP, keep those tensors:
+// zero them (libtorch's zero_grad() does), do not set them to undefined or replace them (herd then
+// packs again, correctly but with the copies).
+//
 // On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
 // stream-ordered, with no host copy of the gradients.
 
@@ -36,6 +42,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <memory>
@@ -50,8 +57,8 @@ template <class Module, communicator C> class DistributedDataParallel {
  public:
   // `module`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Sequential,
   // TORCH_MODULE types). `options`: op, compression, gradient_predivide_factor, bucket_bytes,
-  // first_bucket_bytes, find_unused_parameters (backward_passes_per_step must stay 1: use
-  // no_sync()).
+  // first_bucket_bytes, find_unused_parameters, gradient_as_bucket_view (backward_passes_per_step
+  // must stay 1: use no_sync()).
   DistributedDataParallel(Module module, C& comm, optimizer_options options = {})
       : module_(std::move(module)), state_(std::make_unique<state>(comm, options)) {
     if (options.backward_passes_per_step != 1) {
@@ -64,6 +71,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     for (auto& p : module_->parameters()) {
       if (p.requires_grad()) state_->params.push_back(p);
     }
+    if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
       std::shared_ptr<::torch::autograd::Node> accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
@@ -132,6 +140,26 @@ template <class Module, communicator C> class DistributedDataParallel {
         }
         return views;
       };
+    }
+
+    // Makes every gradient a tensor inside its bucket's storage (its current values kept). Not a
+    // view in autograd's sense (zero_grad() detaches gradients in place, which views refuse): a
+    // tensor on the bucket's storage at the gradient's offset.
+    void place_gradients_in_buckets(const optimizer_options& options) {
+      ::torch::NoGradGuard no_grad;
+      std::vector<std::pair<std::size_t, dtype>> shapes;
+      for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), detail::torch_dtype(p));
+      for (const gradient_bucket& b : bucket_layout(shapes, options)) {
+        const at::Tensor& first = params[b.members.front()];
+        at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
+        for (std::size_t k = 0; k < b.members.size(); ++k) {
+          at::Tensor& p = params[b.members[k]];
+          at::Tensor g = ::torch::empty({0}, first.options());
+          g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
+          if (p.grad().defined()) g.copy_(p.grad());
+          p.mutable_grad() = g;
+        }
+      }
     }
 
     // The hook of parameter i's gradient accumulator: its gradient is final for this pass.
