@@ -11,8 +11,15 @@ One process per rank, started by hand (Debian's torchrun does not work):
 The data path mirrors the C++ side so that both time the same work: the whole set is decoded and
 normalized once (not timed); each step index_selects its batch from that tensor (timed, on both
 sides). No DataLoader: its per-sample collation would be measured instead of DDP.
-Rank 0 prints per-epoch lines and, at the end, `final test accuracy:`, `summary:` and `phases:`
-lines in the format of libtorch_mnist.
+Rank 0 prints per-epoch lines and, at the end, `final test accuracy:`, `summary:`, `phases:` and
+`overlap:` lines in the format of libtorch_mnist. --model mlp trains the MLP 784-2048-2048-10 of
+libtorch_mnist --model mlp.
+
+The overlap line is measured with a communication hook that does what DDP's default one does
+(divide the bucket by the world size, allreduce it) and stamps each bucket's start and end:
+`communication` sums the buckets' durations; `waited` runs from the start of the last bucket (when
+backward's last gradient was ready) to the end of the last one to finish; hidden = communication
+- waited.
 """
 
 import argparse
@@ -66,6 +73,21 @@ def load_split(directory, prefix):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
+class MLP(nn.Module):
+    """libtorch_mnist --model mlp."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 2048)
+        self.fc2 = nn.Linear(2048, 2048)
+        self.fc3 = nn.Linear(2048, 10)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x.view(-1, 784)))
+        x = F.relu(self.fc2(x))
+        return F.log_softmax(self.fc3(x), dim=1)
+
+
 class Net(nn.Module):
     """Horovod's pytorch_mnist.py network."""
 
@@ -96,6 +118,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--train-samples", type=int, default=0)
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
     return p.parse_args()
 
 
@@ -126,8 +149,26 @@ def main():
         train_count = args.train_samples
 
     torch.manual_seed(args.seed)
-    model = Net()
+    model = MLP() if args.model == "mlp" else Net()
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    buckets = []  # (start, end) of each bucket's allreduce in the current step
+
+    def timed_allreduce(_, bucket):
+        start = time.perf_counter()
+        tensor = bucket.buffer().div_(world)
+        future = dist.all_reduce(tensor, async_op=True).get_future()
+        entry = [start, start]
+        buckets.append(entry)
+
+        def done(f):
+            entry[1] = time.perf_counter()
+            return f.value()[0]
+
+        return future.then(done)
+
+    if world > 1:
+        ddp.register_comm_hook(None, timed_allreduce)
+    overlap = np.zeros(2)  # communication, waited
     # Different dropout masks per rank, as on the C++ side.
     torch.manual_seed(args.seed + rank + 1)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr * world, momentum=0.5)
@@ -160,6 +201,7 @@ def main():
             y = train_y.index_select(0, index)
             t1 = time.perf_counter()
             optimizer.zero_grad()
+            buckets.clear()
             loss = F.nll_loss(ddp(x), y)
             t2 = time.perf_counter()
             loss.backward()
@@ -167,6 +209,9 @@ def main():
             optimizer.step()
             t4 = time.perf_counter()
             phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            if buckets:
+                last_start = max(b[0] for b in buckets)
+                overlap += (sum(b[1] - b[0] for b in buckets), max(0.0, max(b[1] for b in buckets) - last_start))
             loss_sum += loss.item() * len(index)
             loss_count += len(index)
         elapsed = time.perf_counter() - start
@@ -196,15 +241,16 @@ def main():
                   f"test loss {scores[0] / scores[2]:.4f}  test accuracy {accuracy:.4f}  "
                   f"train {slowest.item():.1f} s  {totals[2].item() / slowest.item():.0f} samples/s", flush=True)
 
-    mean_phases = torch.tensor(phases, dtype=torch.float64)
+    mean_phases = torch.tensor(np.concatenate([phases, overlap]), dtype=torch.float64)
     dist.all_reduce(mean_phases)
     mean_phases *= 1e3 / world / (steps * args.epochs)
     if rank == 0:
         print(f"final test accuracy: {accuracy:.4f}")
         print(f"summary: ranks={world} epochs={args.epochs} seconds_per_epoch={seconds_total / args.epochs:.3f} "
               f"samples_per_second={samples_total / seconds_total:.1f} test_accuracy={accuracy:.4f}")
-        b, f, bw, o = mean_phases.tolist()
-        print(f"phases: ms_per_step batch={b:.3f} forward={f:.3f} backward+allreduce={bw:.3f} optimizer={o:.3f}",
+        b, f, bw, o, comm, waited = mean_phases.tolist()
+        print(f"phases: ms_per_step batch={b:.3f} forward={f:.3f} backward+allreduce={bw:.3f} optimizer={o:.3f}")
+        print(f"overlap: ms_per_step communication={comm:.3f} waited={waited:.3f} hidden={comm - waited:.3f}",
               flush=True)
     dist.destroy_process_group()
     return 0

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # herd + libtorch (C++) against PyTorch DDP (Python, gloo) on the same training: Horovod's MNIST
-# net on Fashion-MNIST, batch 64 per rank, SGD lr 0.01 x ranks with momentum 0.5, one intra-op
-# thread per rank, the same number of steps. One configuration at a time, then a table.
+# net (or, MODEL=mlp, an MLP 784-2048-2048-10 with 23 MB of gradients) on Fashion-MNIST, batch 64 (BATCH)
+# per rank, SGD lr 0.01 x ranks with momentum 0.5, one intra-op thread per rank, the same number
+# of steps. herd runs twice: overlapped (herd::torch::DistributedDataParallel, buckets reduced
+# during backward) and blocking (herd::distributed_optimizer after backward). One configuration at
+# a time, then a table.
 #
 #   benchmarks/vs_pytorch_ddp/run.sh                 # one epoch each, at 1 and 2 ranks
 #   STEPS=200 RANKS="1 2" benchmarks/vs_pytorch_ddp/run.sh
+#   MODEL=mlp STEPS=60 benchmarks/vs_pytorch_ddp/run.sh
 #
-# Environment: BUILD_DIR (default build), RANKS (default "1 2"), EPOCHS (default 1), STEPS (at
-# most this many steps per epoch; default 0, the whole epoch), MPIEXEC (default mpiexec),
+# Environment: MODEL (cnn or mlp; default cnn), BATCH (samples per rank and step; default 64),
+# BUILD_DIR (default build), RANKS (default "1 2"), EPOCHS (default 1), STEPS (at most this many
+# steps per epoch; default 0, the whole epoch), MPIEXEC (default mpiexec),
 # PYTHON (default /usr/bin/python3, the Debian python3-torch). Build the C++ side first:
 #   cmake --preset default && cmake --build build -j2 --target libtorch_mnist
 #
@@ -15,6 +20,9 @@
 # (batch indexing, forward, backward, gradient reduction, optimizer; no data loading, no
 # evaluation), measured alike on both sides. Scaling efficiency: samples/s at W ranks over
 # W x samples/s at 1 rank, per implementation. herd/DDP: the ratio of the two throughputs.
+# Per step, measured on both sides (not inferred): the reduction's own time (`communication`:
+# the buckets' allreduces from start to end, or herd's blocking reduction), the part of it the
+# rank waited for after its backward pass (`waited`), and the rest, hidden behind backward.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,6 +31,8 @@ build_dir=${BUILD_DIR:-$root/build}
 ranks_list=${RANKS:-"1 2"}
 epochs=${EPOCHS:-1}
 steps=${STEPS:-0}
+model=${MODEL:-cnn}
+batch=${BATCH:-64}
 mpiexec=${MPIEXEC:-mpiexec}
 python=${PYTHON:-/usr/bin/python3}
 program="$build_dir/examples/libtorch_mnist"
@@ -33,7 +43,7 @@ if [[ ! -x "$program" ]]; then
   exit 1
 fi
 
-common=(--epochs "$epochs" --threads 1 --batch-size 64 --lr 0.01)
+common=(--epochs "$epochs" --threads 1 --batch-size "$batch" --lr 0.01 --model "$model")
 if [[ "$steps" != 0 ]]; then common+=(--steps "$steps"); fi
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -61,11 +71,11 @@ summary_of() {
   echo "$line"
 }
 
+# run_herd N ddp|optimizer
 run_herd() {
-  local n=$1 log="$logs/herd_$1.log"
-  echo "== herd + libtorch, $n rank(s): $mpiexec -n $n $program ${common[*]}" >&2
-  "$mpiexec" -n "$n" "$program" "${common[@]}" | grep -v '  batch ' | tee "$log" >&2
-  grep '^phases:' "$log" >"$logs/herd_$1.phases" || true
+  local n=$1 log="$logs/herd_$2_$1.log"
+  echo "== herd + libtorch ($2), $n rank(s): $mpiexec -n $n $program ${common[*]} --reduction $2" >&2
+  "$mpiexec" -n "$n" "$program" "${common[@]}" --reduction "$2" | grep -v '  batch ' | tee "$log" >&2
 }
 
 run_ddp() {
@@ -93,46 +103,50 @@ run_ddp() {
     exit 1
   fi
   cp "$logs/ddp_${n}_0.log" "$logs/ddp_$n.log"
-  grep '^phases:' "$logs/ddp_$n.log" >"$logs/ddp_$n.phases" || true
 }
 
 for n in $ranks_list; do
-  run_herd "$n"
+  run_herd "$n" ddp
+  run_herd "$n" optimizer
   run_ddp "$n"
 done
 
 rows=()
 for n in $ranks_list; do
-  rows+=("herd $(summary_of "$logs/herd_$n.log")")
-  rows+=("ddp $(summary_of "$logs/ddp_$n.log")")
+  for side in herd_ddp herd_optimizer ddp; do
+    rows+=("$side $(summary_of "$logs/${side}_$n.log") $(grep '^phases:' "$logs/${side}_$n.log" | cut -d' ' -f3-) $(grep '^overlap:' "$logs/${side}_$n.log" | cut -d' ' -f3-)")
+  done
 done
 
 echo
-echo "# herd + libtorch vs PyTorch DDP: Horovod's MNIST net on Fashion-MNIST, batch 64 per rank,"
+echo "# herd + libtorch vs PyTorch DDP: $([[ $model == mlp ]] && echo 'MLP 784-2048-2048-10 (23 MB of f32 gradients)' || echo "Horovod's MNIST net") on Fashion-MNIST, batch $batch per rank,"
 echo "# epochs $epochs, steps per epoch $([[ $steps == 0 ]] && echo 'all' || echo "at most $steps"), 1 intra-op thread per rank;"
 echo "# $(nproc) cores on $(hostname), load average before the runs: $load_before"
 printf '%s\n' "${rows[@]}" | awk '
   {
     side = $1
+    delete v
     for (i = 3; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] }
-    n = v["ranks"]; rate[side, n] = v["samples_per_second"]; acc[side, n] = v["test_accuracy"]
-    sec[side, n] = v["seconds_per_epoch"]; order[++count] = side SUBSEP n
+    n = v["ranks"]; key = side SUBSEP n; order[++count] = key
+    rate[key] = v["samples_per_second"]; acc[key] = v["test_accuracy"]; sec[key] = v["seconds_per_epoch"]
+    back[key] = ("backward" in v) ? v["backward"] : v["backward+allreduce"]
+    comm[key] = v["communication"]; waited[key] = v["waited"]; hidden[key] = v["hidden"]
   }
   END {
-    printf "%-22s %9s %11s %10s %9s %9s\n", "configuration", "s/epoch", "samples/s", "scaling", "accuracy", "herd/DDP"
+    printf "%-28s %9s %11s %9s %9s %9s | %9s %9s %9s %9s\n", "configuration", "s/epoch", "samples/s", "scaling",
+           "accuracy", "vs DDP", "backward", "reduction", "waited", "hidden"
+    printf "%-28s %9s %11s %9s %9s %9s | %9s %9s %9s %9s\n", "", "", "", "", "", "", "ms/step", "ms/step", "ms/step", "%"
     for (k = 1; k <= count; ++k) {
-      split(order[k], key, SUBSEP); side = key[1]; n = key[2]
+      split(order[k], parts, SUBSEP); side = parts[1]; n = parts[2]; me = order[k]
       base = rate[side, 1]
-      eff = (base > 0) ? sprintf("%9.1f%%", 100 * rate[side, n] / (n * base)) : "        -"
-      name = (side == "herd") ? "herd+libtorch" : "PyTorch DDP"
-      ratio = (side == "herd" && rate["ddp", n] > 0) ? sprintf("%8.2fx", rate["herd", n] / rate["ddp", n]) : "        "
-      printf "%-22s %9.2f %11.0f %10s %9.4f %9s\n", name " " n " rank" (n > 1 ? "s" : ""), sec[side, n], rate[side, n],
-             eff, acc[side, n], ratio
+      eff = (base > 0) ? sprintf("%8.1f%%", 100 * rate[me] / (n * base)) : "        -"
+      name = (side == "herd_ddp") ? "herd overlapped" : (side == "herd_optimizer") ? "herd blocking" : "PyTorch DDP (gloo)"
+      ratio = (side != "ddp" && rate["ddp", n] > 0) ? sprintf("%8.2fx", rate[me] / rate["ddp", n]) : "         "
+      share = (comm[me] > 0) ? sprintf("%8.0f%%", 100 * hidden[me] / comm[me]) : "        -"
+      printf "%-28s %9.2f %11.0f %9s %9.4f %9s | %9.1f %9.1f %9.1f %9s\n", name " " n " rank" (n > 1 ? "s" : ""),
+             sec[me], rate[me], eff, acc[me], ratio, back[me], comm[me], waited[me], share
     }
   }'
 echo
-echo "# per-step phases (ms, mean over ranks; DDP overlaps its allreduce with backward):"
-for n in $ranks_list; do
-  echo "herd+libtorch $n: $(cut -d' ' -f3- "$logs/herd_$n.phases" 2>/dev/null)"
-  echo "PyTorch DDP   $n: $(cut -d' ' -f3- "$logs/ddp_$n.phases" 2>/dev/null)"
-done
+echo "# backward: herd's without the reduction's time on the caller's thread; DDP's with its waiting."
+echo "# reduction: the allreduces' own time (buckets: start to end on the communicator's thread)."

@@ -4,6 +4,7 @@
 #   smoke         1 epoch on 3000 samples, 2 ranks: exit 0 and a "final test accuracy" line
 #   missing_data  --data at an empty directory: exit 1, a message naming the path and the package
 #   resume        2 epochs straight == 1 epoch, then --resume for the 2nd (same loss and accuracy)
+#   overlap       --overlap (buckets reduced during backward) == without, loss and accuracy alike
 # A script rather than PASS_REGULAR_EXPRESSION because ctest ignores the exit status when a
 # regular expression decides, and these tests care about both.
 cmake_minimum_required(VERSION 3.21)
@@ -85,6 +86,26 @@ elseif(MODE STREQUAL "resume")
   result_lines(resumed got)
   if(NOT expected STREQUAL got)
     message(FATAL_ERROR "resumed run differs from the straight run:\n  straight: ${expected}\n  resumed:  ${got}")
+  endif()
+  message(STATUS "identical: ${got}")
+
+elseif(MODE STREQUAL "overlap")
+  set(common --epochs 2 --train-samples 2000 --seed 3)
+  run_training(blocking ${common})
+  expect_success(blocking)
+  run_training(overlapped ${common} --overlap)
+  expect_success(overlapped)
+  if(NOT "${overlapped_out}" MATCHES "overlap: ([0-9]+) bucket\\(s\\), ([0-9]+) steps")
+    message(FATAL_ERROR "--overlap printed no 'overlap:' line")
+  endif()
+  if(CMAKE_MATCH_1 LESS 2 OR CMAKE_MATCH_2 EQUAL 0)
+    message(FATAL_ERROR "--overlap should reduce in at least 2 buckets at every step: ${CMAKE_MATCH_0}")
+  endif()
+  # Two ranks: each element is the sum of two values, exact in any grouping, so the same bits.
+  result_lines(blocking expected)
+  result_lines(overlapped got)
+  if(NOT expected STREQUAL got)
+    message(FATAL_ERROR "--overlap trained differently:\n  blocking:   ${expected}\n  overlapped: ${got}")
   endif()
   message(STATUS "identical: ${got}")
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <numbers>
 #include <span>
 
@@ -48,9 +49,17 @@ class mlp {
     grad_b3 = Eigen::VectorXf::Zero(classes);
   }
 
+  // The gradients in the order herd is given them (params/grads lists in main.cpp).
+  enum gradient : std::size_t { gw1, gb1, gw2, gb2, gw3, gb3 };
+
   // Forward and backward over one batch (x: inputs x n, labels: n): the gradients of the mean
-  // loss end up in grad_*.
-  batch_result train_batch(const Eigen::MatrixXf& x, std::span<const std::uint8_t> labels) {
+  // loss end up in grad_*. `ready(g)` is called as soon as gradient g is final, layer by layer
+  // from the last (so that its reduction can start while the earlier layers' are computed).
+  batch_result train_batch(const Eigen::MatrixXf& x, std::span<const std::uint8_t> labels,
+                           const std::function<void(gradient)>& ready = {}) {
+    auto done = [&](gradient g) {
+      if (ready) ready(g);
+    };
     const batch_result result = forward(x, labels);
     const float scale = 1.0f / static_cast<float>(x.cols());
 
@@ -60,16 +69,22 @@ class mlp {
 
     grad_w3.noalias() = probs_ * a2_.transpose();
     grad_b3.noalias() = probs_.rowwise().sum();
+    done(gw3);
+    done(gb3);
     delta2_.noalias() = w3.transpose() * probs_;
     delta2_.array() *= (a2_.array() > 0.0f).cast<float>();  // ReLU passes gradient where it was active
 
     grad_w2.noalias() = delta2_ * a1_.transpose();
     grad_b2.noalias() = delta2_.rowwise().sum();
+    done(gw2);
+    done(gb2);
     delta1_.noalias() = w2.transpose() * delta2_;
     delta1_.array() *= (a1_.array() > 0.0f).cast<float>();
 
     grad_w1.noalias() = delta1_ * x.transpose();
     grad_b1.noalias() = delta1_.rowwise().sum();
+    done(gw1);
+    done(gb1);
     return result;
   }
 

@@ -9,8 +9,14 @@
 //   DistributedSampler                      herd::distributed_sampler (+ for_evaluation for test)
 //   optim.SGD(lr * hvd.size(), momentum)    torch::optim::SGD, lr scaled by the world size
 //   hvd.broadcast_parameters / _optimizer_state   herd::broadcast_parameters / _optimizer_state
-//   hvd.DistributedOptimizer                herd::distributed_optimizer(sgd, torch_gradients(sgd), comm)
+//   hvd.DistributedOptimizer                herd::torch::DistributedDataParallel(model, comm): buckets
+//                                           reduced during backward, as PyTorch's DDP; or, with
+//                                           --reduction optimizer, Horovod's form:
+//                                           herd::distributed_optimizer(sgd, torch_gradients(sgd), comm)
 //   metric_average(test_loss)               herd::metric (a sample-weighted mean over the ranks)
+//
+// --model mlp trains an MLP 784-2048-2048-10 instead (23 MB of gradients per step, where
+// overlapping the reduction with backward matters).
 //
 // benchmarks/vs_pytorch_ddp/run.sh runs this binary (with --steps and --epochs) against the same
 // training under PyTorch DDP; the `summary:` and `phases:` lines at the end are for that script.
@@ -20,6 +26,7 @@
 
 #include <herd/herd.hpp>
 #include <herd/optim/torch.hpp>
+#include <herd/optim/torch_ddp.hpp>
 
 #include <mpi.h>
 
@@ -69,6 +76,8 @@ struct options {
   std::filesystem::path checkpoint;  // empty: none
   std::size_t train_samples = 0;     // 0: all
   std::size_t steps = 0;             // 0: a whole epoch
+  bool mlp = false;                  // --model mlp
+  bool ddp = true;                   // --reduction ddp (else optimizer)
   bool help = false;
 };
 
@@ -89,6 +98,11 @@ void print_usage(std::FILE* out) {
                "  --checkpoint PATH    rank 0 saves the model there (torch::save) after each epoch\n"
                "  --train-samples N    train on the first N training images only (quick runs)\n"
                "  --steps N            at most N steps per epoch (benchmarks)\n"
+               "  --model cnn|mlp      Horovod's CNN (default), or an MLP 784-2048-2048-10 (23 MB of gradients)\n"
+               "  --reduction ddp|optimizer\n"
+               "                       ddp (default): herd::torch::DistributedDataParallel reduces buckets of\n"
+               "                       gradients during backward; optimizer: herd::distributed_optimizer reduces\n"
+               "                       them all after backward, as Horovod's DistributedOptimizer\n"
                "  --help               this text\n",
                default_epochs, default_lr, default_momentum);
 }
@@ -157,6 +171,16 @@ options parse_options(int argc, char** argv) {
       o.train_samples = parse_integer<std::size_t>(arg, value(), 1);
     } else if (arg == "--steps") {
       o.steps = parse_integer<std::size_t>(arg, value(), 1);
+    } else if (arg == "--model") {
+      const std::string_view v = value();
+      if (v != "cnn" && v != "mlp") throw usage_error{"--model takes cnn or mlp, not '" + std::string(v) + "'"};
+      o.mlp = v == "mlp";
+    } else if (arg == "--reduction") {
+      const std::string_view v = value();
+      if (v != "ddp" && v != "optimizer") {
+        throw usage_error{"--reduction takes ddp or optimizer, not '" + std::string(v) + "'"};
+      }
+      o.ddp = v == "ddp";
     } else {
       throw usage_error{"unknown option '" + std::string(argv[i]) + "'"};
     }
@@ -165,17 +189,29 @@ options parse_options(int argc, char** argv) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Model: Horovod's Net, layer for layer.
+// Model: Horovod's Net, layer for layer; or (mlp) an MLP 784-2048-2048-10.
 
 struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 10, 5)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(10, 20, 5)))),
-        conv2_drop(register_module("conv2_drop", torch::nn::Dropout2d())),
-        fc1(register_module("fc1", torch::nn::Linear(320, 50))),
-        fc2(register_module("fc2", torch::nn::Linear(50, 10))) {}
+  explicit NetImpl(bool mlp = false) : mlp_(mlp) {
+    if (mlp_) {
+      fc1 = register_module("fc1", torch::nn::Linear(784, 2048));
+      fc2 = register_module("fc2", torch::nn::Linear(2048, 2048));
+      fc3 = register_module("fc3", torch::nn::Linear(2048, 10));
+    } else {
+      conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 10, 5)));
+      conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(10, 20, 5)));
+      conv2_drop = register_module("conv2_drop", torch::nn::Dropout2d());
+      fc1 = register_module("fc1", torch::nn::Linear(320, 50));
+      fc2 = register_module("fc2", torch::nn::Linear(50, 10));
+    }
+  }
 
   torch::Tensor forward(torch::Tensor x) {
+    if (mlp_) {
+      x = torch::relu(fc1->forward(x.view({-1, 784})));
+      x = torch::relu(fc2->forward(x));
+      return torch::log_softmax(fc3->forward(x), 1);
+    }
     x = torch::relu(torch::max_pool2d(conv1->forward(x), 2));
     x = torch::relu(torch::max_pool2d(conv2_drop->forward(conv2->forward(x)), 2));
     x = x.view({-1, 320});
@@ -184,11 +220,13 @@ struct NetImpl : torch::nn::Module {
     return torch::log_softmax(fc2->forward(x), 1);
   }
 
-  torch::nn::Conv2d conv1;
-  torch::nn::Conv2d conv2;
-  torch::nn::Dropout2d conv2_drop;
-  torch::nn::Linear fc1;
-  torch::nn::Linear fc2;
+  bool mlp_;
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::Conv2d conv2{nullptr};
+  torch::nn::Dropout2d conv2_drop{nullptr};
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear fc3{nullptr};
 };
 TORCH_MODULE(Net);
 
@@ -316,9 +354,23 @@ evaluation evaluate(Net& model, const split_tensors& test, torch::Device device,
 struct phase_times {
   double batch = 0;      // index_select of the batch (and the copy to the device)
   double forward = 0;    // forward pass and loss
-  double backward = 0;   // backward pass
-  double reduce = 0;     // herd's gradient reduction (waiting for the other ranks included)
-  double optimizer = 0;  // the rest of opt.step(): SGD's update
+  double backward = 0;   // backward pass (without the reduction's time on this thread)
+  double reduce = 0;     // herd's gradient reduction on the caller's thread (waiting for the other
+                         // ranks included); with DDP it happens inside backward
+  double optimizer = 0;  // SGD's update (the rest of the step)
+};
+
+// SGD stepped after DistributedDataParallel reduced the gradients during backward; the shape of
+// herd::distributed_optimizer (step, reduce_seconds, overlap) for run_epochs.
+struct ddp_step {
+  herd::torch::DistributedDataParallel<Net, herd::mpi_communicator>& ddp;
+  torch::optim::SGD& sgd;
+  bool step() {
+    sgd.step();
+    return true;
+  }
+  double reduce_seconds() const { return ddp.overlap().exposed; }
+  const herd::overlap_stats& overlap() const { return ddp.overlap(); }
 };
 
 // Writes to a temporary file first, so a crash mid-write never leaves a truncated checkpoint.
@@ -361,6 +413,7 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
   std::int64_t samples_total = 0;  // over all ranks
   phase_times phases;
   const double reduce_start = opt.reduce_seconds();
+  const herd::overlap_stats overlap_start = opt.overlap();
 
   for (int epoch = 0; epoch < opts.epochs; ++epoch) {
     model->train();
@@ -384,17 +437,18 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
       sgd.zero_grad();
       const torch::Tensor loss = torch::nll_loss(model->forward(x), y);
       auto t2 = clock_type::now();
-      loss.backward();
+      const double r0 = opt.reduce_seconds();
+      loss.backward();  // with DDP, buckets reduce meanwhile, and the last ones are waited for here
       auto t3 = clock_type::now();
-      const double reduce_before = opt.reduce_seconds();
-      opt.step();  // averages the gradients over the ranks, then SGD steps
+      const double r1 = opt.reduce_seconds();
+      opt.step();  // without DDP, averages the gradients over the ranks first; then SGD steps
       auto t4 = clock_type::now();
-      const double reduced = opt.reduce_seconds() - reduce_before;
+      const double r2 = opt.reduce_seconds();
       phases.batch += std::chrono::duration<double>(t1 - t0).count();
       phases.forward += std::chrono::duration<double>(t2 - t1).count();
-      phases.backward += std::chrono::duration<double>(t3 - t2).count();
-      phases.reduce += reduced;
-      phases.optimizer += std::chrono::duration<double>(t4 - t3).count() - reduced;
+      phases.backward += std::chrono::duration<double>(t3 - t2).count() - (r1 - r0);
+      phases.reduce += r2 - r0;
+      phases.optimizer += std::chrono::duration<double>(t4 - t3).count() - (r2 - r1);
 
       const double value = loss.item<double>();
       train_loss.add(value, static_cast<double>(batch.size()));
@@ -452,8 +506,15 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
   const double local = local_seconds_total > 0 ? local_seconds_total : 1.0;
   const double reduce_fraction = herd::average((opt.reduce_seconds() - reduce_start) / local, comm);
   const double per_step = 1e3 / static_cast<double>(steps * static_cast<std::size_t>(opts.epochs));
-  const std::array<double, 5> mine = {phases.batch, phases.forward, phases.backward, phases.reduce, phases.optimizer};
-  std::array<double, 5> mean{};
+  // The reduction's own time (on its progress thread, for buckets; on the caller's, without) and
+  // the part of it the caller waited for after its backward pass: the rest was hidden by it.
+  const herd::overlap_stats& o = opt.overlap();
+  const bool overlapped = o.steps > overlap_start.steps;
+  const double communication = overlapped ? o.communication - overlap_start.communication : phases.reduce;
+  const double waited = overlapped ? o.waiting - overlap_start.waiting : phases.reduce;
+  const std::array<double, 7> mine = {phases.batch, phases.forward,   phases.backward, phases.reduce,
+                                      phases.optimizer, communication, waited};
+  std::array<double, 7> mean{};
   for (std::size_t i = 0; i < mine.size(); ++i) mean[i] = herd::average(mine[i], comm) * per_step;
   if (lead) {
     std::printf("final test accuracy: %.4f\n", result.accuracy);
@@ -463,6 +524,8 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
                 static_cast<double>(samples_total) / train_seconds_total, reduce_fraction, result.accuracy);
     std::printf("phases: ms_per_step batch=%.3f forward=%.3f backward=%.3f reduce=%.3f optimizer=%.3f\n", mean[0],
                 mean[1], mean[2], mean[3], mean[4]);
+    std::printf("overlap: ms_per_step communication=%.3f waited=%.3f hidden=%.3f\n", mean[5], mean[6],
+                mean[5] - mean[6]);
     std::fflush(stdout);
   }
   return 0;
@@ -501,7 +564,7 @@ int train(const options& opts, herd::mpi_communicator& comm) {
   }
 
   torch::manual_seed(opts.seed);
-  Net model;
+  Net model(opts.mlp);
   torch::optim::SGD sgd(model->parameters(),
                         torch::optim::SGDOptions(opts.lr * comm.size()).momentum(opts.momentum));
   // Rank 0's initial weights and optimizer state everywhere. herd broadcasts host memory from a
@@ -521,6 +584,11 @@ int train(const options& opts, herd::mpi_communicator& comm) {
     }
     host_staged_sgd staged(sgd);
     herd::distributed_optimizer opt(staged, [&staged] { return staged.gradients(); }, comm);
+    return run_epochs(opts, comm, model, sgd, opt, *data, train_count, device);
+  }
+  if (opts.ddp) {
+    herd::torch::DistributedDataParallel ddp(model, comm);  // checks and broadcasts again: a no-op here
+    ddp_step opt{ddp, sgd};
     return run_epochs(opts, comm, model, sgd, opt, *data, train_count, device);
   }
   herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
