@@ -1,14 +1,17 @@
-// herd's ring allreduce beside MPI_Allreduce of the same MPI, in the style of nccl-tests.
+// herd's allreduce beside herd's ring and MPI_Allreduce of the same MPI, in the style of nccl-tests.
 //
 //   mpiexec -n 2 build/benchmarks/allreduce [--min-bytes 8] [--max-bytes 268435456] [--dtype f32]
 //                                           [--op sum] [--reps 9]
 //
-// For each size, doubling: herd and MPI each run in place on the same data, first checked against
-// each other, then timed. A repetition runs k calls back to back between barriers (k shrinks as
-// the size grows); its time per call is the slowest rank's. The table shows medians over the
-// repetitions after a warm-up. algbw = bytes / time; busbw = algbw * 2(n-1)/n, the bandwidth each
-// rank's links actually carry. "herd/MPI" is herd's busbw over MPI's: above 1, herd is faster.
-// The last column is a plain memcpy of the same bytes on one rank: the machine's memory limit.
+// For each size, doubling: herd (its default path: shared memory when every rank is on one node,
+// hierarchical across nodes, see HERD_ALLREDUCE_ALGORITHM), herd's ring over MPI messages alone
+// (a communicator with algorithm::ring) and MPI each run in place on the same data, first checked
+// against each other, then timed. A repetition runs k calls back to back between barriers (k
+// shrinks as the size grows); its time per call is the slowest rank's. The table shows medians
+// over the repetitions after a warm-up. algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
+// bandwidth each rank's links actually carry. "herd/MPI" and "herd/ring" are herd's busbw over
+// theirs: above 1, herd is faster. The last column is a plain memcpy of the same bytes on one
+// rank: the machine's memory limit.
 //
 // A second table (--async-max-bytes, default 4 MiB; 0 skips it) times many operations in flight:
 // `--outstanding` (16) allreduces of different buffers started one after another, then all
@@ -136,6 +139,9 @@ int main(int argc, char** argv) {
   herd::mpi::environment env(argc, argv);
   const options o = parse(argc, argv);
   herd::mpi_communicator comm;
+  herd::comm_options messages_only;
+  messages_only.allreduce_algorithm = herd::algorithm::ring;
+  herd::mpi_communicator ring(MPI_COMM_WORLD, messages_only);
   const int n = comm.size();
   const int rank = comm.rank();
   const std::size_t es = herd::size_of(o.type);
@@ -143,25 +149,37 @@ int main(int argc, char** argv) {
   const MPI_Op mo = mpi_op(o.op);
   const bool mpi_comparable = mt != MPI_DATATYPE_NULL && mo != MPI_OP_NULL;
 
-  std::vector<std::byte> herd_buffer(o.max_bytes + es), mpi_buffer(o.max_bytes + es), copy_buffer(o.max_bytes + es);
+  std::vector<std::byte> herd_buffer(o.max_bytes + es), ring_buffer(o.max_bytes + es), mpi_buffer(o.max_bytes + es),
+      copy_buffer(o.max_bytes + es);
+  const char* path = comm.shared_node() != nullptr ? "shared memory"
+                     : comm.node_part() != nullptr ? "hierarchical"
+                                                   : "ring";
   if (rank == 0) {
-    std::printf("# herd allreduce vs MPI_Allreduce: %d ranks, %s %s, in place, medians of %d repetitions\n", n,
-                std::string(herd::name(o.type)).c_str(), std::string(herd::name(o.op)).c_str(), o.reps);
-    std::printf("# %12s %12s | %10s %9s %9s | %10s %9s %9s | %8s | %9s\n", "bytes", "count", "herd us", "algbw", "busbw",
-                "MPI us", "algbw", "busbw", "herd/MPI", "memcpy");
-    std::printf("# %12s %12s | %10s %9s %9s | %10s %9s %9s | %8s | %9s\n", "", "", "", "GB/s", "GB/s", "", "GB/s",
-                "GB/s", "busbw", "GB/s");
+    std::printf("# herd allreduce (%s) vs herd's ring vs MPI_Allreduce: %d ranks, %s %s, in place, medians of %d "
+                "repetitions\n",
+                path, n, std::string(herd::name(o.type)).c_str(), std::string(herd::name(o.op)).c_str(), o.reps);
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s\n", "bytes", "herd us", "busbw", "ring us",
+                "busbw", "MPI us", "busbw", "herd/", "herd/", "memcpy");
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s\n", "", "", "GB/s", "", "GB/s", "", "GB/s",
+                "MPI", "ring", "GB/s");
   }
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
     const std::size_t count = std::max<std::size_t>(bytes / es, 1);
     const std::size_t real_bytes = count * es;
     herd::buffer_view herd_view{herd_buffer.data(), count, o.type};
+    herd::buffer_view ring_view{ring_buffer.data(), count, o.type};
     herd::buffer_view mpi_view{mpi_buffer.data(), count, o.type};
 
     fill(herd_view, rank);
+    fill(ring_view, rank);
     fill(mpi_view, rank);
     herd::allreduce(herd_view, comm, o.op);
+    herd::allreduce(ring_view, ring, o.op);
+    if (std::memcmp(herd_buffer.data(), ring_buffer.data(), real_bytes) != 0) {
+      std::fprintf(stderr, "rank %d: herd and its ring disagree at %zu bytes\n", rank, real_bytes);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (mpi_comparable) {
       MPI_Allreduce(MPI_IN_PLACE, mpi_buffer.data(), static_cast<int>(count), mt, mo, MPI_COMM_WORLD);
       if (std::memcmp(herd_buffer.data(), mpi_buffer.data(), real_bytes) != 0) {
@@ -171,6 +189,7 @@ int main(int argc, char** argv) {
     }
 
     const double herd_s = time_calls([&] { herd::allreduce(herd_view, comm, o.op); }, real_bytes, o.reps);
+    const double ring_s = time_calls([&] { herd::allreduce(ring_view, ring, o.op); }, real_bytes, o.reps);
     double mpi_s = 0;
     if (mpi_comparable) {
       mpi_s = time_calls(
@@ -181,14 +200,14 @@ int main(int argc, char** argv) {
                                      real_bytes, o.reps);
     if (rank == 0) {
       const double gb = static_cast<double>(real_bytes) / 1e9;
-      std::printf("  %12zu %12zu | %10.2f %9.3f %9.3f | ", real_bytes, count, herd_s * 1e6, gb / herd_s,
-                  gb / herd_s * bus_factor);
+      std::printf("  %12zu | %10.2f %9.3f | %10.2f %9.3f | ", real_bytes, herd_s * 1e6, gb / herd_s * bus_factor,
+                  ring_s * 1e6, gb / ring_s * bus_factor);
       if (mpi_comparable) {
-        std::printf("%10.2f %9.3f %9.3f | %8.2f | ", mpi_s * 1e6, gb / mpi_s, gb / mpi_s * bus_factor, mpi_s / herd_s);
+        std::printf("%10.2f %9.3f | %8.2f ", mpi_s * 1e6, gb / mpi_s * bus_factor, mpi_s / herd_s);
       } else {
-        std::printf("%10s %9s %9s | %8s | ", "-", "-", "-", "-");
+        std::printf("%10s %9s | %8s ", "-", "-", "-");
       }
-      std::printf("%9.2f\n", gb / copy_s);
+      std::printf("%8.2f | %9.2f\n", ring_s / herd_s, gb / copy_s);
       std::fflush(stdout);
     }
   }

@@ -957,7 +957,11 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
 //   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
-//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer with mark_ready (26214400)
+//   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
+//                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
+//   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
+//   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
+//                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
@@ -965,8 +969,31 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+
+namespace herd {
+
+// How collectives move host tensors between the processes of an mpi_communicator.
+enum class algorithm : std::uint8_t {
+  automatic,      // shared memory when every rank is on one node; hierarchical across nodes; else the ring
+  ring,           // MPI messages only (herd's ring, tree and chain), no shared memory
+  shared_memory,  // every collective through shared memory: all ranks must share one node
+  hierarchical,   // allreduce: shared memory within nodes, ring across them (equal ranks per node)
+};
+
+constexpr const char* name(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::automatic: return "auto";
+    case algorithm::ring: return "ring";
+    case algorithm::shared_memory: return "shm";
+    case algorithm::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+}  // namespace herd
 
 namespace herd::runtime {
 
@@ -978,6 +1005,9 @@ struct settings {
   bool progress_thread = true;
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  algorithm allreduce_algorithm = algorithm::automatic;
+  std::size_t shm_slice_bytes = std::size_t{1} << 20;
+  int simulated_node_size = 0;
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
@@ -999,6 +1029,20 @@ inline double env_number(const char* variable, double fallback, std::string& pro
   return value;
 }
 
+// HERD_ALLREDUCE_ALGORITHM: auto, ring, shm or hierarchical.
+inline algorithm env_algorithm(std::string& problem) {
+  const char* text = std::getenv("HERD_ALLREDUCE_ALGORITHM");
+  if (text == nullptr || *text == '\0') return algorithm::automatic;
+  for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::shared_memory, algorithm::hierarchical}) {
+    if (std::string(text) == name(a)) return a;
+  }
+  if (problem.empty()) {
+    problem = std::string("environment variable HERD_ALLREDUCE_ALGORITHM='") + text +
+              "' is not one of auto, ring, shm, hierarchical";
+  }
+  return algorithm::automatic;
+}
+
 inline settings read_settings() {
   settings s;
   s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
@@ -1012,6 +1056,19 @@ inline settings read_settings() {
       env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
   s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
   if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
+  s.allreduce_algorithm = env_algorithm(s.problem);
+  s.shm_slice_bytes = static_cast<std::size_t>(
+      env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
+  if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
+    if (s.problem.empty() && s.shm_slice_bytes != settings{}.shm_slice_bytes) {
+      s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
+                  " is out of range; give a number of bytes between 4096 and 1073741824";
+    }
+    s.shm_slice_bytes = settings{}.shm_slice_bytes;
+  }
+  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem);
+  if (node_size > 65536 && s.problem.empty()) s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536";
+  s.simulated_node_size = node_size > 65536 ? 0 : static_cast<int>(node_size);
   return s;
 }
 
@@ -1049,6 +1106,12 @@ struct comm_options {
   std::size_t ring_segment_bytes = runtime::defaults().ring_segment_bytes;
   bool check_arguments = runtime::defaults().check_arguments;
   bool progress_thread = runtime::defaults().progress_thread;  // asynchronous operations on a thread of their own
+  // mpi_communicator: how host tensors travel (HERD_ALLREDUCE_ALGORITHM), the slice of its
+  // shared-memory pipeline (HERD_SHM_SLICE_BYTES), and, for tests and benchmarks only, nodes of
+  // this many consecutive ranks instead of the real ones (HERD_SIMULATE_NODE_SIZE; 0: real).
+  algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
+  std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
+  int simulated_node_size = runtime::defaults().simulated_node_size;
 };
 
 // Tags at and above this value belong to herd; point-to-point calls of the user take tags in
@@ -1155,11 +1218,14 @@ class operation_state {
   bool in_operation() const noexcept { return running_here() == this; }
   const op_label& current() const noexcept { return current_; }
   int data_tag() const noexcept { return detail::data_tag(current_.seq); }
+  // An operation may run one of another communicator inside it (the hierarchical allreduce runs
+  // one across nodes): end() gives the thread back to the outer one.
   void begin(const op_label& label) noexcept {
     current_ = label;
+    outer_ = running_here();
     running_here() = this;
   }
-  void end() noexcept { running_here() = nullptr; }
+  void end() noexcept { running_here() = outer_; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -1350,6 +1416,7 @@ class operation_state {
 
   comm_options options_;
   op_label current_;
+  const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;
@@ -1455,7 +1522,347 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // agreed: every rank raises, no message is left in flight, and the communicator stays usable.
 
 
+// ---- herd/comm/detail/shm.hpp ----
+// Shared memory between the ranks of a communicator that run on one node: one segment that every
+// one of them maps, in which each rank owns a region (two buffers and two counters). The
+// collectives over it (collectives/detail/shm.hpp) move data by plain loads and stores and
+// synchronize through the counters, not through MPI messages.
+//
+// Tickets. Every step of every collective over the segment takes the next ticket t, the same
+// number on every rank (the steps follow from the operation, which the ranks agreed on). In step t
+// a rank writes into its own buffer t % 2, publishes t in its `arrived` counter, waits until every
+// other rank's counter reached t, and then reads the others' buffers t % 2. Two buffers are enough
+// for a rank never to overwrite what a peer still reads: a rank writes buffer t % 2 again in step
+// t + 2 only after waiting in step t + 1 for every peer, and a peer arrives at t + 1 only once it
+// has finished step t. So there is no other barrier. (The allreduce has a second counter,
+// `reduced`, for its second half-step: see shm_allreduce.)
+//
+// Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
+// and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
+// herd never lets a destructor hang on another rank. The segment is unlinked as soon as every
+// rank of the node has mapped it, so it vanishes with the last process that unmaps it, crashed
+// or not, and unmapping is local. Which ranks share a node is still MPI's answer
+// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED on the communicator itself), never an
+// environment variable, so sub-communicators and process subsets work.
+//
+// Waiting follows every herd wait's rules (comm/detail/watchdog.hpp): spin briefly, then yield,
+// then sleep; the watchdog names the rank waited for; a peer's abort or departure (MPI notices)
+// raises at once.
+
+
+// ---- herd/comm/detail/watchdog.hpp ----
+// How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
+// core (which lets a peer sharing it run: with more ranks than cores, a ring's segments arrive
+// within this phase, and sleeping instead made 32-256 MiB allreduces at 4 ranks on 2 cores twice
+// as slow), and after 10 ms sleeping in steps that grow with the time already waited (an eighth
+// of it, at most a millisecond), so that a rank waiting for a late peer neither burns a core nor
+// adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
+// after stall_check_seconds naming the operation and the peer, herd::error after
+// stall_shutdown_seconds.
+
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace herd::detail {
+
+class waiting {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit waiting(const comm_options& options) : options_(options), start_(clock::now()), last_tick_(start_) {}
+
+  // Gives the core away for a while, the longer the wait has lasted.
+  void pause() {
+    if (++polls_ < 64) return;
+    const auto waited = clock::now() - start_;
+    if (waited < std::chrono::milliseconds(10)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
+  }
+
+  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
+  bool tick() {
+    if ((polls_ & 15u) != 0) return false;
+    const auto now = clock::now();
+    if (now - last_tick_ < std::chrono::milliseconds(5)) return false;
+    last_tick_ = now;
+    return true;
+  }
+
+  double seconds() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+  // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
+  // allreduce #17 (4 MiB f32) to receive from rank 1".
+  void watch(const error_site& site, const std::string& what) {
+    const double waited = seconds();
+    char amount[32];
+    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
+    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
+    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
+      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
+            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
+            "ran out of data early, or is stuck elsewhere");
+    }
+    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
+      warned_ = true;
+      std::fprintf(stderr,
+                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
+                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
+                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  static std::string number(double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return text;
+  }
+
+  comm_options options_;
+  clock::time_point start_;
+  clock::time_point last_tick_;
+  unsigned polls_ = 0;
+  bool warned_ = false;
+};
+
+// "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
+// rank 1 (tag 11)".
+inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
+  std::string text;
+  if (ops.in_operation()) text = "in " + ops.current().str() + " ";
+  if (peer < 0) return text + "for the other ranks";
+  text += std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer);
+  if (!ops.in_operation()) text += " (tag " + std::to_string(tag) + ")";
+  return text;
+}
+
+// The error site of the running operation ("allreduce"), or `fallback` outside operations.
+inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
+  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
+}
+
+}  // namespace herd::detail
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// One POSIX shared-memory segment mapped into this process.
+class shm_segment {
+ public:
+  shm_segment() = default;
+  shm_segment(shm_segment&& other) noexcept { *this = std::move(other); }
+  shm_segment& operator=(shm_segment&& other) noexcept {
+    if (this != &other) {
+      reset();
+      base_ = std::exchange(other.base_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      name_ = std::move(other.name_);
+      linked_ = std::exchange(other.linked_, false);
+    }
+    return *this;
+  }
+  ~shm_segment() { reset(); }
+
+  // Creates a segment of `bytes` under a fresh name, with its memory reserved (so that a full
+  // /dev/shm is an error here, not a SIGBUS later). Empty, with `problem` set, on failure.
+  static shm_segment create(std::size_t bytes, std::string& problem) {
+    static std::atomic<unsigned> counter{0};
+    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::string name = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+                             std::to_string(stamp % 1000000007ull);
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    shm_segment s;
+    s.name_ = name;
+    s.linked_ = true;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      problem = "ftruncate of " + name + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+    } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
+      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory for " + name +
+                " failed: " + std::strerror(code) + " (is /dev/shm large enough?)";
+    } else {
+      s.map(fd, bytes, problem);
+    }
+    ::close(fd);
+    if (!problem.empty()) return {};
+    return s;
+  }
+
+  // Maps the segment another rank created.
+  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    shm_segment s;
+    s.map(fd, bytes, problem);
+    ::close(fd);
+    if (!problem.empty()) return {};
+    return s;
+  }
+
+  // Removes the name (the memory stays until the last process unmaps it).
+  void unlink() noexcept {
+    if (linked_) ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+
+  std::byte* data() const noexcept { return base_; }
+  const std::string& name() const noexcept { return name_; }
+  explicit operator bool() const noexcept { return base_ != nullptr; }
+
+ private:
+  void map(int fd, std::size_t bytes, std::string& problem) {
+    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) {
+      problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
+      return;
+    }
+    base_ = static_cast<std::byte*>(at);
+    bytes_ = bytes;
+  }
+
+  void reset() noexcept {
+    unlink();
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::string name_;
+  bool linked_ = false;
+};
+
+// Tests only: when set, called with each step's ticket before this process publishes it, to stall
+// a rank in the middle of a collective.
+using shm_hook = void (*)(std::uint64_t ticket);
+inline shm_hook& shm_step_hook() noexcept {
+  static shm_hook hook = nullptr;
+  return hook;
+}
+
+// Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
+inline constexpr std::size_t shm_header_bytes = 256;
+
+// The ranks of one node and their shared segment, as one of them sees it.
+class shm_node {
+ public:
+  enum counter : std::size_t { arrived = 0, reduced = 1 };
+
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
+    return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
+  }
+
+  // `members[i]`: the communicator rank of the node's i-th rank; this rank is members[rank].
+  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes)
+      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(members_.size()); }
+  int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
+  // Bytes of data in one buffer: the pipeline's slice.
+  std::size_t slice_bytes() const noexcept { return slice_bytes_; }
+  shm_segment& segment() noexcept { return segment_; }
+
+  // The next step's ticket (the same on every rank of the node).
+  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+
+  // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
+  std::byte* header(int i, std::uint64_t t) const noexcept {
+    return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
+  }
+  std::byte* buffer(int i, std::uint64_t t) const noexcept { return header(i, t) + shm_header_bytes; }
+
+  // This rank has finished writing step t (of `which` half-step).
+  void publish(std::uint64_t t, counter which = arrived) {
+    if (shm_hook hook = shm_step_hook()) hook(t);
+    flag(rank_, which).store(t, std::memory_order_release);
+  }
+
+  // Waits until every other rank of the node published t; what they wrote before is visible after.
+  template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::atomic_ref<std::uint64_t> peer = flag(i, which);
+      if (peer.load(std::memory_order_acquire) >= t) continue;
+      bool there = false;
+      for (int spin = 0; spin < 256 && !there; ++spin) there = peer.load(std::memory_order_acquire) >= t;
+      if (there) continue;
+      waiting watch(comm.options());
+      while (peer.load(std::memory_order_acquire) < t) {
+        if (watch.tick()) {
+          comm.while_waiting();  // a peer's abort or departure raises here
+          const operation_state& ops = comm.operations();
+          watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
+                      (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
+                          std::to_string(member(i)) + " (through shared memory)");
+        }
+        watch.pause();
+      }
+    }
+  }
+
+ private:
+  static constexpr std::size_t cache_line = 64;
+  static constexpr std::size_t page = 4096;
+
+  // Buffers and regions are cache-line aligned but never a multiple of 4 KiB apart: copies
+  // between addresses with equal offsets in their pages are several times slower on x86.
+  static std::size_t buffer_stride(std::size_t slice_bytes) {
+    return (shm_header_bytes + slice_bytes + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
+  }
+  static std::size_t rank_stride(std::size_t slice_bytes) {
+    const std::size_t bytes = 2 * cache_line + 2 * buffer_stride(slice_bytes);
+    return (bytes + page - 1) / page * page + 5 * cache_line;
+  }
+
+  std::byte* region(int i) const noexcept {
+    return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
+  }
+  std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
+  }
+
+  shm_segment segment_;
+  int rank_ = 0;
+  std::vector<int> members_;
+  std::size_t slice_bytes_ = 0;
+  std::uint64_t ticket_ = 0;
+};
+
+}  // namespace herd::detail
+
+#include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -1478,7 +1885,7 @@ class agreed_error : public error {
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524434;  // "HRD4": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524435;  // "HRD5": guards against a rank running another herd build
   op_kind kind = op_kind::barrier;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
@@ -1489,11 +1896,13 @@ struct signature {
   device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
   std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
-  std::uint8_t unused = 0;
+  algorithm algo = algorithm::automatic;  // wire protocol: HERD_ALLREDUCE_ALGORITHM
   std::uint64_t seq = 0;     // the operation's sequence number on its communicator
   std::uint64_t count = 0;   // the element count every rank must agree on
   std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts; grouped: of the tensor list
   std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
+  std::uint64_t slice_bytes = 0;    // wire protocol: the shared-memory pipeline's slice
+  std::int64_t node_size = 0;       // wire protocol: HERD_SIMULATE_NODE_SIZE
 
   op_label label() const { return {kind, seq, count, type, typed != 0}; }
 };
@@ -1545,6 +1954,51 @@ inline std::byte* exchange_buffer(std::size_t bytes, int which) {
   return b.data.get() + offset;
 }
 
+// A communicator whose ranks share one node through shared memory (mpi_communicator):
+// shared_node() is that node, or null when there is none or it is not the whole communicator.
+template <class C>
+concept with_shared_node = requires(C& c) {
+  { c.shared_node() } -> std::same_as<shm_node*>;
+};
+
+template <class C> shm_node* shared_node_of(C& comm) {
+  if constexpr (with_shared_node<C>) return comm.shared_node();
+  else return nullptr;
+}
+
+// The most bytes of data an agreement on `comm` carries: more through shared memory, where a
+// rank's buffer holds a whole slice.
+template <class C> std::size_t payload_capacity(C& comm) {
+  const shm_node* node = shared_node_of(comm);
+  return node != nullptr ? node->slice_bytes() : payload_max_bytes;
+}
+
+// The exchange through shared memory: one step. Every rank writes its signature and payload into
+// its buffer and reads the others' where they are; the payloads stay valid until this rank's
+// next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
+template <class C>
+exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  static_assert(sizeof(signature) <= shm_header_bytes);
+  const std::uint64_t t = node.next_ticket();
+  signature own = mine;
+  own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
+  std::memcpy(node.header(node.rank(), t), &own, sizeof own);
+  if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
+  node.publish(t);
+  node.wait_all(comm, t);
+  const auto parts = static_cast<std::size_t>(node.size());
+  std::vector<signature>& by_owner = signature_buffer(1);
+  std::vector<const std::byte*>& where = payload_pointers();
+  by_owner.resize(parts);
+  where.resize(parts);
+  for (std::size_t q = 0; q < parts; ++q) {
+    std::memcpy(&by_owner[q], node.header(static_cast<int>(q), t), sizeof(signature));
+    by_owner[q].payload_bytes = static_cast<std::uint32_t>(std::min<std::size_t>(by_owner[q].payload_bytes, node.slice_bytes()));
+    where[q] = node.buffer(static_cast<int>(q), t);
+  }
+  return {by_owner, where, 0};
+}
+
 // Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
 // rank passes on the first min(d, p - have) blocks it holds, its own first. On the wire a message
 // is the blocks' signatures followed by their payloads, packed; the receiver reads the sizes from
@@ -1552,6 +2006,9 @@ inline std::byte* exchange_buffer(std::size_t bytes, int which) {
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) return shm_exchange(comm, *node, mine, payload, payload_bytes);
+  }
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
@@ -1683,6 +2140,23 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                  "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
                  "messages must pair up one to one");
   }
+  if (differs(all, [](const signature& s) { return s.algo; })) {
+    raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.algo)); }) + ")",
+                 "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
+                 "must take the same path");
+  }
+  if (differs(all, [](const signature& s) { return s.slice_bytes; })) {
+    raise_agreed(site, "HERD_SHM_SLICE_BYTES differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.slice_bytes); }) + ")",
+                 "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
+                 "one layout of shared memory");
+  }
+  if (differs(all, [](const signature& s) { return s.node_size; })) {
+    raise_agreed(site, "HERD_SIMULATE_NODE_SIZE differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.node_size); }) + ")",
+                 "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
+  }
 }
 
 // The communicator small host messages (agreements) travel on: its control() when it has one
@@ -1702,6 +2176,9 @@ inline signature signature_of(const operation_state& ops) {
   s.typed = ops.current().typed ? 1 : 0;
   s.check_arguments = ops.options().check_arguments ? 1 : 0;
   s.segment_bytes = ops.options().ring_segment_bytes;
+  s.algo = ops.options().allreduce_algorithm;
+  s.slice_bytes = ops.options().shm_slice_bytes;
+  s.node_size = ops.options().simulated_node_size;
   return s;
 }
 
@@ -1802,107 +2279,6 @@ template <class C> void agree_creation(C& comm, const std::string& problem) {
     if (!all.signatures.empty()) verify_identity(site, all.signatures);
   };
   run_now(comm, label, body);
-}
-
-}  // namespace herd::detail
-
-// ---- herd/comm/detail/watchdog.hpp ----
-// How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
-// core (which lets a peer sharing it run: with more ranks than cores, a ring's segments arrive
-// within this phase, and sleeping instead made 32-256 MiB allreduces at 4 ranks on 2 cores twice
-// as slow), and after 10 ms sleeping in steps that grow with the time already waited (an eighth
-// of it, at most a millisecond), so that a rank waiting for a late peer neither burns a core nor
-// adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
-// after stall_check_seconds naming the operation and the peer, herd::error after
-// stall_shutdown_seconds.
-
-
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <string>
-#include <thread>
-
-namespace herd::detail {
-
-class waiting {
- public:
-  using clock = std::chrono::steady_clock;
-
-  explicit waiting(const comm_options& options) : options_(options), start_(clock::now()), last_tick_(start_) {}
-
-  // Gives the core away for a while, the longer the wait has lasted.
-  void pause() {
-    if (++polls_ < 64) return;
-    const auto waited = clock::now() - start_;
-    if (waited < std::chrono::milliseconds(10)) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
-  }
-
-  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
-  bool tick() {
-    if ((polls_ & 15u) != 0) return false;
-    const auto now = clock::now();
-    if (now - last_tick_ < std::chrono::milliseconds(5)) return false;
-    last_tick_ = now;
-    return true;
-  }
-
-  double seconds() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
-
-  // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
-  // allreduce #17 (4 MiB f32) to receive from rank 1".
-  void watch(const error_site& site, const std::string& what) {
-    const double waited = seconds();
-    char amount[32];
-    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
-    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
-    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
-      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
-            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
-            "ran out of data early, or is stuck elsewhere");
-    }
-    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
-      warned_ = true;
-      std::fprintf(stderr,
-                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
-                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
-      std::fflush(stderr);
-    }
-  }
-
- private:
-  static std::string number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return text;
-  }
-
-  comm_options options_;
-  clock::time_point start_;
-  clock::time_point last_tick_;
-  unsigned polls_ = 0;
-  bool warned_ = false;
-};
-
-// "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
-// rank 1 (tag 11)".
-inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
-  std::string text;
-  if (ops.in_operation()) text = "in " + ops.current().str() + " ";
-  if (peer < 0) return text + "for the other ranks";
-  text += std::string("to ") + (receiving ? "receive from" : "send to") + " rank " + std::to_string(peer);
-  if (!ops.in_operation()) text += " (tag " + std::to_string(tag) + ")";
-  return text;
-}
-
-// The error site of the running operation ("allreduce"), or `fallback` outside operations.
-inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
-  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
 }
 
 }  // namespace herd::detail
@@ -3117,6 +3493,10 @@ class mpi_state {
   bool departed = false;
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   operation_state ops;
+  // The ranks of this node and their shared memory (comm/detail/shm.hpp), when the node holds more
+  // than this rank and the memory could be mapped; whether that node is the whole communicator.
+  std::unique_ptr<shm_node> node;
+  bool node_is_everyone = false;
   std::vector<mpi_orphan> orphans;
 
  private:
@@ -3268,6 +3648,7 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
+  s->node.reset();  // unmapping is local: peers keep their own mappings
   if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
   depart(*s);
   try {
@@ -3363,6 +3744,7 @@ class mpi_communicator {
     adopt(copy);
     try {
       detail::agree_creation(*this, runtime::defaults().problem);
+      join_node();
     } catch (...) {
       detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
       throw;
@@ -3374,12 +3756,14 @@ class mpi_communicator {
   mpi_communicator(mpi_communicator&& other) noexcept {
     if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
     s_ = std::move(other.s_);
+    across_ = std::move(other.across_);
   }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       leave();
       if (other.s_) other.s_->ops.drain();
       s_ = std::move(other.s_);
+      across_ = std::move(other.across_);
     }
     return *this;
   }
@@ -3428,6 +3812,22 @@ class mpi_communicator {
       }
       watch.pause();
     }
+  }
+
+  // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
+  // (every collective may take it), else null.
+  detail::shm_node* shared_node() const noexcept { return s_ && s_->node_is_everyone ? s_->node.get() : nullptr; }
+  // The ranks of this node, when there are several and other nodes too: with across_nodes() (the
+  // ranks of this rank's index on every node), what the hierarchical allreduce needs.
+  detail::shm_node* node_part() const noexcept { return s_ && !s_->node_is_everyone ? s_->node.get() : nullptr; }
+  mpi_communicator* across_nodes() const noexcept { return across_.get(); }
+
+  // What a wait outside MPI (on shared memory) does now and then: completes what peers still send
+  // to communicators of this process that were aborted or destroyed, and raises if a peer aborted
+  // the running operation or left.
+  void while_waiting() {
+    detail::tend();
+    if (s_->ops.in_operation()) check_peers();
   }
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
@@ -3529,6 +3929,121 @@ class mpi_communicator {
   mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
     make_state(options);
     adopt(owned);
+    try {
+      join_node();
+    } catch (...) {
+      detail::retire(std::move(s_));
+      throw;
+    }
+  }
+
+  // The creation's last part, after its agreement (every rank is here): finds the ranks that share
+  // this node (MPI_COMM_TYPE_SHARED, or HERD_SIMULATE_NODE_SIZE in tests) and maps their shared
+  // memory; with several nodes of equal size, also the communicator across nodes of the ranks with
+  // this rank's index in its node (the hierarchical allreduce's). A rank that cannot map the memory
+  // says so, and then no rank uses it: with HERD_ALLREDUCE_ALGORITHM=auto the ranks go on with
+  // MPI messages alone (a warning says why), with shm or hierarchical every rank raises.
+  void join_node() {
+    const comm_options& o = options();
+    if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
+    auto body = [&] {
+      MPI_Comm node = MPI_COMM_NULL;
+      if (o.simulated_node_size > 0) {
+        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+      } else {
+        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+      }
+      int node_rank = 0;
+      int node_size = 1;
+      MPI_Comm_rank(node, &node_rank);
+      MPI_Comm_size(node, &node_size);
+      std::vector<int> local(static_cast<std::size_t>(node_size));
+      std::vector<int> members(local.size());
+      for (int i = 0; i < node_size; ++i) local[static_cast<std::size_t>(i)] = i;
+      MPI_Group node_group = MPI_GROUP_NULL;
+      MPI_Group all_group = MPI_GROUP_NULL;
+      MPI_Comm_group(node, &node_group);
+      MPI_Comm_group(native(), &all_group);
+      MPI_Group_translate_ranks(node_group, node_size, local.data(), all_group, members.data());
+      MPI_Group_free(&node_group);
+      MPI_Group_free(&all_group);
+      MPI_Comm_free(&node);
+
+      // The node's first rank creates the segment and names it; the others map it; then every rank
+      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      struct node_report {
+        std::int32_t first = 0;  // the node's first rank: the node's identity
+        std::int32_t size = 0;
+        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+      };
+      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, o.shm_slice_bytes);
+      std::string problem;
+      detail::shm_segment segment;
+      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
+      node_report mine;
+      mine.first = members[0];
+      mine.size = node_size;
+      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+      std::vector<node_report> reports(static_cast<std::size_t>(size()));
+      {
+        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      }
+      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
+      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
+      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+      std::memset(mine.text, 0, sizeof mine.text);
+      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+      {
+        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      }
+      segment.unlink();
+
+      const detail::error_site site{"communicator", rank(), size()};
+      std::string trouble;
+      int nodes = 0;
+      bool equal_sizes = true;
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        if (trouble.empty() && report.text[0] != '\0') {
+          trouble = "rank " + std::to_string(r) + " could not share memory with its node: " + report.text;
+        }
+        nodes += report.first == r ? 1 : 0;
+        equal_sizes = equal_sizes && report.size == reports[0].size;
+      }
+      const bool one_node = nodes == 1;
+      if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
+        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
+                                       std::to_string(nodes) + " nodes",
+                             "Use auto (shared memory within nodes where it can) or hierarchical");
+      }
+      if (o.allreduce_algorithm == algorithm::hierarchical && !equal_sizes) {
+        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=hierarchical needs the same number of ranks on every node",
+                             "Start as many ranks on every node, or use auto");
+      }
+      if (!trouble.empty()) {
+        if (o.allreduce_algorithm != algorithm::automatic) {
+          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+        }
+        if (rank() == 0) {
+          std::fprintf(stderr, "herd warning: %s; this communicator moves data with MPI messages only.\n", trouble.c_str());
+        }
+        return;
+      }
+      if (node_size > 1) {
+        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, o.shm_slice_bytes);
+        s_->node_is_everyone = one_node;
+      }
+      if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
+        MPI_Comm part = MPI_COMM_NULL;
+        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        comm_options across = o;
+        across.allreduce_algorithm = algorithm::ring;
+        across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+      }
+    };
+    detail::run_now(*this, {detail::op_kind::create, 0}, body);
   }
 
   void make_state(comm_options options) {
@@ -3632,6 +4147,7 @@ class mpi_communicator {
   }
 
   std::unique_ptr<detail::mpi_state> s_;
+  std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
 };
 
 }  // namespace herd
@@ -4243,6 +4759,9 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   mine.typed = identity.typed;
   mine.check_arguments = identity.check_arguments;
   mine.segment_bytes = identity.segment_bytes;
+  mine.algo = identity.algo;
+  mine.slice_bytes = identity.slice_bytes;
+  mine.node_size = identity.node_size;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
   // Without argument checks a rank's own problem is not exchanged (its peers may not be in an
@@ -4366,6 +4885,16 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
         }
         return;
     }
+  });
+}
+
+// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
+// parts (the hierarchical allreduce).
+inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
+  visit(t, [&](auto element) {
+    using T = decltype(element);
+    auto* d = static_cast<T*>(data);
+    for (std::size_t i = 0; i < n; ++i) d[i] = finalize_avg(d[i], ranks);
   });
 }
 
@@ -5377,6 +5906,164 @@ template <communicator C> int data_tag_of(C& comm) { return comm.operations().da
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
+// ---- herd/collectives/detail/shm.hpp ----
+// Collectives through a node's shared memory (comm/detail/shm.hpp): for host tensors when every
+// rank of the communicator is on one node, and as the two node-local halves of the hierarchical
+// allreduce. Tensors are cut into slices that fit a rank's buffer, one step (ticket) per slice,
+// so the memory stays bounded whatever the tensor's size.
+//
+// Every element of a reduction is computed once, by one rank, combining the ranks' values in rank
+// order (x0 ∘ x1 ∘ ... ∘ x(p-1)) exactly as the small allreduce does; every other rank copies that
+// result. So all ranks hold the same bits, and a run gives the same bits as the last.
+
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+namespace herd::detail {
+
+// n elements cut into `parts` pieces as evenly as possible, the first n % parts one longer.
+struct even_pieces {
+  std::size_t n;
+  std::size_t parts;
+  std::size_t offset(std::size_t k) const { return k * (n / parts) + std::min(k, n % parts); }
+  std::size_t length(std::size_t k) const { return n / parts + (k < n % parts ? 1 : 0); }
+};
+
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+template <class Operand>
+void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
+                          int avg_ranks) {
+  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
+  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
+}
+
+// Allreduce of `count` elements over every rank of the node. Per slice: each rank copies the
+// pieces of its input that the others reduce into its buffer; after the first half-step rank g
+// reduces piece g from every buffer (its own from its input) into the hole in its buffer; after
+// the second, every rank copies every reduced piece out.
+template <class C>
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                   std::size_t count) {
+  const std::size_t es = size_of(type);
+  const int p = node.size();
+  const auto g = static_cast<std::size_t>(node.rank());
+  const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const int avg_ranks = op == reduce_op::avg ? p : 0;
+  for (std::size_t begin = 0; begin < count; begin += per_slice) {
+    const std::size_t m = std::min(per_slice, count - begin);
+    const even_pieces pieces{m, static_cast<std::size_t>(p)};
+    const std::size_t lo = pieces.offset(g);
+    const std::size_t hi = lo + pieces.length(g);
+    const std::byte* src = in + begin * es;
+    const std::uint64_t t = node.next_ticket();
+    std::byte* mine = node.buffer(node.rank(), t);
+    std::memcpy(mine, src, lo * es);
+    std::memcpy(mine + hi * es, src + hi * es, (m - hi) * es);
+    node.publish(t);
+    node.wait_all(comm, t);
+    if (hi > lo) {
+      reduce_in_rank_order(
+          type, op, mine + lo * es, p,
+          [&](int q) { return static_cast<std::size_t>(q) == g ? src + lo * es : node.buffer(q, t) + lo * es; }, hi - lo,
+          avg_ranks);
+    }
+    node.publish(t, shm_node::reduced);
+    node.wait_all(comm, t, shm_node::reduced);
+    for (int c = 0; c < p; ++c) {
+      const std::size_t at = pieces.offset(static_cast<std::size_t>(c));
+      std::memcpy(out + (begin + at) * es, node.buffer(c, t) + at * es, pieces.length(static_cast<std::size_t>(c)) * es);
+    }
+  }
+}
+
+// Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
+// the reduction; `in_chunk(c)` is this rank's contribution to chunk c. `mine` may be in_chunk(g)
+// itself (in place). Per slice each rank copies a piece of every other rank's chunk into its
+// buffer; the owner reduces its piece straight out of the buffers.
+template <class C, class InChunk>
+void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
+                        InChunk in_chunk, std::byte* mine, int avg_ranks) {
+  const std::size_t es = size_of(type);
+  const int p = node.size();
+  const int g = node.rank();
+  const std::size_t piece = std::max<std::size_t>(1, node.slice_bytes() / (es * static_cast<std::size_t>(p)));
+  const std::size_t longest = chunks.longest();
+  auto piece_of = [&](int c, std::size_t begin) {
+    const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
+    return begin >= length ? 0 : std::min(piece, length - begin);
+  };
+  const std::byte* own = in_chunk(g);
+  for (std::size_t begin = 0; begin < longest; begin += piece) {
+    const std::uint64_t t = node.next_ticket();
+    std::byte* buffer = node.buffer(g, t);
+    for (int c = 0; c < p; ++c) {
+      if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+    }
+    node.publish(t);
+    node.wait_all(comm, t);
+    const std::size_t n = piece_of(g, begin);
+    if (n == 0) continue;
+    auto operand = [&](int q) {
+      return q == g ? own + begin * es : node.buffer(q, t) + static_cast<std::size_t>(g) * piece * es;
+    };
+    std::byte* dst = mine + begin * es;
+    if (dst == own + begin * es && g != 0) {
+      // In place, this rank's own value is not the first operand: reduce into the buffer's free
+      // piece (the one nobody copied in), then copy the result out.
+      std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
+      reduce_in_rank_order(type, op, scratch, p, operand, n, avg_ranks);
+      std::memcpy(dst, scratch, n * es);
+    } else {
+      reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+    }
+  }
+}
+
+// Allgather over the node: chunk c of `base` (chunks.offset[c], chunks.length[c] elements) comes
+// from rank c; this rank's is `mine` (which may already be at its place in base).
+template <class C>
+void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chunk_layout& chunks,
+                   const std::byte* mine, std::byte* base) {
+  const std::size_t es = element_bytes;
+  const int p = node.size();
+  const int g = node.rank();
+  const std::size_t piece = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const std::size_t longest = chunks.longest();
+  auto piece_of = [&](int c, std::size_t begin) {
+    const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
+    return begin >= length ? 0 : std::min(piece, length - begin);
+  };
+  for (std::size_t begin = 0; begin < longest; begin += piece) {
+    const std::uint64_t t = node.next_ticket();
+    std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    node.publish(t);
+    node.wait_all(comm, t);
+    for (int c = 0; c < p; ++c) {
+      if (c == g) continue;
+      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
+                  piece_of(c, begin) * es);
+    }
+  }
+}
+
+// Broadcast over the node from node rank `root`.
+template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, std::size_t bytes, int root) {
+  const std::size_t slice = node.slice_bytes();
+  for (std::size_t begin = 0; begin < bytes; begin += slice) {
+    const std::size_t n = std::min(slice, bytes - begin);
+    const std::uint64_t t = node.next_ticket();
+    if (node.rank() == root) std::memcpy(node.buffer(root, t), data + begin, n);
+    node.publish(t);
+    node.wait_all(comm, t);
+    if (node.rank() != root) std::memcpy(data + begin, node.buffer(root, t), n);
+  }
+}
+
+}  // namespace herd::detail
+
 #include <cstring>
 #include <numeric>
 #include <span>
@@ -5473,6 +6160,11 @@ void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<co
   auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
   if (comm.size() == 1) return;
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) {
+      return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
+    }
+  }
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
 }
 
@@ -5609,6 +6301,52 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   ring_allgather(comm, out, es, chunks, segment_bytes);
 }
 
+// The hierarchical allreduce, for ranks on several nodes with as many on each: a reduce-scatter
+// through each node's shared memory leaves rank l of every node with chunk l of its node's sum; the
+// ranks with index l allreduce that chunk across nodes with the ring (`across`); an allgather
+// through shared memory gives every rank of the node every chunk. avg sums all the way and
+// divides at the end.
+template <communicator C>
+void hierarchical_allreduce(C& comm, shm_node& node, C& across, dtype type, reduce_op op, const std::byte* in,
+                            std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
+  const chunk_layout chunks = chunk_layout::even(count, node.size());
+  const auto l = static_cast<std::size_t>(node.rank());
+  std::byte* mine = out + chunks.offset[l] * es;
+  shm_reduce_scatter(
+      comm, node, type, partial, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      mine, 0);
+  run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
+                [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
+  if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
+  shm_allgather(comm, node, es, chunks, mine, out);
+}
+
+// The allreduce of a host buffer, after the agreement: through the node's shared memory when
+// every rank is on it, hierarchically when there are several nodes with shared memory on each,
+// else with the ring.
+template <communicator C>
+void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  if constexpr (with_shared_node<C>) {
+    if (comm.size() > 1) {
+      if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
+      if (shm_node* part = comm.node_part(); part != nullptr && comm.across_nodes() != nullptr) {
+        return hierarchical_allreduce(comm, *part, *comm.across_nodes(), type, op, in, out, count);
+      }
+    }
+  }
+  ring_allreduce(comm, type, op, in, out, count);
+}
+
+// Host allreduces up to this size travel with the agreement (each rank reduces every rank's
+// tensor): within MPI's messages up to payload_max_bytes, through shared memory up to this.
+inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
+
+template <communicator C> std::size_t one_shot_bytes(C& comm) {
+  return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
+}
+
 // One allreduce: its arguments, checked on this rank.
 struct allreduce_call {
   call_check check;
@@ -5645,7 +6383,7 @@ void reduce_tensor(C& comm, const_buffer_view in, buffer_view out, reduce_op op,
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
 #endif
-    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+    host_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
                    in.count);
   }
 }
@@ -5659,7 +6397,7 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
   mine.memory = in.device.type;
   const std::size_t bytes = check.ok() ? in.bytes() : 0;
   const int p = comm.size();
-  if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
+  if (!native_collectives<C> && p > 1 && bytes <= one_shot_bytes(comm) && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
@@ -5753,7 +6491,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
       at += tensors[i].bytes();
     }
-    ring_allreduce(comm, lead.type, call.op, fused, fused, count);
+    host_allreduce(comm, lead.type, call.op, fused, fused, count);
     at = 0;
     for (std::size_t i : members) {
       if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());
@@ -5873,7 +6611,7 @@ template <communicator C> void barrier(C& comm) {
 //
 // Small tensors go down a binomial tree (ceil(log2 p) hops); large ones along a pipelined chain
 // root -> root+1 -> ..., segment by segment, so each link carries the tensor once and all links
-// are busy at the same time.
+// are busy at the same time. Ranks of one node read the root's slices out of its shared memory.
 
 
 #include <deque>
@@ -5987,6 +6725,9 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
   const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) return shm_broadcast(comm, *node, data, bytes, root);
+  }
   if (bytes <= broadcast_tree_max_bytes) {
     broadcast_tree(comm, data, bytes, root);
   } else {
@@ -6105,12 +6846,17 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   }
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), out.count);
   const chunk_layout chunks = chunk_layout::of_counts(counts);
+  auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) {
+      return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+    }
+  }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
   ring_reduce_scatter(
       comm, in.type, op, chunks, comm.options().ring_segment_bytes,
-      [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
+      in_chunk, [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
 }
 
 HERD_CONFIG_NAMESPACE_END

@@ -13,6 +13,7 @@
 #include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
+#include <herd/collectives/detail/shm.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
@@ -114,6 +115,11 @@ void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<co
   auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
   if (comm.size() == 1) return;
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) {
+      return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
+    }
+  }
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
 }
 

@@ -20,6 +20,7 @@
 #include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
+#include <herd/collectives/detail/shm.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
@@ -47,6 +48,52 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
       [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
       [&](int, int c) { return out + chunks.offset[static_cast<std::size_t>(c)] * es; });
   ring_allgather(comm, out, es, chunks, segment_bytes);
+}
+
+// The hierarchical allreduce, for ranks on several nodes with as many on each: a reduce-scatter
+// through each node's shared memory leaves rank l of every node with chunk l of its node's sum; the
+// ranks with index l allreduce that chunk across nodes with the ring (`across`); an allgather
+// through shared memory gives every rank of the node every chunk. avg sums all the way and
+// divides at the end.
+template <communicator C>
+void hierarchical_allreduce(C& comm, shm_node& node, C& across, dtype type, reduce_op op, const std::byte* in,
+                            std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
+  const chunk_layout chunks = chunk_layout::even(count, node.size());
+  const auto l = static_cast<std::size_t>(node.rank());
+  std::byte* mine = out + chunks.offset[l] * es;
+  shm_reduce_scatter(
+      comm, node, type, partial, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      mine, 0);
+  run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
+                [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
+  if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
+  shm_allgather(comm, node, es, chunks, mine, out);
+}
+
+// The allreduce of a host buffer, after the agreement: through the node's shared memory when
+// every rank is on it, hierarchically when there are several nodes with shared memory on each,
+// else with the ring.
+template <communicator C>
+void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  if constexpr (with_shared_node<C>) {
+    if (comm.size() > 1) {
+      if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
+      if (shm_node* part = comm.node_part(); part != nullptr && comm.across_nodes() != nullptr) {
+        return hierarchical_allreduce(comm, *part, *comm.across_nodes(), type, op, in, out, count);
+      }
+    }
+  }
+  ring_allreduce(comm, type, op, in, out, count);
+}
+
+// Host allreduces up to this size travel with the agreement (each rank reduces every rank's
+// tensor): within MPI's messages up to payload_max_bytes, through shared memory up to this.
+inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
+
+template <communicator C> std::size_t one_shot_bytes(C& comm) {
+  return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
 }
 
 // One allreduce: its arguments, checked on this rank.
@@ -85,7 +132,7 @@ void reduce_tensor(C& comm, const_buffer_view in, buffer_view out, reduce_op op,
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) return staged_allreduce(comm, in.type, op, in.data, out.data, in.count, in.device.index);
 #endif
-    ring_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
+    host_allreduce(comm, in.type, op, static_cast<const std::byte*>(in.data), static_cast<std::byte*>(out.data),
                    in.count);
   }
 }
@@ -99,7 +146,7 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
   mine.memory = in.device.type;
   const std::size_t bytes = check.ok() ? in.bytes() : 0;
   const int p = comm.size();
-  if (!native_collectives<C> && p > 1 && bytes <= payload_max_bytes && in.device.is_cpu()) {
+  if (!native_collectives<C> && p > 1 && bytes <= one_shot_bytes(comm) && in.device.is_cpu()) {
     // Small: the data travels with the signatures. Every rank then holds every rank's tensor and
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
@@ -193,7 +240,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
       at += tensors[i].bytes();
     }
-    ring_allreduce(comm, lead.type, call.op, fused, fused, count);
+    host_allreduce(comm, lead.type, call.op, fused, fused, count);
     at = 0;
     for (std::size_t i : members) {
       if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());

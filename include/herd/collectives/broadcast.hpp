@@ -6,12 +6,13 @@
 //
 // Small tensors go down a binomial tree (ceil(log2 p) hops); large ones along a pipelined chain
 // root -> root+1 -> ..., segment by segment, so each link carries the tensor once and all links
-// are busy at the same time.
+// are busy at the same time. Ranks of one node read the root's slices out of its shared memory.
 
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
+#include <herd/collectives/detail/shm.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
@@ -128,6 +129,9 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
   const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) return shm_broadcast(comm, *node, data, bytes, root);
+  }
   if (bytes <= broadcast_tree_max_bytes) {
     broadcast_tree(comm, data, bytes, root);
   } else {

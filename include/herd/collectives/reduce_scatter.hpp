@@ -9,6 +9,7 @@
 #include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/launch.hpp>
 #include <herd/collectives/detail/ring.hpp>
+#include <herd/collectives/detail/shm.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
@@ -87,12 +88,17 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   }
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), out.count);
   const chunk_layout chunks = chunk_layout::of_counts(counts);
+  auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) {
+      return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+    }
+  }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
   ring_reduce_scatter(
       comm, in.type, op, chunks, comm.options().ring_segment_bytes,
-      [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
+      in_chunk, [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
 }
 
 HERD_CONFIG_NAMESPACE_END

@@ -16,6 +16,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/operation.hpp>
+#include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 
 #include <mpi.h>
@@ -388,6 +389,10 @@ class mpi_state {
   bool departed = false;
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   operation_state ops;
+  // The ranks of this node and their shared memory (comm/detail/shm.hpp), when the node holds more
+  // than this rank and the memory could be mapped; whether that node is the whole communicator.
+  std::unique_ptr<shm_node> node;
+  bool node_is_everyone = false;
   std::vector<mpi_orphan> orphans;
 
  private:
@@ -539,6 +544,7 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
+  s->node.reset();  // unmapping is local: peers keep their own mappings
   if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
   depart(*s);
   try {
@@ -634,6 +640,7 @@ class mpi_communicator {
     adopt(copy);
     try {
       detail::agree_creation(*this, runtime::defaults().problem);
+      join_node();
     } catch (...) {
       detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
       throw;
@@ -645,12 +652,14 @@ class mpi_communicator {
   mpi_communicator(mpi_communicator&& other) noexcept {
     if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
     s_ = std::move(other.s_);
+    across_ = std::move(other.across_);
   }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       leave();
       if (other.s_) other.s_->ops.drain();
       s_ = std::move(other.s_);
+      across_ = std::move(other.across_);
     }
     return *this;
   }
@@ -699,6 +708,22 @@ class mpi_communicator {
       }
       watch.pause();
     }
+  }
+
+  // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
+  // (every collective may take it), else null.
+  detail::shm_node* shared_node() const noexcept { return s_ && s_->node_is_everyone ? s_->node.get() : nullptr; }
+  // The ranks of this node, when there are several and other nodes too: with across_nodes() (the
+  // ranks of this rank's index on every node), what the hierarchical allreduce needs.
+  detail::shm_node* node_part() const noexcept { return s_ && !s_->node_is_everyone ? s_->node.get() : nullptr; }
+  mpi_communicator* across_nodes() const noexcept { return across_.get(); }
+
+  // What a wait outside MPI (on shared memory) does now and then: completes what peers still send
+  // to communicators of this process that were aborted or destroyed, and raises if a peer aborted
+  // the running operation or left.
+  void while_waiting() {
+    detail::tend();
+    if (s_->ops.in_operation()) check_peers();
   }
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
@@ -800,6 +825,121 @@ class mpi_communicator {
   mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
     make_state(options);
     adopt(owned);
+    try {
+      join_node();
+    } catch (...) {
+      detail::retire(std::move(s_));
+      throw;
+    }
+  }
+
+  // The creation's last part, after its agreement (every rank is here): finds the ranks that share
+  // this node (MPI_COMM_TYPE_SHARED, or HERD_SIMULATE_NODE_SIZE in tests) and maps their shared
+  // memory; with several nodes of equal size, also the communicator across nodes of the ranks with
+  // this rank's index in its node (the hierarchical allreduce's). A rank that cannot map the memory
+  // says so, and then no rank uses it: with HERD_ALLREDUCE_ALGORITHM=auto the ranks go on with
+  // MPI messages alone (a warning says why), with shm or hierarchical every rank raises.
+  void join_node() {
+    const comm_options& o = options();
+    if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
+    auto body = [&] {
+      MPI_Comm node = MPI_COMM_NULL;
+      if (o.simulated_node_size > 0) {
+        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+      } else {
+        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+      }
+      int node_rank = 0;
+      int node_size = 1;
+      MPI_Comm_rank(node, &node_rank);
+      MPI_Comm_size(node, &node_size);
+      std::vector<int> local(static_cast<std::size_t>(node_size));
+      std::vector<int> members(local.size());
+      for (int i = 0; i < node_size; ++i) local[static_cast<std::size_t>(i)] = i;
+      MPI_Group node_group = MPI_GROUP_NULL;
+      MPI_Group all_group = MPI_GROUP_NULL;
+      MPI_Comm_group(node, &node_group);
+      MPI_Comm_group(native(), &all_group);
+      MPI_Group_translate_ranks(node_group, node_size, local.data(), all_group, members.data());
+      MPI_Group_free(&node_group);
+      MPI_Group_free(&all_group);
+      MPI_Comm_free(&node);
+
+      // The node's first rank creates the segment and names it; the others map it; then every rank
+      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      struct node_report {
+        std::int32_t first = 0;  // the node's first rank: the node's identity
+        std::int32_t size = 0;
+        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+      };
+      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, o.shm_slice_bytes);
+      std::string problem;
+      detail::shm_segment segment;
+      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
+      node_report mine;
+      mine.first = members[0];
+      mine.size = node_size;
+      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+      std::vector<node_report> reports(static_cast<std::size_t>(size()));
+      {
+        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      }
+      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
+      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
+      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+      std::memset(mine.text, 0, sizeof mine.text);
+      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+      {
+        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      }
+      segment.unlink();
+
+      const detail::error_site site{"communicator", rank(), size()};
+      std::string trouble;
+      int nodes = 0;
+      bool equal_sizes = true;
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        if (trouble.empty() && report.text[0] != '\0') {
+          trouble = "rank " + std::to_string(r) + " could not share memory with its node: " + report.text;
+        }
+        nodes += report.first == r ? 1 : 0;
+        equal_sizes = equal_sizes && report.size == reports[0].size;
+      }
+      const bool one_node = nodes == 1;
+      if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
+        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
+                                       std::to_string(nodes) + " nodes",
+                             "Use auto (shared memory within nodes where it can) or hierarchical");
+      }
+      if (o.allreduce_algorithm == algorithm::hierarchical && !equal_sizes) {
+        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=hierarchical needs the same number of ranks on every node",
+                             "Start as many ranks on every node, or use auto");
+      }
+      if (!trouble.empty()) {
+        if (o.allreduce_algorithm != algorithm::automatic) {
+          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+        }
+        if (rank() == 0) {
+          std::fprintf(stderr, "herd warning: %s; this communicator moves data with MPI messages only.\n", trouble.c_str());
+        }
+        return;
+      }
+      if (node_size > 1) {
+        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, o.shm_slice_bytes);
+        s_->node_is_everyone = one_node;
+      }
+      if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
+        MPI_Comm part = MPI_COMM_NULL;
+        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        comm_options across = o;
+        across.allreduce_algorithm = algorithm::ring;
+        across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+      }
+    };
+    detail::run_now(*this, {detail::op_kind::create, 0}, body);
   }
 
   void make_state(comm_options options) {
@@ -903,6 +1043,7 @@ class mpi_communicator {
   }
 
   std::unique_ptr<detail::mpi_state> s_;
+  std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
 };
 
 }  // namespace herd

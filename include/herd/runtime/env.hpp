@@ -10,7 +10,11 @@
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
 //   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
-//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer with mark_ready (26214400)
+//   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
+//                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
+//   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
+//   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
+//                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
@@ -19,8 +23,31 @@
 #include <herd/core/error.hpp>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+
+namespace herd {
+
+// How collectives move host tensors between the processes of an mpi_communicator.
+enum class algorithm : std::uint8_t {
+  automatic,      // shared memory when every rank is on one node; hierarchical across nodes; else the ring
+  ring,           // MPI messages only (herd's ring, tree and chain), no shared memory
+  shared_memory,  // every collective through shared memory: all ranks must share one node
+  hierarchical,   // allreduce: shared memory within nodes, ring across them (equal ranks per node)
+};
+
+constexpr const char* name(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::automatic: return "auto";
+    case algorithm::ring: return "ring";
+    case algorithm::shared_memory: return "shm";
+    case algorithm::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+}  // namespace herd
 
 namespace herd::runtime {
 
@@ -32,6 +59,9 @@ struct settings {
   bool progress_thread = true;
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  algorithm allreduce_algorithm = algorithm::automatic;
+  std::size_t shm_slice_bytes = std::size_t{1} << 20;
+  int simulated_node_size = 0;
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
@@ -53,6 +83,20 @@ inline double env_number(const char* variable, double fallback, std::string& pro
   return value;
 }
 
+// HERD_ALLREDUCE_ALGORITHM: auto, ring, shm or hierarchical.
+inline algorithm env_algorithm(std::string& problem) {
+  const char* text = std::getenv("HERD_ALLREDUCE_ALGORITHM");
+  if (text == nullptr || *text == '\0') return algorithm::automatic;
+  for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::shared_memory, algorithm::hierarchical}) {
+    if (std::string(text) == name(a)) return a;
+  }
+  if (problem.empty()) {
+    problem = std::string("environment variable HERD_ALLREDUCE_ALGORITHM='") + text +
+              "' is not one of auto, ring, shm, hierarchical";
+  }
+  return algorithm::automatic;
+}
+
 inline settings read_settings() {
   settings s;
   s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
@@ -66,6 +110,19 @@ inline settings read_settings() {
       env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
   s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
   if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
+  s.allreduce_algorithm = env_algorithm(s.problem);
+  s.shm_slice_bytes = static_cast<std::size_t>(
+      env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
+  if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
+    if (s.problem.empty() && s.shm_slice_bytes != settings{}.shm_slice_bytes) {
+      s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
+                  " is out of range; give a number of bytes between 4096 and 1073741824";
+    }
+    s.shm_slice_bytes = settings{}.shm_slice_bytes;
+  }
+  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem);
+  if (node_size > 65536 && s.problem.empty()) s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536";
+  s.simulated_node_size = node_size > 65536 ? 0 : static_cast<int>(node_size);
   return s;
 }
 

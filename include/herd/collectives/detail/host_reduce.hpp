@@ -77,4 +77,14 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
   });
 }
 
+// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
+// parts (the hierarchical allreduce).
+inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
+  visit(t, [&](auto element) {
+    using T = decltype(element);
+    auto* d = static_cast<T*>(data);
+    for (std::size_t i = 0; i < n; ++i) d[i] = finalize_avg(d[i], ranks);
+  });
+}
+
 }  // namespace herd::detail

@@ -10,12 +10,14 @@
 // agreed: every rank raises, no message is left in flight, and the communicator stays usable.
 
 #include <herd/comm/detail/operation_state.hpp>
+#include <herd/comm/detail/shm.hpp>
 #include <herd/core/device.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/core/reduce_op.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -38,7 +40,7 @@ class agreed_error : public error {
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524434;  // "HRD4": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524435;  // "HRD5": guards against a rank running another herd build
   op_kind kind = op_kind::barrier;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
@@ -49,11 +51,13 @@ struct signature {
   device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
   std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
-  std::uint8_t unused = 0;
+  algorithm algo = algorithm::automatic;  // wire protocol: HERD_ALLREDUCE_ALGORITHM
   std::uint64_t seq = 0;     // the operation's sequence number on its communicator
   std::uint64_t count = 0;   // the element count every rank must agree on
   std::uint64_t layout = 0;  // allgatherv: a hash of the per-rank counts; grouped: of the tensor list
   std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
+  std::uint64_t slice_bytes = 0;    // wire protocol: the shared-memory pipeline's slice
+  std::int64_t node_size = 0;       // wire protocol: HERD_SIMULATE_NODE_SIZE
 
   op_label label() const { return {kind, seq, count, type, typed != 0}; }
 };
@@ -105,6 +109,51 @@ inline std::byte* exchange_buffer(std::size_t bytes, int which) {
   return b.data.get() + offset;
 }
 
+// A communicator whose ranks share one node through shared memory (mpi_communicator):
+// shared_node() is that node, or null when there is none or it is not the whole communicator.
+template <class C>
+concept with_shared_node = requires(C& c) {
+  { c.shared_node() } -> std::same_as<shm_node*>;
+};
+
+template <class C> shm_node* shared_node_of(C& comm) {
+  if constexpr (with_shared_node<C>) return comm.shared_node();
+  else return nullptr;
+}
+
+// The most bytes of data an agreement on `comm` carries: more through shared memory, where a
+// rank's buffer holds a whole slice.
+template <class C> std::size_t payload_capacity(C& comm) {
+  const shm_node* node = shared_node_of(comm);
+  return node != nullptr ? node->slice_bytes() : payload_max_bytes;
+}
+
+// The exchange through shared memory: one step. Every rank writes its signature and payload into
+// its buffer and reads the others' where they are; the payloads stay valid until this rank's
+// next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
+template <class C>
+exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  static_assert(sizeof(signature) <= shm_header_bytes);
+  const std::uint64_t t = node.next_ticket();
+  signature own = mine;
+  own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
+  std::memcpy(node.header(node.rank(), t), &own, sizeof own);
+  if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
+  node.publish(t);
+  node.wait_all(comm, t);
+  const auto parts = static_cast<std::size_t>(node.size());
+  std::vector<signature>& by_owner = signature_buffer(1);
+  std::vector<const std::byte*>& where = payload_pointers();
+  by_owner.resize(parts);
+  where.resize(parts);
+  for (std::size_t q = 0; q < parts; ++q) {
+    std::memcpy(&by_owner[q], node.header(static_cast<int>(q), t), sizeof(signature));
+    by_owner[q].payload_bytes = static_cast<std::uint32_t>(std::min<std::size_t>(by_owner[q].payload_bytes, node.slice_bytes()));
+    where[q] = node.buffer(static_cast<int>(q), t);
+  }
+  return {by_owner, where, 0};
+}
+
 // Bruck's allgather of (signature, payload): ceil(log2 p) rounds; in the round at distance d a
 // rank passes on the first min(d, p - have) blocks it holds, its own first. On the wire a message
 // is the blocks' signatures followed by their payloads, packed; the receiver reads the sizes from
@@ -112,6 +161,9 @@ inline std::byte* exchange_buffer(std::size_t bytes, int which) {
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node()) return shm_exchange(comm, *node, mine, payload, payload_bytes);
+  }
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
@@ -243,6 +295,23 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                  "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
                  "messages must pair up one to one");
   }
+  if (differs(all, [](const signature& s) { return s.algo; })) {
+    raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.algo)); }) + ")",
+                 "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
+                 "must take the same path");
+  }
+  if (differs(all, [](const signature& s) { return s.slice_bytes; })) {
+    raise_agreed(site, "HERD_SHM_SLICE_BYTES differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.slice_bytes); }) + ")",
+                 "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
+                 "one layout of shared memory");
+  }
+  if (differs(all, [](const signature& s) { return s.node_size; })) {
+    raise_agreed(site, "HERD_SIMULATE_NODE_SIZE differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.node_size); }) + ")",
+                 "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
+  }
 }
 
 // The communicator small host messages (agreements) travel on: its control() when it has one
@@ -262,6 +331,9 @@ inline signature signature_of(const operation_state& ops) {
   s.typed = ops.current().typed ? 1 : 0;
   s.check_arguments = ops.options().check_arguments ? 1 : 0;
   s.segment_bytes = ops.options().ring_segment_bytes;
+  s.algo = ops.options().allreduce_algorithm;
+  s.slice_bytes = ops.options().shm_slice_bytes;
+  s.node_size = ops.options().simulated_node_size;
   return s;
 }
 

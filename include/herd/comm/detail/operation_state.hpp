@@ -32,6 +32,12 @@ struct comm_options {
   std::size_t ring_segment_bytes = runtime::defaults().ring_segment_bytes;
   bool check_arguments = runtime::defaults().check_arguments;
   bool progress_thread = runtime::defaults().progress_thread;  // asynchronous operations on a thread of their own
+  // mpi_communicator: how host tensors travel (HERD_ALLREDUCE_ALGORITHM), the slice of its
+  // shared-memory pipeline (HERD_SHM_SLICE_BYTES), and, for tests and benchmarks only, nodes of
+  // this many consecutive ranks instead of the real ones (HERD_SIMULATE_NODE_SIZE; 0: real).
+  algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
+  std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
+  int simulated_node_size = runtime::defaults().simulated_node_size;
 };
 
 // Tags at and above this value belong to herd; point-to-point calls of the user take tags in
@@ -138,11 +144,14 @@ class operation_state {
   bool in_operation() const noexcept { return running_here() == this; }
   const op_label& current() const noexcept { return current_; }
   int data_tag() const noexcept { return detail::data_tag(current_.seq); }
+  // An operation may run one of another communicator inside it (the hierarchical allreduce runs
+  // one across nodes): end() gives the thread back to the outer one.
   void begin(const op_label& label) noexcept {
     current_ = label;
+    outer_ = running_here();
     running_here() = this;
   }
-  void end() noexcept { running_here() = nullptr; }
+  void end() noexcept { running_here() = outer_; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -333,6 +342,7 @@ class operation_state {
 
   comm_options options_;
   op_label current_;
+  const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;

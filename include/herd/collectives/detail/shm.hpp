@@ -1,0 +1,162 @@
+#pragma once
+// Collectives through a node's shared memory (comm/detail/shm.hpp): for host tensors when every
+// rank of the communicator is on one node, and as the two node-local halves of the hierarchical
+// allreduce. Tensors are cut into slices that fit a rank's buffer, one step (ticket) per slice,
+// so the memory stays bounded whatever the tensor's size.
+//
+// Every element of a reduction is computed once, by one rank, combining the ranks' values in rank
+// order (x0 ∘ x1 ∘ ... ∘ x(p-1)) exactly as the small allreduce does; every other rank copies that
+// result. So all ranks hold the same bits, and a run gives the same bits as the last.
+
+#include <herd/collectives/detail/host_reduce.hpp>
+#include <herd/collectives/detail/ring.hpp>
+#include <herd/comm/detail/shm.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/reduce_op.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+namespace herd::detail {
+
+// n elements cut into `parts` pieces as evenly as possible, the first n % parts one longer.
+struct even_pieces {
+  std::size_t n;
+  std::size_t parts;
+  std::size_t offset(std::size_t k) const { return k * (n / parts) + std::min(k, n % parts); }
+  std::size_t length(std::size_t k) const { return n / parts + (k < n % parts ? 1 : 0); }
+};
+
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+template <class Operand>
+void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
+                          int avg_ranks) {
+  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
+  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
+}
+
+// Allreduce of `count` elements over every rank of the node. Per slice: each rank copies the
+// pieces of its input that the others reduce into its buffer; after the first half-step rank g
+// reduces piece g from every buffer (its own from its input) into the hole in its buffer; after
+// the second, every rank copies every reduced piece out.
+template <class C>
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                   std::size_t count) {
+  const std::size_t es = size_of(type);
+  const int p = node.size();
+  const auto g = static_cast<std::size_t>(node.rank());
+  const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const int avg_ranks = op == reduce_op::avg ? p : 0;
+  for (std::size_t begin = 0; begin < count; begin += per_slice) {
+    const std::size_t m = std::min(per_slice, count - begin);
+    const even_pieces pieces{m, static_cast<std::size_t>(p)};
+    const std::size_t lo = pieces.offset(g);
+    const std::size_t hi = lo + pieces.length(g);
+    const std::byte* src = in + begin * es;
+    const std::uint64_t t = node.next_ticket();
+    std::byte* mine = node.buffer(node.rank(), t);
+    std::memcpy(mine, src, lo * es);
+    std::memcpy(mine + hi * es, src + hi * es, (m - hi) * es);
+    node.publish(t);
+    node.wait_all(comm, t);
+    if (hi > lo) {
+      reduce_in_rank_order(
+          type, op, mine + lo * es, p,
+          [&](int q) { return static_cast<std::size_t>(q) == g ? src + lo * es : node.buffer(q, t) + lo * es; }, hi - lo,
+          avg_ranks);
+    }
+    node.publish(t, shm_node::reduced);
+    node.wait_all(comm, t, shm_node::reduced);
+    for (int c = 0; c < p; ++c) {
+      const std::size_t at = pieces.offset(static_cast<std::size_t>(c));
+      std::memcpy(out + (begin + at) * es, node.buffer(c, t) + at * es, pieces.length(static_cast<std::size_t>(c)) * es);
+    }
+  }
+}
+
+// Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
+// the reduction; `in_chunk(c)` is this rank's contribution to chunk c. `mine` may be in_chunk(g)
+// itself (in place). Per slice each rank copies a piece of every other rank's chunk into its
+// buffer; the owner reduces its piece straight out of the buffers.
+template <class C, class InChunk>
+void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
+                        InChunk in_chunk, std::byte* mine, int avg_ranks) {
+  const std::size_t es = size_of(type);
+  const int p = node.size();
+  const int g = node.rank();
+  const std::size_t piece = std::max<std::size_t>(1, node.slice_bytes() / (es * static_cast<std::size_t>(p)));
+  const std::size_t longest = chunks.longest();
+  auto piece_of = [&](int c, std::size_t begin) {
+    const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
+    return begin >= length ? 0 : std::min(piece, length - begin);
+  };
+  const std::byte* own = in_chunk(g);
+  for (std::size_t begin = 0; begin < longest; begin += piece) {
+    const std::uint64_t t = node.next_ticket();
+    std::byte* buffer = node.buffer(g, t);
+    for (int c = 0; c < p; ++c) {
+      if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+    }
+    node.publish(t);
+    node.wait_all(comm, t);
+    const std::size_t n = piece_of(g, begin);
+    if (n == 0) continue;
+    auto operand = [&](int q) {
+      return q == g ? own + begin * es : node.buffer(q, t) + static_cast<std::size_t>(g) * piece * es;
+    };
+    std::byte* dst = mine + begin * es;
+    if (dst == own + begin * es && g != 0) {
+      // In place, this rank's own value is not the first operand: reduce into the buffer's free
+      // piece (the one nobody copied in), then copy the result out.
+      std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
+      reduce_in_rank_order(type, op, scratch, p, operand, n, avg_ranks);
+      std::memcpy(dst, scratch, n * es);
+    } else {
+      reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+    }
+  }
+}
+
+// Allgather over the node: chunk c of `base` (chunks.offset[c], chunks.length[c] elements) comes
+// from rank c; this rank's is `mine` (which may already be at its place in base).
+template <class C>
+void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chunk_layout& chunks,
+                   const std::byte* mine, std::byte* base) {
+  const std::size_t es = element_bytes;
+  const int p = node.size();
+  const int g = node.rank();
+  const std::size_t piece = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const std::size_t longest = chunks.longest();
+  auto piece_of = [&](int c, std::size_t begin) {
+    const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
+    return begin >= length ? 0 : std::min(piece, length - begin);
+  };
+  for (std::size_t begin = 0; begin < longest; begin += piece) {
+    const std::uint64_t t = node.next_ticket();
+    std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    node.publish(t);
+    node.wait_all(comm, t);
+    for (int c = 0; c < p; ++c) {
+      if (c == g) continue;
+      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
+                  piece_of(c, begin) * es);
+    }
+  }
+}
+
+// Broadcast over the node from node rank `root`.
+template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, std::size_t bytes, int root) {
+  const std::size_t slice = node.slice_bytes();
+  for (std::size_t begin = 0; begin < bytes; begin += slice) {
+    const std::size_t n = std::min(slice, bytes - begin);
+    const std::uint64_t t = node.next_ticket();
+    if (node.rank() == root) std::memcpy(node.buffer(root, t), data + begin, n);
+    node.publish(t);
+    node.wait_all(comm, t);
+    if (node.rank() != root) std::memcpy(data + begin, node.buffer(root, t), n);
+  }
+}
+
+}  // namespace herd::detail

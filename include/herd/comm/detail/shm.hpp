@@ -1,0 +1,240 @@
+#pragma once
+// Shared memory between the ranks of a communicator that run on one node: one segment that every
+// one of them maps, in which each rank owns a region (two buffers and two counters). The
+// collectives over it (collectives/detail/shm.hpp) move data by plain loads and stores and
+// synchronize through the counters, not through MPI messages.
+//
+// Tickets. Every step of every collective over the segment takes the next ticket t, the same
+// number on every rank (the steps follow from the operation, which the ranks agreed on). In step t
+// a rank writes into its own buffer t % 2, publishes t in its `arrived` counter, waits until every
+// other rank's counter reached t, and then reads the others' buffers t % 2. Two buffers are enough
+// for a rank never to overwrite what a peer still reads: a rank writes buffer t % 2 again in step
+// t + 2 only after waiting in step t + 1 for every peer, and a peer arrives at t + 1 only once it
+// has finished step t. So there is no other barrier. (The allreduce has a second counter,
+// `reduced`, for its second half-step: see shm_allreduce.)
+//
+// Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
+// and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
+// herd never lets a destructor hang on another rank. The segment is unlinked as soon as every
+// rank of the node has mapped it, so it vanishes with the last process that unmaps it, crashed
+// or not, and unmapping is local. Which ranks share a node is still MPI's answer
+// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED on the communicator itself), never an
+// environment variable, so sub-communicators and process subsets work.
+//
+// Waiting follows every herd wait's rules (comm/detail/watchdog.hpp): spin briefly, then yield,
+// then sleep; the watchdog names the rank waited for; a peer's abort or departure (MPI notices)
+// raises at once.
+
+#include <herd/comm/detail/operation_state.hpp>
+#include <herd/comm/detail/watchdog.hpp>
+#include <herd/core/error.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// One POSIX shared-memory segment mapped into this process.
+class shm_segment {
+ public:
+  shm_segment() = default;
+  shm_segment(shm_segment&& other) noexcept { *this = std::move(other); }
+  shm_segment& operator=(shm_segment&& other) noexcept {
+    if (this != &other) {
+      reset();
+      base_ = std::exchange(other.base_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      name_ = std::move(other.name_);
+      linked_ = std::exchange(other.linked_, false);
+    }
+    return *this;
+  }
+  ~shm_segment() { reset(); }
+
+  // Creates a segment of `bytes` under a fresh name, with its memory reserved (so that a full
+  // /dev/shm is an error here, not a SIGBUS later). Empty, with `problem` set, on failure.
+  static shm_segment create(std::size_t bytes, std::string& problem) {
+    static std::atomic<unsigned> counter{0};
+    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const std::string name = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+                             std::to_string(stamp % 1000000007ull);
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    shm_segment s;
+    s.name_ = name;
+    s.linked_ = true;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      problem = "ftruncate of " + name + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+    } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
+      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory for " + name +
+                " failed: " + std::strerror(code) + " (is /dev/shm large enough?)";
+    } else {
+      s.map(fd, bytes, problem);
+    }
+    ::close(fd);
+    if (!problem.empty()) return {};
+    return s;
+  }
+
+  // Maps the segment another rank created.
+  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    shm_segment s;
+    s.map(fd, bytes, problem);
+    ::close(fd);
+    if (!problem.empty()) return {};
+    return s;
+  }
+
+  // Removes the name (the memory stays until the last process unmaps it).
+  void unlink() noexcept {
+    if (linked_) ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+
+  std::byte* data() const noexcept { return base_; }
+  const std::string& name() const noexcept { return name_; }
+  explicit operator bool() const noexcept { return base_ != nullptr; }
+
+ private:
+  void map(int fd, std::size_t bytes, std::string& problem) {
+    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) {
+      problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
+      return;
+    }
+    base_ = static_cast<std::byte*>(at);
+    bytes_ = bytes;
+  }
+
+  void reset() noexcept {
+    unlink();
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::string name_;
+  bool linked_ = false;
+};
+
+// Tests only: when set, called with each step's ticket before this process publishes it, to stall
+// a rank in the middle of a collective.
+using shm_hook = void (*)(std::uint64_t ticket);
+inline shm_hook& shm_step_hook() noexcept {
+  static shm_hook hook = nullptr;
+  return hook;
+}
+
+// Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
+inline constexpr std::size_t shm_header_bytes = 256;
+
+// The ranks of one node and their shared segment, as one of them sees it.
+class shm_node {
+ public:
+  enum counter : std::size_t { arrived = 0, reduced = 1 };
+
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
+    return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
+  }
+
+  // `members[i]`: the communicator rank of the node's i-th rank; this rank is members[rank].
+  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes)
+      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(members_.size()); }
+  int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
+  // Bytes of data in one buffer: the pipeline's slice.
+  std::size_t slice_bytes() const noexcept { return slice_bytes_; }
+  shm_segment& segment() noexcept { return segment_; }
+
+  // The next step's ticket (the same on every rank of the node).
+  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+
+  // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
+  std::byte* header(int i, std::uint64_t t) const noexcept {
+    return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
+  }
+  std::byte* buffer(int i, std::uint64_t t) const noexcept { return header(i, t) + shm_header_bytes; }
+
+  // This rank has finished writing step t (of `which` half-step).
+  void publish(std::uint64_t t, counter which = arrived) {
+    if (shm_hook hook = shm_step_hook()) hook(t);
+    flag(rank_, which).store(t, std::memory_order_release);
+  }
+
+  // Waits until every other rank of the node published t; what they wrote before is visible after.
+  template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::atomic_ref<std::uint64_t> peer = flag(i, which);
+      if (peer.load(std::memory_order_acquire) >= t) continue;
+      bool there = false;
+      for (int spin = 0; spin < 256 && !there; ++spin) there = peer.load(std::memory_order_acquire) >= t;
+      if (there) continue;
+      waiting watch(comm.options());
+      while (peer.load(std::memory_order_acquire) < t) {
+        if (watch.tick()) {
+          comm.while_waiting();  // a peer's abort or departure raises here
+          const operation_state& ops = comm.operations();
+          watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
+                      (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
+                          std::to_string(member(i)) + " (through shared memory)");
+        }
+        watch.pause();
+      }
+    }
+  }
+
+ private:
+  static constexpr std::size_t cache_line = 64;
+  static constexpr std::size_t page = 4096;
+
+  // Buffers and regions are cache-line aligned but never a multiple of 4 KiB apart: copies
+  // between addresses with equal offsets in their pages are several times slower on x86.
+  static std::size_t buffer_stride(std::size_t slice_bytes) {
+    return (shm_header_bytes + slice_bytes + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
+  }
+  static std::size_t rank_stride(std::size_t slice_bytes) {
+    const std::size_t bytes = 2 * cache_line + 2 * buffer_stride(slice_bytes);
+    return (bytes + page - 1) / page * page + 5 * cache_line;
+  }
+
+  std::byte* region(int i) const noexcept {
+    return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
+  }
+  std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
+  }
+
+  shm_segment segment_;
+  int rank_ = 0;
+  std::vector<int> members_;
+  std::size_t slice_bytes_ = 0;
+  std::uint64_t ticket_ = 0;
+};
+
+}  // namespace herd::detail

@@ -1,0 +1,382 @@
+// The collectives through shared memory (ranks on one node), the hierarchical allreduce (nodes
+// simulated by HERD_SIMULATE_NODE_SIZE's option), and their faults, on real MPI ranks. Each result
+// is compared with herd's ring (a communicator that uses MPI messages only) and with MPI's own
+// collective, bit for bit on values every order of reduction adds up exactly, and checked to be
+// the same bits on every rank and from one run to the next on arbitrary floats.
+
+#include <herd/herd.hpp>
+
+#include "../support/mpi_test.hpp"
+#include "../support/reference.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using herd_test::rng;
+using herd_test::values;
+using bytes = std::vector<std::byte>;
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+template <class Fn> std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const herd::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+herd::comm_options with(herd::algorithm a, std::size_t slice = std::size_t{1} << 20, int node_size = 0) {
+  herd::comm_options o;
+  o.allreduce_algorithm = a;
+  o.shm_slice_bytes = slice;
+  o.simulated_node_size = node_size;
+  return o;
+}
+
+// Small slices: a few thousand elements already take several steps.
+constexpr std::size_t small_slice = 4096;
+
+// Rank r's input for a case, drawn from a seed every rank knows.
+bytes input_of(std::uint64_t seed, int r, herd::dtype t, std::size_t n, herd::reduce_op op, values mode) {
+  bytes out(n * herd::size_of(t));
+  herd::visit(t, [&](auto element) {
+    using T = decltype(element);
+    rng g(seed * 1000003 + static_cast<std::uint64_t>(r));
+    const std::vector<T> v = herd_test::draw_vector<T>(g, n, mode, op);
+    if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
+  });
+  return out;
+}
+
+std::uint64_t hash_of(const bytes& b) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::byte x : b) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+  return h;
+}
+
+// Whether every rank of MPI_COMM_WORLD holds these bytes.
+bool same_on_every_rank(const bytes& b) {
+  const auto h = static_cast<unsigned long long>(hash_of(b));
+  const unsigned long long mine[2] = {h, ~h};
+  unsigned long long most[2] = {0, 0};
+  MPI_Allreduce(mine, most, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  return most[0] == ~most[1];
+}
+
+MPI_Datatype mpi_type(herd::dtype t) {
+  switch (t) {
+    case herd::dtype::f32: return MPI_FLOAT;
+    case herd::dtype::f64: return MPI_DOUBLE;
+    case herd::dtype::i32: return MPI_INT32_T;
+    case herd::dtype::i64: return MPI_INT64_T;
+    case herd::dtype::i8: return MPI_INT8_T;
+    case herd::dtype::u8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+// MPI's op where it gives the same bits as herd's on the values drawn (min and max draw NaNs,
+// which MPI orders as it likes; avg has no MPI op). MPICH 4.0.2 compares 8-bit unsigned values
+// as signed in MPI_MAX and MPI_MIN (max of 10, 110 and 210 is 110 there), so u8 min and max are
+// checked against the ring only.
+MPI_Op mpi_op(herd::dtype t, herd::reduce_op op) {
+  const bool integral = t == herd::dtype::i32 || t == herd::dtype::i64 || t == herd::dtype::i8;
+  switch (op) {
+    case herd::reduce_op::sum: return MPI_SUM;
+    case herd::reduce_op::prod: return MPI_PROD;
+    case herd::reduce_op::min: return integral ? MPI_MIN : MPI_OP_NULL;
+    case herd::reduce_op::max: return integral ? MPI_MAX : MPI_OP_NULL;
+    case herd::reduce_op::band: return MPI_BAND;
+    case herd::reduce_op::bor: return MPI_BOR;
+    case herd::reduce_op::bxor: return MPI_BXOR;
+    default: return MPI_OP_NULL;
+  }
+}
+
+const herd::dtype every_dtype[] = {herd::dtype::f32, herd::dtype::f64, herd::dtype::f16, herd::dtype::bf16,
+                                   herd::dtype::i32, herd::dtype::i64, herd::dtype::i8,  herd::dtype::u8};
+const herd::reduce_op every_op[] = {herd::reduce_op::sum,  herd::reduce_op::avg, herd::reduce_op::min,
+                                    herd::reduce_op::max,  herd::reduce_op::prod, herd::reduce_op::band,
+                                    herd::reduce_op::bor,  herd::reduce_op::bxor};
+
+herd::buffer_view view(bytes& b, herd::dtype t) { return {b.data(), b.size() / herd::size_of(t), t}; }
+
+bytes allreduce_with(herd::mpi_communicator& c, const bytes& in, herd::dtype t, herd::reduce_op op, bool in_place) {
+  bytes out = in;
+  if (in_place) {
+    herd::buffer_view v = view(out, t);
+    herd::allreduce(v, c, op);
+  } else {
+    bytes source = in;
+    herd::buffer_view src = view(source, t);
+    herd::buffer_view dst = view(out, t);
+    herd::allreduce(src, dst, c, op);
+  }
+  return out;
+}
+
+// Counts that matter: none, fewer than the ranks, about the ranks, within one small slice, over
+// several, and past the one-shot size.
+std::vector<std::size_t> counts_for(int p) {
+  const auto q = static_cast<std::size_t>(p);
+  return {0, 1, q + 1, 1000, 3001, 70001};
+}
+
+struct communicators {
+  herd::mpi_communicator shm{MPI_COMM_WORLD, with(herd::algorithm::automatic, small_slice)};
+  herd::mpi_communicator ring{MPI_COMM_WORLD, with(herd::algorithm::ring)};
+  int rank = shm.rank();
+  int size = shm.size();
+};
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("shared memory: ranks of one node find it; forced ring does not use it", 1) {
+  communicators w;
+  CHECK((w.shm.shared_node() != nullptr) == (w.size > 1));
+  CHECK(w.shm.node_part() == nullptr);
+  CHECK(w.ring.shared_node() == nullptr);
+  if (w.size > 1) CHECK(w.shm.shared_node()->slice_bytes() == small_slice);
+}
+
+HERD_MPI_TEST_CASE("shared memory allreduce: the ring's bits and MPI's, on every rank, every dtype and op", 1) {
+  communicators w;
+  rng pick(5);
+  for (herd::dtype t : every_dtype) {
+    for (herd::reduce_op op : every_op) {
+      if (!herd::supports(t, op)) continue;
+      for (std::size_t n : counts_for(w.size)) {
+        const bool in_place = pick.below(2) == 0;
+        INFO("dtype ", herd::name(t), " op ", herd::name(op), " count ", n, in_place ? " in place" : "");
+        const std::uint64_t seed = 17 * n + 101 * static_cast<std::uint64_t>(op) + static_cast<std::uint64_t>(t);
+        const bytes mine = input_of(seed, w.rank, t, n, op, values::exact);
+        const bytes got = allreduce_with(w.shm, mine, t, op, in_place);
+        CHECK(got == allreduce_with(w.ring, mine, t, op, in_place));
+        if (const MPI_Op mo = mpi_op(t, op); mo != MPI_OP_NULL && mpi_type(t) != MPI_DATATYPE_NULL) {
+          bytes theirs = mine;
+          MPI_Allreduce(MPI_IN_PLACE, theirs.data(), static_cast<int>(n), mpi_type(t), mo, MPI_COMM_WORLD);
+          CHECK(got == theirs);
+        }
+        CHECK(same_on_every_rank(got));
+      }
+    }
+  }
+}
+
+HERD_MPI_TEST_CASE("shared memory allreduce of arbitrary floats: the same bits on every rank and in every run", 1) {
+  communicators w;
+  herd::mpi_communicator big_slices;  // the default slice: 1 MiB
+  for (herd::dtype t : {herd::dtype::f32, herd::dtype::f16, herd::dtype::bf16, herd::dtype::f64}) {
+    for (herd::reduce_op op : {herd::reduce_op::sum, herd::reduce_op::avg, herd::reduce_op::prod}) {
+      for (std::size_t n : {std::size_t{3001}, std::size_t{700001}}) {
+        INFO("dtype ", herd::name(t), " op ", herd::name(op), " count ", n);
+        const bytes mine = input_of(n + 7, w.rank, t, n, op, values::rough);
+        herd::mpi_communicator& c = n > 10000 ? big_slices : w.shm;
+        const bytes first = allreduce_with(c, mine, t, op, true);
+        CHECK(same_on_every_rank(first));
+        CHECK(allreduce_with(c, mine, t, op, false) == first);
+      }
+    }
+  }
+}
+
+HERD_MPI_TEST_CASE("shared memory reduce_scatter, allgather(v) and broadcast: the ring's bits and MPI's", 1) {
+  communicators w;
+  const auto p = static_cast<std::size_t>(w.size);
+  for (herd::dtype t : every_dtype) {
+    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{777}, std::size_t{2500}}) {
+      INFO("dtype ", herd::name(t), " block ", block);
+      const herd::reduce_op op = herd::reduce_op::sum;
+      const std::uint64_t seed = 31 * block + static_cast<std::uint64_t>(t);
+      const std::size_t es = herd::size_of(t);
+
+      // reduce_scatter: block r of the sum ends on rank r.
+      const bytes mine = input_of(seed, w.rank, t, block * p, op, values::exact);
+      bytes shm_part(block * es), ring_part(block * es);
+      herd::buffer_view in_view{const_cast<std::byte*>(mine.data()), block * p, t};
+      herd::buffer_view shm_view = view(shm_part, t), ring_view = view(ring_part, t);
+      herd::reduce_scatter(in_view, shm_view, w.shm, op);
+      herd::reduce_scatter(in_view, ring_view, w.ring, op);
+      CHECK(shm_part == ring_part);
+      if (mpi_type(t) != MPI_DATATYPE_NULL) {
+        bytes theirs(block * es);
+        MPI_Reduce_scatter_block(mine.data(), theirs.data(), static_cast<int>(block), mpi_type(t), MPI_SUM, MPI_COMM_WORLD);
+        CHECK(shm_part == theirs);
+      }
+
+      // allgatherv: rank r contributes block + r elements.
+      std::vector<std::size_t> counts;
+      std::vector<int> mpi_counts, mpi_offsets;
+      std::size_t total = 0;
+      for (std::size_t r = 0; r < p; ++r) {
+        counts.push_back(block + r);
+        mpi_counts.push_back(static_cast<int>((block + r) * es));
+        mpi_offsets.push_back(static_cast<int>(total * es));
+        total += block + r;
+      }
+      const bytes piece = input_of(seed + 1, w.rank, t, counts[static_cast<std::size_t>(w.rank)], op, values::exact);
+      bytes shm_all(total * es), ring_all(total * es), mpi_all(total * es);
+      herd::buffer_view piece_view{const_cast<std::byte*>(piece.data()), piece.size() / es, t};
+      herd::buffer_view shm_all_view = view(shm_all, t), ring_all_view = view(ring_all, t);
+      herd::allgatherv(piece_view, shm_all_view, counts, w.shm);
+      herd::allgatherv(piece_view, ring_all_view, counts, w.ring);
+      CHECK(shm_all == ring_all);
+      MPI_Allgatherv(piece.data(), static_cast<int>(piece.size()), MPI_BYTE, mpi_all.data(), mpi_counts.data(),
+                     mpi_offsets.data(), MPI_BYTE, MPI_COMM_WORLD);
+      CHECK(shm_all == mpi_all);
+
+      // allgather in place: this rank's slot of the output is the input.
+      bytes gathered(block * p * es);
+      std::memcpy(gathered.data() + static_cast<std::size_t>(w.rank) * block * es, mine.data(), block * es);
+      herd::buffer_view slot{gathered.data() + static_cast<std::size_t>(w.rank) * block * es, block, t};
+      herd::buffer_view gathered_view = view(gathered, t);
+      herd::allgather(slot, gathered_view, w.shm);
+      bytes expected(block * p * es);
+      MPI_Allgather(mine.data(), static_cast<int>(block * es), MPI_BYTE, expected.data(), static_cast<int>(block * es),
+                    MPI_BYTE, MPI_COMM_WORLD);
+      CHECK(gathered == expected);
+
+      // broadcast from the last rank.
+      const int root = w.size - 1;
+      bytes shm_b = input_of(seed + 2, w.rank, t, block * 3, op, values::exact), mpi_b = shm_b;
+      herd::buffer_view b_view = view(shm_b, t);
+      herd::broadcast(b_view, w.shm, root);
+      MPI_Bcast(mpi_b.data(), static_cast<int>(mpi_b.size()), MPI_BYTE, root, MPI_COMM_WORLD);
+      CHECK(shm_b == mpi_b);
+    }
+  }
+}
+
+HERD_MPI_TEST_CASE("shared memory on a sub-communicator of some ranks", 3) {
+  communicators w;
+  const int colour = w.rank % 2;
+  herd::mpi_communicator part = w.shm.split(colour, w.rank);
+  herd::mpi_communicator part_ring = w.ring.split(colour, w.rank);
+  CHECK((part.shared_node() != nullptr) == (part.size() > 1));
+  if (part.shared_node() != nullptr) CHECK(part.shared_node()->size() == part.size());
+  for (std::size_t n : {std::size_t{5}, std::size_t{3001}}) {
+    const bytes mine = input_of(n, w.rank, herd::dtype::i32, n, herd::reduce_op::sum, values::exact);
+    CHECK(allreduce_with(part, mine, herd::dtype::i32, herd::reduce_op::sum, true) ==
+          allreduce_with(part_ring, mine, herd::dtype::i32, herd::reduce_op::sum, true));
+  }
+  herd::barrier(part);
+}
+
+HERD_MPI_TEST_CASE("two simulated nodes: the hierarchical allreduce gives the ring's bits on every rank", 4) {
+  if (herd::runtime::defaults().simulated_node_size != 0) return;
+  const int world = [] {
+    int s = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    return s;
+  }();
+  const int node_size = world / 2;
+  herd::mpi_communicator nodes(MPI_COMM_WORLD, with(herd::algorithm::automatic, small_slice, node_size));
+  herd::mpi_communicator ring(MPI_COMM_WORLD, with(herd::algorithm::ring));
+  if (world % 2 != 0) {  // unequal nodes: auto keeps the ring
+    CHECK(nodes.across_nodes() == nullptr);
+    return;
+  }
+  REQUIRE(nodes.node_part() != nullptr);
+  REQUIRE(nodes.across_nodes() != nullptr);
+  CHECK(nodes.shared_node() == nullptr);
+  CHECK(nodes.node_part()->size() == node_size);
+  CHECK(nodes.across_nodes()->size() == 2);
+  rng pick(9);
+  for (herd::dtype t : every_dtype) {
+    for (herd::reduce_op op : every_op) {
+      if (!herd::supports(t, op)) continue;
+      for (std::size_t n : {std::size_t{3}, std::size_t{3001}, std::size_t{70001}}) {
+        const bool in_place = pick.below(2) == 0;
+        INFO("dtype ", herd::name(t), " op ", herd::name(op), " count ", n, in_place ? " in place" : "");
+        const bytes mine = input_of(n * 3 + static_cast<std::uint64_t>(op), nodes.rank(), t, n, op, values::exact);
+        const bytes got = allreduce_with(nodes, mine, t, op, in_place);
+        CHECK(got == allreduce_with(ring, mine, t, op, in_place));
+        CHECK(same_on_every_rank(got));
+      }
+    }
+  }
+  const bytes rough = input_of(1, nodes.rank(), herd::dtype::f32, 50001, herd::reduce_op::avg, values::rough);
+  CHECK(same_on_every_rank(allreduce_with(nodes, rough, herd::dtype::f32, herd::reduce_op::avg, false)));
+}
+
+HERD_MPI_TEST_CASE("shared memory options: differing or impossible ones are an error on every rank at creation", 2) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string differing = error_of([&] {
+    herd::mpi_communicator c(MPI_COMM_WORLD, with(rank == 1 ? herd::algorithm::ring : herd::algorithm::automatic));
+  });
+  INFO(differing);
+  CHECK(has(differing, "HERD_ALLREDUCE_ALGORITHM differs across ranks (rank 0: auto, rank 1: ring"));
+  const std::string slices = error_of([&] {
+    herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::automatic, rank == 0 ? 8192 : 4096));
+  });
+  CHECK(has(slices, "HERD_SHM_SLICE_BYTES differs across ranks"));
+  const std::string apart = error_of([&] {
+    herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::shared_memory, small_slice, 1));
+  });
+  INFO(apart);
+  CHECK(has(apart, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node"));
+  // Every rank goes on: a communicator with agreeing options works.
+  herd::mpi_communicator fine(MPI_COMM_WORLD, with(herd::algorithm::shared_memory));
+  std::vector<int> v(10, 1);
+  herd::allreduce(v, fine);
+  CHECK(v[0] == fine.size());
+}
+
+namespace {
+// Rank 1 sleeps before it publishes this step (once).
+std::uint64_t stall_at = 0;
+void stall(std::uint64_t ticket) {
+  if (ticket != stall_at) return;
+  stall_at = 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the communicator refuses, a new one is exact", 2) {
+  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 0.7;
+  herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+  const std::size_t n = 20000;  // 80 KB: 20 slices of 4 KiB
+  std::vector<float> v(n, 1.0f);
+  // Steps: barrier #1 is step 1, barrier #2 step 2, the allreduce's agreement step 3 and its
+  // slices steps 4 to 23: rank 1 stalls in the 7th slice.
+  if (comm.rank() == 1) {
+    stall_at = 10;
+    herd::detail::shm_step_hook() = stall;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] {
+    herd::barrier(comm);
+    herd::barrier(comm);
+    herd::allreduce(v, comm);
+  });
+  herd::detail::shm_step_hook() = nullptr;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(message);
+  CHECK(stall_at == 0);
+  CHECK(has(message, "herd::allreduce on rank " + std::to_string(comm.rank())));
+  if (comm.rank() == 1) {
+    CHECK(has(message, "aborted its operation #3"));
+  } else {
+    CHECK((has(message, "has waited 0.7 s in allreduce #3 (78.1 KiB f32) for rank 1 (through shared memory)") ||
+           has(message, "aborted its operation #3")));
+  }
+  CHECK(seconds < 10);
+  const std::string later = error_of([&] { herd::allreduce(v, comm); });
+  CHECK(has(later, "this communicator was aborted by an earlier error"));
+  herd::mpi_communicator fresh = comm.renew();
+  std::vector<float> w(n, static_cast<float>(comm.rank() + 1));
+  herd::allreduce(w, fresh);
+  const auto p = static_cast<float>(comm.size());
+  CHECK(w == std::vector<float>(n, p * (p + 1) / 2));
+}
