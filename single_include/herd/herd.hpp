@@ -3419,7 +3419,7 @@ class mpi_state {
         notice->type = type;
         notice->seq = seq;
         const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
-        std::memcpy(notice->reason, reason.data(), n);
+        if (n != 0) std::memcpy(notice->reason, reason.data(), n);
         outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
         auto& [buffer, request] = outgoing.back();
         MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);

@@ -235,7 +235,7 @@ HERD_MPI_TEST_CASE("shared memory reduce_scatter, allgather(v) and broadcast: th
 
       // allgather in place: this rank's slot of the output is the input.
       bytes gathered(block * p * es);
-      std::memcpy(gathered.data() + static_cast<std::size_t>(w.rank) * block * es, mine.data(), block * es);
+      if (block != 0) std::memcpy(gathered.data() + static_cast<std::size_t>(w.rank) * block * es, mine.data(), block * es);
       herd::buffer_view slot{gathered.data() + static_cast<std::size_t>(w.rank) * block * es, block, t};
       herd::buffer_view gathered_view = view(gathered, t);
       herd::allgather(slot, gathered_view, w.shm);
