@@ -5920,6 +5920,8 @@ HERD_CONFIG_NAMESPACE_END
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <span>
+#include <vector>
 
 namespace herd::detail {
 
@@ -5940,12 +5942,46 @@ void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, O
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }
 
-// Allreduce of `count` elements over every rank of the node. Per slice: each rank copies the
-// pieces of its input that the others reduce into its buffer; after the first half-step rank g
-// reduces piece g from every buffer (its own from its input) into the hole in its buffer; after
-// the second, every rank copies every reduced piece out.
+// A host tensor made of consecutive parts of one dtype (a grouped allreduce's tensors, a
+// distributed optimizer's gradients), addressed as one: element i of the whole is in the part
+// whose range holds i.
+class host_parts {
+ public:
+  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes) : parts_(parts), es_(element_bytes) {
+    starts_.reserve(parts.size() + 1);
+    std::size_t at = 0;
+    for (const buffer_view& v : parts) {
+      starts_.push_back(at);
+      at += v.count;
+    }
+    starts_.push_back(at);
+  }
+
+  // f(pointer, offset from begin, elements) for each contiguous run of [begin, begin + n).
+  template <class F> void each(std::size_t begin, std::size_t n, F&& f) const {
+    if (n == 0) return;
+    auto k = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (std::size_t done = 0; done < n; ++k) {
+      const std::size_t at = begin + done;
+      const std::size_t run = std::min(starts_[k + 1] - at, n - done);
+      if (run != 0) f(static_cast<std::byte*>(parts_[k].data) + (at - starts_[k]) * es_, done, run);
+      done += run;
+    }
+  }
+
+ private:
+  std::span<const buffer_view> parts_;
+  std::size_t es_;
+  std::vector<std::size_t> starts_;
+};
+
+// Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
+// parts when in place). Per slice: each rank copies the pieces of its input that the others
+// reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
+// own from its input) into the hole in its buffer; after the second, every rank copies every
+// reduced piece out.
 template <class C>
-void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
                    std::size_t count) {
   const std::size_t es = size_of(type);
   const int p = node.size();
@@ -5957,26 +5993,43 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     const std::size_t lo = pieces.offset(g);
     const std::size_t hi = lo + pieces.length(g);
-    const std::byte* src = in + begin * es;
     const std::uint64_t t = node.next_ticket();
     std::byte* mine = node.buffer(node.rank(), t);
-    std::memcpy(mine, src, lo * es);
-    std::memcpy(mine + hi * es, src + hi * es, (m - hi) * es);
+    auto copy_in = [&](std::size_t from, std::size_t n) {
+      in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+        std::memcpy(mine + (from + at) * es, src, run * es);
+      });
+    };
+    copy_in(0, lo);
+    copy_in(hi, m - hi);
     node.publish(t);
     node.wait_all(comm, t);
-    if (hi > lo) {
+    in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
+      const std::size_t offset = (lo + at) * es;
       reduce_in_rank_order(
-          type, op, mine + lo * es, p,
-          [&](int q) { return static_cast<std::size_t>(q) == g ? src + lo * es : node.buffer(q, t) + lo * es; }, hi - lo,
-          avg_ranks);
-    }
+          type, op, mine + offset, p,
+          [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+    });
     node.publish(t, shm_node::reduced);
     node.wait_all(comm, t, shm_node::reduced);
     for (int c = 0; c < p; ++c) {
-      const std::size_t at = pieces.offset(static_cast<std::size_t>(c));
-      std::memcpy(out + (begin + at) * es, node.buffer(c, t) + at * es, pieces.length(static_cast<std::size_t>(c)) * es);
+      const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
+      const std::byte* reduced = node.buffer(c, t) + from * es;
+      out.each(begin + from, pieces.length(static_cast<std::size_t>(c)), [&](std::byte* dst, std::size_t at, std::size_t run) {
+        std::memcpy(dst, reduced + at * es, run * es);
+      });
     }
   }
+}
+
+// The same for one contiguous tensor.
+template <class C>
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                   std::size_t count) {
+  const buffer_view whole_in{const_cast<std::byte*>(in), count, type};
+  const buffer_view whole_out{out, count, type};
+  shm_allreduce(comm, node, type, op, host_parts({&whole_in, 1}, size_of(type)), host_parts({&whole_out, 1}, size_of(type)),
+                count);
 }
 
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
@@ -6485,6 +6538,15 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
+    if constexpr (with_shared_node<C>) {
+      if (shm_node* node = comm.shared_node()) {  // straight from and into the tensors: no packing
+        std::vector<buffer_view> parts;
+        for (std::size_t i : members) parts.push_back(tensors[i]);
+        const host_parts whole(parts, es);
+        shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
+        continue;
+      }
+    }
     std::byte* fused = scratch(count * es, 3);
     std::size_t at = 0;
     for (std::size_t i : members) {
@@ -6503,6 +6565,35 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
   } else {
     (void)host_sync;
   }
+}
+
+// Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
+// shares the node, and there is more than a one-shot allreduce's worth of data.
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
+  if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
+  std::size_t count = 0;
+  for (const buffer_view& v : parts) count += v.count;
+  return count * size_of(parts.front().type) > one_shot_bytes(comm);
+}
+
+// Host tensors of one dtype reduced in place as one allreduce of their total count, through the
+// node's shared memory straight from and into them: what a fusion buffer does, without its two
+// copies. The caller checked reduces_in_shared_memory and the tensors themselves (the
+// distributed optimizer's gradients).
+template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+  const dtype type = parts.front().type;
+  std::size_t count = 0;
+  for (const buffer_view& v : parts) count += v.count;
+  call_check check(op_kind::allreduce, comm.rank(), comm.size());
+  run_collective(comm, {op_kind::allreduce, 0, count, type, true}, [&](bool) {
+    signature mine;
+    mine.type = type;
+    mine.op = op;
+    mine.count = count;
+    agree(comm, mine, check);
+    const host_parts whole(parts, size_of(type));
+    shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
+  });
 }
 
 template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;
@@ -8517,6 +8608,9 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 // - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
 //   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
 //   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
+//   When every rank shares a node (mpi_communicator's shared memory) and nothing is compressed or
+//   scaled, the group goes into shared memory and back straight from and into the gradients: one
+//   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
 //   (for op avg), which keeps sums of many large gradients from overflowing in f16.
@@ -9172,6 +9266,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       allreduce(in_place, comm_, wire_op_);
       return;
     }
+    if constexpr (detail::with_shared_node<C>) {
+      if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
+        return;
+      }
+    }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
     buffer_view packed = mover.fusion(wire, total);
@@ -9191,6 +9290,18 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     mover.begin();
     mover.move(unpack, lone.type, wire, scale_after_);
     mover.finish();
+  }
+
+  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
+  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
+  // False (nothing done) where that does not apply.
+  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
+    std::vector<buffer_view> parts;
+    parts.reserve(bucket.size());
+    for (std::size_t i : bucket) parts.push_back(grads[i]);
+    if (!detail::reduces_in_shared_memory(comm_, parts)) return false;
+    detail::allreduce_in_shared_memory(comm_, parts, wire_op_);
+    return true;
   }
 
   // --- Buckets (mark_ready).

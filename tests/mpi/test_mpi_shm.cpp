@@ -380,3 +380,62 @@ HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the com
   const auto p = static_cast<float>(comm.size());
   CHECK(w == std::vector<float>(n, p * (p + 1) / 2));
 }
+
+namespace {
+struct step_counter {
+  int steps = 0;
+  void step() { ++steps; }
+};
+
+// Seven gradients, f32 and f64 mixed (two groups), 84 KB in all: past the one-shot size.
+std::vector<bytes> gradients_of(int rank, herd::reduce_op op) {
+  std::vector<bytes> g;
+  for (std::size_t i = 0; i < 7; ++i) {
+    const herd::dtype t = i % 3 == 1 ? herd::dtype::f64 : herd::dtype::f32;
+    g.push_back(input_of(100 + i, rank, t, 1000 + 700 * i, op, values::exact));
+  }
+  return g;
+}
+
+std::vector<herd::buffer_view> views_of(std::vector<bytes>& g) {
+  std::vector<herd::buffer_view> v;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const herd::dtype t = i % 3 == 1 ? herd::dtype::f64 : herd::dtype::f32;
+    v.push_back(view(g[i], t));
+  }
+  return v;
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("distributed optimizer on one node: gradients reduced in shared memory get the fusion buffer's bits", 1) {
+  communicators w;
+  for (herd::reduce_op op : {herd::reduce_op::sum, herd::reduce_op::avg}) {
+    INFO("op ", herd::name(op));
+    std::vector<bytes> direct = gradients_of(w.rank, op), packed = direct;
+    step_counter a, b;
+    herd::optimizer_options options;
+    options.op = op;
+    herd::distributed_optimizer through_shm(a, views_of(direct), w.shm, options);
+    herd::distributed_optimizer through_ring(b, views_of(packed), w.ring, options);
+    for (int step = 0; step < 2; ++step) {
+      CHECK(through_shm.step());
+      CHECK(through_ring.step());
+      CHECK(direct == packed);
+    }
+    CHECK(a.steps == 2);
+    bytes all;
+    for (const bytes& g : direct) all.insert(all.end(), g.begin(), g.end());
+    CHECK(same_on_every_rank(all));
+  }
+}
+
+HERD_MPI_TEST_CASE("grouped allreduce on one node: straight from and into the tensors, the ring's bits", 1) {
+  communicators w;
+  for (herd::reduce_op op : {herd::reduce_op::sum, herd::reduce_op::max, herd::reduce_op::avg}) {
+    INFO("op ", herd::name(op));
+    std::vector<bytes> a = gradients_of(w.rank, op), b = a;
+    herd::allreduce(views_of(a), w.shm, op);
+    herd::allreduce(views_of(b), w.ring, op);
+    CHECK(a == b);
+  }
+}

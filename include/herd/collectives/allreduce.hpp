@@ -234,6 +234,15 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
+    if constexpr (with_shared_node<C>) {
+      if (shm_node* node = comm.shared_node()) {  // straight from and into the tensors: no packing
+        std::vector<buffer_view> parts;
+        for (std::size_t i : members) parts.push_back(tensors[i]);
+        const host_parts whole(parts, es);
+        shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
+        continue;
+      }
+    }
     std::byte* fused = scratch(count * es, 3);
     std::size_t at = 0;
     for (std::size_t i : members) {
@@ -252,6 +261,35 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
   } else {
     (void)host_sync;
   }
+}
+
+// Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
+// shares the node, and there is more than a one-shot allreduce's worth of data.
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
+  if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
+  std::size_t count = 0;
+  for (const buffer_view& v : parts) count += v.count;
+  return count * size_of(parts.front().type) > one_shot_bytes(comm);
+}
+
+// Host tensors of one dtype reduced in place as one allreduce of their total count, through the
+// node's shared memory straight from and into them: what a fusion buffer does, without its two
+// copies. The caller checked reduces_in_shared_memory and the tensors themselves (the
+// distributed optimizer's gradients).
+template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+  const dtype type = parts.front().type;
+  std::size_t count = 0;
+  for (const buffer_view& v : parts) count += v.count;
+  call_check check(op_kind::allreduce, comm.rank(), comm.size());
+  run_collective(comm, {op_kind::allreduce, 0, count, type, true}, [&](bool) {
+    signature mine;
+    mine.type = type;
+    mine.op = op;
+    mine.count = count;
+    agree(comm, mine, check);
+    const host_parts whole(parts, size_of(type));
+    shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
+  });
 }
 
 template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;

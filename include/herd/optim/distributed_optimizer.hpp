@@ -12,6 +12,9 @@
 // - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
 //   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
 //   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
+//   When every rank shares a node (mpi_communicator's shared memory) and nothing is compressed or
+//   scaled, the group goes into shared memory and back straight from and into the gradients: one
+//   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
 //   (for op avg), which keeps sums of many large gradients from overflowing in f16.
@@ -427,6 +430,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       allreduce(in_place, comm_, wire_op_);
       return;
     }
+    if constexpr (detail::with_shared_node<C>) {
+      if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
+        return;
+      }
+    }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
     buffer_view packed = mover.fusion(wire, total);
@@ -446,6 +454,18 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     mover.begin();
     mover.move(unpack, lone.type, wire, scale_after_);
     mover.finish();
+  }
+
+  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
+  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
+  // False (nothing done) where that does not apply.
+  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
+    std::vector<buffer_view> parts;
+    parts.reserve(bucket.size());
+    for (std::size_t i : bucket) parts.push_back(grads[i]);
+    if (!detail::reduces_in_shared_memory(comm_, parts)) return false;
+    detail::allreduce_in_shared_memory(comm_, parts, wire_op_);
+    return true;
   }
 
   // --- Buckets (mark_ready).

@@ -13,10 +13,13 @@
 #include <herd/comm/detail/shm.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
+#include <herd/tensor/buffer_view.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <span>
+#include <vector>
 
 namespace herd::detail {
 
@@ -37,12 +40,46 @@ void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, O
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }
 
-// Allreduce of `count` elements over every rank of the node. Per slice: each rank copies the
-// pieces of its input that the others reduce into its buffer; after the first half-step rank g
-// reduces piece g from every buffer (its own from its input) into the hole in its buffer; after
-// the second, every rank copies every reduced piece out.
+// A host tensor made of consecutive parts of one dtype (a grouped allreduce's tensors, a
+// distributed optimizer's gradients), addressed as one: element i of the whole is in the part
+// whose range holds i.
+class host_parts {
+ public:
+  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes) : parts_(parts), es_(element_bytes) {
+    starts_.reserve(parts.size() + 1);
+    std::size_t at = 0;
+    for (const buffer_view& v : parts) {
+      starts_.push_back(at);
+      at += v.count;
+    }
+    starts_.push_back(at);
+  }
+
+  // f(pointer, offset from begin, elements) for each contiguous run of [begin, begin + n).
+  template <class F> void each(std::size_t begin, std::size_t n, F&& f) const {
+    if (n == 0) return;
+    auto k = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (std::size_t done = 0; done < n; ++k) {
+      const std::size_t at = begin + done;
+      const std::size_t run = std::min(starts_[k + 1] - at, n - done);
+      if (run != 0) f(static_cast<std::byte*>(parts_[k].data) + (at - starts_[k]) * es_, done, run);
+      done += run;
+    }
+  }
+
+ private:
+  std::span<const buffer_view> parts_;
+  std::size_t es_;
+  std::vector<std::size_t> starts_;
+};
+
+// Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
+// parts when in place). Per slice: each rank copies the pieces of its input that the others
+// reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
+// own from its input) into the hole in its buffer; after the second, every rank copies every
+// reduced piece out.
 template <class C>
-void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
                    std::size_t count) {
   const std::size_t es = size_of(type);
   const int p = node.size();
@@ -54,26 +91,43 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     const std::size_t lo = pieces.offset(g);
     const std::size_t hi = lo + pieces.length(g);
-    const std::byte* src = in + begin * es;
     const std::uint64_t t = node.next_ticket();
     std::byte* mine = node.buffer(node.rank(), t);
-    std::memcpy(mine, src, lo * es);
-    std::memcpy(mine + hi * es, src + hi * es, (m - hi) * es);
+    auto copy_in = [&](std::size_t from, std::size_t n) {
+      in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+        std::memcpy(mine + (from + at) * es, src, run * es);
+      });
+    };
+    copy_in(0, lo);
+    copy_in(hi, m - hi);
     node.publish(t);
     node.wait_all(comm, t);
-    if (hi > lo) {
+    in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
+      const std::size_t offset = (lo + at) * es;
       reduce_in_rank_order(
-          type, op, mine + lo * es, p,
-          [&](int q) { return static_cast<std::size_t>(q) == g ? src + lo * es : node.buffer(q, t) + lo * es; }, hi - lo,
-          avg_ranks);
-    }
+          type, op, mine + offset, p,
+          [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+    });
     node.publish(t, shm_node::reduced);
     node.wait_all(comm, t, shm_node::reduced);
     for (int c = 0; c < p; ++c) {
-      const std::size_t at = pieces.offset(static_cast<std::size_t>(c));
-      std::memcpy(out + (begin + at) * es, node.buffer(c, t) + at * es, pieces.length(static_cast<std::size_t>(c)) * es);
+      const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
+      const std::byte* reduced = node.buffer(c, t) + from * es;
+      out.each(begin + from, pieces.length(static_cast<std::size_t>(c)), [&](std::byte* dst, std::size_t at, std::size_t run) {
+        std::memcpy(dst, reduced + at * es, run * es);
+      });
     }
   }
+}
+
+// The same for one contiguous tensor.
+template <class C>
+void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                   std::size_t count) {
+  const buffer_view whole_in{const_cast<std::byte*>(in), count, type};
+  const buffer_view whole_out{out, count, type};
+  shm_allreduce(comm, node, type, op, host_parts({&whole_in, 1}, size_of(type)), host_parts({&whole_out, 1}, size_of(type)),
+                count);
 }
 
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
