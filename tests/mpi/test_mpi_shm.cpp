@@ -439,3 +439,28 @@ HERD_MPI_TEST_CASE("grouped allreduce on one node: straight from and into the te
     CHECK(a == b);
   }
 }
+
+HERD_MPI_TEST_CASE("overlap buckets on one node: reduced in shared memory from the gradients themselves, the packed bits", 2) {
+  communicators w;
+  herd::optimizer_options options;
+  options.op = herd::reduce_op::avg;
+  options.first_bucket_bytes = 20000;  // past the one-shot size, and several buckets
+  options.bucket_bytes = 40000;
+  std::vector<bytes> direct = gradients_of(w.rank, options.op), packed = direct;
+  step_counter a, b;
+  herd::distributed_optimizer through_shm(a, views_of(direct), w.shm, options);
+  herd::distributed_optimizer through_ring(b, views_of(packed), w.ring, options);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = direct.size(); i-- > 0;) {
+      through_shm.mark_ready(i);
+      through_ring.mark_ready(i);
+    }
+    CHECK(through_shm.step());
+    CHECK(through_ring.step());
+    CHECK(direct == packed);
+  }
+  CHECK(through_shm.buckets().size() >= 3);
+  CHECK(through_shm.overlap().steps == 3);
+  CHECK(through_shm.overlap().packed_bytes == 0);  // nothing copied into bucket buffers
+  CHECK(through_ring.overlap().packed_bytes > 0);
+}

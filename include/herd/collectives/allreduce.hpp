@@ -27,7 +27,9 @@
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstring>
+#include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace herd::detail {
@@ -273,23 +275,31 @@ template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const
 }
 
 // Host tensors of one dtype reduced in place as one allreduce of their total count, through the
-// node's shared memory straight from and into them: what a fusion buffer does, without its two
-// copies. The caller checked reduces_in_shared_memory and the tensors themselves (the
-// distributed optimizer's gradients).
-template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+// node's shared memory straight from and into them: what a fusion buffer or a bucket does,
+// without its two copies. The caller checked reduces_in_shared_memory and the tensors themselves
+// (the distributed optimizer's gradients). On the wire it is the allreduce of one tensor of that
+// count, so a rank that packed the same gradients into one buffer takes part in the same
+// operation. Returns the operation's label and body, for run_collective or start_collective.
+template <communicator C>
+std::pair<op_label, std::function<void(bool)>> allreduce_in_shared_memory_body(C& comm, std::vector<buffer_view> parts,
+                                                                                reduce_op op) {
   const dtype type = parts.front().type;
   std::size_t count = 0;
   for (const buffer_view& v : parts) count += v.count;
-  call_check check(op_kind::allreduce, comm.rank(), comm.size());
-  run_collective(comm, {op_kind::allreduce, 0, count, type, true}, [&](bool) {
-    signature mine;
-    mine.type = type;
-    mine.op = op;
-    mine.count = count;
-    agree(comm, mine, check);
-    const host_parts whole(parts, size_of(type));
-    shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
-  });
+  return {op_label{op_kind::allreduce, 0, count, type, true}, [&comm, parts = std::move(parts), op, type, count](bool) {
+            signature mine;
+            mine.type = type;
+            mine.op = op;
+            mine.count = count;
+            agree(comm, mine, call_check(op_kind::allreduce, comm.rank(), comm.size()));
+            const host_parts whole(parts, size_of(type));
+            shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
+          }};
+}
+
+template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+  auto [label, body] = allreduce_in_shared_memory_body(comm, {parts.begin(), parts.end()}, op);
+  run_collective(comm, label, body);
 }
 
 template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;

@@ -38,7 +38,9 @@
 //   gradients follow each other in memory in the bucket's order is reduced where they are, with
 //   no copy in or out. bucket_layout() says where each gradient goes for that; with
 //   gradient_as_bucket_view the buckets keep that layout (they are not rebuilt), so storage
-//   allocated by it stays valid for the optimizer's life.
+//   allocated by it stays valid for the optimizer's life. When every rank shares a node
+//   (mpi_communicator's shared memory), a host bucket goes into shared memory straight from its
+//   gradients wherever they are, and its result straight back into them: no copies either.
 // - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
 //   and the same options, and raises herd::error on every rank if not. Later steps check that
 //   this rank's gradients are still those (and on one device); a rank whose are not says so in
@@ -234,6 +236,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // gradients are. The first form reads the gradient from the list the optimizer was given (the
   // source is called once per pass); the second takes its current view. Call from one thread at a
   // time. In passes that only accumulate (no_sync, backward_passes_per_step) it does nothing.
+  // From then until step() returns the gradient is herd's: the reduction may read it, and write
+  // the reduced values into it, at any moment (as with DDP's gradient_as_bucket_view).
   void mark_ready(std::size_t i) { mark(i, nullptr); }
   void mark_ready(std::size_t i, const buffer_view& gradient) { mark(i, &gradient); }
 
@@ -580,6 +584,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       return;
     }
     const dtype wire = wire_dtype(options_.compression, plan.type);
+    bool started = false;
     with_device_mover([&](auto& mover) {
       mover.begin();
       if (accumulated_ > 0) {
@@ -587,7 +592,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
           if (marked_[i]) mover.fold(ready_views_[i], accumulators_[i]);
         }
       }
-      st.in_place = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0 && lives_in_place(plan);
+      const bool as_is = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0;
+      st.in_place = as_is && lives_in_place(plan);
+      if constexpr (detail::with_shared_node<C>) {
+        if (as_is && !st.in_place && shared_memory_bucket(b)) {
+          mover.finish();
+          started = true;
+          return;
+        }
+      }
       if (st.in_place) {
         mover.finish();
         const buffer_view& first = ready_views_[plan.members.front()];
@@ -612,8 +625,33 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         stats_.packed_bytes += plan.count * size_of(plan.type);
       }
     });
+    if (started) return;
     detail::call_check fine(detail::op_kind::allreduce, comm_.rank(), comm_.size());
     start_bucket(st, std::move(fine), st.buffer);
+  }
+
+  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
+  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
+  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
+  bool shared_memory_bucket(std::size_t b) {
+    const detail::bucket_plan::bucket& plan = plan_.buckets[b];
+    std::vector<buffer_view> parts;
+    parts.reserve(plan.members.size());
+    for (std::size_t i : plan.members) {
+      if (!marked_[i]) return false;
+      parts.push_back(ready_views_[i]);
+    }
+    if (!detail::reduces_in_shared_memory(comm_, parts)) return false;
+    bucket_state& st = buckets_[b];
+    st.in_place = true;
+    st.buffer = {};
+    auto [label, body] = detail::allreduce_in_shared_memory_body(comm_, std::move(parts), wire_op_);
+    st.done.emplace(detail::start_collective(comm_, label, [body = std::move(body), seconds = st.seconds](bool sync) {
+      const auto start = std::chrono::steady_clock::now();
+      body(sync);
+      seconds->store(seconds_since(start));
+    }));
+    return true;
   }
 
   // Whether the bucket's gradients were all marked and follow each other in memory in its order
