@@ -1060,7 +1060,7 @@ inline settings read_settings() {
   s.shm_slice_bytes = static_cast<std::size_t>(
       env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
   if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
-    if (s.problem.empty() && s.shm_slice_bytes != settings{}.shm_slice_bytes) {
+    if (s.problem.empty()) {
       s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
                   " is out of range; give a number of bytes between 4096 and 1073741824";
     }
@@ -1820,7 +1820,9 @@ class shm_node {
       waiting watch(comm.options());
       while (peer.load(std::memory_order_acquire) < t) {
         if (watch.tick()) {
-          comm.while_waiting();  // a peer's abort or departure raises here
+          // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
+          // communicators compile this path for shared_node_of's sake and never take it.)
+          if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
           const operation_state& ops = comm.operations();
           watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
                       (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
@@ -2006,9 +2008,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) return shm_exchange(comm, *node, mine, payload, payload_bytes);
-  }
+  if (shm_node* node = shared_node_of(comm)) return shm_exchange(comm, *node, mine, payload, payload_bytes);
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
@@ -3947,6 +3947,11 @@ class mpi_communicator {
     const comm_options& o = options();
     if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
     auto body = [&] {
+      const detail::error_site site{"communicator", rank(), size()};
+      if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {  // the same on every rank
+        detail::raise_agreed(site, "shm_slice_bytes " + std::to_string(o.shm_slice_bytes) + " is out of range",
+                             "Give comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) between 4096 and 1073741824");
+      }
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
         check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
@@ -3976,7 +3981,9 @@ class mpi_communicator {
         std::int32_t size = 0;
         char text[1024] = {};    // the segment's name (first rank), or what went wrong
       };
-      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, o.shm_slice_bytes);
+      // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
+      const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
+      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
       if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
@@ -3985,22 +3992,19 @@ class mpi_communicator {
       mine.size = node_size;
       std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      {
+      auto exchange_reports = [&] {
         const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
         for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
-      }
+      };
+      exchange_reports();
       const std::string name = reports[static_cast<std::size_t>(members[0])].text;
       if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
       // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
       std::memset(mine.text, 0, sizeof mine.text);
       std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
-      }
+      exchange_reports();
       segment.unlink();
 
-      const detail::error_site site{"communicator", rank(), size()};
       std::string trouble;
       int nodes = 0;
       bool equal_sizes = true;
@@ -4032,7 +4036,7 @@ class mpi_communicator {
         return;
       }
       if (node_size > 1) {
-        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, o.shm_slice_bytes);
+        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
         s_->node_is_everyone = one_node;
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
@@ -6213,10 +6217,8 @@ void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<co
   auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
   if (comm.size() == 1) return;
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) {
-      return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
-    }
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
   }
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
 }
@@ -6540,14 +6542,12 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
-    if constexpr (with_shared_node<C>) {
-      if (shm_node* node = comm.shared_node()) {  // straight from and into the tensors: no packing
-        std::vector<buffer_view> parts;
-        for (std::size_t i : members) parts.push_back(tensors[i]);
-        const host_parts whole(parts, es);
-        shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
-        continue;
-      }
+    if (shm_node* node = shared_node_of(comm)) {  // straight from and into the tensors: no packing
+      std::vector<buffer_view> parts;
+      for (std::size_t i : members) parts.push_back(tensors[i]);
+      const host_parts whole(parts, es);
+      shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
+      continue;
     }
     std::byte* fused = scratch(count * es, 3);
     std::size_t at = 0;
@@ -6826,9 +6826,7 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
   const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) return shm_broadcast(comm, *node, data, bytes, root);
-  }
+  if (shm_node* node = shared_node_of(comm)) return shm_broadcast(comm, *node, data, bytes, root);
   if (bytes <= broadcast_tree_max_bytes) {
     broadcast_tree(comm, data, bytes, root);
   } else {
@@ -6948,10 +6946,8 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), out.count);
   const chunk_layout chunks = chunk_layout::of_counts(counts);
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) {
-      return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
-    }
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
@@ -9280,10 +9276,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       allreduce(in_place, comm_, wire_op_);
       return;
     }
-    if constexpr (detail::with_shared_node<C>) {
-      if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
-        return;
-      }
+    if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
+      return;
     }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
@@ -9440,12 +9434,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       }
       const bool as_is = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0;
       st.in_place = as_is && lives_in_place(plan);
-      if constexpr (detail::with_shared_node<C>) {
-        if (as_is && !st.in_place && shared_memory_bucket(b)) {
-          mover.finish();
-          started = true;
-          return;
-        }
+      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+        mover.finish();
+        started = true;
+        return;
       }
       if (st.in_place) {
         mover.finish();

@@ -324,6 +324,8 @@ HERD_MPI_TEST_CASE("shared memory options: differing or impossible ones are an e
     herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::automatic, rank == 0 ? 8192 : 4096));
   });
   CHECK(has(slices, "HERD_SHM_SLICE_BYTES differs across ranks"));
+  const std::string tiny = error_of([&] { herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::automatic, 1000)); });
+  CHECK(has(tiny, "shm_slice_bytes 1000 is out of range"));
   const std::string apart = error_of([&] {
     herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::shared_memory, small_slice, 1));
   });

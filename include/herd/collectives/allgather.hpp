@@ -115,10 +115,8 @@ void allgather_host(C& comm, const_buffer_view in, buffer_view out, std::span<co
   auto* base = static_cast<std::byte*>(out.data);
   if (in.data != base + before * es && in.count != 0) std::memcpy(base + before * es, in.data, in.bytes());
   if (comm.size() == 1) return;
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) {
-      return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
-    }
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_allgather(comm, *node, es, chunk_layout::of_counts(counts), base + before * es, base);
   }
   ring_allgather(comm, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
 }

@@ -236,14 +236,12 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
-    if constexpr (with_shared_node<C>) {
-      if (shm_node* node = comm.shared_node()) {  // straight from and into the tensors: no packing
-        std::vector<buffer_view> parts;
-        for (std::size_t i : members) parts.push_back(tensors[i]);
-        const host_parts whole(parts, es);
-        shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
-        continue;
-      }
+    if (shm_node* node = shared_node_of(comm)) {  // straight from and into the tensors: no packing
+      std::vector<buffer_view> parts;
+      for (std::size_t i : members) parts.push_back(tensors[i]);
+      const host_parts whole(parts, es);
+      shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
+      continue;
     }
     std::byte* fused = scratch(count * es, 3);
     std::size_t at = 0;

@@ -129,9 +129,7 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
 template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
   const std::size_t bytes = v.bytes();
   auto* data = static_cast<std::byte*>(v.data);
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) return shm_broadcast(comm, *node, data, bytes, root);
-  }
+  if (shm_node* node = shared_node_of(comm)) return shm_broadcast(comm, *node, data, bytes, root);
   if (bytes <= broadcast_tree_max_bytes) {
     broadcast_tree(comm, data, bytes, root);
   } else {

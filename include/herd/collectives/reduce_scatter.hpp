@@ -89,10 +89,8 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   const std::vector<std::size_t> counts(static_cast<std::size_t>(p), out.count);
   const chunk_layout chunks = chunk_layout::of_counts(counts);
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) {
-      return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
-    }
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};

@@ -843,6 +843,11 @@ class mpi_communicator {
     const comm_options& o = options();
     if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
     auto body = [&] {
+      const detail::error_site site{"communicator", rank(), size()};
+      if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {  // the same on every rank
+        detail::raise_agreed(site, "shm_slice_bytes " + std::to_string(o.shm_slice_bytes) + " is out of range",
+                             "Give comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) between 4096 and 1073741824");
+      }
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
         check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
@@ -872,7 +877,9 @@ class mpi_communicator {
         std::int32_t size = 0;
         char text[1024] = {};    // the segment's name (first rank), or what went wrong
       };
-      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, o.shm_slice_bytes);
+      // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
+      const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
+      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
       if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
@@ -881,22 +888,19 @@ class mpi_communicator {
       mine.size = node_size;
       std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      {
+      auto exchange_reports = [&] {
         const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
         for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
-      }
+      };
+      exchange_reports();
       const std::string name = reports[static_cast<std::size_t>(members[0])].text;
       if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
       // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
       std::memset(mine.text, 0, sizeof mine.text);
       std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
-      }
+      exchange_reports();
       segment.unlink();
 
-      const detail::error_site site{"communicator", rank(), size()};
       std::string trouble;
       int nodes = 0;
       bool equal_sizes = true;
@@ -928,7 +932,7 @@ class mpi_communicator {
         return;
       }
       if (node_size > 1) {
-        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, o.shm_slice_bytes);
+        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
         s_->node_is_everyone = one_node;
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {

@@ -434,10 +434,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       allreduce(in_place, comm_, wire_op_);
       return;
     }
-    if constexpr (detail::with_shared_node<C>) {
-      if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
-        return;
-      }
+    if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
+      return;
     }
     std::size_t total = 0;
     for (std::size_t i : bucket) total += grads[i].count;
@@ -594,12 +592,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       }
       const bool as_is = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0;
       st.in_place = as_is && lives_in_place(plan);
-      if constexpr (detail::with_shared_node<C>) {
-        if (as_is && !st.in_place && shared_memory_bucket(b)) {
-          mover.finish();
-          started = true;
-          return;
-        }
+      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+        mover.finish();
+        started = true;
+        return;
       }
       if (st.in_place) {
         mover.finish();

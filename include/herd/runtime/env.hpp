@@ -114,7 +114,7 @@ inline settings read_settings() {
   s.shm_slice_bytes = static_cast<std::size_t>(
       env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
   if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
-    if (s.problem.empty() && s.shm_slice_bytes != settings{}.shm_slice_bytes) {
+    if (s.problem.empty()) {
       s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
                   " is out of range; give a number of bytes between 4096 and 1073741824";
     }

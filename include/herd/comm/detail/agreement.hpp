@@ -161,9 +161,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  if constexpr (with_shared_node<C>) {
-    if (shm_node* node = comm.shared_node()) return shm_exchange(comm, *node, mine, payload, payload_bytes);
-  }
+  if (shm_node* node = shared_node_of(comm)) return shm_exchange(comm, *node, mine, payload, payload_bytes);
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);

@@ -198,7 +198,9 @@ class shm_node {
       waiting watch(comm.options());
       while (peer.load(std::memory_order_acquire) < t) {
         if (watch.tick()) {
-          comm.while_waiting();  // a peer's abort or departure raises here
+          // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
+          // communicators compile this path for shared_node_of's sake and never take it.)
+          if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
           const operation_state& ops = comm.operations();
           watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
                       (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
