@@ -54,8 +54,8 @@ template <class T> void fill(T* p, std::size_t n, herd_test::rng& g, herd::reduc
 struct arena {
   alignas(16) std::byte bytes[4][8 * 4200 + 64];
   void poison() { std::memset(bytes, 0xa5, sizeof bytes); }
-  template <class T> T* at(int which, std::size_t element_offset) {
-    return reinterpret_cast<T*>(bytes[which]) + element_offset;
+  template <class T> T* at(int which, std::size_t element_offset, std::size_t byte_shift = 0) {
+    return reinterpret_cast<T*>(bytes[which] + byte_shift) + element_offset;
   }
 };
 
@@ -98,6 +98,53 @@ TEST_CASE("the reduce kernel body equals the host reduction for every dtype x op
       });
     }
   }
+}
+
+// Pointers that share a misalignment within an element never reach a 16-byte boundary together
+// (a GPU refuses such pointers at launch; the bodies must still never issue a misaligned vector
+// access, which the emulated loads and stores would report). Sizes above a vector's elements.
+TEST_CASE("kernel bodies on pointers misaligned within an element take no misaligned vector access") {
+  static arena mem;
+  herd_test::rng g(80);
+  for (auto type : herd::all_dtypes) {
+    if (herd::size_of(type) == 1) continue;
+    herd::visit(type, [&](auto element) {
+      using T = decltype(element);
+      for (std::size_t shift = 1; shift < sizeof(T); ++shift) {
+        for (std::size_t n : {std::size_t{17}, std::size_t{100}, std::size_t{1000}}) {
+          const std::size_t threads = grids[g.below(4)];
+          mem.poison();
+          T* a = mem.at<T>(0, 1, shift);
+          T* b = mem.at<T>(1, 1, shift);
+          T* out = mem.at<T>(2, 1, shift);
+          T* want = mem.at<T>(3, 1, shift);
+          fill(a, n, g, herd::reduce_op::sum);
+          fill(b, n, g, herd::reduce_op::sum);
+          herd::detail::host_reduce(type, herd::reduce_op::sum, want, a, b, n, 0);
+          INFO(herd::name(type), " shift ", shift, " n=", n, " threads ", threads);
+          CHECK_NOTHROW(run_reduce<T>(herd::reduce_op::sum, {out, a, b, n, 0}, threads));
+          CHECK(std::memcmp(out, want, n * sizeof(T)) == 0);
+          if constexpr (!std::is_integral_v<T>) {
+            CHECK_NOTHROW(emulate(threads, [&](std::size_t t, std::size_t all) {
+              cast_thread<T, T>({out, a, n, 0.5}, t, all);
+            }));
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("the emulated vector access fails on a misaligned address, as the GPU does") {
+  alignas(16) std::byte bytes[64] = {};
+  auto load_at = [&](std::size_t offset) { return load_lanes<float, 4>(reinterpret_cast<const float*>(bytes + offset)); };
+  auto store_at = [&](std::size_t offset) {
+    store_lanes<std::uint16_t, 2>(reinterpret_cast<std::uint16_t*>(bytes + offset), {});
+  };
+  CHECK_NOTHROW(load_at(16));
+  CHECK_NOTHROW(store_at(4));
+  CHECK_THROWS_WITH_AS(load_at(4), doctest::Contains("misaligned 16-byte vector load"), herd::error);
+  CHECK_THROWS_WITH_AS(store_at(2), doctest::Contains("misaligned 4-byte vector store"), herd::error);
 }
 
 TEST_CASE("the cast kernel body equals the host cast for every float pair, scale, size, offset and grid") {

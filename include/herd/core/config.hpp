@@ -25,17 +25,44 @@
 // in different TUs never merge either.
 #define HERD_PP_CAT_(a, b) a##b
 #define HERD_PP_CAT(a, b) HERD_PP_CAT_(a, b)
-#define HERD_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, n, ...) n
-#define HERD_PP_COUNT(...) HERD_PP_COUNT_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define HERD_PP_ARCHS_1(a) cuda_##a
-#define HERD_PP_ARCHS_2(a, b) cuda_##a##_##b
-#define HERD_PP_ARCHS_3(a, b, c) cuda_##a##_##b##_##c
-#define HERD_PP_ARCHS_4(a, b, c, d) cuda_##a##_##b##_##c##_##d
-#define HERD_PP_ARCHS_5(a, b, c, d, e) cuda_##a##_##b##_##c##_##d##_##e
-#define HERD_PP_ARCHS_6(a, b, c, d, e, f) cuda_##a##_##b##_##c##_##d##_##e##_##f
-#define HERD_PP_ARCHS_7(a, b, c, d, e, f, g) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g
-#define HERD_PP_ARCHS_8(a, b, c, d, e, f, g, h) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g##_##h
-#define HERD_PP_ARCHS_(...) HERD_PP_CAT(HERD_PP_ARCHS_, HERD_PP_COUNT(__VA_ARGS__))(__VA_ARGS__)
+// The list is joined with underscores one element at a time (800 ## _900 is the pp-number
+// 800_900), for lists of up to 32 architectures (nvcc -arch=all names 12 in CUDA 13); a longer
+// list names a macro that does not exist, and the compiler says so.
+#define HERD_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, n, ...) n
+#define HERD_PP_COUNT(...) HERD_PP_COUNT_(__VA_ARGS__, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define HERD_PP_JOIN_1(a) a
+#define HERD_PP_JOIN_2(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_1(__VA_ARGS__)))
+#define HERD_PP_JOIN_3(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_2(__VA_ARGS__)))
+#define HERD_PP_JOIN_4(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_3(__VA_ARGS__)))
+#define HERD_PP_JOIN_5(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_4(__VA_ARGS__)))
+#define HERD_PP_JOIN_6(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_5(__VA_ARGS__)))
+#define HERD_PP_JOIN_7(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_6(__VA_ARGS__)))
+#define HERD_PP_JOIN_8(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_7(__VA_ARGS__)))
+#define HERD_PP_JOIN_9(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_8(__VA_ARGS__)))
+#define HERD_PP_JOIN_10(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_9(__VA_ARGS__)))
+#define HERD_PP_JOIN_11(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_10(__VA_ARGS__)))
+#define HERD_PP_JOIN_12(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_11(__VA_ARGS__)))
+#define HERD_PP_JOIN_13(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_12(__VA_ARGS__)))
+#define HERD_PP_JOIN_14(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_13(__VA_ARGS__)))
+#define HERD_PP_JOIN_15(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_14(__VA_ARGS__)))
+#define HERD_PP_JOIN_16(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_15(__VA_ARGS__)))
+#define HERD_PP_JOIN_17(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_16(__VA_ARGS__)))
+#define HERD_PP_JOIN_18(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_17(__VA_ARGS__)))
+#define HERD_PP_JOIN_19(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_18(__VA_ARGS__)))
+#define HERD_PP_JOIN_20(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_19(__VA_ARGS__)))
+#define HERD_PP_JOIN_21(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_20(__VA_ARGS__)))
+#define HERD_PP_JOIN_22(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_21(__VA_ARGS__)))
+#define HERD_PP_JOIN_23(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_22(__VA_ARGS__)))
+#define HERD_PP_JOIN_24(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_23(__VA_ARGS__)))
+#define HERD_PP_JOIN_25(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_24(__VA_ARGS__)))
+#define HERD_PP_JOIN_26(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_25(__VA_ARGS__)))
+#define HERD_PP_JOIN_27(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_26(__VA_ARGS__)))
+#define HERD_PP_JOIN_28(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_27(__VA_ARGS__)))
+#define HERD_PP_JOIN_29(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_28(__VA_ARGS__)))
+#define HERD_PP_JOIN_30(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_29(__VA_ARGS__)))
+#define HERD_PP_JOIN_31(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_30(__VA_ARGS__)))
+#define HERD_PP_JOIN_32(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_31(__VA_ARGS__)))
+#define HERD_PP_ARCHS_(...) HERD_PP_CAT(cuda_, HERD_PP_CAT(HERD_PP_JOIN_, HERD_PP_COUNT(__VA_ARGS__))(__VA_ARGS__))
 #define HERD_PP_ARCHS(...) HERD_PP_ARCHS_(__VA_ARGS__)
 
 #if defined(__CUDACC__) && defined(__CUDA_ARCH_LIST__)

@@ -86,6 +86,17 @@ template <class Fn> void visit_floating(dtype t, const char* operation, Fn&& fn)
   }
 }
 
+// A GPU loads an element only from a multiple of its size (any other address faults with
+// cudaErrorMisalignedAddress), so a tensor that is not at one is refused before the launch.
+inline void require_element_aligned(const char* operation, const void* p, dtype type) {
+  if (detail::address(p) % size_of(type) == 0) return;
+  herd::detail::raise({operation},
+                      "a " + std::string(name(type)) + " tensor at address " + std::to_string(detail::address(p)) +
+                          " is not aligned to its " + std::to_string(size_of(type)) + "-byte elements",
+                      "Pass tensors whose data starts at a multiple of the element size (cudaMalloc'ed memory "
+                      "and every framework's tensors do)");
+}
+
 inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
                    cudaStream_t stream) {
   if (n == 0) return;
@@ -93,6 +104,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
     herd::detail::raise({"cuda::reduce"}, "reduce_op::" + std::string(name(op)) + " is not defined on " + std::string(name(type)),
           "Check supports(dtype, reduce_op) first");
   }
+  for (const void* p : {static_cast<const void*>(out), a, b}) require_element_aligned("cuda::reduce", p, type);
   visit(type, [&](auto element) {
     using T = decltype(element);
     const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
@@ -117,6 +129,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 // data = data / ranks: herd's avg of values summed elsewhere.
 inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
+  require_element_aligned("cuda::finalize_avg", data, type);
   visit(type, [&](auto element) {
     using T = decltype(element);
     kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
@@ -132,6 +145,8 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
     if (out != in) HERD_CUDA_CHECK(cudaMemcpyAsync(out, in, n * size_of(in_type), cudaMemcpyDeviceToDevice, stream));
     return;
   }
+  require_element_aligned("cuda::cast", out, out_type);
+  require_element_aligned("cuda::cast", in, in_type);
   visit_floating(out_type, "cuda::cast", [&](auto d) {
     visit_floating(in_type, "cuda::cast", [&](auto s) {
       using D = decltype(d);
@@ -164,6 +179,10 @@ class batched_copy {
     table.reserve(items.size());
     std::uint64_t blocks = 0;
     for (const item& it : items) {
+      if (!bytes && it.count != 0) {
+        require_element_aligned("cuda::batched_copy", it.in, in_type);
+        require_element_aligned("cuda::batched_copy", it.out, out_type);
+      }
       const std::uint64_t count = it.count * per_element;
       table.push_back({it.in, it.out, count, blocks});
       blocks += detail::batch_blocks(count, elements_per_block);
