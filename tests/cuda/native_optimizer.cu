@@ -1,7 +1,9 @@
 // Compiled by nvcc: the distributed optimizer, broadcast_object and metrics on a communicator
 // with native collectives (nccl_communicator's shape). Their host-side checks and values travel
 // over its control channel; the GPU gradients go to its native allreduce. No GPU is touched:
-// with fusion off, each gradient is reduced in place by the (recording) native collective.
+// with fusion off, each gradient is reduced in place by the (recording) native collective. (avg
+// would add herd's division kernel after NCCL's sum here, under nvcc, and that needs a GPU: the
+// optimizer sums.)
 #include <herd/herd.hpp>
 
 #include "../support/native_stand_in.hpp"
@@ -21,10 +23,10 @@ TEST_CASE("distributed optimizer, broadcast_object and metrics work over a nativ
       int steps = 0;
       void step() { ++steps; }
     } inner;
-    herd::distributed_optimizer opt(inner, grads, comm, {.fusion_threshold_bytes = 0});
+    herd::distributed_optimizer opt(inner, grads, comm, {.op = herd::reduce_op::sum, .fusion_threshold_bytes = 0});
     CHECK(opt.step());
     CHECK(inner.steps == 1);
-    const std::vector<std::string> want = {"allreduce avg", "synchronize", "allreduce avg", "synchronize"};
+    const std::vector<std::string> want = {"allreduce sum", "synchronize", "allreduce sum", "synchronize"};
     CHECK(comm.calls == want);
 
     int epoch = host.rank() == 1 ? 7 : 0;

@@ -7,6 +7,7 @@
 
 #include "reference.hpp"
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -57,8 +58,12 @@ class emulated_device {
   }
   void finish() { wait(mark()); }
 
-  std::byte* host_buffer(std::size_t bytes, int which) { return grow(host_[which], bytes); }
+  std::byte* host_buffer(std::size_t bytes, int which) { return grow(host_.at(static_cast<std::size_t>(which)), bytes); }
   std::byte* device_buffer(std::size_t bytes) { return grow(device_, bytes); }
+
+  // The staging memory it was asked for, in all (page-locked host, device).
+  std::size_t host_bytes() const { return host_[0].size() + host_[1].size(); }
+  std::size_t device_bytes() const { return device_.size(); }
 
  private:
   static std::byte* grow(std::vector<std::byte>& v, std::size_t bytes) {
@@ -103,7 +108,7 @@ class emulated_device {
   std::size_t enqueued_ = 0;
   std::size_t completed_ = 0;
   bool stopping_ = false;
-  std::vector<std::byte> host_[3];
+  std::array<std::vector<std::byte>, 2> host_;
   std::vector<std::byte> device_;
   std::thread worker_;
 };

@@ -1,6 +1,7 @@
-// The staged ring allreduce (device memory over a host-memory communicator) with an emulated
+// herd's staged collectives (device memory over a host-memory communicator) with an emulated
 // asynchronous device: its copies and reductions run later, on another thread, so every place the
-// algorithm must wait for them is exercised. Against the plain reference, every rank bitwise alike.
+// algorithms must wait for them is exercised. Against the plain reference, every rank bitwise
+// alike, with staging memory bounded by the window whatever the tensor's size.
 
 #include <herd/collectives/detail/staged_ring.hpp>
 #include <herd/comm/local.hpp>
@@ -13,18 +14,41 @@
 #include <string>
 #include <vector>
 
+namespace {
+
+struct staged_case {
+  herd::dtype type;
+  herd::reduce_op op;
+  int p;
+  std::size_t n;
+  std::size_t segment;
+};
+
+staged_case draw_case(herd_test::rng& g) {
+  const herd::dtype type = herd::all_dtypes[g.below(8)];
+  std::vector<herd::reduce_op> ops;
+  for (auto op : herd::all_reduce_ops)
+    if (herd::supports(type, op)) ops.push_back(op);
+  const herd::reduce_op op = ops[g.below(ops.size())];
+  const int p = g.between(1, 5);
+  const std::size_t n = g.below(3) == 0 ? g.below(static_cast<std::uint64_t>(2 * p + 1)) : g.below(5000);
+  const std::size_t segment = std::size_t{16} << g.below(8);  // 16 B .. 2 KiB: many segments
+  return {type, op, p, n, segment};
+}
+
+// What the staged collectives may hold: the window's slots of one segment, whatever the tensor.
+void check_bounded(const herd_test::emulated_device& device, std::size_t segment) {
+  CHECK(device.host_bytes() <= herd::detail::staged_host_bytes(segment));
+  CHECK(device.device_bytes() <= herd::detail::staged_window * segment);
+}
+
+}  // namespace
+
 TEST_CASE("staged ring allreduce over an emulated device matches the reference") {
   herd_test::rng g(0x57a9ed);
   int checked = 0;
-  for (int c = 0; c < 150; ++c) {
-    const herd::dtype type = herd::all_dtypes[g.below(8)];
-    std::vector<herd::reduce_op> ops;
-    for (auto op : herd::all_reduce_ops)
-      if (herd::supports(type, op)) ops.push_back(op);
-    const herd::reduce_op op = ops[g.below(ops.size())];
-    const int p = g.between(1, 6);
-    const std::size_t n = g.below(3) == 0 ? g.below(static_cast<std::uint64_t>(2 * p + 1)) : g.below(5000);
-    const std::size_t segment = std::size_t{16} << g.below(8);  // 16 B .. 2 KiB: many segments
+  for (int c = 0; c < 100; ++c) {
+    const auto [type, op, p, n, segment] = draw_case(g);
     const bool in_place = g.below(2) == 0;
     herd::visit(type, [&](auto element) {
       using T = decltype(element);
@@ -39,6 +63,7 @@ TEST_CASE("staged ring allreduce over an emulated device matches the reference")
         herd::detail::staged_ring_allreduce(comm, device, type, op, reinterpret_cast<const std::byte*>(in.data()),
                                             reinterpret_cast<std::byte*>(out.data()), n, segment);
         if (in_place) results[r] = in;
+        check_bounded(device, segment);
       });
       const auto want = herd_test::reference_reduce(inputs, op);
       for (std::size_t r = 0; r < results.size(); ++r) {
@@ -50,5 +75,79 @@ TEST_CASE("staged ring allreduce over an emulated device matches the reference")
       ++checked;
     });
   }
-  CHECK(checked == 150);
+  CHECK(checked == 100);
+}
+
+TEST_CASE("staged ring reduce_scatter over an emulated device matches the reference") {
+  herd_test::rng g(0x57a9ee);
+  for (int c = 0; c < 60; ++c) {
+    const auto [type, op, p, n, segment] = draw_case(g);
+    herd::visit(type, [&](auto element) {
+      using T = decltype(element);
+      const std::size_t per_rank = n / static_cast<std::size_t>(p);
+      const std::size_t total = per_rank * static_cast<std::size_t>(p);
+      std::vector<std::vector<T>> inputs;
+      for (int r = 0; r < p; ++r) inputs.push_back(herd_test::draw_vector<T>(g, total, herd_test::values::exact, op));
+      std::vector<std::vector<T>> results(static_cast<std::size_t>(p), std::vector<T>(per_rank));
+      herd::local::run(p, [&](herd::local_communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        herd_test::emulated_device device(2000 + r);
+        herd::detail::staged_ring_reduce_scatter(comm, device, type, op,
+                                                 reinterpret_cast<const std::byte*>(inputs[r].data()),
+                                                 reinterpret_cast<std::byte*>(results[r].data()), per_rank, segment);
+        check_bounded(device, segment);
+      });
+      const auto full = herd_test::reference_reduce(inputs, op);
+      for (std::size_t r = 0; r < results.size(); ++r) {
+        const std::vector<T> want(full.begin() + static_cast<std::ptrdiff_t>(r * per_rank),
+                                  full.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank));
+        std::vector<std::vector<T>> parts;
+        for (const auto& in : inputs)
+          parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(r * per_rank),
+                             in.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank));
+        const std::string diff = herd_test::compare(results[r], want, parts, op, herd_test::values::exact);
+        INFO(herd::name(type), " ", herd::name(op), " p=", p, " per rank ", per_rank, " segment ", segment, " rank ", r);
+        CHECK_MESSAGE(diff.empty(), diff);
+      }
+    });
+  }
+}
+
+TEST_CASE("staged ring allgatherv and chain broadcast over an emulated device deliver every byte") {
+  herd_test::rng g(0x57a9ef);
+  for (int c = 0; c < 60; ++c) {
+    const int p = g.between(1, 5);
+    const std::size_t segment = std::size_t{8} << g.below(8);
+    std::vector<std::size_t> counts;
+    for (int r = 0; r < p; ++r) counts.push_back(g.below(4) == 0 ? 0 : g.below(3000));
+    const herd::detail::chunk_layout chunks = herd::detail::chunk_layout::of_counts(counts);
+    std::size_t total = 0;
+    for (auto k : counts) total += k;
+    std::vector<std::uint8_t> whole(total);
+    for (auto& b : whole) b = static_cast<std::uint8_t>(g.next());
+    const int root = g.between(0, p - 1);
+    const std::size_t broadcast_bytes = g.below(3) == 0 ? g.below(40) : g.below(20000);
+    std::vector<std::uint8_t> message(broadcast_bytes);
+    for (auto& b : message) b = static_cast<std::uint8_t>(g.next());
+    std::vector<std::vector<std::uint8_t>> gathered(static_cast<std::size_t>(p)), received(static_cast<std::size_t>(p));
+    herd::local::run(p, [&](herd::local_communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      herd_test::emulated_device device(3000 + r);
+      std::vector<std::uint8_t> out(total, 0xee);
+      std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]), counts[r],
+                  out.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]));
+      herd::detail::staged_ring_allgather(comm, device, reinterpret_cast<std::byte*>(out.data()), 1, chunks, segment);
+      gathered[r] = out;
+      std::vector<std::uint8_t> data = static_cast<int>(r) == root ? message : std::vector<std::uint8_t>(broadcast_bytes, 0xee);
+      herd::detail::staged_chain_broadcast(comm, device, reinterpret_cast<std::byte*>(data.data()), data.size(), root,
+                                           segment);
+      received[r] = data;
+      check_bounded(device, segment);
+    });
+    for (int r = 0; r < p; ++r) {
+      INFO("p=", p, " segment ", segment, " rank ", r, " root ", root, " bytes ", broadcast_bytes);
+      CHECK(gathered[static_cast<std::size_t>(r)] == whole);
+      CHECK(received[static_cast<std::size_t>(r)] == message);
+    }
+  }
 }

@@ -100,9 +100,7 @@ template <communicator C> void run_allgatherv(C& comm, const allgather_call& cal
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (call.in.device.is_cuda()) {
-      return through_host(call.in, call.out, [&](const_buffer_view host_in, buffer_view host_out) {
-        allgather_host(comm, host_in, host_out, call.counts, call.before);
-      });
+      return staged_allgather(comm, call.in, call.out, call.counts, call.before);
     }
 #endif
     allgather_host(comm, call.in, call.out, call.counts, call.before);

@@ -119,7 +119,7 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (v.device.is_cuda()) {
-      return through_host(v, v, [&](const_buffer_view, buffer_view host) { broadcast_host(comm, host, root); });
+      return staged_broadcast(comm, v, root);
     }
 #endif
     broadcast_host(comm, v, root);

@@ -68,9 +68,7 @@ template <communicator C> void run_reduce_scatter(C& comm, const reduce_scatter_
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {
-      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
-        reduce_scatter_host(comm, host_in, host_out, op);
-      });
+      return staged_reduce_scatter(comm, in, out, op);
     }
 #endif
     reduce_scatter_host(comm, in, out, op);

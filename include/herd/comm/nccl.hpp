@@ -8,12 +8,13 @@
 //
 // herd's collectives on it are operations of its MPI communicator (control()): they agree on their
 // arguments across ranks over MPI, then call NCCL on the communicator's stream and wait for the
-// result. While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
+// result; NCCL's stream first waits, by an event, for the caller's stream (cuda::current_stream():
+// the default stream, or the one a cuda::use_stream scope names). While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
 // peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
 // minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
 // and raises herd::error, on every rank, instead of hanging. The _async collectives are
 // stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
-// makes the caller's current stream wait for them, synchronize() waits on the host.
+// makes the caller's stream wait for them, synchronize() waits on the host.
 //
 // Available under nvcc, and in host-compiled files of programs that link herd::nccl (which
 // defines HERD_WITH_NCCL): NCCL and the CUDA runtime are plain C APIs.
@@ -97,7 +98,6 @@ class nccl_communicator {
       if (stream == nullptr) {
         own_stream_ = std::make_unique<cuda::stream>();
         stream_ = own_stream_->get();
-        upstream_ = std::make_unique<cuda::event>();
       } else {
         stream_ = stream;
       }
@@ -171,7 +171,7 @@ class nccl_communicator {
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
     return mark(peer, tag, false);
   }
@@ -179,7 +179,7 @@ class nccl_communicator {
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
     return mark(peer, tag, true);
   }
@@ -207,7 +207,7 @@ class nccl_communicator {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclGroupStart(), "ncclGroupStart");
     check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
     check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
@@ -243,8 +243,8 @@ class nccl_communicator {
         done_.record(owner.stream_);
       }
       bool test() override { return done_.done(); }
-      // The caller's current stream (the default one) waits for the operation.
-      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, done_.get(), 0)); }
+      // The caller's stream (cuda::current_stream()) waits for the operation.
+      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
       void synchronize() override {
         detail::waiting watch(with_nccl_timeout(owner_->options()));
         while (!done_.done()) {
@@ -262,30 +262,31 @@ class nccl_communicator {
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
   // arguments agree on every rank. They enqueue on stream(); synchronize() waits.
-  // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg).
+  // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg, which scales before it sums; herd's
+  // collectives call it only where herd's own sum-then-divide kernel is not compiled in).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
                             stream_),
           "ncclReduceScatter");
@@ -306,12 +307,13 @@ class nccl_communicator {
   }
 
  private:
-  // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
-  // the legacy default stream by frameworks without streams of their own) are done. On the
-  // caller's stream, ordering is the caller's stream's.
-  void order_after_default_stream() {
-    if (!upstream_) return;
-    upstream_->record(cudaStreamLegacy);
+  // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
+  // event, for the caller's stream (cuda::current_stream()) when that is another stream.
+  void order_after_caller() {
+    const cudaStream_t caller = cuda::current_stream();
+    if (caller == stream_) return;
+    if (!upstream_) upstream_ = std::make_unique<cuda::event>();
+    upstream_->record(caller);
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
   }
 
@@ -413,7 +415,7 @@ class nccl_communicator {
   mpi_communicator control_;
   int device_ = 0;
   std::unique_ptr<cuda::stream> own_stream_;
-  std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
+  std::unique_ptr<cuda::event> upstream_;  // marks the caller's work that NCCL waits for
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;

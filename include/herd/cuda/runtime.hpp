@@ -1,6 +1,6 @@
 #pragma once
 // Owning handles for the CUDA objects herd uses: the current device, streams, events, and
-// grow-only device and pinned host buffers.
+// grow-only device and pinned host buffers; and the caller's stream, which herd's GPU work follows.
 
 #include <herd/cuda/error.hpp>
 
@@ -11,6 +11,37 @@
 #include <utility>
 
 namespace herd::cuda {
+
+namespace detail {
+inline cudaStream_t& caller_stream_slot() noexcept {
+  thread_local cudaStream_t stream = nullptr;
+  return stream;
+}
+}  // namespace detail
+
+// The stream whose work herd's GPU work on this thread waits for (the tensors' producers) and
+// that waits for herd's asynchronous work (handle::wait): the one a use_stream scope names, else
+// the default stream (0: the legacy one, or the per-thread one when compiled with
+// --default-stream per-thread). herd orders itself after it with an event, never by
+// synchronizing the device, so producers on non-blocking streams are waited for too.
+inline cudaStream_t current_stream() noexcept { return detail::caller_stream_slot(); }
+
+// For its lifetime, herd's GPU work on this thread follows `stream`: the stream your framework
+// computes on, as a CUDAStreamGuard sets libtorch's. Collectives started _async inside the scope
+// keep following it when they run later on another thread.
+//
+//   herd::cuda::use_stream on(my_stream);
+//   herd::allreduce(grad, comm);   // reads grad after the work queued on my_stream
+class use_stream {
+ public:
+  explicit use_stream(cudaStream_t stream) noexcept : previous_(std::exchange(detail::caller_stream_slot(), stream)) {}
+  use_stream(const use_stream&) = delete;
+  use_stream& operator=(const use_stream&) = delete;
+  ~use_stream() { detail::caller_stream_slot() = previous_; }
+
+ private:
+  cudaStream_t previous_;
+};
 
 // Makes `device` current for its lifetime and restores the previous one after.
 class device_guard {

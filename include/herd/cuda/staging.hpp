@@ -1,7 +1,8 @@
 #pragma once
 // The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
 // stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
-// and events as markers. One per device and thread, so that its buffers are reused.
+// and events as markers. One per device and thread, so that its buffers (the staging slots, of a
+// size bounded by the segment) are reused.
 
 #include <herd/core/config.hpp>
 #include <herd/cuda/kernels.hpp>
@@ -21,14 +22,13 @@ class stream_stage {
 
   explicit stream_stage(int device) : device_(device) {}
 
-  // Orders this stage after the work already queued on the legacy default stream (where
-  // frameworks without streams of their own, and blocking streams, put their kernels).
+  // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
   // buffers it sends from and receives into are device memory, filled by device-to-device copies.
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    ready_.record(cudaStreamLegacy);
+    ready_.record(current_stream());
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
   }
 
@@ -70,8 +70,8 @@ class stream_stage {
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
   bool direct_ = false;
-  cuda::pinned_buffer pinned_[3];
-  cuda::device_buffer on_device_[3];
+  cuda::pinned_buffer pinned_[2];
+  cuda::device_buffer on_device_[2];
   cuda::device_buffer scratch_;
 };
 

@@ -15,6 +15,7 @@
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstring>
+#include <span>
 #include <string>
 
 namespace herd::detail {
@@ -51,34 +52,51 @@ template <communicator C> const char* unreachable_advice(const C& comm, device d
 }
 
 #if HERD_WITH_CUDA_KERNELS
-// Device tensors over a host-memory communicator: the ring allreduce staged through page-locked
-// host buffers (device buffers, when the MPI is CUDA-aware), reductions on the device.
-template <communicator C>
-void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
+// Device tensors over a host-memory communicator: herd's staged collectives
+// (detail/staged_ring.hpp), through bounded page-locked host slots (device slots, when the MPI
+// is CUDA-aware), reductions on the device; ordered after the caller's stream. Each runs with its
+// device current and returns once the device is done.
+template <communicator C, class Run> void run_staged(C& comm, int device, Run run) {
   const cuda::device_guard on(device);
   cuda::stream_stage& stage = cuda::stage_for(device);
   bool direct = false;
   if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
   stage.begin(direct);
-  staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
-                        comm.options().ring_segment_bytes);
+  run(stage);
 }
 
-// The other collectives on device tensors over a host-memory communicator: the input copied to
-// the host, the host algorithm, the output copied back.
-template <class Run>
-void through_host(const_buffer_view in, buffer_view out, Run run) {
-  const int device = (in.device.is_cuda() ? in.device : out.device).index;
-  const cuda::device_guard on(device);
-  cuda::stream_stage& stage = cuda::stage_for(device);
-  stage.begin();
-  std::byte* host_in = stage.host_buffer(in.bytes(), 0);
-  std::byte* host_out = in.data == out.data ? host_in : stage.host_buffer(out.bytes(), 1);
-  if (in.bytes() != 0) stage.to_host(host_in, in.data, in.bytes());
-  stage.finish();
-  run(const_buffer_view(host_in, in.count, in.type), buffer_view{host_out, out.count, out.type, device::cpu()});
-  if (out.bytes() != 0) stage.to_device(out.data, host_out, out.bytes());
-  stage.finish();
+template <communicator C>
+void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
+  run_staged(comm, device, [&](cuda::stream_stage& stage) {
+    staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
+                          comm.options().ring_segment_bytes);
+  });
+}
+
+template <communicator C> void staged_reduce_scatter(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
+  run_staged(comm, out.device.index, [&](cuda::stream_stage& stage) {
+    staged_ring_reduce_scatter(comm, stage, in.type, op, static_cast<const std::byte*>(in.data),
+                               static_cast<std::byte*>(out.data), out.count, comm.options().ring_segment_bytes);
+  });
+}
+
+// Allgather(v): this rank's input copied to its place in the output, then the ring.
+template <communicator C>
+void staged_allgather(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts,
+                      std::size_t before) {
+  run_staged(comm, out.device.index, [&](cuda::stream_stage& stage) {
+    const std::size_t es = size_of(in.type);
+    auto* base = static_cast<std::byte*>(out.data);
+    if (in.data != base + before * es && in.count != 0) stage.copy(base + before * es, in.data, in.bytes());
+    staged_ring_allgather(comm, stage, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
+  });
+}
+
+template <communicator C> void staged_broadcast(C& comm, buffer_view v, int root) {
+  run_staged(comm, v.device.index, [&](cuda::stream_stage& stage) {
+    staged_chain_broadcast(comm, stage, static_cast<std::byte*>(v.data), v.bytes(), root,
+                           comm.options().ring_segment_bytes);
+  });
 }
 #endif
 
@@ -102,14 +120,17 @@ inline void require_native_op(call_check& check, dtype type, reduce_op op) {
 }
 
 // Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
-// host_sync waits for it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's
-// sum followed by herd's division kernel.
+// host_sync waits for it. herd's avg is the sum divided by the ranks, on every path: NCCL's sum
+// followed by herd's division kernel. NCCL's own ncclAvg scales each rank's values by 1/n before
+// the sum, in the element type, which rounds differently in f16 and bf16 (and at 3 ranks even in
+// f32); it is used only where herd's kernel is not compiled in (a host-compiled file linking
+// herd::nccl), for floats, as README says. Integer avg needs the kernel (require_native_op).
 template <communicator C, class Reduce>
 void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Reduce reduce) {
-  const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
-  reduce(integer_avg ? reduce_op::sum : op);
+  const bool divide_after = op == reduce_op::avg && (HERD_WITH_CUDA_KERNELS || is_integral(out.type));
+  reduce(divide_after ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
+  if (divide_after) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
   if (host_sync) comm.synchronize();
 }

@@ -45,8 +45,17 @@ template <communicator C, class Body> handle start_collective(C& comm, const op_
       return handle();
     }
   } else {
+#if HERD_WITH_CUDA_KERNELS
+    // It may run on the progress thread: it follows the stream its caller follows now.
+    auto follow_caller = [body = std::move(body), caller = cuda::current_stream()]() mutable {
+      const cuda::use_stream on(caller);
+      body(true);
+    };
+    return handle(&comm.operations(), submit_operation(comm, label, std::move(follow_caller)));
+#else
     return handle(&comm.operations(),
                   submit_operation(comm, label, [body = std::move(body)]() mutable { body(true); }));
+#endif
   }
 }
 

@@ -81,16 +81,17 @@ class device_mover {
   // the caller's framework computes the gradients on).
   void follow(cudaStream_t stream) noexcept { followed_ = stream; }
 
-  // Orders herd's stream after the work on the legacy default stream (and the followed stream),
-  // which produced the gradients.
+  // Orders herd's stream, by events, after the caller's stream (cuda::current_stream()) and the
+  // followed one, which produced the gradients.
   void begin() {
     const cuda::device_guard on(device_);
     if (!stream_) {
       stream_.emplace();
       ready_.emplace();
     }
-    for (cudaStream_t upstream : {static_cast<cudaStream_t>(cudaStreamLegacy), followed_}) {
-      if (upstream == nullptr) continue;
+    const cudaStream_t caller = cuda::current_stream();
+    for (cudaStream_t upstream : {caller, followed_}) {
+      if (upstream == followed_ && (followed_ == nullptr || followed_ == caller)) continue;
       ready_->record(upstream);
       HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
     }
