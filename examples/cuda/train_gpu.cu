@@ -118,11 +118,10 @@ struct gpu_sgd {
   }
 };
 
-template <class Comm> int train(Comm& comm, herd::mpi_communicator& world, int device, int epochs, int batch, float lr) {
-  const auto train_set = idx::read_split("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
-                                         "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz", 28, 28, 10);
-  const auto test_set = idx::read_split("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
-                                        "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", 28, 28, 10);
+template <class Comm>
+int train(Comm& comm, herd::mpi_communicator& world, int device, const std::string& data, int epochs, int batch, float lr) {
+  const auto train_set = idx::read_split(data + "/train-images-idx3-ubyte.gz", data + "/train-labels-idx1-ubyte.gz", 28, 28, 10);
+  const auto test_set = idx::read_split(data + "/t10k-images-idx3-ubyte.gz", data + "/t10k-labels-idx1-ubyte.gz", 28, 28, 10);
   auto upload = [](const idx::labeled_images& s, float*& images, std::uint8_t*& labels) {
     const std::size_t n = s.labels.size();
     std::vector<float> host(n * inputs);
@@ -217,13 +216,15 @@ int main(int argc, char** argv) {
   herd::mpi_communicator world;
   int epochs = 5, batch = 128;
   float lr = 0.05f;
+  std::string data = "/usr/share/datasets/fashion-mnist";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--epochs") epochs = std::atoi(argv[i + 1]);
+    else if (flag == "--data") data = argv[i + 1];
     else if (flag == "--batch-size") batch = std::atoi(argv[i + 1]);
     else if (flag == "--lr") lr = static_cast<float>(std::atof(argv[i + 1]));
     else {
-      if (world.rank() == 0) std::fprintf(stderr, "usage: mpiexec -n N train_gpu [--epochs N] [--batch-size N] [--lr X]\n");
+      if (world.rank() == 0) std::fprintf(stderr, "usage: mpiexec -n N train_gpu [--epochs N] [--batch-size N] [--lr X] [--data DIR]\n");
       return 2;
     }
   }
@@ -234,9 +235,9 @@ int main(int argc, char** argv) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     if (herd::mpi::local_size() <= gpus) {
       herd::nccl_communicator gpu(world, device);
-      return train(gpu, world, device, epochs, batch, lr);
+      return train(gpu, world, device, data, epochs, batch, lr);
     }
-    return train(world, world, device, epochs, batch, lr);
+    return train(world, world, device, data, epochs, batch, lr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpu (rank %d): %s\n", world.rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

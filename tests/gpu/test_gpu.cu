@@ -1,6 +1,8 @@
 // The GPU suite: herd's kernels against the host reference on a real device, the NCCL
-// communicator, the staged ring with several processes sharing one GPU, and the distributed
-// optimizer on device gradients. Run by tools/gpu-check.sh; skipped where there is no GPU.
+// communicator, the staged collectives with several processes sharing one GPU, ordering after the
+// caller's stream, and the distributed optimizer on device gradients. Run by tools/gpu-check.sh
+// (1, 2 and 3 processes); skipped where there is no GPU. Outputs start poisoned and every
+// collective that can be is run out of place, so a collective that did nothing fails.
 
 #include <herd/herd.hpp>
 #include <herd/cuda/kernels.hpp>
@@ -12,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -39,6 +42,17 @@ struct device_bytes {
     return out;
   }
 };
+
+// A slow producer: spins for about `cycles` clock ticks, then writes `value` everywhere. Launched
+// on a non-blocking stream, it is still running when the host calls herd.
+__global__ void fill_late(float* data, std::size_t n, float value, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    data[i] = value;
+}
 
 int device_of_rank() {
   int devices = 1;
@@ -84,6 +98,26 @@ HERD_MPI_TEST_CASE("the reduce kernel equals the host reduction for every dtype 
         }
       });
     }
+  }
+}
+
+HERD_MPI_TEST_CASE("herd's avg divides the sum: the division kernel equals the host's for every dtype", 1) {
+  HERD_CUDA_CHECK(cudaSetDevice(device_of_rank()));
+  rng g(103);
+  for (auto type : herd::all_dtypes) {
+    herd::visit(type, [&](auto element) {
+      using T = decltype(element);
+      const std::size_t n = 100001;
+      auto values = herd_test::draw_vector<T>(g, n, values::rough, herd::reduce_op::sum);
+      std::vector<T> want = values;
+      herd::detail::host_finalize_avg(type, want.data(), n, 3);
+      device_bytes data(values.data(), n * sizeof(T));
+      herd::cuda::finalize_avg(type, data.data, n, 3, nullptr);
+      HERD_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = data.read<T>(n);
+      INFO(herd::name(type));
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(T)) == 0);
+    });
   }
 }
 
@@ -159,6 +193,138 @@ HERD_MPI_TEST_CASE("nccl_communicator: collectives on its GPU, clear errors for 
   const std::string other_device = message_of([&] { herd::allreduce(elsewhere, gpu); });
   INFO(other_device);
   CHECK(other_device.find("lives on cuda:" + std::to_string(device + 1)) != std::string::npos);
+}
+
+HERD_MPI_TEST_CASE("nccl_communicator at one rank: every collective out of place writes its output, every dtype and op", 1) {
+  herd::mpi_communicator world;
+  const int device = device_of_rank();
+  herd::mpi_communicator alone = world.split(world.rank(), 0);
+  herd::nccl_communicator gpu(alone, device);
+  HERD_CUDA_CHECK(cudaSetDevice(device));
+  rng g(104);
+  int checked = 0;
+  for (auto type : herd::all_dtypes) {
+    for (auto op : herd::all_reduce_ops) {
+      if (!herd::supports(type, op) || herd::is_bitwise(op)) continue;
+      herd::visit(type, [&](auto element) {
+        using T = decltype(element);
+        const std::size_t n = 4099;
+        const auto values = herd_test::draw_vector<T>(g, n, herd_test::values::rough, op);
+        const device_bytes in(values.data(), n * sizeof(T));
+        device_bytes out(nullptr, n * sizeof(T));  // poisoned
+        const herd::const_buffer_view vin(in.data, n, type, herd::device::cuda(device));
+        herd::buffer_view vout{out.data, n, type, herd::device::cuda(device)};
+        herd::allreduce(vin, vout, gpu, op);  // the reduction of one tensor is the tensor, avg included
+        INFO(herd::name(type), " ", herd::name(op));
+        CHECK(herd_test::same_bytes(out.read<T>(n).data(), values.data(), n * sizeof(T)));
+        HERD_CUDA_CHECK(cudaMemset(out.data, 0xa5, n * sizeof(T)));
+        herd::handle h = herd::allreduce_async(vin, vout, gpu, op);
+        h.synchronize();
+        CHECK(herd_test::same_bytes(out.read<T>(n).data(), values.data(), n * sizeof(T)));
+        HERD_CUDA_CHECK(cudaMemset(out.data, 0xa5, n * sizeof(T)));
+        herd::reduce_scatter(vin, vout, gpu, op);
+        CHECK(herd_test::same_bytes(out.read<T>(n).data(), values.data(), n * sizeof(T)));
+        ++checked;
+      });
+    }
+  }
+  CHECK(checked >= 30);
+  const std::vector<double> values = {1.5, -2.0, 3.25};
+  const device_bytes in(values.data(), 3 * sizeof(double));
+  device_bytes out(nullptr, 3 * sizeof(double));
+  herd::buffer_view gathered{out.data, 3, herd::dtype::f64, herd::device::cuda(device)};
+  herd::allgather(herd::const_buffer_view(in.data, 3, herd::dtype::f64, herd::device::cuda(device)), gathered, gpu);
+  CHECK(out.read<double>(3) == values);
+}
+
+HERD_MPI_TEST_CASE("herd waits for the caller's stream: a producer on a non-blocking stream is read after it writes", 1) {
+  herd::mpi_communicator world;
+  const int device = device_of_rank();
+  HERD_CUDA_CHECK(cudaSetDevice(device));
+  herd::mpi_communicator alone = world.split(world.rank(), 0);
+  herd::nccl_communicator gpu(alone, device);
+  cudaStream_t producer = nullptr;
+  HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  const std::size_t n = 1 << 20;
+  device_bytes in(nullptr, n * sizeof(float));
+  device_bytes out(nullptr, n * sizeof(float));
+  const float want = 2.0f * static_cast<float>(world.size());
+  {
+    const herd::cuda::use_stream on(producer);
+    HERD_CUDA_CHECK(cudaMemsetAsync(in.data, 0, n * sizeof(float), producer));
+    fill_late<<<64, 256, 0, producer>>>(reinterpret_cast<float*>(in.data), n, 1.0f, 200'000'000LL);  // ~0.1 s
+    herd::buffer_view result{out.data, n, herd::dtype::f32, herd::device::cuda(device)};
+    herd::allreduce(herd::const_buffer_view(in.data, n, herd::dtype::f32, herd::device::cuda(device)), result, gpu);
+    // The staged path over MPI, every process of the world (in place: from 2 processes on, a
+    // stale read of the 1s gives the world size instead of twice it).
+    fill_late<<<64, 256, 0, producer>>>(reinterpret_cast<float*>(in.data), n, 2.0f, 200'000'000LL);
+    herd::buffer_view v{in.data, n, herd::dtype::f32, herd::device::cuda(device)};
+    herd::allreduce(v, world);
+  }
+  HERD_CUDA_CHECK(cudaStreamSynchronize(producer));
+  const auto through_nccl = out.read<float>(n);
+  const auto staged = in.read<float>(n);
+  CHECK(std::count(through_nccl.begin(), through_nccl.end(), 1.0f) == static_cast<std::ptrdiff_t>(n));
+  CHECK(std::count(staged.begin(), staged.end(), want) == static_cast<std::ptrdiff_t>(n));
+  HERD_CUDA_CHECK(cudaStreamDestroy(producer));
+}
+
+HERD_MPI_TEST_CASE("staged collectives over MPI: processes sharing a GPU reduce, scatter, gather and broadcast", 1) {
+  herd::comm_options small;
+  small.ring_segment_bytes = 4096;  // many segments through the window of slots
+  herd::mpi_communicator comm(MPI_COMM_WORLD, small);
+  const int device = device_of_rank();
+  HERD_CUDA_CHECK(cudaSetDevice(device));
+  const auto p = static_cast<std::size_t>(comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  for (auto type : {herd::dtype::f16, herd::dtype::bf16, herd::dtype::f32, herd::dtype::i32}) {
+    for (auto op : {herd::reduce_op::sum, herd::reduce_op::avg, herd::reduce_op::min}) {
+      herd::visit(type, [&](auto element) {
+        using T = decltype(element);
+        const std::size_t per_rank = 3001;
+        rng g(11 * per_rank + static_cast<std::uint64_t>(op) * 7 + static_cast<std::uint64_t>(type));
+        std::vector<std::vector<T>> inputs;
+        for (std::size_t q = 0; q < p; ++q) inputs.push_back(herd_test::draw_vector<T>(g, per_rank * p, values::exact, op));
+        const auto full = herd_test::reference_reduce(inputs, op);
+        const device_bytes in(inputs[r].data(), per_rank * p * sizeof(T));
+        device_bytes out(nullptr, per_rank * p * sizeof(T));
+        const herd::device gpu = herd::device::cuda(device);
+        herd::buffer_view all{out.data, per_rank * p, type, gpu};
+        herd::allreduce(herd::const_buffer_view(in.data, per_rank * p, type, gpu), all, comm, op);
+        INFO(herd::name(type), " ", herd::name(op), " ranks ", p);
+        CHECK(herd_test::compare(out.read<T>(per_rank * p), full, inputs, op, values::exact) == "");
+        device_bytes mine(nullptr, per_rank * sizeof(T));
+        herd::buffer_view part{mine.data, per_rank, type, gpu};
+        herd::reduce_scatter(herd::const_buffer_view(in.data, per_rank * p, type, gpu), part, comm, op);
+        std::vector<std::vector<T>> parts;
+        for (const auto& x : inputs) parts.emplace_back(x.begin() + static_cast<std::ptrdiff_t>(r * per_rank),
+                                                        x.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank));
+        const std::vector<T> my_want(full.begin() + static_cast<std::ptrdiff_t>(r * per_rank),
+                                     full.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank));
+        CHECK(herd_test::compare(mine.read<T>(per_rank), my_want, parts, op, values::exact) == "");
+      });
+    }
+  }
+  // allgatherv with a different count per rank (rank 0 none), and a broadcast from the last rank.
+  std::vector<std::size_t> counts;
+  std::size_t total = 0;
+  for (std::size_t q = 0; q < p; ++q) total += counts.emplace_back(q * 5003);
+  std::vector<std::int64_t> whole(total);
+  for (std::size_t i = 0; i < total; ++i) whole[i] = static_cast<std::int64_t>(i * 2654435761u);
+  std::size_t before = 0;
+  for (std::size_t q = 0; q < r; ++q) before += counts[q];
+  const device_bytes mine(whole.data() + before, counts[r] * 8);
+  device_bytes all(nullptr, total * 8);
+  herd::buffer_view everything{all.data, total, herd::dtype::i64, herd::device::cuda(device)};
+  herd::allgatherv(herd::const_buffer_view(mine.data, counts[r], herd::dtype::i64, herd::device::cuda(device)), everything,
+                   counts, comm);
+  CHECK(all.read<std::int64_t>(total) == whole);
+  std::vector<std::int64_t> message(70001);
+  for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<std::int64_t>(i) * 31 - 7;
+  device_bytes b(r == p - 1 ? message.data() : nullptr, message.size() * 8);
+  herd::buffer_view bv{b.data, message.size(), herd::dtype::i64, herd::device::cuda(device)};
+  herd::broadcast(bv, comm, static_cast<int>(p - 1));
+  CHECK(b.read<std::int64_t>(message.size()) == message);
 }
 
 HERD_MPI_TEST_CASE("staged ring over MPI: processes sharing a GPU allreduce device tensors", 1) {
