@@ -40,5 +40,6 @@
 #include <herd/optim/metrics.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/optim/sgd.hpp>
+#include <herd/optim/zero.hpp>
 
 #include <herd/runtime/env.hpp>

@@ -36,17 +36,44 @@
 // in different TUs never merge either.
 #define HERD_PP_CAT_(a, b) a##b
 #define HERD_PP_CAT(a, b) HERD_PP_CAT_(a, b)
-#define HERD_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, n, ...) n
-#define HERD_PP_COUNT(...) HERD_PP_COUNT_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define HERD_PP_ARCHS_1(a) cuda_##a
-#define HERD_PP_ARCHS_2(a, b) cuda_##a##_##b
-#define HERD_PP_ARCHS_3(a, b, c) cuda_##a##_##b##_##c
-#define HERD_PP_ARCHS_4(a, b, c, d) cuda_##a##_##b##_##c##_##d
-#define HERD_PP_ARCHS_5(a, b, c, d, e) cuda_##a##_##b##_##c##_##d##_##e
-#define HERD_PP_ARCHS_6(a, b, c, d, e, f) cuda_##a##_##b##_##c##_##d##_##e##_##f
-#define HERD_PP_ARCHS_7(a, b, c, d, e, f, g) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g
-#define HERD_PP_ARCHS_8(a, b, c, d, e, f, g, h) cuda_##a##_##b##_##c##_##d##_##e##_##f##_##g##_##h
-#define HERD_PP_ARCHS_(...) HERD_PP_CAT(HERD_PP_ARCHS_, HERD_PP_COUNT(__VA_ARGS__))(__VA_ARGS__)
+// The list is joined with underscores one element at a time (800 ## _900 is the pp-number
+// 800_900), for lists of up to 32 architectures (nvcc -arch=all names 12 in CUDA 13); a longer
+// list names a macro that does not exist, and the compiler says so.
+#define HERD_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, n, ...) n
+#define HERD_PP_COUNT(...) HERD_PP_COUNT_(__VA_ARGS__, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define HERD_PP_JOIN_1(a) a
+#define HERD_PP_JOIN_2(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_1(__VA_ARGS__)))
+#define HERD_PP_JOIN_3(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_2(__VA_ARGS__)))
+#define HERD_PP_JOIN_4(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_3(__VA_ARGS__)))
+#define HERD_PP_JOIN_5(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_4(__VA_ARGS__)))
+#define HERD_PP_JOIN_6(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_5(__VA_ARGS__)))
+#define HERD_PP_JOIN_7(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_6(__VA_ARGS__)))
+#define HERD_PP_JOIN_8(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_7(__VA_ARGS__)))
+#define HERD_PP_JOIN_9(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_8(__VA_ARGS__)))
+#define HERD_PP_JOIN_10(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_9(__VA_ARGS__)))
+#define HERD_PP_JOIN_11(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_10(__VA_ARGS__)))
+#define HERD_PP_JOIN_12(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_11(__VA_ARGS__)))
+#define HERD_PP_JOIN_13(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_12(__VA_ARGS__)))
+#define HERD_PP_JOIN_14(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_13(__VA_ARGS__)))
+#define HERD_PP_JOIN_15(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_14(__VA_ARGS__)))
+#define HERD_PP_JOIN_16(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_15(__VA_ARGS__)))
+#define HERD_PP_JOIN_17(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_16(__VA_ARGS__)))
+#define HERD_PP_JOIN_18(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_17(__VA_ARGS__)))
+#define HERD_PP_JOIN_19(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_18(__VA_ARGS__)))
+#define HERD_PP_JOIN_20(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_19(__VA_ARGS__)))
+#define HERD_PP_JOIN_21(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_20(__VA_ARGS__)))
+#define HERD_PP_JOIN_22(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_21(__VA_ARGS__)))
+#define HERD_PP_JOIN_23(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_22(__VA_ARGS__)))
+#define HERD_PP_JOIN_24(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_23(__VA_ARGS__)))
+#define HERD_PP_JOIN_25(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_24(__VA_ARGS__)))
+#define HERD_PP_JOIN_26(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_25(__VA_ARGS__)))
+#define HERD_PP_JOIN_27(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_26(__VA_ARGS__)))
+#define HERD_PP_JOIN_28(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_27(__VA_ARGS__)))
+#define HERD_PP_JOIN_29(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_28(__VA_ARGS__)))
+#define HERD_PP_JOIN_30(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_29(__VA_ARGS__)))
+#define HERD_PP_JOIN_31(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_30(__VA_ARGS__)))
+#define HERD_PP_JOIN_32(a, ...) HERD_PP_CAT(a, HERD_PP_CAT(_, HERD_PP_JOIN_31(__VA_ARGS__)))
+#define HERD_PP_ARCHS_(...) HERD_PP_CAT(cuda_, HERD_PP_CAT(HERD_PP_JOIN_, HERD_PP_COUNT(__VA_ARGS__))(__VA_ARGS__))
 #define HERD_PP_ARCHS(...) HERD_PP_ARCHS_(__VA_ARGS__)
 
 #if defined(__CUDACC__) && defined(__CUDA_ARCH_LIST__)
@@ -2072,6 +2099,7 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 14: return "gradients that differ from those of the first step";
     case 15: return "a negative color";
     case 16: return "gradients it did not mark ready in this backward pass";
+    case 17: return "optimizer state of another shard layout (another rank's or world size's zero_optimizer checkpoint)";
     default: return "invalid arguments";
   }
 }
@@ -2823,12 +2851,13 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 //
 // herd's collectives on it are operations of its MPI communicator (control()): they agree on their
 // arguments across ranks over MPI, then call NCCL on the communicator's stream and wait for the
-// result. While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
+// result; NCCL's stream first waits, by an event, for the caller's stream (cuda::current_stream():
+// the default stream, or the one a cuda::use_stream scope names). While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
 // peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
 // minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
 // and raises herd::error, on every rank, instead of hanging. The _async collectives are
 // stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
-// makes the caller's current stream wait for them, synchronize() waits on the host.
+// makes the caller's stream wait for them, synchronize() waits on the host.
 //
 // Available under nvcc, and in host-compiled files of programs that link herd::nccl (which
 // defines HERD_WITH_NCCL): NCCL and the CUDA runtime are plain C APIs.
@@ -2980,7 +3009,7 @@ inline void check(cudaError_t code, const char* call) {
 
 // ---- herd/cuda/runtime.hpp ----
 // Owning handles for the CUDA objects herd uses: the current device, streams, events, and
-// grow-only device and pinned host buffers.
+// grow-only device and pinned host buffers; and the caller's stream, which herd's GPU work follows.
 
 
 #if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
@@ -2990,6 +3019,37 @@ inline void check(cudaError_t code, const char* call) {
 #include <utility>
 
 namespace herd::cuda {
+
+namespace detail {
+inline cudaStream_t& caller_stream_slot() noexcept {
+  thread_local cudaStream_t stream = nullptr;
+  return stream;
+}
+}  // namespace detail
+
+// The stream whose work herd's GPU work on this thread waits for (the tensors' producers) and
+// that waits for herd's asynchronous work (handle::wait): the one a use_stream scope names, else
+// the default stream (0: the legacy one, or the per-thread one when compiled with
+// --default-stream per-thread). herd orders itself after it with an event, never by
+// synchronizing the device, so producers on non-blocking streams are waited for too.
+inline cudaStream_t current_stream() noexcept { return detail::caller_stream_slot(); }
+
+// For its lifetime, herd's GPU work on this thread follows `stream`: the stream your framework
+// computes on, as a CUDAStreamGuard sets libtorch's. Collectives started _async inside the scope
+// keep following it when they run later on another thread.
+//
+//   herd::cuda::use_stream on(my_stream);
+//   herd::allreduce(grad, comm);   // reads grad after the work queued on my_stream
+class use_stream {
+ public:
+  explicit use_stream(cudaStream_t stream) noexcept : previous_(std::exchange(detail::caller_stream_slot(), stream)) {}
+  use_stream(const use_stream&) = delete;
+  use_stream& operator=(const use_stream&) = delete;
+  ~use_stream() { detail::caller_stream_slot() = previous_; }
+
+ private:
+  cudaStream_t previous_;
+};
 
 // Makes `device` current for its lifetime and restores the previous one after.
 class device_guard {
@@ -4224,7 +4284,6 @@ class nccl_communicator {
       if (stream == nullptr) {
         own_stream_ = std::make_unique<cuda::stream>();
         stream_ = own_stream_->get();
-        upstream_ = std::make_unique<cuda::event>();
       } else {
         stream_ = stream;
       }
@@ -4298,7 +4357,7 @@ class nccl_communicator {
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
     return mark(peer, tag, false);
   }
@@ -4306,7 +4365,7 @@ class nccl_communicator {
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
     return mark(peer, tag, true);
   }
@@ -4334,7 +4393,7 @@ class nccl_communicator {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclGroupStart(), "ncclGroupStart");
     check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
     check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
@@ -4370,8 +4429,8 @@ class nccl_communicator {
         done_.record(owner.stream_);
       }
       bool test() override { return done_.done(); }
-      // The caller's current stream (the default one) waits for the operation.
-      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, done_.get(), 0)); }
+      // The caller's stream (cuda::current_stream()) waits for the operation.
+      void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
       void synchronize() override {
         detail::waiting watch(with_nccl_timeout(owner_->options()));
         while (!done_.done()) {
@@ -4389,30 +4448,31 @@ class nccl_communicator {
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
   // arguments agree on every rank. They enqueue on stream(); synchronize() waits.
-  // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg).
+  // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg, which scales before it sums; herd's
+  // collectives call it only where herd's own sum-then-divide kernel is not compiled in).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
     const cuda::device_guard on(device_);
-    order_after_default_stream();
+    order_after_caller();
     check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
                             stream_),
           "ncclReduceScatter");
@@ -4433,12 +4493,13 @@ class nccl_communicator {
   }
 
  private:
-  // On a stream of its own, NCCL must not read a tensor before the kernels writing it (queued on
-  // the legacy default stream by frameworks without streams of their own) are done. On the
-  // caller's stream, ordering is the caller's stream's.
-  void order_after_default_stream() {
-    if (!upstream_) return;
-    upstream_->record(cudaStreamLegacy);
+  // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
+  // event, for the caller's stream (cuda::current_stream()) when that is another stream.
+  void order_after_caller() {
+    const cudaStream_t caller = cuda::current_stream();
+    if (caller == stream_) return;
+    if (!upstream_) upstream_ = std::make_unique<cuda::event>();
+    upstream_->record(caller);
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
   }
 
@@ -4540,7 +4601,7 @@ class nccl_communicator {
   mpi_communicator control_;
   int device_ = 0;
   std::unique_ptr<cuda::stream> own_stream_;
-  std::unique_ptr<cuda::event> upstream_;  // with own_stream_: marks work on the default stream
+  std::unique_ptr<cuda::event> upstream_;  // marks the caller's work that NCCL waits for
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
@@ -5105,26 +5166,125 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 }  // namespace herd::detail
 
 // ---- herd/collectives/detail/staged_ring.hpp ----
-// Ring allreduce of device memory over a communicator that moves host memory (MPI without CUDA
-// awareness): every segment crosses through page-locked host buffers, and the reductions run on
-// the device. A step of the reduce-scatter copies the outgoing chunk to the host segment by
-// segment and sends each segment as soon as its copy has landed, while the incoming segments
-// are copied to the device and reduced as they arrive; copies, transfers and reductions of
-// different segments overlap. The allgather forwards what it received straight from the host
-// buffer, so only its first step copies device memory to the host.
+// herd's collectives on device memory over a communicator that moves host memory (MPI without
+// CUDA awareness): every segment crosses through page-locked host slots, and reductions run on
+// the device. Staging memory is bounded, as NCCL's and Gloo's are: `staged_window` slots of one
+// segment (HERD_RING_SEGMENT_BYTES) for sending, as many for receiving, and as many on the device
+// for reduce's incoming data, whatever the tensor's size (8 MiB of page-locked memory at the
+// default 1 MiB segment), reused from call to call.
+//
+// The ring collectives (allreduce, reduce_scatter, allgather) are one sequence of items: item
+// j = (step s, segment k) of a chunk sent right and one received from the left. A rank stages
+// item j (a device-to-host copy into a send slot) once the item it forwards, j - m (m segments
+// per step), has arrived and its device work is queued; sends it once that copy has landed;
+// receives it into a receive slot, and, once item j itself is staged, queues its device work
+// (host-to-device copy, reduction). Each condition looks only at smaller items or at this rank's
+// own earlier work, so no ring of ranks can wait on itself; copies, transfers and reductions of
+// different items overlap. The broadcast is a pipelined chain through the same slots.
 //
 // The device side is a backend that runs operations in order on one stream:
 //   to_host(host, device, bytes), to_device(device, host, bytes), copy(device, device, bytes),
 //   reduce(type, op, out, a, b, n, avg_ranks), mark() -> marker, done(marker), wait(marker),
-//   finish(), host_buffer(bytes, which) (page-locked), device_buffer(bytes).
+//   finish(), host_buffer(bytes, which) (page-locked; which is 0 or 1), device_buffer(bytes).
 // cuda/staging.hpp runs it on a CUDA stream; the tests run it on a worker thread over host memory.
 
 
 #include <cstddef>
+#include <deque>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace herd::detail {
 
+// Segments in flight each way, per rank.
+inline constexpr std::size_t staged_window = 4;
+
+// Page-locked bytes the staged collectives hold at a given segment size (both directions).
+inline constexpr std::size_t staged_host_bytes(std::size_t segment_bytes) { return 2 * staged_window * segment_bytes; }
+
+// The shared loop of the ring collectives: `steps` steps of `segments` items each; a slot holds
+// `slot_bytes`.
+//   send_from(s, k)            -> {device pointer, bytes} item (s, k) sends (ready once item (s-1, k) is queued)
+//   receive_bytes(s, k)        -> bytes item (s, k) receives
+//   arrived(s, k, host, bytes, device_slot): queues the device work of an arrived item
+template <communicator C, class Backend, class SendFrom, class ReceiveBytes, class Arrived>
+void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int steps, std::size_t segments,
+                          std::size_t slot_bytes, SendFrom send_from, ReceiveBytes receive_bytes, Arrived arrived) {
+  const std::size_t total = static_cast<std::size_t>(steps) * segments;
+  if (total == 0) return;
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int right = ring_mod(r + 1, p);
+  const int left = ring_mod(r - 1, p);
+  const int tag = comm.operations().data_tag();
+  constexpr std::size_t W = staged_window;
+  std::byte* send_slots = dev.host_buffer(W * slot_bytes, 0);
+  std::byte* receive_slots = dev.host_buffer(W * slot_bytes, 1);
+  std::byte* device_slots = dev.device_buffer(W * slot_bytes);
+  using marker = typename Backend::marker;
+  using request = typename C::request;
+  std::vector<marker> staged_copy(W);  // the device-to-host copy of the item in each send slot
+  std::vector<marker> drained(W);      // the last device work reading each receive slot
+  std::vector<request> receives(W);
+  std::deque<request> sends;  // in order, from item `sends_done`
+  std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
+  auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
+
+  waiting watch(comm.options());
+  while (arrivals < total || sends_done < total) {
+    bool progress = false;
+    // Receive slots free once the previous item's device work has read them.
+    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
+      receives[posted % W] = comm.irecv(receive_slots + (posted % W) * slot_bytes,
+                                        receive_bytes(step_of(posted), posted % segments), left, tag);
+      ++posted;
+      progress = true;
+    }
+    // Stage what is final on the device into free send slots.
+    while (staged < total && staged < sends_done + W && (staged < segments || staged - segments < arrivals)) {
+      const auto [from, bytes] = send_from(step_of(staged), staged % segments);
+      dev.to_host(send_slots + (staged % W) * slot_bytes, from, bytes);
+      staged_copy[staged % W] = dev.mark();
+      ++staged;
+      progress = true;
+    }
+    while (sent < staged && dev.done(staged_copy[sent % W])) {
+      const std::size_t bytes = send_from(step_of(sent), sent % segments).second;
+      sends.push_back(comm.isend(send_slots + (sent % W) * slot_bytes, bytes, right, tag));
+      ++sent;
+      progress = true;
+    }
+    while (!sends.empty() && comm.test(sends.front())) {
+      sends.pop_front();
+      ++sends_done;
+      progress = true;
+    }
+    // An arrival's device work waits until the item itself is staged: it may overwrite what that
+    // copy reads.
+    while (arrivals < posted && arrivals < staged && comm.test(receives[arrivals % W])) {
+      const std::size_t slot = arrivals % W;
+      const int s = step_of(arrivals);
+      const std::size_t k = arrivals % segments;
+      arrived(s, k, receive_slots + slot * slot_bytes, receive_bytes(s, k), device_slots + slot * slot_bytes);
+      drained[slot] = dev.mark();
+      ++arrivals;
+      progress = true;
+    }
+    if (!progress) {
+      if (watch.tick()) {
+        check_peers_of(comm);
+        const bool receiving = arrivals < total;
+        watch.watch({operation, r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
+      }
+      watch.pause();
+    }
+  }
+  dev.finish();
+}
+
+// Allreduce: the ring's reduce-scatter (steps 0..p-2: chunk r-s-1 out, r-s-2 in and reduced with
+// this rank's part of it) and allgather (steps p-1..2p-3: chunk r-t out, r-t-1 in, t = s-p+1).
 template <communicator C, class Backend>
 void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, const std::byte* in, std::byte* out,
                            std::size_t count, std::size_t segment_bytes) {
@@ -5139,101 +5299,158 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
   }
   const chunk_layout chunks = chunk_layout::even(count, p);
   const segmentation seg(chunks, es, segment_bytes);
-  const std::size_t m = seg.count;
-  const std::size_t stride = seg.elements * es;  // bytes between segment starts
-  const std::size_t chunk_bytes = m * stride;
-  std::byte* send_stage = dev.host_buffer(chunk_bytes, 0);
-  std::byte* recv_stage[2] = {dev.host_buffer(chunk_bytes, 1), dev.host_buffer(chunk_bytes, 2)};
-  std::byte* incoming = dev.device_buffer(chunk_bytes);
-  const int right = ring_mod(r + 1, p);
-  const int left = ring_mod(r - 1, p);
-  const int tag = comm.operations().data_tag();
-  using marker = typename Backend::marker;
-  std::vector<marker> staged(m);
-  marker drained[2] = {};  // the last copy out of each receive buffer
-  bool used[2] = {false, false};
-  auto bytes_of = [&](int chunk, std::size_t k) {
-    return seg.length(chunks.length[static_cast<std::size_t>(chunk)], k) * es;
-  };
-  auto offset_of = [&](int chunk) { return chunks.offset[static_cast<std::size_t>(chunk)] * es; };
+  const std::size_t stride = seg.elements * es;
+  auto chunk_out = [&](int s) { return s < p - 1 ? ring_mod(r - s - 1, p) : ring_mod(r - (s - p + 1), p); };
+  auto chunk_in = [&](int s) { return s < p - 1 ? ring_mod(r - s - 2, p) : ring_mod(r - (s - p + 1) - 1, p); };
+  auto at = [&](int c, std::size_t k) { return chunks.offset[static_cast<std::size_t>(c)] * es + k * stride; };
+  auto bytes_of = [&](int c, std::size_t k) { return seg.length(chunks.length[static_cast<std::size_t>(c)], k) * es; };
+  staged_ring_pipeline(
+      comm, dev, "allreduce", 2 * (p - 1), seg.count, stride,
+      [&](int s, std::size_t k) {
+        const int c = chunk_out(s);
+        return std::pair<const std::byte*, std::size_t>((s == 0 ? in : out) + at(c, k), bytes_of(c, k));
+      },
+      [&](int s, std::size_t k) { return bytes_of(chunk_in(s), k); },
+      [&](int s, std::size_t k, const std::byte* host, std::size_t bytes, std::byte* slot) {
+        const std::size_t where = at(chunk_in(s), k);
+        if (s >= p - 1) return dev.to_device(out + where, host, bytes);
+        dev.to_device(slot, host, bytes);
+        dev.reduce(type, op, out + where, in + where, slot, bytes / es, s == p - 2 && op == reduce_op::avg ? p : 0);
+      });
+}
 
-  // One step: send `send_from` (host memory, after `staged` when stage_sends), receive chunk
-  // `incoming_chunk` into a receive buffer and hand each segment to `arrived`.
-  int step_index = 0;
-  auto step = [&](int outgoing_chunk, const std::byte* send_from, bool stage_sends, int incoming_chunk, auto arrived) {
-    const int parity = step_index++ % 2;
-    std::byte* landing = recv_stage[parity];
-    if (used[parity]) dev.wait(drained[parity]);  // its previous contents are on the device already
-    using request = typename C::request;
-    std::vector<request> receives(m);
-    std::vector<request> sends;
-    sends.reserve(m);
-    for (std::size_t k = 0; k < m; ++k) {
-      receives[k] = comm.irecv(landing + k * stride, bytes_of(incoming_chunk, k), left, tag);
-    }
-    waiting watch(comm.options());
-    std::size_t sent = 0;
-    std::size_t received = 0;
-    for (; sent < m || received < m;) {
-      bool progress = false;
-      if (sent < m && (!stage_sends || dev.done(staged[sent]))) {
-        sends.push_back(comm.isend(send_from + sent * stride, bytes_of(outgoing_chunk, sent), right, tag));
-        ++sent;
-        progress = true;
-      }
-      if (received < m && comm.test(receives[received])) {
-        arrived(received, landing + received * stride, bytes_of(incoming_chunk, received));
-        ++received;
-        progress = true;
-      }
-      if (!progress) {
-        if (watch.tick()) {
-          check_peers_of(comm);
-          const bool receiving = received < m;
-          watch.watch({"allreduce", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
-        }
-        watch.pause();
-      }
-    }
-    for (auto& s : sends) comm.wait(s);
-    drained[parity] = dev.mark();
-    used[parity] = true;
-  };
-
-  // Reduce-scatter: as the host ring (ring.hpp), with chunk r-s-1 going out and r-s-2 coming in.
-  for (int s = 0; s < p - 1; ++s) {
-    const int outgoing = ring_mod(r - s - 1, p);
-    const int arriving = ring_mod(r - s - 2, p);
-    const std::byte* source = (s == 0 ? in : out) + offset_of(outgoing);
-    for (std::size_t k = 0; k < m; ++k) {
-      dev.to_host(send_stage + k * stride, source + k * stride, bytes_of(outgoing, k));
-      staged[k] = dev.mark();
-    }
-    const bool last = s == p - 2;
-    step(outgoing, send_stage, true, arriving, [&](std::size_t k, const std::byte* data, std::size_t bytes) {
-      const std::size_t at = offset_of(arriving) + k * stride;
-      dev.to_device(incoming + k * stride, data, bytes);
-      dev.reduce(type, op, out + at, in + at, incoming + k * stride, bytes / es,
-                 last && op == reduce_op::avg ? p : 0);
-    });
+// Reduce-scatter of `in` (p chunks of `count` elements) into `out` (this rank's chunk, disjoint
+// from `in`): the ring's reduce-scatter with every step's partial sums in `out` itself, which the
+// next step stages before it overwrites them.
+template <communicator C, class Backend>
+void staged_ring_reduce_scatter(C& comm, Backend& dev, dtype type, reduce_op op, const std::byte* in, std::byte* out,
+                                std::size_t count, std::size_t segment_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const std::size_t es = size_of(type);
+  if (count == 0) return;
+  if (p == 1) {
+    dev.copy(out, in, count * es);
+    dev.finish();
+    return;
   }
-  // Allgather: chunk r-s goes out, r-s-1 comes in and is copied to its place on the device.
-  const std::byte* previous_landing = nullptr;
-  for (int s = 0; s < p - 1; ++s) {
-    const int outgoing = ring_mod(r - s, p);
-    const int arriving = ring_mod(r - s - 1, p);
-    if (s == 0) {
-      for (std::size_t k = 0; k < m; ++k) {
-        dev.to_host(send_stage + k * stride, out + offset_of(outgoing) + k * stride, bytes_of(outgoing, k));
-        staged[k] = dev.mark();
+  const chunk_layout chunks = chunk_layout::of_counts(std::vector<std::size_t>(static_cast<std::size_t>(p), count));
+  const segmentation seg(chunks, es, segment_bytes);
+  const std::size_t stride = seg.elements * es;
+  auto bytes_of = [&](std::size_t k) { return seg.length(count, k) * es; };
+  staged_ring_pipeline(
+      comm, dev, "reduce_scatter", p - 1, seg.count, stride,
+      [&](int s, std::size_t k) {
+        const std::byte* from = s == 0 ? in + static_cast<std::size_t>(ring_mod(r - 1, p)) * count * es : out;
+        return std::pair<const std::byte*, std::size_t>(from + k * stride, bytes_of(k));
+      },
+      [&](int, std::size_t k) { return bytes_of(k); },
+      [&](int s, std::size_t k, const std::byte* host, std::size_t bytes, std::byte* slot) {
+        const std::byte* mine = in + static_cast<std::size_t>(ring_mod(r - s - 2, p)) * count * es + k * stride;
+        dev.to_device(slot, host, bytes);
+        dev.reduce(type, op, out + k * stride, mine, slot, bytes / es, s == p - 2 && op == reduce_op::avg ? p : 0);
+      });
+}
+
+// Allgather(v) into `base` (chunks by `counts`), this rank's chunk already at its place.
+template <communicator C, class Backend>
+void staged_ring_allgather(C& comm, Backend& dev, std::byte* base, std::size_t es, const chunk_layout& chunks,
+                           std::size_t segment_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  if (p == 1) {
+    dev.finish();
+    return;
+  }
+  const segmentation seg(chunks, es, segment_bytes);
+  const std::size_t stride = seg.elements * es;
+  auto at = [&](int c, std::size_t k) { return chunks.offset[static_cast<std::size_t>(c)] * es + k * stride; };
+  auto bytes_of = [&](int c, std::size_t k) { return seg.length(chunks.length[static_cast<std::size_t>(c)], k) * es; };
+  staged_ring_pipeline(
+      comm, dev, "allgather", p - 1, seg.count, stride,
+      [&](int s, std::size_t k) {
+        const int c = ring_mod(r - s, p);
+        return std::pair<const std::byte*, std::size_t>(base + at(c, k), bytes_of(c, k));
+      },
+      [&](int s, std::size_t k) { return bytes_of(ring_mod(r - s - 1, p), k); },
+      [&](int s, std::size_t k, const std::byte* host, std::size_t bytes, std::byte*) {
+        dev.to_device(base + at(ring_mod(r - s - 1, p), k), host, bytes);
+      });
+}
+
+// Broadcast as a pipelined chain root -> root+1 -> ...: the root stages its segments to the host
+// and sends them; every other rank receives each into a slot, forwards it from there (but the
+// last), and copies it to the device. A slot is reused once both its forward and its copy are done.
+template <communicator C, class Backend>
+void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t bytes, int root,
+                            std::size_t segment_bytes) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  if (bytes == 0 || p == 1) return;
+  const int q = ring_mod(r - root, p);  // place in the chain
+  const bool receives_from_left = q > 0;
+  const bool forwards = q < p - 1;
+  const int tag = comm.operations().data_tag();
+  const std::size_t segments = (bytes + segment_bytes - 1) / segment_bytes;
+  auto length = [&](std::size_t k) { return std::min(segment_bytes, bytes - k * segment_bytes); };
+  constexpr std::size_t W = staged_window;
+  std::byte* slots = dev.host_buffer(W * segment_bytes, receives_from_left ? 1 : 0);
+  using marker = typename Backend::marker;
+  using request = typename C::request;
+  std::vector<marker> copied(W);  // the root's device-to-host copy, or the copy to the device
+  std::vector<request> receives(W);
+  std::deque<request> sends;
+  std::size_t ready = 0, posted = 0, sent = 0, sends_done = 0;
+  const int left = ring_mod(r - 1, p);
+  const int right = ring_mod(r + 1, p);
+  const std::size_t to_send = forwards ? segments : 0;
+  waiting watch(comm.options());
+  // `ready`: segments in a slot (received, or staged by the root). Item j's slot is free once item
+  // j - W is in it and has been sent onward (where it is) and copied.
+  auto slot_free = [&](std::size_t j) {
+    return j < W || (ready > j - W && (!forwards || sends_done > j - W) && dev.done(copied[j % W]));
+  };
+  while (ready < segments || sends_done < to_send) {
+    bool progress = false;
+    if (!receives_from_left) {
+      while (ready < segments && slot_free(ready)) {
+        dev.to_host(slots + (ready % W) * segment_bytes, data + ready * segment_bytes, length(ready));
+        copied[ready % W] = dev.mark();
+        ++ready;
+        progress = true;
+      }
+    } else {
+      while (posted < segments && slot_free(posted)) {
+        receives[posted % W] = comm.irecv(slots + (posted % W) * segment_bytes, length(posted), left, tag);
+        ++posted;
+        progress = true;
+      }
+      while (ready < posted && comm.test(receives[ready % W])) {
+        dev.to_device(data + ready * segment_bytes, slots + (ready % W) * segment_bytes, length(ready));
+        copied[ready % W] = dev.mark();
+        ++ready;
+        progress = true;
       }
     }
-    const int parity = step_index % 2;
-    step(outgoing, s == 0 ? send_stage : previous_landing, s == 0, arriving,
-         [&](std::size_t k, const std::byte* data, std::size_t bytes) {
-           dev.to_device(out + offset_of(arriving) + k * stride, data, bytes);
-         });
-    previous_landing = recv_stage[parity];
+    // The root sends once its copy has landed; the others forward what arrived.
+    while (sent < std::min(ready, to_send) && (receives_from_left || dev.done(copied[sent % W]))) {
+      sends.push_back(comm.isend(slots + (sent % W) * segment_bytes, length(sent), right, tag));
+      ++sent;
+      progress = true;
+    }
+    while (!sends.empty() && comm.test(sends.front())) {
+      sends.pop_front();
+      ++sends_done;
+      progress = true;
+    }
+    if (!progress) {
+      if (watch.tick()) {
+        check_peers_of(comm);
+        const bool receiving = receives_from_left && ready < segments;
+        watch.watch({"broadcast", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
+      }
+      watch.pause();
+    }
   }
   dev.finish();
 }
@@ -5243,7 +5460,8 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
 // ---- herd/cuda/staging.hpp ----
 // The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
 // stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
-// and events as markers. One per device and thread, so that its buffers are reused.
+// and events as markers. One per device and thread, so that its buffers (the staging slots, of a
+// size bounded by the segment) are reused.
 
 
 // ---- herd/cuda/kernels.hpp ----
@@ -5279,11 +5497,18 @@ void staged_ring_allreduce(C& comm, Backend& dev, dtype type, reduce_op op, cons
 // Wide memory access for the kernels: V elements moved as one aligned 4-, 8- or 16-byte word
 // (a single vector load or store on the GPU), and the arithmetic that finds where a range of
 // elements becomes aligned. Host-callable, so that tests can run the kernels' bodies on the CPU.
+// On the CPU the accesses model the GPU's rule: a vector access at an address that is not a
+// multiple of its size faults there (cudaErrorMisalignedAddress), so it throws here, and a body
+// that would fault on the GPU fails its tests on any machine.
 
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#if !defined(__CUDA_ARCH__)
+
+#include <string>
+#endif
 
 namespace herd::cuda::detail {
 
@@ -5292,10 +5517,25 @@ template <class T, std::size_t V> struct alignas(sizeof(T) * V) lanes {
   T v[V];
 };
 
+HERD_HOST_DEVICE inline std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+#if !defined(__CUDA_ARCH__)
+// The GPU's alignment rule, checked where the host runs a kernel's body.
+inline void require_vector_alignment(const void* p, std::size_t bytes, const char* access) {
+  if (address(p) % bytes == 0) return;
+  herd::detail::raise({"cuda kernel body"},
+                      std::string("misaligned ") + std::to_string(bytes) + "-byte vector " + access + " at address " +
+                          std::to_string(address(p)) + " (" + std::to_string(address(p) % bytes) +
+                          " bytes past a boundary): a GPU faults here with cudaErrorMisalignedAddress",
+                      "The kernel's head/tail split must reach an aligned address before its vector loop");
+}
+#endif
+
 template <class T, std::size_t V> HERD_HOST_DEVICE inline lanes<T, V> load_lanes(const T* p) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const lanes<T, V>*>(p);
 #else
+  require_vector_alignment(p, sizeof(lanes<T, V>), "load");
   lanes<T, V> r;
   std::memcpy(static_cast<void*>(&r), p, sizeof r);
   return r;
@@ -5306,19 +5546,23 @@ template <class T, std::size_t V> HERD_HOST_DEVICE inline void store_lanes(T* p,
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<lanes<T, V>*>(p) = value;
 #else
+  require_vector_alignment(p, sizeof value, "store");
   std::memcpy(static_cast<void*>(p), &value, sizeof value);
 #endif
 }
 
-HERD_HOST_DEVICE inline std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+// What steps_to_alignment answers when stepping whole elements never reaches the alignment
+// (p is not even element-aligned): larger than any element count, so that every caller's
+// `head >= n` sends the whole range down the element-by-element path.
+inline constexpr std::size_t never_aligned = SIZE_MAX;
 
-// Elements of `element_bytes` to step over from `p` until it is a multiple of `alignment`;
-// `alignment` when that never happens (p not even element-aligned).
+// Elements of `element_bytes` to step over from `p` until it is a multiple of `alignment`, or
+// never_aligned.
 HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_t element_bytes, std::size_t alignment) {
   const std::size_t misalignment = address(p) % alignment;
   if (misalignment == 0) return 0;
   const std::size_t gap = alignment - misalignment;
-  return gap % element_bytes == 0 ? gap / element_bytes : alignment;
+  return gap % element_bytes == 0 ? gap / element_bytes : never_aligned;
 }
 
 }  // namespace herd::cuda::detail
@@ -5550,6 +5794,17 @@ template <class Fn> void visit_floating(dtype t, const char* operation, Fn&& fn)
   }
 }
 
+// A GPU loads an element only from a multiple of its size (any other address faults with
+// cudaErrorMisalignedAddress), so a tensor that is not at one is refused before the launch.
+inline void require_element_aligned(const char* operation, const void* p, dtype type) {
+  if (detail::address(p) % size_of(type) == 0) return;
+  herd::detail::raise({operation},
+                      "a " + std::string(name(type)) + " tensor at address " + std::to_string(detail::address(p)) +
+                          " is not aligned to its " + std::to_string(size_of(type)) + "-byte elements",
+                      "Pass tensors whose data starts at a multiple of the element size (cudaMalloc'ed memory "
+                      "and every framework's tensors do)");
+}
+
 inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
                    cudaStream_t stream) {
   if (n == 0) return;
@@ -5557,6 +5812,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
     herd::detail::raise({"cuda::reduce"}, "reduce_op::" + std::string(name(op)) + " is not defined on " + std::string(name(type)),
           "Check supports(dtype, reduce_op) first");
   }
+  for (const void* p : {static_cast<const void*>(out), a, b}) require_element_aligned("cuda::reduce", p, type);
   visit(type, [&](auto element) {
     using T = decltype(element);
     const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
@@ -5581,6 +5837,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 // data = data / ranks: herd's avg of values summed elsewhere.
 inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
+  require_element_aligned("cuda::finalize_avg", data, type);
   visit(type, [&](auto element) {
     using T = decltype(element);
     kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
@@ -5596,6 +5853,8 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
     if (out != in) HERD_CUDA_CHECK(cudaMemcpyAsync(out, in, n * size_of(in_type), cudaMemcpyDeviceToDevice, stream));
     return;
   }
+  require_element_aligned("cuda::cast", out, out_type);
+  require_element_aligned("cuda::cast", in, in_type);
   visit_floating(out_type, "cuda::cast", [&](auto d) {
     visit_floating(in_type, "cuda::cast", [&](auto s) {
       using D = decltype(d);
@@ -5628,6 +5887,10 @@ class batched_copy {
     table.reserve(items.size());
     std::uint64_t blocks = 0;
     for (const item& it : items) {
+      if (!bytes && it.count != 0) {
+        require_element_aligned("cuda::batched_copy", it.in, in_type);
+        require_element_aligned("cuda::batched_copy", it.out, out_type);
+      }
       const std::uint64_t count = it.count * per_element;
       table.push_back({it.in, it.out, count, blocks});
       blocks += detail::batch_blocks(count, elements_per_block);
@@ -5689,14 +5952,13 @@ class stream_stage {
 
   explicit stream_stage(int device) : device_(device) {}
 
-  // Orders this stage after the work already queued on the legacy default stream (where
-  // frameworks without streams of their own, and blocking streams, put their kernels).
+  // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
   // buffers it sends from and receives into are device memory, filled by device-to-device copies.
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    ready_.record(cudaStreamLegacy);
+    ready_.record(current_stream());
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
   }
 
@@ -5738,8 +6000,8 @@ class stream_stage {
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
   bool direct_ = false;
-  cuda::pinned_buffer pinned_[3];
-  cuda::device_buffer on_device_[3];
+  cuda::pinned_buffer pinned_[2];
+  cuda::device_buffer on_device_[2];
   cuda::device_buffer scratch_;
 };
 
@@ -5756,6 +6018,7 @@ HERD_CONFIG_NAMESPACE_END
 #endif
 
 #include <cstring>
+#include <span>
 #include <string>
 
 namespace herd::detail {
@@ -5792,34 +6055,51 @@ template <communicator C> const char* unreachable_advice(const C& comm, device d
 }
 
 #if HERD_WITH_CUDA_KERNELS
-// Device tensors over a host-memory communicator: the ring allreduce staged through page-locked
-// host buffers (device buffers, when the MPI is CUDA-aware), reductions on the device.
-template <communicator C>
-void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
+// Device tensors over a host-memory communicator: herd's staged collectives
+// (detail/staged_ring.hpp), through bounded page-locked host slots (device slots, when the MPI
+// is CUDA-aware), reductions on the device; ordered after the caller's stream. Each runs with its
+// device current and returns once the device is done.
+template <communicator C, class Run> void run_staged(C& comm, int device, Run run) {
   const cuda::device_guard on(device);
   cuda::stream_stage& stage = cuda::stage_for(device);
   bool direct = false;
   if constexpr (requires { comm.cuda_aware(); }) direct = comm.cuda_aware();
   stage.begin(direct);
-  staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
-                        comm.options().ring_segment_bytes);
+  run(stage);
 }
 
-// The other collectives on device tensors over a host-memory communicator: the input copied to
-// the host, the host algorithm, the output copied back.
-template <class Run>
-void through_host(const_buffer_view in, buffer_view out, Run run) {
-  const int device = (in.device.is_cuda() ? in.device : out.device).index;
-  const cuda::device_guard on(device);
-  cuda::stream_stage& stage = cuda::stage_for(device);
-  stage.begin();
-  std::byte* host_in = stage.host_buffer(in.bytes(), 0);
-  std::byte* host_out = in.data == out.data ? host_in : stage.host_buffer(out.bytes(), 1);
-  if (in.bytes() != 0) stage.to_host(host_in, in.data, in.bytes());
-  stage.finish();
-  run(const_buffer_view(host_in, in.count, in.type), buffer_view{host_out, out.count, out.type, device::cpu()});
-  if (out.bytes() != 0) stage.to_device(out.data, host_out, out.bytes());
-  stage.finish();
+template <communicator C>
+void staged_allreduce(C& comm, dtype type, reduce_op op, const void* in, void* out, std::size_t count, int device) {
+  run_staged(comm, device, [&](cuda::stream_stage& stage) {
+    staged_ring_allreduce(comm, stage, type, op, static_cast<const std::byte*>(in), static_cast<std::byte*>(out), count,
+                          comm.options().ring_segment_bytes);
+  });
+}
+
+template <communicator C> void staged_reduce_scatter(C& comm, const_buffer_view in, buffer_view out, reduce_op op) {
+  run_staged(comm, out.device.index, [&](cuda::stream_stage& stage) {
+    staged_ring_reduce_scatter(comm, stage, in.type, op, static_cast<const std::byte*>(in.data),
+                               static_cast<std::byte*>(out.data), out.count, comm.options().ring_segment_bytes);
+  });
+}
+
+// Allgather(v): this rank's input copied to its place in the output, then the ring.
+template <communicator C>
+void staged_allgather(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts,
+                      std::size_t before) {
+  run_staged(comm, out.device.index, [&](cuda::stream_stage& stage) {
+    const std::size_t es = size_of(in.type);
+    auto* base = static_cast<std::byte*>(out.data);
+    if (in.data != base + before * es && in.count != 0) stage.copy(base + before * es, in.data, in.bytes());
+    staged_ring_allgather(comm, stage, base, es, chunk_layout::of_counts(counts), comm.options().ring_segment_bytes);
+  });
+}
+
+template <communicator C> void staged_broadcast(C& comm, buffer_view v, int root) {
+  run_staged(comm, v.device.index, [&](cuda::stream_stage& stage) {
+    staged_chain_broadcast(comm, stage, static_cast<std::byte*>(v.data), v.bytes(), root,
+                           comm.options().ring_segment_bytes);
+  });
 }
 #endif
 
@@ -5843,14 +6123,17 @@ inline void require_native_op(call_check& check, dtype type, reduce_op op) {
 }
 
 // Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
-// host_sync waits for it; herd's integer avg (the sum divided by the ranks, truncated) is NCCL's
-// sum followed by herd's division kernel.
+// host_sync waits for it. herd's avg is the sum divided by the ranks, on every path: NCCL's sum
+// followed by herd's division kernel. NCCL's own ncclAvg scales each rank's values by 1/n before
+// the sum, in the element type, which rounds differently in f16 and bf16 (and at 3 ranks even in
+// f32); it is used only where herd's kernel is not compiled in (a host-compiled file linking
+// herd::nccl), for floats, as README says. Integer avg needs the kernel (require_native_op).
 template <communicator C, class Reduce>
 void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Reduce reduce) {
-  const bool integer_avg = op == reduce_op::avg && is_integral(out.type);
-  reduce(integer_avg ? reduce_op::sum : op);
+  const bool divide_after = op == reduce_op::avg && (HERD_WITH_CUDA_KERNELS || is_integral(out.type));
+  reduce(divide_after ? reduce_op::sum : op);
 #if HERD_WITH_CUDA_KERNELS
-  if (integer_avg) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
+  if (divide_after) cuda::finalize_avg(out.type, out.data, out.count, comm.size(), stream_of(comm));
 #endif
   if (host_sync) comm.synchronize();
 }
@@ -5899,8 +6182,17 @@ template <communicator C, class Body> handle start_collective(C& comm, const op_
       return handle();
     }
   } else {
+#if HERD_WITH_CUDA_KERNELS
+    // It may run on the progress thread: it follows the stream its caller follows now.
+    auto follow_caller = [body = std::move(body), caller = cuda::current_stream()]() mutable {
+      const cuda::use_stream on(caller);
+      body(true);
+    };
+    return handle(&comm.operations(), submit_operation(comm, label, std::move(follow_caller)));
+#else
     return handle(&comm.operations(),
                   submit_operation(comm, label, [body = std::move(body)]() mutable { body(true); }));
+#endif
   }
 }
 
@@ -6202,9 +6494,7 @@ template <communicator C> void run_allgatherv(C& comm, const allgather_call& cal
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (call.in.device.is_cuda()) {
-      return through_host(call.in, call.out, [&](const_buffer_view host_in, buffer_view host_out) {
-        allgather_host(comm, host_in, host_out, call.counts, call.before);
-      });
+      return staged_allgather(comm, call.in, call.out, call.counts, call.before);
     }
 #endif
     allgather_host(comm, call.in, call.out, call.counts, call.before);
@@ -6816,7 +7106,7 @@ template <communicator C> void run_broadcast(C& comm, const broadcast_call& call
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (v.device.is_cuda()) {
-      return through_host(v, v, [&](const_buffer_view, buffer_view host) { broadcast_host(comm, host, root); });
+      return staged_broadcast(comm, v, root);
     }
 #endif
     broadcast_host(comm, v, root);
@@ -6925,9 +7215,7 @@ template <communicator C> void run_reduce_scatter(C& comm, const reduce_scatter_
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
     if (in.device.is_cuda()) {
-      return through_host(in, out, [&](const_buffer_view host_in, buffer_view host_out) {
-        reduce_scatter_host(comm, host_in, host_out, op);
-      });
+      return staged_reduce_scatter(comm, in, out, op);
     }
 #endif
     reduce_scatter_host(comm, in, out, op);
@@ -8801,16 +9089,17 @@ class device_mover {
   // the caller's framework computes the gradients on).
   void follow(cudaStream_t stream) noexcept { followed_ = stream; }
 
-  // Orders herd's stream after the work on the legacy default stream (and the followed stream),
-  // which produced the gradients.
+  // Orders herd's stream, by events, after the caller's stream (cuda::current_stream()) and the
+  // followed one, which produced the gradients.
   void begin() {
     const cuda::device_guard on(device_);
     if (!stream_) {
       stream_.emplace();
       ready_.emplace();
     }
-    for (cudaStream_t upstream : {static_cast<cudaStream_t>(cudaStreamLegacy), followed_}) {
-      if (upstream == nullptr) continue;
+    const cudaStream_t caller = cuda::current_stream();
+    for (cudaStream_t upstream : {caller, followed_}) {
+      if (upstream == followed_ && (followed_ == nullptr || followed_ == caller)) continue;
       ready_->record(upstream);
       HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
     }
@@ -9814,5 +10103,228 @@ class sgd {
   std::int64_t steps_ = 0;
 };
 
+}  // namespace herd
+
+// ---- herd/optim/zero.hpp ----
+// herd::zero_optimizer: ZeRO stage 1 (DeepSpeed's, PyTorch's ZeroRedundancyOptimizer): the
+// optimizer's state is split across the ranks instead of repeated on each.
+//
+//   herd::zero_optimizer opt(params, grads, comm, [](auto shard_params, auto shard_grads) {
+//     return herd::adamw(std::move(shard_params), std::move(shard_grads), {.lr = 1e-3});
+//   });
+//   ...backward...
+//   opt.step();
+//
+// The parameters (host tensors of one floating-point dtype), taken in order, form one flat range
+// of N elements, cut into W shards of ceil(N/W) elements (the last ones shorter, or empty when N
+// < W): balanced by bytes to within one shard's rounding. `make` builds the wrapped optimizer
+// once, over views of this rank's shard of the parameters and of a buffer that receives its
+// gradients: it steps only that shard and keeps state (momentum, moments) only for it, about 1/W
+// of the unsharded optimizer's. Each step reduce-scatters the flattened gradients (avg by
+// default, f16/bf16 on the wire with compression), steps the wrapped optimizer, and allgathers the
+// updated parameters. One reduce-scatter and one allgather move what one allreduce moves.
+//
+// Its state (visit_state) is this rank's shard, with the layout it was made for: a checkpoint of
+// it is per rank (each rank saves its own file) and loads back at the same world size; a layout
+// that differs (another world size, rank or parameter count) makes the next step raise
+// herd::error on every rank.
+
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct zero_options {
+  reduce_op op = reduce_op::avg;  // avg or sum over ranks
+  compression wire = compression::none;
+};
+
+// Where this rank's shard lies in the flat parameter range.
+struct zero_shard {
+  std::size_t total = 0;      // N, elements of all parameters
+  std::size_t per_rank = 0;   // ceil(N / W)
+  std::size_t begin = 0;      // first element of this rank's shard
+  std::size_t end = 0;        // one past its last (begin == end: an empty shard)
+
+  static zero_shard of(std::size_t total, int rank, int size) {
+    zero_shard s;
+    s.total = total;
+    s.per_rank = (total + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size);
+    s.begin = std::min(total, s.per_rank * static_cast<std::size_t>(rank));
+    s.end = std::min(total, s.begin + s.per_rank);
+    return s;
+  }
+  std::size_t count() const noexcept { return end - begin; }
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class Inner, communicator C> class zero_optimizer {
+ public:
+  template <class Make>
+  zero_optimizer(std::vector<buffer_view> params, std::vector<buffer_view> grads, C& comm, Make make,
+                 zero_options options = {})
+      : params_(std::move(params)), grads_(std::move(grads)), comm_(&comm), options_(options) {
+    detail::require_parameter_pairs(params_, grads_, "zero_optimizer");
+    if (options_.op != reduce_op::avg && options_.op != reduce_op::sum) {
+      detail::raise({"zero_optimizer"}, "op " + std::string(name(options_.op)) + " cannot combine gradients",
+                    "Use reduce_op::avg or reduce_op::sum");
+    }
+    std::size_t total = 0;
+    type_ = params_.empty() ? dtype::f32 : params_[0].type;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].type != type_) {
+        detail::raise({"zero_optimizer"},
+                      "parameter " + std::to_string(i) + " is " + std::string(name(params_[i].type)) + " but parameter 0 is " +
+                          std::string(name(type_)),
+                      "Shard parameters of one dtype per zero_optimizer (make one for each dtype)");
+      }
+      total += params_[i].count;
+    }
+    shard_ = zero_shard::of(total, comm.rank(), comm.size());
+    layout_[0] = comm.size();
+    layout_[1] = comm.rank();
+    layout_[2] = static_cast<std::int64_t>(total);
+    wire_ = wire_dtype(options_.wire, type_);
+    alone_ = comm.size() == 1 && wire_ == type_;
+    if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
+      inner_.emplace(make(params_, grads_));
+      return;
+    }
+    const std::size_t padded = shard_.per_rank * static_cast<std::size_t>(comm.size());
+    flat_ = host_tensor(wire_, padded);
+    shard_grad_ = host_tensor(wire_, shard_.per_rank);
+    grad_ = wire_ == type_ ? host_tensor() : host_tensor(type_, shard_.per_rank);
+    // The wrapped optimizer sees the parts of the parameters inside this shard, and the matching
+    // parts of the received gradients.
+    std::vector<buffer_view> shard_params, shard_grads;
+    std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
+    const std::size_t es = size_of(type_);
+    std::size_t at = 0;
+    for (const auto& p : params_) {
+      const std::size_t lo = std::max(at, shard_.begin), hi = std::min(at + p.count, shard_.end);
+      if (lo < hi) {
+        shard_params.push_back({static_cast<std::byte*>(p.data) + (lo - at) * es, hi - lo, type_, device::cpu()});
+        shard_grads.push_back({received + (lo - shard_.begin) * es, hi - lo, type_, device::cpu()});
+      }
+      at += p.count;
+    }
+    inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
+  }
+
+  void step() {
+    C& comm = *comm_;
+    if (alone_) {
+      if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      return inner_->step();
+    }
+    const int p = comm.size();
+    const std::size_t es = size_of(type_), ws = size_of(wire_);
+    // The gradients, flattened (cast for the wire), the padding zero.
+    auto* flat = static_cast<std::byte*>(flat_.data());
+    std::size_t at = 0;
+    for (const auto& g : grads_) {
+      if (wire_ == type_) std::memcpy(flat + at * es, g.data, g.bytes());
+      else detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);
+      at += g.count;
+    }
+    std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
+    // With compression the sum travels as f16/bf16 and the average is taken after the cast back.
+    const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
+    const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
+    buffer_view mine = shard_grad_.view();
+    // A wrong layout on any rank travels in the reduce-scatter's agreement: every rank raises it.
+    auto call = detail::prepare_reduce_scatter(all, mine, comm, wire_op);
+    if (const std::string fault = layout_fault(); !fault.empty()) {
+      if (p == 1) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      call.check.fail(17, fault, layout_advice);
+    }
+    detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
+    if (wire_ != type_) {
+      const double scale = options_.op == reduce_op::avg ? 1.0 / p : 1.0;
+      detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank, scale);
+    }
+    inner_->step();
+    // This rank's updated parameters to everyone: packed, gathered, unpacked.
+    host_tensor& gathered = params_flat();
+    auto* all_params = static_cast<std::byte*>(gathered.data());
+    auto* mine_out = all_params + shard_.per_rank * static_cast<std::size_t>(comm.rank()) * es;
+    std::memset(mine_out, 0, shard_.per_rank * es);
+    for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      std::memcpy(mine_out + (flat_at - shard_.begin) * es, static_cast<const std::byte*>(param.data) + offset * es, n * es);
+    });
+    const const_buffer_view shard_out(mine_out, shard_.per_rank, type_);
+    buffer_view everything = gathered.view();
+    allgather(shard_out, everything, comm);
+    for_each_piece(0, shard_.total, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      std::memcpy(static_cast<std::byte*>(param.data) + offset * es, all_params + flat_at * es, n * es);
+    });
+  }
+
+  Inner& inner() noexcept { return *inner_; }
+  const zero_shard& shard() const noexcept { return shard_; }
+
+  // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
+  template <class F> void visit_state(F&& f) {
+    f(std::string("zero.layout"), buffer_view{layout_, 3, dtype::i64, device::cpu()});
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("shard." + std::string(name), v); });
+  }
+
+ private:
+  // Calls f(param, offset in it, flat index, count) for each part of a parameter in [lo, hi).
+  template <class F> void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
+    std::size_t at = 0;
+    for (const auto& p : params_) {
+      const std::size_t a = std::max(at, lo), b = std::min(at + p.count, hi);
+      if (a < b) f(p, a - at, a, b - a);
+      at += p.count;
+    }
+  }
+
+  host_tensor& params_flat() {
+    if (gathered_.count() == 0 && flat_.count() != 0) gathered_ = host_tensor(type_, flat_.count());
+    return gathered_;
+  }
+
+  // A loaded checkpoint overwrote the layout: it must be the one this optimizer was made for.
+  std::string layout_fault() const {
+    const C& comm = *comm_;
+    if (layout_[0] == comm.size() && layout_[1] == comm.rank() && layout_[2] == static_cast<std::int64_t>(shard_.total)) {
+      return {};
+    }
+    return "zero_optimizer's state was loaded from a shard of rank " + std::to_string(layout_[1]) + " of " +
+           std::to_string(layout_[0]) + " ranks over " + std::to_string(layout_[2]) + " parameters, but it runs as rank " +
+           std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " over " + std::to_string(shard_.total);
+  }
+  static constexpr const char* layout_advice =
+      "A zero_optimizer checkpoint is per rank: load each rank's own file, at the same world size";
+
+  std::vector<buffer_view> params_, grads_;
+  C* comm_;
+  zero_options options_;
+  dtype type_ = dtype::f32;
+  dtype wire_ = dtype::f32;
+  zero_shard shard_;
+  std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
+  host_tensor flat_;        // the flattened gradients, as they travel
+  host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
+  host_tensor grad_;        // ...cast back, with compression
+  host_tensor gathered_;    // the flattened parameters, gathered
+  bool alone_ = false;      // one rank without compression: the wrapped optimizer on the tensors themselves
+  std::optional<Inner> inner_;  // made by `make` over this rank's shard
+};
+
+template <class Make, communicator C>
+zero_optimizer(std::vector<buffer_view>, std::vector<buffer_view>, C&, Make, zero_options = {})
+    -> zero_optimizer<std::invoke_result_t<Make, std::vector<buffer_view>, std::vector<buffer_view>>, C>;
+
+HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 

@@ -139,3 +139,44 @@ HERD_MPI_TEST_CASE("gradient lists that differ across ranks fail on every rank",
   INFO(message);
   CHECK(message.find("gradient 0 is 10 elements of f32 on rank 0 but 11 elements of f32 on rank 1") != std::string::npos);
 }
+
+// ZeRO-1: each rank steps its shard of the 135 parameters (W = 2, 4 do not divide them) and keeps
+// only that shard's state; the parameters still equal one rank's with the combined batch.
+HERD_MPI_TEST_CASE("zero_optimizer training equals one rank with the combined batch, SGD and AdamW", 1) {
+  herd::mpi_communicator comm;
+  const std::size_t batch = 8;
+  const auto world = static_cast<std::size_t>(comm.size());
+  for (bool use_adamw : {false, true}) {
+    auto make = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+      return herd::adamw(std::move(p), std::move(g), {.lr = 1e-2});
+    };
+    auto make_sgd = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+      return herd::sgd(std::move(p), std::move(g), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
+    };
+    const std::size_t samples = batch * world * 6;
+    const herd_test::regression_data data(samples, 7, 3, 77);
+    herd_test::tiny_mlp distributed(7, 12, 3, 5), alone(7, 12, 3, 5);
+    auto run = [&](auto& zero, auto& reference) {
+      for (std::size_t at = 0; at < samples; at += world * batch) {
+        const std::size_t mine = at + static_cast<std::size_t>(comm.rank()) * batch;
+        distributed.forward_backward(data, mine, mine + batch);
+        zero.step();
+        alone.forward_backward(data, at, at + world * batch);
+        reference.step();
+      }
+    };
+    if (use_adamw) {
+      herd::zero_optimizer zero(distributed.params(), distributed.grads(), comm, make);
+      auto reference = make(alone.params(), alone.grads());
+      run(zero, reference);
+    } else {
+      herd::zero_optimizer zero(distributed.params(), distributed.grads(), comm, make_sgd);
+      auto reference = make_sgd(alone.params(), alone.grads());
+      run(zero, reference);
+    }
+    const double difference = herd_test::relative_difference(distributed, alone);
+    const std::string optimizer = use_adamw ? "adamw" : "sgd";
+    INFO(optimizer, " relative difference ", difference);
+    CHECK(difference <= 1e-5);
+  }
+}

@@ -225,6 +225,7 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 14: return "gradients that differ from those of the first step";
     case 15: return "a negative color";
     case 16: return "gradients it did not mark ready in this backward pass";
+    case 17: return "optimizer state of another shard layout (another rank's or world size's zero_optimizer checkpoint)";
     default: return "invalid arguments";
   }
 }

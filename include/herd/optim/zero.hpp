@@ -1,0 +1,230 @@
+#pragma once
+// herd::zero_optimizer: ZeRO stage 1 (DeepSpeed's, PyTorch's ZeroRedundancyOptimizer): the
+// optimizer's state is split across the ranks instead of repeated on each.
+//
+//   herd::zero_optimizer opt(params, grads, comm, [](auto shard_params, auto shard_grads) {
+//     return herd::adamw(std::move(shard_params), std::move(shard_grads), {.lr = 1e-3});
+//   });
+//   ...backward...
+//   opt.step();
+//
+// The parameters (host tensors of one floating-point dtype), taken in order, form one flat range
+// of N elements, cut into W shards of ceil(N/W) elements (the last ones shorter, or empty when N
+// < W): balanced by bytes to within one shard's rounding. `make` builds the wrapped optimizer
+// once, over views of this rank's shard of the parameters and of a buffer that receives its
+// gradients: it steps only that shard and keeps state (momentum, moments) only for it, about 1/W
+// of the unsharded optimizer's. Each step reduce-scatters the flattened gradients (avg by
+// default, f16/bf16 on the wire with compression), steps the wrapped optimizer, and allgathers the
+// updated parameters. One reduce-scatter and one allgather move what one allreduce moves.
+//
+// Its state (visit_state) is this rank's shard, with the layout it was made for: a checkpoint of
+// it is per rank (each rank saves its own file) and loads back at the same world size; a layout
+// that differs (another world size, rank or parameter count) makes the next step raise
+// herd::error on every rank.
+
+#include <herd/collectives/allgather.hpp>
+#include <herd/collectives/reduce_scatter.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/optim/compression.hpp>
+#include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/optimizer_state.hpp>
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/host_tensor.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct zero_options {
+  reduce_op op = reduce_op::avg;  // avg or sum over ranks
+  compression wire = compression::none;
+};
+
+// Where this rank's shard lies in the flat parameter range.
+struct zero_shard {
+  std::size_t total = 0;      // N, elements of all parameters
+  std::size_t per_rank = 0;   // ceil(N / W)
+  std::size_t begin = 0;      // first element of this rank's shard
+  std::size_t end = 0;        // one past its last (begin == end: an empty shard)
+
+  static zero_shard of(std::size_t total, int rank, int size) {
+    zero_shard s;
+    s.total = total;
+    s.per_rank = (total + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size);
+    s.begin = std::min(total, s.per_rank * static_cast<std::size_t>(rank));
+    s.end = std::min(total, s.begin + s.per_rank);
+    return s;
+  }
+  std::size_t count() const noexcept { return end - begin; }
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class Inner, communicator C> class zero_optimizer {
+ public:
+  template <class Make>
+  zero_optimizer(std::vector<buffer_view> params, std::vector<buffer_view> grads, C& comm, Make make,
+                 zero_options options = {})
+      : params_(std::move(params)), grads_(std::move(grads)), comm_(&comm), options_(options) {
+    detail::require_parameter_pairs(params_, grads_, "zero_optimizer");
+    if (options_.op != reduce_op::avg && options_.op != reduce_op::sum) {
+      detail::raise({"zero_optimizer"}, "op " + std::string(name(options_.op)) + " cannot combine gradients",
+                    "Use reduce_op::avg or reduce_op::sum");
+    }
+    std::size_t total = 0;
+    type_ = params_.empty() ? dtype::f32 : params_[0].type;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].type != type_) {
+        detail::raise({"zero_optimizer"},
+                      "parameter " + std::to_string(i) + " is " + std::string(name(params_[i].type)) + " but parameter 0 is " +
+                          std::string(name(type_)),
+                      "Shard parameters of one dtype per zero_optimizer (make one for each dtype)");
+      }
+      total += params_[i].count;
+    }
+    shard_ = zero_shard::of(total, comm.rank(), comm.size());
+    layout_[0] = comm.size();
+    layout_[1] = comm.rank();
+    layout_[2] = static_cast<std::int64_t>(total);
+    wire_ = wire_dtype(options_.wire, type_);
+    alone_ = comm.size() == 1 && wire_ == type_;
+    if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
+      inner_.emplace(make(params_, grads_));
+      return;
+    }
+    const std::size_t padded = shard_.per_rank * static_cast<std::size_t>(comm.size());
+    flat_ = host_tensor(wire_, padded);
+    shard_grad_ = host_tensor(wire_, shard_.per_rank);
+    grad_ = wire_ == type_ ? host_tensor() : host_tensor(type_, shard_.per_rank);
+    // The wrapped optimizer sees the parts of the parameters inside this shard, and the matching
+    // parts of the received gradients.
+    std::vector<buffer_view> shard_params, shard_grads;
+    std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
+    const std::size_t es = size_of(type_);
+    std::size_t at = 0;
+    for (const auto& p : params_) {
+      const std::size_t lo = std::max(at, shard_.begin), hi = std::min(at + p.count, shard_.end);
+      if (lo < hi) {
+        shard_params.push_back({static_cast<std::byte*>(p.data) + (lo - at) * es, hi - lo, type_, device::cpu()});
+        shard_grads.push_back({received + (lo - shard_.begin) * es, hi - lo, type_, device::cpu()});
+      }
+      at += p.count;
+    }
+    inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
+  }
+
+  void step() {
+    C& comm = *comm_;
+    if (alone_) {
+      if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      return inner_->step();
+    }
+    const int p = comm.size();
+    const std::size_t es = size_of(type_), ws = size_of(wire_);
+    // The gradients, flattened (cast for the wire), the padding zero.
+    auto* flat = static_cast<std::byte*>(flat_.data());
+    std::size_t at = 0;
+    for (const auto& g : grads_) {
+      if (wire_ == type_) std::memcpy(flat + at * es, g.data, g.bytes());
+      else detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);
+      at += g.count;
+    }
+    std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
+    // With compression the sum travels as f16/bf16 and the average is taken after the cast back.
+    const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
+    const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
+    buffer_view mine = shard_grad_.view();
+    // A wrong layout on any rank travels in the reduce-scatter's agreement: every rank raises it.
+    auto call = detail::prepare_reduce_scatter(all, mine, comm, wire_op);
+    if (const std::string fault = layout_fault(); !fault.empty()) {
+      if (p == 1) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      call.check.fail(17, fault, layout_advice);
+    }
+    detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
+    if (wire_ != type_) {
+      const double scale = options_.op == reduce_op::avg ? 1.0 / p : 1.0;
+      detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank, scale);
+    }
+    inner_->step();
+    // This rank's updated parameters to everyone: packed, gathered, unpacked.
+    host_tensor& gathered = params_flat();
+    auto* all_params = static_cast<std::byte*>(gathered.data());
+    auto* mine_out = all_params + shard_.per_rank * static_cast<std::size_t>(comm.rank()) * es;
+    std::memset(mine_out, 0, shard_.per_rank * es);
+    for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      std::memcpy(mine_out + (flat_at - shard_.begin) * es, static_cast<const std::byte*>(param.data) + offset * es, n * es);
+    });
+    const const_buffer_view shard_out(mine_out, shard_.per_rank, type_);
+    buffer_view everything = gathered.view();
+    allgather(shard_out, everything, comm);
+    for_each_piece(0, shard_.total, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      std::memcpy(static_cast<std::byte*>(param.data) + offset * es, all_params + flat_at * es, n * es);
+    });
+  }
+
+  Inner& inner() noexcept { return *inner_; }
+  const zero_shard& shard() const noexcept { return shard_; }
+
+  // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
+  template <class F> void visit_state(F&& f) {
+    f(std::string("zero.layout"), buffer_view{layout_, 3, dtype::i64, device::cpu()});
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("shard." + std::string(name), v); });
+  }
+
+ private:
+  // Calls f(param, offset in it, flat index, count) for each part of a parameter in [lo, hi).
+  template <class F> void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
+    std::size_t at = 0;
+    for (const auto& p : params_) {
+      const std::size_t a = std::max(at, lo), b = std::min(at + p.count, hi);
+      if (a < b) f(p, a - at, a, b - a);
+      at += p.count;
+    }
+  }
+
+  host_tensor& params_flat() {
+    if (gathered_.count() == 0 && flat_.count() != 0) gathered_ = host_tensor(type_, flat_.count());
+    return gathered_;
+  }
+
+  // A loaded checkpoint overwrote the layout: it must be the one this optimizer was made for.
+  std::string layout_fault() const {
+    const C& comm = *comm_;
+    if (layout_[0] == comm.size() && layout_[1] == comm.rank() && layout_[2] == static_cast<std::int64_t>(shard_.total)) {
+      return {};
+    }
+    return "zero_optimizer's state was loaded from a shard of rank " + std::to_string(layout_[1]) + " of " +
+           std::to_string(layout_[0]) + " ranks over " + std::to_string(layout_[2]) + " parameters, but it runs as rank " +
+           std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " over " + std::to_string(shard_.total);
+  }
+  static constexpr const char* layout_advice =
+      "A zero_optimizer checkpoint is per rank: load each rank's own file, at the same world size";
+
+  std::vector<buffer_view> params_, grads_;
+  C* comm_;
+  zero_options options_;
+  dtype type_ = dtype::f32;
+  dtype wire_ = dtype::f32;
+  zero_shard shard_;
+  std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
+  host_tensor flat_;        // the flattened gradients, as they travel
+  host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
+  host_tensor grad_;        // ...cast back, with compression
+  host_tensor gathered_;    // the flattened parameters, gathered
+  bool alone_ = false;      // one rank without compression: the wrapped optimizer on the tensors themselves
+  std::optional<Inner> inner_;  // made by `make` over this rank's shard
+};
+
+template <class Make, communicator C>
+zero_optimizer(std::vector<buffer_view>, std::vector<buffer_view>, C&, Make, zero_options = {})
+    -> zero_optimizer<std::invoke_result_t<Make, std::vector<buffer_view>, std::vector<buffer_view>>, C>;
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
