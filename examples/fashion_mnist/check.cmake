@@ -5,6 +5,9 @@
 #   missing_data  --data at an empty directory: exit 1, a message naming the path and the package
 #   resume        2 epochs straight == 1 epoch, then --resume for the 2nd (same loss and accuracy)
 #   overlap       --overlap (buckets reduced during backward) == without, loss and accuracy alike
+#   precision     --precision bf16 learns (accuracy >= 0.70 after 1 epoch on 12000 samples) and says
+#                 what the loss scaler did; --precision f16 resumed from its checkpoint (masters,
+#                 momentum, loss scale) == straight
 # A script rather than PASS_REGULAR_EXPRESSION because ctest ignores the exit status when a
 # regular expression decides, and these tests care about both.
 cmake_minimum_required(VERSION 3.21)
@@ -106,6 +109,31 @@ elseif(MODE STREQUAL "overlap")
   result_lines(overlapped got)
   if(NOT expected STREQUAL got)
     message(FATAL_ERROR "--overlap trained differently:\n  blocking:   ${expected}\n  overlapped: ${got}")
+  endif()
+  message(STATUS "identical: ${got}")
+
+elseif(MODE STREQUAL "precision")
+  run_training(brain --precision bf16 --epochs 1 --train-samples 12000)
+  expect_success(brain)
+  if(NOT "${brain_out}" MATCHES "mixed precision: bf16 parameters and gradients, loss scale [0-9.e+]+, [0-9]+ step")
+    message(FATAL_ERROR "--precision bf16 printed no 'mixed precision:' line")
+  endif()
+  string(REGEX MATCH "final test accuracy: ([0-9.]+)" final "${brain_out}")
+  if(CMAKE_MATCH_1 LESS 0.70)
+    message(FATAL_ERROR "--precision bf16 reached only ${CMAKE_MATCH_1} (expected >= 0.70)")
+  endif()
+  set(common --precision f16 --train-samples 2000 --seed 5)
+  set(ckpt "${WORK_DIR}/f16.herd")
+  run_training(straight --epochs 2 ${common})
+  expect_success(straight)
+  run_training(first --epochs 1 ${common} --checkpoint "${ckpt}")
+  expect_success(first)
+  run_training(resumed --epochs 2 ${common} --checkpoint "${ckpt}" --resume)
+  expect_success(resumed)
+  result_lines(straight expected)
+  result_lines(resumed got)
+  if(NOT expected STREQUAL got)
+    message(FATAL_ERROR "--precision f16 resumed differs from straight:\n  straight: ${expected}\n  resumed:  ${got}")
   endif()
   message(STATUS "identical: ${got}")
 

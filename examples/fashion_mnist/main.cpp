@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 // herd's one customization point, for the two Eigen types the model uses. Both are dense and
@@ -55,6 +56,29 @@ double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
+// f32 values times `scale` rounded into a tensor of f16 or bf16, and back.
+void round_into(herd::host_tensor& low, const herd::buffer_view& f32, float scale) {
+  const auto* in = static_cast<const float*>(f32.data);
+  herd::visit(low.type(), [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>) {
+      auto* out = static_cast<T*>(low.data());
+      for (std::size_t i = 0; i < low.count(); ++i) out[i] = T(in[i] * scale);
+    }
+  });
+}
+
+void widen_into(const herd::buffer_view& f32, herd::host_tensor& low) {
+  auto* out = static_cast<float*>(f32.data);
+  herd::visit(low.type(), [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>) {
+      const auto* in = static_cast<const T*>(low.data());
+      for (std::size_t i = 0; i < low.count(); ++i) out[i] = static_cast<float>(in[i]);
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Command line
 
@@ -74,6 +98,7 @@ struct options {
   bool resume = false;
   std::size_t train_samples = 0;  // 0: all
   bool overlap = false;           // mark gradients ready during backward (buckets)
+  herd::dtype precision = herd::dtype::f32;  // f16/bf16: parameters and gradients on the wire
   bool help = false;
 };
 
@@ -93,6 +118,9 @@ void print_usage(std::FILE* out) {
                "  --train-samples N    train on the first N training images only (quick runs)\n"
                "  --overlap            reduce gradients in buckets during the backward pass, each layer's\n"
                "                       as soon as it is computed (mark_ready), instead of after it\n"
+               "  --precision P        f32 (default), f16 or bf16: parameters kept in P with f32 master\n"
+               "                       weights and a dynamic loss scale, gradients reduced in P; the\n"
+               "                       matrix products still run in f32\n"
                "  --help               this text\n",
                default_epochs, default_lr);
 }
@@ -164,11 +192,20 @@ options parse_options(int argc, char** argv) {
       o.resume = true;
     } else if (arg == "--train-samples") {
       o.train_samples = parse_integer<std::size_t>(arg, value(), 1);
+    } else if (arg == "--precision") {
+      const std::string_view p = value();
+      if (p == "f32") o.precision = herd::dtype::f32;
+      else if (p == "f16") o.precision = herd::dtype::f16;
+      else if (p == "bf16") o.precision = herd::dtype::bf16;
+      else throw usage_error{"--precision takes f32, f16 or bf16, not '" + std::string(p) + "'"};
     } else {
       throw usage_error{"unknown option '" + std::string(argv[i]) + "'"};
     }
   }
   if (o.resume && o.checkpoint.empty()) throw usage_error{"--resume needs --checkpoint PATH"};
+  if (o.precision != herd::dtype::f32 && o.overlap) {
+    throw usage_error{"--precision f16/bf16 reduces after the backward pass; drop --overlap"};
+  }
   return o;
 }
 
@@ -274,6 +311,36 @@ int train(const options& opts, herd::mpi_communicator& comm) {
   // layer's are computed; the first layer's gradients make the second bucket.
   herd::distributed_optimizer opt(sgd, grads, comm, {.first_bucket_bytes = 128 << 10});
 
+  // --precision f16|bf16: the parameters live in f16/bf16, and SGD updates f32 masters of them
+  // (herd::mixed_precision), which are rounded back after each step. Eigen's matrix products run in
+  // f32 (its f16 ones are slow), on the rounded parameters: so the low precision is in the weights
+  // and on the wire. Each step's f32 gradients are multiplied by the loss scale (as scaling the loss
+  // would, backward being linear in it), rounded into f16/bf16, averaged in that dtype, and
+  // unscaled into f32 by the mixed_precision step, which skips (on every rank) a step that overflowed.
+  const bool low = opts.precision != herd::dtype::f32;
+  std::vector<herd::host_tensor> low_params, low_grads;
+  std::vector<herd::buffer_view> low_param_views, low_grad_views;
+  for (const auto& p : params) {
+    low_params.emplace_back(low ? opts.precision : herd::dtype::f32, low ? p.count : 0);
+    low_grads.emplace_back(low ? opts.precision : herd::dtype::f32, low ? p.count : 0);
+  }
+  for (std::size_t i = 0; low && i < params.size(); ++i) {
+    round_into(low_params[i], params[i], 1.0f);
+    widen_into(params[i], low_params[i]);  // the model computes with the rounded values
+    low_param_views.push_back(low_params[i].view());
+    low_grad_views.push_back(low_grads[i].view());
+  }
+  herd::loss_scaler scaler;
+  std::optional<herd::mixed_precision<herd::sgd>> amp;
+  std::optional<herd::distributed_optimizer<herd::mixed_precision<herd::sgd>, herd::mpi_communicator>> low_opt;
+  if (low) {
+    amp.emplace(low_param_views, low_grad_views, scaler, [&](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+      return herd::sgd(std::move(p), std::move(g), {.lr = opts.lr, .momentum = 0.9});
+    });
+    low_opt.emplace(*amp, low_grad_views, comm);
+  }
+  herd::sgd& stepped = low ? amp->inner() : sgd;  // the SGD whose rate follows the schedule
+
   herd::distributed_sampler sampler(train_count, comm, {.shuffle = true, .seed = opts.seed});
   const std::size_t steps_per_epoch = sampler.batch_count(opts.batch_size);
   // Goyal et al.: the rate grows with the global batch, reached gradually over the first epoch.
@@ -286,7 +353,12 @@ int train(const options& opts, herd::mpi_communicator& comm) {
   herd::checkpoint state;
   state.add("w1", model.w1).add("b1", model.b1).add("w2", model.w2).add("b2", model.b2).add("w3", model.w3).add(
       "b3", model.b3);
-  state.add_optimizer_state("sgd.", sgd);
+  if (low) {
+    for (std::size_t i = 0; i < low_params.size(); ++i) state.add("low." + std::to_string(i), low_params[i]);
+    state.add_optimizer_state("amp.", *amp);
+  } else {
+    state.add_optimizer_state("sgd.", sgd);
+  }
   state.add_value("epochs_done", epochs_done);
 
   if (opts.resume) {
@@ -318,7 +390,7 @@ int train(const options& opts, herd::mpi_communicator& comm) {
     herd::metric train_loss;
     double running_loss = 0;  // this rank's since the last progress line
     std::size_t running_batches = 0;
-    const double reduce_before = opt.reduce_seconds();
+    const double reduce_before = low ? low_opt->reduce_seconds() : opt.reduce_seconds();
     const auto start = clock_type::now();
     auto last_print = start;
 
@@ -332,8 +404,14 @@ int train(const options& opts, herd::mpi_communicator& comm) {
       } else {
         r = model.train_batch(x, y);
       }
-      sgd.set_lr(schedule(sgd.steps()));
-      opt.step();  // averages the gradients over the ranks (waits for the buckets), then steps SGD
+      stepped.set_lr(schedule(stepped.steps()));
+      if (low) {  // scaled and rounded gradients averaged in f16/bf16, then the masters' step
+        for (std::size_t i = 0; i < grads.size(); ++i) round_into(low_grads[i], grads[i], static_cast<float>(scaler.scale()));
+        low_opt->step();
+        for (std::size_t i = 0; i < params.size(); ++i) widen_into(params[i], low_params[i]);
+      } else {
+        opt.step();  // averages the gradients over the ranks (waits for the buckets), then steps SGD
+      }
       train_loss.add(r.loss, static_cast<double>(batch.size()));
       running_loss += r.loss;
       ++running_batches;
@@ -350,7 +428,7 @@ int train(const options& opts, herd::mpi_communicator& comm) {
       }
     }
     const double train_seconds = seconds_since(start);
-    const double reduce_seconds = opt.reduce_seconds() - reduce_before;
+    const double reduce_seconds = (low ? low_opt->reduce_seconds() : opt.reduce_seconds()) - reduce_before;
 
     const double mean_loss = train_loss.global_mean(comm);
     const auto eval_start = clock_type::now();
@@ -386,6 +464,10 @@ int train(const options& opts, herd::mpi_communicator& comm) {
       const double per_step = o.steps > 0 ? 1e3 / static_cast<double>(o.steps) : 0.0;
       std::printf("overlap: %zu bucket(s), %zu steps, per step %.3f ms reducing, %.3f ms of it waited for\n",
                   opt.buckets().size(), o.steps, o.communication * per_step, o.waiting * per_step);
+    }
+    if (low) {
+      std::printf("mixed precision: %s parameters and gradients, loss scale %g, %lld step(s) skipped for overflow\n",
+                  std::string(herd::name(opts.precision)).c_str(), scaler.scale(), static_cast<long long>(scaler.skipped_steps()));
     }
     std::printf("final test accuracy: %.4f\n", accuracy);
     std::printf("summary: ranks=%d epochs=%d seconds_per_epoch=%.3f reduce_fraction=%.4f test_accuracy=%.4f\n",

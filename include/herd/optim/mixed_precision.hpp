@@ -1,0 +1,174 @@
+#pragma once
+// Mixed precision as apex and torch.cuda.amp users know it: a dynamic loss scaler, and f32 master
+// weights for f16/bf16 parameters.
+//
+//   herd::loss_scaler scaler;                               // 2^16, x2 after 2000 clean steps, x0.5 on overflow
+//   herd::mixed_precision amp(params16, grads16, scaler, [](auto master_params, auto master_grads) {
+//     return herd::adamw(std::move(master_params), std::move(master_grads));   // steps the f32 masters
+//   });
+//   herd::distributed_optimizer opt(amp, grads16, comm);   // reduces the f16 gradients, then amp.step()
+//   ...forward in f16; backward from loss * scaler.scale()...
+//   opt.step();                                            // skipped on every rank when any overflowed
+//
+// mixed_precision::step() reads the gradients after the reduction, unscales them into f32 master
+// gradients and checks them for inf and NaN: an overflow on any rank reaches every rank's reduced
+// gradients (inf + x = inf, inf - inf = NaN), and herd's reductions give every rank the same bits,
+// so every rank sees the same overflow and skips the same step, with no collective of its own.
+// Without one, the wrapped optimizer steps the f32 masters, which are copied back (rounded) into
+// the f16/bf16 parameters. f32 and f64 parameters are their own masters (their gradients are
+// unscaled in place). It steps what the distributed optimizer hands it, whose gradients are the
+// same on every rank; zero_optimizer's shards differ, so the two do not combine.
+
+#include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/optimizer_state.hpp>
+#include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/host_tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct loss_scaler_options {
+  double initial_scale = 65536.0;  // 2^16, as apex's and torch.cuda.amp's
+  double growth_factor = 2.0;      // after growth_interval steps without an overflow
+  double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
+  std::int64_t growth_interval = 2000;
+};
+
+class loss_scaler {
+ public:
+  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
+    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
+        !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
+      detail::raise({"loss_scaler"}, "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1)",
+                    "Adjust loss_scaler_options");
+    }
+  }
+
+  // Multiply the loss (or the gradient backward starts from) by this.
+  double scale() const noexcept { return scale_; }
+  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it.
+  void update(bool overflow) noexcept {
+    if (overflow) {
+      scale_ *= options_.backoff_factor;
+      clean_steps_ = 0;
+      ++skipped_;
+      return;
+    }
+    if (++clean_steps_ == options_.growth_interval) {
+      scale_ *= options_.growth_factor;
+      clean_steps_ = 0;
+    }
+  }
+  std::int64_t skipped_steps() const noexcept { return skipped_; }
+  const loss_scaler_options& options() const noexcept { return options_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("scale"), buffer_view{&scale_, 1, dtype::f64, device::cpu()});
+    f(std::string("clean_steps"), buffer_view{&clean_steps_, 1, dtype::i64, device::cpu()});
+    f(std::string("skipped_steps"), buffer_view{&skipped_, 1, dtype::i64, device::cpu()});
+  }
+
+ private:
+  loss_scaler_options options_;
+  double scale_;
+  std::int64_t clean_steps_ = 0;
+  std::int64_t skipped_ = 0;
+};
+
+namespace detail {
+// Whether a host tensor of floats holds an inf or a NaN.
+inline bool has_inf_or_nan(const const_buffer_view& v) {
+  bool found = false;
+  visit(v.type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (!std::is_integral_v<T>) {
+      const auto* p = static_cast<const T*>(v.data);
+      for (std::size_t i = 0; i < v.count && !found; ++i) found = !std::isfinite(to_double(p[i]));
+    }
+  });
+  return found;
+}
+}  // namespace detail
+
+template <class Inner> class mixed_precision {
+ public:
+  template <class Make>
+  mixed_precision(std::vector<buffer_view> params, std::vector<buffer_view> grads, loss_scaler& scaler, Make make)
+      : params_(std::move(params)), grads_(std::move(grads)), scaler_(&scaler) {
+    detail::require_parameter_pairs(params_, grads_, "mixed_precision");
+    std::vector<buffer_view> master_params, master_grads;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const buffer_view& p = params_[i];
+      if (p.type == dtype::f16 || p.type == dtype::bf16) {
+        master_.emplace_back(dtype::f32, p.count);
+        master_grads_.emplace_back(dtype::f32, p.count);
+        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);
+        master_params.push_back(master_.back().view());
+        master_grads.push_back(master_grads_.back().view());
+      } else {
+        master_.emplace_back();
+        master_grads_.emplace_back();
+        master_params.push_back(p);
+        master_grads.push_back(grads_[i]);
+      }
+    }
+    masters_ = master_params;
+    master_grad_views_ = master_grads;
+    inner_.emplace(make(std::move(master_params), std::move(master_grads)));
+  }
+
+  // Unscales the gradients into the masters' and checks them; then steps the wrapped optimizer
+  // and copies the masters back, or skips the step. Either way the scaler learns of it.
+  void step() {
+    const double unscale = 1.0 / scaler_->scale();
+    bool overflow = false;
+    for (std::size_t i = 0; i < grads_.size(); ++i) {
+      const buffer_view& g = master_grad_views_[i];
+      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
+      overflow = overflow || detail::has_inf_or_nan(g);
+    }
+    skipped_ = overflow;
+    scaler_->update(overflow);
+    if (overflow) return;
+    inner_->step();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
+    }
+  }
+
+  // Whether the last step was skipped for an overflow.
+  bool last_step_skipped() const noexcept { return skipped_; }
+  Inner& inner() noexcept { return *inner_; }
+  // The f32 weights the wrapped optimizer steps (the parameters themselves where they are f32/f64).
+  const std::vector<buffer_view>& master_params() const noexcept { return masters_; }
+
+  // The masters, the wrapped optimizer's state and the scaler's: what a checkpoint needs to resume.
+  template <class F> void visit_state(F&& f) {
+    for (std::size_t i = 0; i < master_.size(); ++i) {
+      if (master_[i].count() != 0) f("master." + std::to_string(i), master_[i].view());
+    }
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("inner." + std::string(name), v); });
+    scaler_->visit_state([&](const auto& name, buffer_view v) { f("scaler." + std::string(name), v); });
+  }
+
+ private:
+  std::vector<buffer_view> params_, grads_;
+  loss_scaler* scaler_;
+  std::vector<host_tensor> master_, master_grads_;  // empty where the parameter is its own master
+  std::vector<buffer_view> masters_, master_grad_views_;
+  std::optional<Inner> inner_;
+  bool skipped_ = false;
+};
+
+template <class Make>
+mixed_precision(std::vector<buffer_view>, std::vector<buffer_view>, loss_scaler&, Make)
+    -> mixed_precision<std::invoke_result_t<Make, std::vector<buffer_view>, std::vector<buffer_view>>>;
+
+}  // namespace herd

@@ -1,0 +1,123 @@
+// The loss scaler and f32 master weights (optim/mixed_precision.hpp) under the distributed
+// optimizer: an overflow on one rank makes every rank skip that step and back the scale off; clean
+// steps grow it after the interval; the masters keep what f16 cannot and round into the
+// parameters; all of it equal on every rank.
+
+#include <herd/herd.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+bool same(const std::vector<herd::half>& a, const std::vector<herd::half>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(herd::half)) == 0;
+}
+
+bool same(const std::vector<std::vector<herd::half>>& a, const std::vector<std::vector<herd::half>>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same(a[i], b[i])) return false;
+  return a.size() == b.size();
+}
+
+std::vector<herd::buffer_view> views_of(std::vector<std::vector<herd::half>>& ts) {
+  std::vector<herd::buffer_view> v;
+  for (auto& t : ts) v.push_back(herd::view_of(t));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("loss_scaler: backs off on an overflow, grows after the interval of clean steps") {
+  herd::loss_scaler scaler({.initial_scale = 8, .growth_interval = 3});
+  CHECK(scaler.scale() == 8);
+  scaler.update(false);
+  scaler.update(false);
+  CHECK(scaler.scale() == 8);
+  scaler.update(false);
+  CHECK(scaler.scale() == 16);
+  scaler.update(false);
+  scaler.update(true);  // the clean run starts again
+  CHECK(scaler.scale() == 8);
+  CHECK(scaler.skipped_steps() == 1);
+  scaler.update(false);
+  scaler.update(false);
+  CHECK(scaler.scale() == 8);
+  scaler.update(false);
+  CHECK(scaler.scale() == 16);
+  CHECK(herd::loss_scaler().scale() == 65536);
+  CHECK_THROWS_AS(herd::loss_scaler({.backoff_factor = 1.5}), herd::error);
+}
+
+TEST_CASE("an overflow on one rank skips that step on every rank and halves the scale") {
+  herd::local::run(3, [](herd::local_communicator& comm) {
+    std::vector<std::vector<herd::half>> params = {std::vector<herd::half>(40, herd::half(0.5f)),
+                                                   std::vector<herd::half>(7, herd::half(-0.25f))};
+    std::vector<std::vector<herd::half>> grads = {std::vector<herd::half>(40), std::vector<herd::half>(7)};
+    herd::loss_scaler scaler({.initial_scale = 1024, .growth_interval = 4});
+    herd::mixed_precision amp(views_of(params), views_of(grads), scaler, [](auto p, auto g) {
+      return herd::sgd(std::move(p), std::move(g), {.lr = 1.0, .momentum = 0.9});
+    });
+    herd::distributed_optimizer opt(amp, views_of(grads), comm);
+    const std::vector<double> expected_scale = {1024, 512, 512, 512, 512, 1024, 1024, 1024};
+    for (int step = 0; step < 8; ++step) {
+      // Scaled gradients, as a backward pass from loss * scale would give.
+      for (auto& t : grads)
+        for (std::size_t i = 0; i < t.size(); ++i)
+          t[i] = herd::half(static_cast<float>(static_cast<std::size_t>(comm.rank() + 1) * (i % 5 + 1)) * 1e-3f *
+                           static_cast<float>(scaler.scale()));
+      if (step == 1 && comm.rank() == 1) grads[1][3] = herd::half(std::numeric_limits<float>::infinity());
+      const auto before = params;
+      opt.step();
+      INFO("rank ", comm.rank(), " step ", step);
+      CHECK(amp.last_step_skipped() == (step == 1));
+      CHECK(scaler.scale() == expected_scale[static_cast<std::size_t>(step)]);
+      CHECK(same(params, before) == (step == 1));
+      // The same parameters on every rank.
+      std::vector<herd::half> mine = params[0], first = params[0];
+      herd::broadcast(first, comm, 0);
+      CHECK(same(first, mine));
+    }
+    CHECK(scaler.skipped_steps() == 1);
+  });
+}
+
+TEST_CASE("f32 masters keep the updates f16 cannot hold, equal an f32 optimizer, and round into the parameters") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<std::vector<herd::half>> params = {std::vector<herd::half>(16, herd::half(1.0f))};
+    std::vector<std::vector<herd::half>> grads = {std::vector<herd::half>(16)};
+    std::vector<float> reference_param(16, 1.0f), reference_grad(16);
+    herd::loss_scaler scaler({.initial_scale = 256});
+    herd::mixed_precision amp(views_of(params), views_of(grads), scaler,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); });
+    herd::distributed_optimizer opt(amp, views_of(grads), comm);
+    herd::sgd reference({herd::view_of(reference_param)}, {herd::view_of(reference_grad)}, {.lr = 1.0});
+    for (int step = 0; step < 10; ++step) {
+      for (std::size_t i = 0; i < 16; ++i) {
+        const float g = 1e-4f * static_cast<float>(i + 1);  // far below f16's step at 1.0 (2^-11) for small i
+        grads[0][i] = herd::half(g * static_cast<float>(scaler.scale()));
+        reference_grad[i] = static_cast<float>(herd::half(g * 256.0f)) / 256.0f;  // what the f16 gradient carries
+      }
+      opt.step();
+      reference.step();
+    }
+    const auto* master = static_cast<const float*>(amp.master_params()[0].data);
+    for (std::size_t i = 0; i < 16; ++i) {
+      INFO("element ", i);
+      CHECK(std::abs(master[i] - reference_param[i]) <= 1e-6);
+      const herd::half rounded(master[i]);
+      CHECK(std::memcmp(&params[0][i], &rounded, sizeof rounded) == 0);
+    }
+    CHECK(master[0] < 0.9991f);  // ten updates of 1e-4 accumulated, which f16 alone would have rounded away
+    std::size_t state = 0;
+    herd::visit_optimizer_state(amp, [&](const auto& name, herd::buffer_view v) {
+      state += v.bytes();
+      if (name == "scaler.scale") CHECK(*static_cast<const double*>(v.data) == 256);
+    });
+    CHECK(state == 16 * 4 + 8 + 8 + 8 + 8);  // master, sgd's step count, the scaler's scale and counters
+  });
+}
