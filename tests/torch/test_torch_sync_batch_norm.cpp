@@ -1,0 +1,105 @@
+// herd::torch::SyncBatchNorm on real MPI ranks: each rank normalizes its part of a global batch
+// (even parts, and parts of different sizes) and gets what libtorch's BatchNorm computes on the
+// whole batch on one rank: outputs, running statistics, input gradients, and weight and bias
+// gradients once summed over the ranks (within 1e-5); eval() uses the running statistics alike;
+// convert_sync_batchnorm swaps the BatchNorms of a Sequential.
+
+#include <torch/torch.h>
+
+#include <herd/herd.hpp>
+#include <herd/nn/torch.hpp>
+#include <herd/tensor/torch.hpp>
+
+#include "../support/mpi_test.hpp"
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+double worst(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+void set_affine(torch::nn::BatchNorm2d& bn) {
+  const torch::NoGradGuard no_grad;
+  bn->weight.copy_(torch::tensor({0.5f, 1.5f, -1.0f}));
+  bn->bias.copy_(torch::tensor({0.1f, -0.2f, 0.3f}));
+}
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("SyncBatchNorm over the ranks equals BatchNorm2d over the whole batch", 1) {
+  herd::mpi_communicator comm;
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  for (bool uneven : {false, true}) {
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(p), 4);
+    if (uneven)
+      for (int q = 0; q < p; ++q) sizes[static_cast<std::size_t>(q)] = 1 + 2 * q;
+    const std::int64_t total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+    const std::int64_t begin = std::accumulate(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(r), std::int64_t{0});
+    torch::manual_seed(11);
+    const torch::Tensor x = torch::randn({total, 3, 2, 2}) * 2 + 1;
+    const torch::Tensor upstream = torch::randn({total, 3, 2, 2});  // the loss: sum(y * upstream)
+
+    // One rank, the whole batch: libtorch's own BatchNorm2d.
+    torch::nn::BatchNorm2d plain(3);
+    set_affine(plain);
+    torch::Tensor x_all = x.clone().requires_grad_(true);
+    torch::Tensor y_all;
+    for (int step = 0; step < 2; ++step) {
+      if (x_all.grad().defined()) x_all.grad().zero_();
+      plain->zero_grad();
+      y_all = plain->forward(x_all);
+      (y_all * upstream).sum().backward();
+    }
+
+    // This rank's part, through a converted Sequential.
+    torch::nn::BatchNorm2d original(3);
+    set_affine(original);
+    torch::nn::Sequential model = herd::torch::convert_sync_batchnorm(torch::nn::Sequential(original), comm);
+    auto sync = model->ptr<herd::torch::SyncBatchNormImpl>(0);
+    REQUIRE(sync != nullptr);
+    torch::Tensor x_mine = x.narrow(0, begin, sizes[r]).clone().requires_grad_(true);
+    torch::Tensor y_mine;
+    for (int step = 0; step < 2; ++step) {
+      if (x_mine.grad().defined()) x_mine.grad().zero_();
+      model->zero_grad();
+      y_mine = model->forward(x_mine);
+      (y_mine * upstream.narrow(0, begin, sizes[r])).sum().backward();
+    }
+    torch::Tensor grad_weight = sync->weight.grad().clone(), grad_bias = sync->bias.grad().clone();
+    herd::allreduce(grad_weight, comm);  // what DDP's reduction (a sum here) does to this rank's part
+    herd::allreduce(grad_bias, comm);
+
+    const std::string parts = uneven ? "uneven" : "even";
+    INFO(parts, " parts, rank ", r);
+    CHECK(worst(y_mine, y_all.narrow(0, begin, sizes[r])) <= 1e-5);
+    CHECK(worst(x_mine.grad(), x_all.grad().narrow(0, begin, sizes[r])) <= 1e-5);
+    CHECK(worst(sync->running_mean, plain->running_mean) <= 1e-5);
+    CHECK(worst(sync->running_var, plain->running_var) <= 1e-5);
+    CHECK(sync->num_batches_tracked.item<std::int64_t>() == 2);
+    CHECK(worst(grad_weight, plain->weight.grad()) <= 1e-5);
+    CHECK(worst(grad_bias, plain->bias.grad()) <= 1e-5);
+
+    model->eval();
+    plain->eval();
+    CHECK(worst(model->forward(x), plain->forward(x)) <= 1e-5);
+  }
+}
+
+HERD_MPI_TEST_CASE("convert_sync_batchnorm: every BatchNorm swapped, other layers shared, wrong channel counts explained", 1) {
+  herd::mpi_communicator comm;
+  torch::nn::Linear linear(4, 6);
+  torch::nn::Sequential model(linear, torch::nn::BatchNorm1d(6), torch::nn::ReLU(), torch::nn::BatchNorm1d(6));
+  torch::nn::Sequential converted = herd::torch::convert_sync_batchnorm(model, comm);
+  CHECK(converted->ptr(0).get() == linear.ptr().get());
+  CHECK(converted->ptr<herd::torch::SyncBatchNormImpl>(1) != nullptr);
+  CHECK(converted->ptr<torch::nn::ReLUImpl>(2) != nullptr);
+  CHECK(converted->ptr<herd::torch::SyncBatchNormImpl>(3) != nullptr);
+  const torch::Tensor y = converted->forward(torch::randn({5, 4}));
+  CHECK(y.sizes() == torch::IntArrayRef({5, 6}));
+  herd::torch::SyncBatchNorm bn(torch::nn::BatchNormOptions(3), comm);
+  CHECK_THROWS_WITH_AS(bn->forward(torch::randn({2, 5})), doctest::Contains("input of shape [2, 5] for 3 channels"),
+                       herd::error);
+}
