@@ -180,3 +180,34 @@ HERD_MPI_TEST_CASE("zero_optimizer training equals one rank with the combined ba
     CHECK(difference <= 1e-5);
   }
 }
+
+// join() on MPI ranks: rank r has W-1-r batches (the last rank none), then joins; the ranks that
+// trained to the end equal one rank that saw each round's samples, averaged over the world size.
+HERD_MPI_TEST_CASE("join: uneven batch counts on MPI ranks finish and match one rank's training", 2) {
+  herd::mpi_communicator comm;
+  const std::size_t batch = 4, world = static_cast<std::size_t>(comm.size());
+  const int rounds = comm.size() - 1;
+  const herd_test::regression_data data(static_cast<std::size_t>(rounds) * world * batch, 7, 3, 21);
+  auto make = [](herd_test::tiny_mlp& m) { return herd::adamw(m.params(), m.grads(), {.lr = 1e-2}); };
+  herd_test::tiny_mlp distributed(7, 12, 3, 5), alone(7, 12, 3, 5);
+  auto inner = make(distributed);
+  auto reference = make(alone);
+  herd::distributed_optimizer opt(inner, distributed.grads(), comm, {.uneven_inputs = true});
+  const int mine = comm.size() - 1 - comm.rank();
+  for (int k = 0; k < mine; ++k) {
+    const std::size_t at = static_cast<std::size_t>(k) * world * batch + static_cast<std::size_t>(comm.rank()) * batch;
+    distributed.forward_backward(data, at, at + batch);
+    opt.step();
+  }
+  CHECK(opt.join() == 0);
+  for (int k = 0; k < rounds; ++k) {
+    const auto active = static_cast<std::size_t>(comm.size() - 1 - k);
+    const std::size_t at = static_cast<std::size_t>(k) * world * batch;
+    alone.forward_backward(data, at, at + active * batch);
+    for (auto g : alone.grads())
+      for (std::size_t i = 0; i < g.count; ++i)
+        static_cast<float*>(g.data)[i] *= static_cast<float>(active) / static_cast<float>(world);
+    reference.step();
+  }
+  if (comm.rank() == 0) CHECK(herd_test::relative_difference(distributed, alone) <= 1e-5);
+}

@@ -89,6 +89,12 @@ struct optimizer_options {
   // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
+  // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
+  // none left calls join(), and every reducing step first agrees on which ranks are still
+  // training (one byte per rank). avg divides by the world size, the joined ranks adding zeros
+  // (DDP's default), or, with divide_by_active_ranks, by the ranks still training.
+  bool uneven_inputs = false;
+  bool divide_by_active_ranks = false;
 };
 
 // Bucket b of the distributed optimizer's buckets, in launch order: `count` elements of `type`,
@@ -182,6 +188,56 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       synchronized_ = true;
       return;
     }
+    if (options_.uneven_inputs) agree_on_active(true);
+    reduce_gradients();
+    synchronized_ = true;
+  }
+
+  // This rank has no batches left (with optimizer_options::uneven_inputs): until every rank has
+  // joined, it takes part in the other ranks' reductions with zero gradients (without stepping its
+  // optimizer), so that nobody waits forever. Returns the last rank to join (Horovod's join()):
+  // broadcast the parameters from it if the ranks' steps differed in number.
+  int join() {
+    if (!options_.uneven_inputs) {
+      raise_alone("join() needs optimizer_options::uneven_inputs (on every rank), so that each step agrees on "
+                  "which ranks still train");
+    }
+    accumulated_ = 0;
+    synchronized_ = false;
+    while (agree_on_active(false)) {
+      std::vector<buffer_view> grads = gradients_();
+      with_mover(grads, [&](auto& mover) {
+        mover.begin();
+        for (const auto& g : grads) mover.zero(g);
+        mover.finish();
+      });
+      reduce_gradients();
+    }
+    return last_joined_;
+  }
+
+  // Ranks still training in the last reducing step (with uneven_inputs).
+  int active_ranks() const noexcept { return active_ranks_; }
+
+ private:
+  // Every rank says whether it still trains; true while any does. Remembers how many do, and the
+  // highest of them (the last to join, once they all have).
+  bool agree_on_active(bool training) {
+    const std::vector<std::uint8_t> mine = {static_cast<std::uint8_t>(training ? 1 : 0)};
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(comm_.size()));
+    allgather(mine, all, detail::control_of(comm_));
+    int count = 0, highest = -1;
+    for (int r = 0; r < comm_.size(); ++r) {
+      if (all[static_cast<std::size_t>(r)] != 0) ++count, highest = r;
+    }
+    if (count > 0) {
+      active_ranks_ = count;
+      last_joined_ = highest;
+    }
+    return count > 0;
+  }
+
+  void reduce_gradients() {
     std::vector<buffer_view> grads = gradients_();
     std::string fault = check(grads);
     if (fault.empty()) fault = std::exchange(pending_fault_, {});
@@ -191,8 +247,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
-    synchronized_ = true;
   }
+
+ public:
 
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
@@ -301,7 +358,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
         std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
         static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
-        options_.gradient_as_bucket_view ? 1 : 0};
+        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     allgather(mine, all, detail::control_of(comm_));
     static const char* const names[] = {"op",
@@ -312,7 +369,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
                                         "bucket_bytes",
                                         "first_bucket_bytes",
                                         "find_unused_parameters",
-                                        "gradient_as_bucket_view"};
+                                        "gradient_as_bucket_view",
+                                        "uneven_inputs",
+                                        "divide_by_active_ranks"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {
@@ -486,9 +545,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void set_scales() {
     const bool average = options_.op == reduce_op::avg;
     const double f = options_.gradient_predivide_factor;
-    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
-    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
-    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+    // The average's divisor: the world size, or the ranks still training (uneven_inputs).
+    const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? active_ranks_ : comm_.size();
+    const bool scaled = average && (f != 1.0 || divisor != comm_.size());
+    scale_before_ = scaled ? 1.0 / f : 1.0;
+    scale_after_ = scaled ? f / divisor : 1.0;
+    wire_op_ = scaled ? reduce_op::sum : options_.op;
   }
 
   // Whether this pass reduces (rather than accumulates, skips, or runs alone).
@@ -506,6 +568,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (!reducing_pass()) return;
     const auto start = std::chrono::steady_clock::now();
     if (marks_ == 0) begin_buckets();
+    if (options_.uneven_inputs && pass_fault_.empty()) {
+      pass_fault_ = "mark_ready's buckets do not combine with uneven_inputs (join()): reduce in step() instead";
+    }
     if (i >= shapes_.size()) {
       if (pass_fault_.empty()) {
         pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
@@ -774,6 +839,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
+  int active_ranks_ = 0;   // uneven_inputs: ranks training in the last reducing step (0: none agreed yet)
+  int last_joined_ = -1;   // ...and the highest of them
   bool no_sync_ = false;
   int accumulated_ = 0;
   std::vector<std::pair<std::size_t, dtype>> shapes_;

@@ -1,0 +1,84 @@
+// join() for uneven inputs (uneven_inputs): ranks with different numbers of batches, one of them
+// with none, finish without waiting forever, and their parameters equal one rank's that saw the
+// same samples with the same averaging rule (the world size, or the ranks still training), within
+// 1e-5; join() returns the last rank to join.
+
+#include <herd/herd.hpp>
+
+#include "../support/reference.hpp"
+#include "../support/tiny_mlp.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Rank r trains on batches[r] batches, then joins. In round k the ranks still training are a
+// prefix 0..a-1 (the counts fall with the rank), and rank r's batch is samples
+// [k*W*b + r*b, +b), so the reference's batch of round k is the one range [k*W*b, k*W*b + a*b).
+void check_join(const std::vector<int>& batches, bool divide_by_active) {
+  const int ranks = static_cast<int>(batches.size());
+  const std::size_t b = 4, w = batches.size();
+  const int rounds = *std::max_element(batches.begin(), batches.end());
+  const herd_test::regression_data data(static_cast<std::size_t>(rounds) * w * b, 5, 2, 17);
+  auto make = [](herd_test::tiny_mlp& m) { return herd::sgd(m.params(), m.grads(), {.lr = 0.1, .momentum = 0.9}); };
+
+  herd_test::tiny_mlp alone(5, 7, 2, 3);
+  auto reference = make(alone);
+  for (int k = 0; k < rounds; ++k) {
+    const auto active = static_cast<std::size_t>(std::count_if(batches.begin(), batches.end(), [&](int c) { return c > k; }));
+    const std::size_t at = static_cast<std::size_t>(k) * w * b;
+    alone.forward_backward(data, at, at + active * b);  // the mean over the active ranks' samples
+    const double scale = divide_by_active ? 1.0 : static_cast<double>(active) / static_cast<double>(w);
+    for (auto g : alone.grads())
+      for (std::size_t i = 0; i < g.count; ++i) static_cast<float*>(g.data)[i] *= static_cast<float>(scale);
+    reference.step();
+  }
+  int expected_last = 0;
+  for (int r = 0; r < ranks; ++r)
+    if (batches[static_cast<std::size_t>(r)] == rounds) expected_last = r;
+
+  herd::local::run(ranks, [&](herd::local_communicator& comm) {
+    herd_test::tiny_mlp model(5, 7, 2, 3);
+    auto sgd = make(model);
+    herd::distributed_optimizer opt(sgd, model.grads(), comm,
+                                    {.uneven_inputs = true, .divide_by_active_ranks = divide_by_active});
+    const auto r = static_cast<std::size_t>(comm.rank());
+    for (int k = 0; k < batches[r]; ++k) {
+      const std::size_t at = static_cast<std::size_t>(k) * w * b + r * b;
+      model.forward_backward(data, at, at + b);
+      opt.step();
+    }
+    const int last = opt.join();
+    INFO("batches per rank ", batches[0], " ", batches[w - 1], ", rank ", r, divide_by_active ? " (divide by active)" : "");
+    CHECK(last == expected_last);
+    // The ranks that trained to the end hold the reference's parameters; the others stopped early.
+    if (batches[r] == rounds) CHECK(herd_test::relative_difference(model, alone) <= 1e-5);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("join: uneven batch counts, one rank without any, finish and match one rank's training") {
+  for (bool divide_by_active : {false, true}) {
+    check_join({4, 1}, divide_by_active);
+    check_join({3, 0}, divide_by_active);
+    check_join({5, 3, 0}, divide_by_active);
+    check_join({2, 2, 1}, divide_by_active);
+  }
+}
+
+TEST_CASE("join: needs uneven_inputs, and refuses mark_ready's buckets on every rank") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    herd_test::tiny_mlp model(5, 7, 2, 3);
+    auto sgd = herd::sgd(model.params(), model.grads(), {.lr = 0.1});
+    herd::distributed_optimizer plain(sgd, model.grads(), comm);
+    CHECK_THROWS_WITH_AS(plain.join(), doctest::Contains("needs optimizer_options::uneven_inputs"), herd::error);
+    herd::distributed_optimizer joined(sgd, model.grads(), comm, {.uneven_inputs = true});
+    for (std::size_t i = 4; i-- > 0;) joined.mark_ready(i);
+    CHECK_THROWS_WITH_AS(joined.step(), doctest::Contains("do not combine with uneven_inputs"), herd::error);
+  });
+}
