@@ -31,6 +31,8 @@
 
 #include <herd/data/distributed_sampler.hpp>
 
+#include <herd/nn/sync_batch_norm.hpp>
+
 #include <herd/optim/adamw.hpp>
 #include <herd/optim/broadcast.hpp>
 #include <herd/optim/checkpoint.hpp>
@@ -38,6 +40,7 @@
 #include <herd/optim/distributed_optimizer.hpp>
 #include <herd/optim/lr_schedule.hpp>
 #include <herd/optim/metrics.hpp>
+#include <herd/optim/mixed_precision.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/optim/sgd.hpp>
 #include <herd/optim/zero.hpp>

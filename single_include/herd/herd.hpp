@@ -7658,6 +7658,170 @@ class distributed_sampler {
 }  // namespace herd
 
 
+// ---- herd/nn/sync_batch_norm.hpp ----
+// Synchronized batch normalization (PyTorch's SyncBatchNorm): the batch statistics of every rank's
+// batch together, as if one rank normalized the whole global batch.
+//
+// For any tensor library, the two exchanges it needs, each one allreduce of f64 values:
+//
+//   herd::batch_moments m = herd::sync_batch_moments(sum, sum_sq, count, comm);
+//       forward: this rank's per-channel sums of x and x^2 over `count` elements per channel ->
+//       the global per-channel mean and (biased) variance, and the global count
+//   herd::sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
+//       backward: this rank's per-channel sums of dy and dy * xhat -> the global sums, in place
+//
+// and herd::sync_batch_norm, a layer for f32 host data laid out N x C x S (S: the spatial
+// elements of a channel, 1 for N x C), built on them. Its weight and bias gradients are this
+// rank's contributions, as any layer's: the distributed optimizer reduces them with the others.
+// Running statistics follow BatchNorm's: momentum 0.1, the unbiased variance.
+
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace herd {
+
+struct batch_moments {
+  std::vector<double> mean;
+  std::vector<double> var;  // biased: what normalization divides by
+  double count = 0;         // elements per channel over every rank
+};
+
+struct sync_batch_norm_options {
+  double eps = 1e-5;
+  double momentum = 0.1;
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+batch_moments sync_batch_moments(std::span<const double> sum, std::span<const double> sum_sq, double count, C& comm) {
+  if (sum.size() != sum_sq.size()) {
+    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
+                  std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) + " sums of squares",
+                  "Pass one sum and one sum of squares per channel");
+  }
+  const std::size_t c = sum.size();
+  std::vector<double> fused(2 * c + 1);  // sums, sums of squares, count: one allreduce
+  std::copy(sum.begin(), sum.end(), fused.begin());
+  std::copy(sum_sq.begin(), sum_sq.end(), fused.begin() + static_cast<std::ptrdiff_t>(c));
+  fused[2 * c] = count;
+  allreduce(fused, comm);
+  batch_moments m;
+  m.count = fused[2 * c];
+  if (m.count < 2) {
+    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
+                  "the global batch has " + std::to_string(static_cast<long long>(m.count)) + " value(s) per channel",
+                  "Batch normalization in training needs more than one value per channel over all ranks");
+  }
+  m.mean.resize(c);
+  m.var.resize(c);
+  for (std::size_t i = 0; i < c; ++i) {
+    m.mean[i] = fused[i] / m.count;
+    m.var[i] = std::max(0.0, fused[c + i] / m.count - m.mean[i] * m.mean[i]);
+  }
+  return m;
+}
+
+template <communicator C> void sync_batch_norm_sums(std::span<double> sum_dy, std::span<double> sum_dy_xhat, C& comm) {
+  const std::size_t c = sum_dy.size();
+  std::vector<double> fused(sum_dy.begin(), sum_dy.end());
+  fused.insert(fused.end(), sum_dy_xhat.begin(), sum_dy_xhat.end());
+  allreduce(fused, comm);
+  std::copy(fused.begin(), fused.begin() + static_cast<std::ptrdiff_t>(c), sum_dy.begin());
+  std::copy(fused.begin() + static_cast<std::ptrdiff_t>(c), fused.end(), sum_dy_xhat.begin());
+}
+
+// A synchronized BatchNorm layer for f32 host data N x C x S. forward() in training normalizes
+// with the global statistics and keeps what backward() needs; evaluate() uses the running ones.
+// (In the configuration namespace with the collectives its members call.)
+class sync_batch_norm {
+ public:
+  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {})
+      : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
+        grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+
+  std::vector<float> weight, bias, running_mean, running_var;
+  std::vector<float> grad_weight, grad_bias;  // this rank's, from the last backward()
+
+  template <communicator C> void forward(const float* x, float* y, std::size_t n, std::size_t spatial, C& comm) {
+    const std::size_t c = channels_;
+    std::vector<double> sum(c, 0.0), sum_sq(c, 0.0);
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      sum[ch] += x[at];
+      sum_sq[ch] += static_cast<double>(x[at]) * x[at];
+    });
+    const batch_moments m = sync_batch_moments(sum, sum_sq, static_cast<double>(n * spatial), comm);
+    n_ = n;
+    spatial_ = spatial;
+    count_ = m.count;
+    xhat_.resize(n * c * spatial);
+    invstd_.resize(c);
+    for (std::size_t ch = 0; ch < c; ++ch) {
+      invstd_[ch] = 1.0 / std::sqrt(m.var[ch] + options_.eps);
+      const double unbiased = m.var[ch] * m.count / (m.count - 1);
+      running_mean[ch] = static_cast<float>((1 - options_.momentum) * running_mean[ch] + options_.momentum * m.mean[ch]);
+      running_var[ch] = static_cast<float>((1 - options_.momentum) * running_var[ch] + options_.momentum * unbiased);
+    }
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      const double h = (x[at] - m.mean[ch]) * invstd_[ch];
+      xhat_[at] = static_cast<float>(h);
+      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+    });
+  }
+
+  // Inference: the running statistics, no communication.
+  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
+      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+    });
+  }
+
+  // dx from dy, with the global sums of dy and dy * xhat; grad_weight and grad_bias: this rank's.
+  template <communicator C> void backward(const float* dy, float* dx, C& comm) {
+    const std::size_t c = channels_;
+    std::vector<double> sum_dy(c, 0.0), sum_dy_xhat(c, 0.0);
+    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
+      sum_dy[ch] += dy[at];
+      sum_dy_xhat[ch] += static_cast<double>(dy[at]) * xhat_[at];
+    });
+    for (std::size_t ch = 0; ch < c; ++ch) {
+      grad_bias[ch] = static_cast<float>(sum_dy[ch]);
+      grad_weight[ch] = static_cast<float>(sum_dy_xhat[ch]);
+    }
+    sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
+    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
+      const double mean_dy = sum_dy[ch] / count_, mean_dy_xhat = sum_dy_xhat[ch] / count_;
+      dx[at] = static_cast<float>(weight[ch] * invstd_[ch] * (dy[at] - mean_dy - xhat_[at] * mean_dy_xhat));
+    });
+  }
+
+  std::size_t channels() const noexcept { return channels_; }
+
+ private:
+  // f(channel, index) for every element of an N x C x S batch.
+  template <class F> void for_each(std::size_t n, std::size_t spatial, F&& f) const {
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t ch = 0; ch < channels_; ++ch)
+        for (std::size_t s = 0; s < spatial; ++s) f(ch, (i * channels_ + ch) * spatial + s);
+  }
+
+  sync_batch_norm_options options_;
+  std::size_t channels_;
+  std::size_t n_ = 0, spatial_ = 0;
+  double count_ = 0;
+  std::vector<float> xhat_;
+  std::vector<double> invstd_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+
 // ---- herd/optim/adamw.hpp ----
 // herd::adamw: Adam with decoupled weight decay, for parameters in host memory of any
 // floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
@@ -9220,6 +9384,12 @@ struct optimizer_options {
   // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
+  // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
+  // none left calls join(), and every reducing step first agrees on which ranks are still
+  // training (one byte per rank). avg divides by the world size, the joined ranks adding zeros
+  // (DDP's default), or, with divide_by_active_ranks, by the ranks still training.
+  bool uneven_inputs = false;
+  bool divide_by_active_ranks = false;
 };
 
 // Bucket b of the distributed optimizer's buckets, in launch order: `count` elements of `type`,
@@ -9313,6 +9483,56 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       synchronized_ = true;
       return;
     }
+    if (options_.uneven_inputs) agree_on_active(true);
+    reduce_gradients();
+    synchronized_ = true;
+  }
+
+  // This rank has no batches left (with optimizer_options::uneven_inputs): until every rank has
+  // joined, it takes part in the other ranks' reductions with zero gradients (without stepping its
+  // optimizer), so that nobody waits forever. Returns the last rank to join (Horovod's join()):
+  // broadcast the parameters from it if the ranks' steps differed in number.
+  int join() {
+    if (!options_.uneven_inputs) {
+      raise_alone("join() needs optimizer_options::uneven_inputs (on every rank), so that each step agrees on "
+                  "which ranks still train");
+    }
+    accumulated_ = 0;
+    synchronized_ = false;
+    while (agree_on_active(false)) {
+      std::vector<buffer_view> grads = gradients_();
+      with_mover(grads, [&](auto& mover) {
+        mover.begin();
+        for (const auto& g : grads) mover.zero(g);
+        mover.finish();
+      });
+      reduce_gradients();
+    }
+    return last_joined_;
+  }
+
+  // Ranks still training in the last reducing step (with uneven_inputs).
+  int active_ranks() const noexcept { return active_ranks_; }
+
+ private:
+  // Every rank says whether it still trains; true while any does. Remembers how many do, and the
+  // highest of them (the last to join, once they all have).
+  bool agree_on_active(bool training) {
+    const std::vector<std::uint8_t> mine = {static_cast<std::uint8_t>(training ? 1 : 0)};
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(comm_.size()));
+    allgather(mine, all, detail::control_of(comm_));
+    int count = 0, highest = -1;
+    for (int r = 0; r < comm_.size(); ++r) {
+      if (all[static_cast<std::size_t>(r)] != 0) ++count, highest = r;
+    }
+    if (count > 0) {
+      active_ranks_ = count;
+      last_joined_ = highest;
+    }
+    return count > 0;
+  }
+
+  void reduce_gradients() {
     std::vector<buffer_view> grads = gradients_();
     std::string fault = check(grads);
     if (fault.empty()) fault = std::exchange(pending_fault_, {});
@@ -9322,8 +9542,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     fold_accumulated(grads);
     with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
-    synchronized_ = true;
   }
+
+ public:
 
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
@@ -9432,7 +9653,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
         std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
         static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
-        options_.gradient_as_bucket_view ? 1 : 0};
+        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     allgather(mine, all, detail::control_of(comm_));
     static const char* const names[] = {"op",
@@ -9443,7 +9664,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
                                         "bucket_bytes",
                                         "first_bucket_bytes",
                                         "find_unused_parameters",
-                                        "gradient_as_bucket_view"};
+                                        "gradient_as_bucket_view",
+                                        "uneven_inputs",
+                                        "divide_by_active_ranks"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {
@@ -9617,9 +9840,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void set_scales() {
     const bool average = options_.op == reduce_op::avg;
     const double f = options_.gradient_predivide_factor;
-    scale_before_ = average && f != 1.0 ? 1.0 / f : 1.0;
-    scale_after_ = average && f != 1.0 ? f / comm_.size() : 1.0;
-    wire_op_ = average && f != 1.0 ? reduce_op::sum : options_.op;
+    // The average's divisor: the world size, or the ranks still training (uneven_inputs).
+    const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? active_ranks_ : comm_.size();
+    const bool scaled = average && (f != 1.0 || divisor != comm_.size());
+    scale_before_ = scaled ? 1.0 / f : 1.0;
+    scale_after_ = scaled ? f / divisor : 1.0;
+    wire_op_ = scaled ? reduce_op::sum : options_.op;
   }
 
   // Whether this pass reduces (rather than accumulates, skips, or runs alone).
@@ -9637,6 +9863,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (!reducing_pass()) return;
     const auto start = std::chrono::steady_clock::now();
     if (marks_ == 0) begin_buckets();
+    if (options_.uneven_inputs && pass_fault_.empty()) {
+      pass_fault_ = "mark_ready's buckets do not combine with uneven_inputs (join()): reduce in step() instead";
+    }
     if (i >= shapes_.size()) {
       if (pass_fault_.empty()) {
         pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
@@ -9905,6 +10134,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
+  int active_ranks_ = 0;   // uneven_inputs: ranks training in the last reducing step (0: none agreed yet)
+  int last_joined_ = -1;   // ...and the highest of them
   bool no_sync_ = false;
   int accumulated_ = 0;
   std::vector<std::pair<std::size_t, dtype>> shapes_;
@@ -10014,6 +10245,177 @@ template <communicator C> double average(double value, C& comm) {
 }
 
 HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/optim/mixed_precision.hpp ----
+// Mixed precision as apex and torch.cuda.amp users know it: a dynamic loss scaler, and f32 master
+// weights for f16/bf16 parameters.
+//
+//   herd::loss_scaler scaler;                               // 2^16, x2 after 2000 clean steps, x0.5 on overflow
+//   herd::mixed_precision amp(params16, grads16, scaler, [](auto master_params, auto master_grads) {
+//     return herd::adamw(std::move(master_params), std::move(master_grads));   // steps the f32 masters
+//   });
+//   herd::distributed_optimizer opt(amp, grads16, comm);   // reduces the f16 gradients, then amp.step()
+//   ...forward in f16; backward from loss * scaler.scale()...
+//   opt.step();                                            // skipped on every rank when any overflowed
+//
+// mixed_precision::step() reads the gradients after the reduction, unscales them into f32 master
+// gradients and checks them for inf and NaN: an overflow on any rank reaches every rank's reduced
+// gradients (inf + x = inf, inf - inf = NaN), and herd's reductions give every rank the same bits,
+// so every rank sees the same overflow and skips the same step, with no collective of its own.
+// Without one, the wrapped optimizer steps the f32 masters, which are copied back (rounded) into
+// the f16/bf16 parameters. f32 and f64 parameters are their own masters (their gradients are
+// unscaled in place). It steps what the distributed optimizer hands it, whose gradients are the
+// same on every rank; zero_optimizer's shards differ, so the two do not combine.
+
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct loss_scaler_options {
+  double initial_scale = 65536.0;  // 2^16, as apex's and torch.cuda.amp's
+  double growth_factor = 2.0;      // after growth_interval steps without an overflow
+  double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
+  std::int64_t growth_interval = 2000;
+};
+
+class loss_scaler {
+ public:
+  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
+    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
+        !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
+      detail::raise({"loss_scaler"}, "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1)",
+                    "Adjust loss_scaler_options");
+    }
+  }
+
+  // Multiply the loss (or the gradient backward starts from) by this.
+  double scale() const noexcept { return scale_; }
+  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it.
+  void update(bool overflow) noexcept {
+    if (overflow) {
+      scale_ *= options_.backoff_factor;
+      clean_steps_ = 0;
+      ++skipped_;
+      return;
+    }
+    if (++clean_steps_ == options_.growth_interval) {
+      scale_ *= options_.growth_factor;
+      clean_steps_ = 0;
+    }
+  }
+  std::int64_t skipped_steps() const noexcept { return skipped_; }
+  const loss_scaler_options& options() const noexcept { return options_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("scale"), buffer_view{&scale_, 1, dtype::f64, device::cpu()});
+    f(std::string("clean_steps"), buffer_view{&clean_steps_, 1, dtype::i64, device::cpu()});
+    f(std::string("skipped_steps"), buffer_view{&skipped_, 1, dtype::i64, device::cpu()});
+  }
+
+ private:
+  loss_scaler_options options_;
+  double scale_;
+  std::int64_t clean_steps_ = 0;
+  std::int64_t skipped_ = 0;
+};
+
+namespace detail {
+// Whether a host tensor of floats holds an inf or a NaN.
+inline bool has_inf_or_nan(const const_buffer_view& v) {
+  bool found = false;
+  visit(v.type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (!std::is_integral_v<T>) {
+      const auto* p = static_cast<const T*>(v.data);
+      for (std::size_t i = 0; i < v.count && !found; ++i) found = !std::isfinite(to_double(p[i]));
+    }
+  });
+  return found;
+}
+}  // namespace detail
+
+template <class Inner> class mixed_precision {
+ public:
+  template <class Make>
+  mixed_precision(std::vector<buffer_view> params, std::vector<buffer_view> grads, loss_scaler& scaler, Make make)
+      : params_(std::move(params)), grads_(std::move(grads)), scaler_(&scaler) {
+    detail::require_parameter_pairs(params_, grads_, "mixed_precision");
+    std::vector<buffer_view> master_params, master_grads;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const buffer_view& p = params_[i];
+      if (p.type == dtype::f16 || p.type == dtype::bf16) {
+        master_.emplace_back(dtype::f32, p.count);
+        master_grads_.emplace_back(dtype::f32, p.count);
+        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);
+        master_params.push_back(master_.back().view());
+        master_grads.push_back(master_grads_.back().view());
+      } else {
+        master_.emplace_back();
+        master_grads_.emplace_back();
+        master_params.push_back(p);
+        master_grads.push_back(grads_[i]);
+      }
+    }
+    masters_ = master_params;
+    master_grad_views_ = master_grads;
+    inner_.emplace(make(std::move(master_params), std::move(master_grads)));
+  }
+
+  // Unscales the gradients into the masters' and checks them; then steps the wrapped optimizer
+  // and copies the masters back, or skips the step. Either way the scaler learns of it.
+  void step() {
+    const double unscale = 1.0 / scaler_->scale();
+    bool overflow = false;
+    for (std::size_t i = 0; i < grads_.size(); ++i) {
+      const buffer_view& g = master_grad_views_[i];
+      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
+      overflow = overflow || detail::has_inf_or_nan(g);
+    }
+    skipped_ = overflow;
+    scaler_->update(overflow);
+    if (overflow) return;
+    inner_->step();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
+    }
+  }
+
+  // Whether the last step was skipped for an overflow.
+  bool last_step_skipped() const noexcept { return skipped_; }
+  Inner& inner() noexcept { return *inner_; }
+  // The f32 weights the wrapped optimizer steps (the parameters themselves where they are f32/f64).
+  const std::vector<buffer_view>& master_params() const noexcept { return masters_; }
+
+  // The masters, the wrapped optimizer's state and the scaler's: what a checkpoint needs to resume.
+  template <class F> void visit_state(F&& f) {
+    for (std::size_t i = 0; i < master_.size(); ++i) {
+      if (master_[i].count() != 0) f("master." + std::to_string(i), master_[i].view());
+    }
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("inner." + std::string(name), v); });
+    scaler_->visit_state([&](const auto& name, buffer_view v) { f("scaler." + std::string(name), v); });
+  }
+
+ private:
+  std::vector<buffer_view> params_, grads_;
+  loss_scaler* scaler_;
+  std::vector<host_tensor> master_, master_grads_;  // empty where the parameter is its own master
+  std::vector<buffer_view> masters_, master_grad_views_;
+  std::optional<Inner> inner_;
+  bool skipped_ = false;
+};
+
+template <class Make>
+mixed_precision(std::vector<buffer_view>, std::vector<buffer_view>, loss_scaler&, Make)
+    -> mixed_precision<std::invoke_result_t<Make, std::vector<buffer_view>, std::vector<buffer_view>>>;
+
 }  // namespace herd
 
 // ---- herd/optim/sgd.hpp ----
