@@ -189,25 +189,33 @@ HERD_MPI_TEST_CASE("join: uneven batch counts on MPI ranks finish and match one 
   const int rounds = comm.size() - 1;
   const herd_test::regression_data data(static_cast<std::size_t>(rounds) * world * batch, 7, 3, 21);
   auto make = [](herd_test::tiny_mlp& m) { return herd::adamw(m.params(), m.grads(), {.lr = 1e-2}); };
-  herd_test::tiny_mlp distributed(7, 12, 3, 5), alone(7, 12, 3, 5);
-  auto inner = make(distributed);
-  auto reference = make(alone);
-  herd::distributed_optimizer opt(inner, distributed.grads(), comm, {.uneven_inputs = true});
-  const int mine = comm.size() - 1 - comm.rank();
-  for (int k = 0; k < mine; ++k) {
-    const std::size_t at = static_cast<std::size_t>(k) * world * batch + static_cast<std::size_t>(comm.rank()) * batch;
-    distributed.forward_backward(data, at, at + batch);
-    opt.step();
+  for (bool buckets : {false, true}) {
+    herd_test::tiny_mlp distributed(7, 12, 3, 5), alone(7, 12, 3, 5);
+    auto inner = make(distributed);
+    auto reference = make(alone);
+    herd::optimizer_options options{.uneven_inputs = true};
+    options.bucket_bytes = 200;
+    options.first_bucket_bytes = 100;
+    herd::distributed_optimizer opt(inner, distributed.grads(), comm, options);
+    const int mine = comm.size() - 1 - comm.rank();
+    for (int k = 0; k < mine; ++k) {
+      const std::size_t at = static_cast<std::size_t>(k) * world * batch + static_cast<std::size_t>(comm.rank()) * batch;
+      distributed.forward_backward(data, at, at + batch);
+      if (buckets)
+        for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);
+      opt.step();
+    }
+    CHECK(opt.join() == 0);
+    for (int k = 0; k < rounds; ++k) {
+      const auto active = static_cast<std::size_t>(comm.size() - 1 - k);
+      const std::size_t at = static_cast<std::size_t>(k) * world * batch;
+      alone.forward_backward(data, at, at + active * batch);
+      for (auto g : alone.grads())
+        for (std::size_t i = 0; i < g.count; ++i)
+          static_cast<float*>(g.data)[i] *= static_cast<float>(active) / static_cast<float>(world);
+      reference.step();
+    }
+    INFO("buckets ", buckets);
+    if (comm.rank() == 0) CHECK(herd_test::relative_difference(distributed, alone) <= 1e-5);
   }
-  CHECK(opt.join() == 0);
-  for (int k = 0; k < rounds; ++k) {
-    const auto active = static_cast<std::size_t>(comm.size() - 1 - k);
-    const std::size_t at = static_cast<std::size_t>(k) * world * batch;
-    alone.forward_backward(data, at, at + active * batch);
-    for (auto g : alone.grads())
-      for (std::size_t i = 0; i < g.count; ++i)
-        static_cast<float*>(g.data)[i] *= static_cast<float>(active) / static_cast<float>(world);
-    reference.step();
-  }
-  if (comm.rank() == 0) CHECK(herd_test::relative_difference(distributed, alone) <= 1e-5);
 }

@@ -1,7 +1,7 @@
 // join() for uneven inputs (uneven_inputs): ranks with different numbers of batches, one of them
-// with none, finish without waiting forever, and their parameters equal one rank's that saw the
-// same samples with the same averaging rule (the world size, or the ranks still training), within
-// 1e-5; join() returns the last rank to join.
+// with none, finish without waiting forever, reducing in step() or in mark_ready's buckets, and
+// their parameters equal one rank's that saw the same samples with the same averaging rule (the
+// world size, or the ranks still training), within 1e-5; join() returns the last rank to join.
 
 #include <herd/herd.hpp>
 
@@ -19,7 +19,7 @@ namespace {
 // Rank r trains on batches[r] batches, then joins. In round k the ranks still training are a
 // prefix 0..a-1 (the counts fall with the rank), and rank r's batch is samples
 // [k*W*b + r*b, +b), so the reference's batch of round k is the one range [k*W*b, k*W*b + a*b).
-void check_join(const std::vector<int>& batches, bool divide_by_active) {
+void check_join(const std::vector<int>& batches, bool divide_by_active, bool buckets) {
   const int ranks = static_cast<int>(batches.size());
   const std::size_t b = 4, w = batches.size();
   const int rounds = *std::max_element(batches.begin(), batches.end());
@@ -44,16 +44,21 @@ void check_join(const std::vector<int>& batches, bool divide_by_active) {
   herd::local::run(ranks, [&](herd::local_communicator& comm) {
     herd_test::tiny_mlp model(5, 7, 2, 3);
     auto sgd = make(model);
-    herd::distributed_optimizer opt(sgd, model.grads(), comm,
-                                    {.uneven_inputs = true, .divide_by_active_ranks = divide_by_active});
+    herd::optimizer_options options{.uneven_inputs = true, .divide_by_active_ranks = divide_by_active};
+    options.bucket_bytes = 100;  // several buckets of this small model
+    options.first_bucket_bytes = 60;
+    herd::distributed_optimizer opt(sgd, model.grads(), comm, options);
     const auto r = static_cast<std::size_t>(comm.rank());
     for (int k = 0; k < batches[r]; ++k) {
       const std::size_t at = static_cast<std::size_t>(k) * w * b + r * b;
       model.forward_backward(data, at, at + b);
+      if (buckets)
+        for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);  // as a backward pass would, last layer first
       opt.step();
     }
     const int last = opt.join();
-    INFO("batches per rank ", batches[0], " ", batches[w - 1], ", rank ", r, divide_by_active ? " (divide by active)" : "");
+    const std::string how = std::string(divide_by_active ? "divide by active" : "divide by world") + (buckets ? ", buckets" : "");
+    INFO("batches per rank ", batches[0], " ", batches[w - 1], ", rank ", r, ", ", how);
     CHECK(last == expected_last);
     // The ranks that trained to the end hold the reference's parameters; the others stopped early.
     if (batches[r] == rounds) CHECK(herd_test::relative_difference(model, alone) <= 1e-5);
@@ -63,22 +68,21 @@ void check_join(const std::vector<int>& batches, bool divide_by_active) {
 }  // namespace
 
 TEST_CASE("join: uneven batch counts, one rank without any, finish and match one rank's training") {
-  for (bool divide_by_active : {false, true}) {
-    check_join({4, 1}, divide_by_active);
-    check_join({3, 0}, divide_by_active);
-    check_join({5, 3, 0}, divide_by_active);
-    check_join({2, 2, 1}, divide_by_active);
+  for (bool buckets : {false, true}) {
+    for (bool divide_by_active : {false, true}) {
+      check_join({4, 1}, divide_by_active, buckets);
+      check_join({3, 0}, divide_by_active, buckets);
+      check_join({5, 3, 0}, divide_by_active, buckets);
+      check_join({2, 2, 1}, divide_by_active, buckets);
+    }
   }
 }
 
-TEST_CASE("join: needs uneven_inputs, and refuses mark_ready's buckets on every rank") {
+TEST_CASE("join: needs uneven_inputs") {
   herd::local::run(2, [](herd::local_communicator& comm) {
     herd_test::tiny_mlp model(5, 7, 2, 3);
     auto sgd = herd::sgd(model.params(), model.grads(), {.lr = 0.1});
     herd::distributed_optimizer plain(sgd, model.grads(), comm);
     CHECK_THROWS_WITH_AS(plain.join(), doctest::Contains("needs optimizer_options::uneven_inputs"), herd::error);
-    herd::distributed_optimizer joined(sgd, model.grads(), comm, {.uneven_inputs = true});
-    for (std::size_t i = 4; i-- > 0;) joined.mark_ready(i);
-    CHECK_THROWS_WITH_AS(joined.step(), doctest::Contains("do not combine with uneven_inputs"), herd::error);
   });
 }

@@ -90,9 +90,10 @@ struct optimizer_options {
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
-  // none left calls join(), and every reducing step first agrees on which ranks are still
-  // training (one byte per rank). avg divides by the world size, the joined ranks adding zeros
-  // (DDP's default), or, with divide_by_active_ranks, by the ranks still training.
+  // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
+  // first agrees on which ranks are still training (one byte per rank). avg divides by the world
+  // size, the joined ranks adding zeros (DDP's default), or, with divide_by_active_ranks, by the
+  // ranks still training.
   bool uneven_inputs = false;
   bool divide_by_active_ranks = false;
 };
@@ -188,7 +189,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       synchronized_ = true;
       return;
     }
-    if (options_.uneven_inputs) agree_on_active(true);
+    if (options_.uneven_inputs) agree_on_active(1);
     reduce_gradients();
     synchronized_ = true;
   }
@@ -204,15 +205,27 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     accumulated_ = 0;
     synchronized_ = false;
-    while (agree_on_active(false)) {
-      std::vector<buffer_view> grads = gradients_();
-      with_mover(grads, [&](auto& mover) {
-        mover.begin();
-        for (const auto& g : grads) mover.zero(g);
-        mover.finish();
-      });
-      reduce_gradients();
+    joining_ = true;
+    try {
+      while (const int mode = agree_on_active(0)) {
+        std::vector<buffer_view> grads = gradients_();
+        with_mover(grads, [&](auto& mover) {
+          mover.begin();
+          for (const auto& g : grads) mover.zero(g);
+          mover.finish();
+        });
+        if (mode == 2) {  // the others reduce in buckets: mark every (zero) gradient, as they do theirs
+          for (std::size_t i = 0; i < grads.size(); ++i) mark(i, nullptr);
+          finish_buckets();
+        } else {
+          reduce_gradients();
+        }
+      }
+    } catch (...) {
+      joining_ = false;
+      throw;
     }
+    joining_ = false;
     return last_joined_;
   }
 
@@ -220,21 +233,24 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   int active_ranks() const noexcept { return active_ranks_; }
 
  private:
-  // Every rank says whether it still trains; true while any does. Remembers how many do, and the
-  // highest of them (the last to join, once they all have).
-  bool agree_on_active(bool training) {
-    const std::vector<std::uint8_t> mine = {static_cast<std::uint8_t>(training ? 1 : 0)};
+  // Every rank says whether it still trains, and how: 0 joined, 1 reducing in step(), 2 reducing
+  // in mark_ready's buckets. Returns the largest (0: every rank has joined), remembering how many
+  // still train and the highest of them (the last to join, once they all have).
+  int agree_on_active(std::uint8_t mode) {
+    const std::vector<std::uint8_t> mine = {mode};
     std::vector<std::uint8_t> all(static_cast<std::size_t>(comm_.size()));
     allgather(mine, all, detail::control_of(comm_));
-    int count = 0, highest = -1;
+    int count = 0, highest = -1, largest = 0;
     for (int r = 0; r < comm_.size(); ++r) {
-      if (all[static_cast<std::size_t>(r)] != 0) ++count, highest = r;
+      const int m = all[static_cast<std::size_t>(r)];
+      if (m != 0) ++count, highest = r;
+      largest = std::max(largest, m);
     }
     if (count > 0) {
       active_ranks_ = count;
       last_joined_ = highest;
     }
-    return count > 0;
+    return largest;
   }
 
   void reduce_gradients() {
@@ -556,7 +572,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Whether this pass reduces (rather than accumulates, skips, or runs alone).
   bool reducing_pass() const {
     return comm_.size() > 1 && !skip_ && !no_sync_ && !synchronized_ &&
-           accumulated_ + 1 >= options_.backward_passes_per_step;
+           (joining_ || accumulated_ + 1 >= options_.backward_passes_per_step);
   }
 
   const std::vector<buffer_view>& pass_views() {
@@ -568,9 +584,6 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (!reducing_pass()) return;
     const auto start = std::chrono::steady_clock::now();
     if (marks_ == 0) begin_buckets();
-    if (options_.uneven_inputs && pass_fault_.empty()) {
-      pass_fault_ = "mark_ready's buckets do not combine with uneven_inputs (join()): reduce in step() instead";
-    }
     if (i >= shapes_.size()) {
       if (pass_fault_.empty()) {
         pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
@@ -607,6 +620,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
 
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets() {
+    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
+    if (options_.uneven_inputs && !joining_) agree_on_active(2);
     if (!checked_) check(gradients_());  // every rank's first mark: agreed there, or raised on every rank
     if (plan_.buckets.empty() && !shapes_.empty()) make_plan(detail::bucket_plan::reverse_order(shapes_.size()));
     set_scales();
@@ -839,6 +854,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   std::string pending_fault_;  // found while accumulating; the round's reduction raises it
   bool synchronized_ = false;
   bool skip_ = false;
+  bool joining_ = false;   // in join(): shadowing the others' reductions
   int active_ranks_ = 0;   // uneven_inputs: ranks training in the last reducing step (0: none agreed yet)
   int last_joined_ = -1;   // ...and the highest of them
   bool no_sync_ = false;
