@@ -1,0 +1,66 @@
+#pragma once
+// tensor_traits for Eigen's dense storage: Matrix and Array (fixed or dynamic sizes, either
+// storage order), and Map and Ref over them, of herd's element types (float, double, int8_t,
+// uint8_t, int32_t, int64_t). Opt-in: include it after <Eigen/Core>.
+//
+//   Eigen::MatrixXf grad(256, 784);
+//   herd::allreduce(grad, comm, herd::reduce_op::avg);
+//   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
+//
+// herd moves a tensor's elements as one contiguous range, in storage order. A Map or Ref with
+// strides that leave gaps (a block of a larger matrix, every other column) is refused at run
+// time with herd::error, on every rank of the collective; an expression (a + b, m.transpose())
+// has no storage and is refused at compile time ("this tensor type is not adapted").
+
+#include <herd/core/error.hpp>
+#include <herd/tensor/traits.hpp>
+
+#include <Eigen/Core>
+
+#include <cstddef>
+#include <string>
+
+namespace herd {
+namespace detail {
+
+// The elements of a dense Eigen object, checked to lie back to back.
+template <class Dense> auto* eigen_data(Dense& d) {
+  const bool contiguous = d.size() <= 1 || (d.innerStride() == 1 && (d.outerSize() <= 1 || d.outerStride() == d.innerSize()));
+  if (!contiguous) {
+    raise({"tensor_traits<Eigen>"},
+          "an Eigen view of " + std::to_string(d.rows()) + "x" + std::to_string(d.cols()) + " with inner stride " +
+              std::to_string(d.innerStride()) + " and outer stride " + std::to_string(d.outerStride()) +
+              " does not hold its elements back to back",
+          "Pass a Matrix, an Array, or a Map/Ref without gaps (copy a block into a Matrix first)");
+  }
+  return d.data();
+}
+
+template <class Dense> struct eigen_traits {
+  using scalar = typename Dense::Scalar;
+  static_assert(element<scalar>, "herd: this Eigen scalar type is not one of herd's dtypes");
+  static auto* data(Dense& d) {
+    if constexpr (std::is_const_v<std::remove_pointer_t<decltype(d.data())>>) return static_cast<const void*>(eigen_data(d));
+    else return static_cast<void*>(eigen_data(d));
+  }
+  static const void* data(const Dense& d) { return eigen_data(d); }
+  static std::size_t size(const Dense& d) noexcept { return static_cast<std::size_t>(d.size()); }
+  static herd::dtype dtype(const Dense&) noexcept { return dtype_of_v<std::remove_const_t<scalar>>; }
+  static herd::device device(const Dense&) noexcept { return herd::device::cpu(); }
+};
+
+}  // namespace detail
+
+template <class S, int R, int C, int O, int MR, int MC>
+struct tensor_traits<Eigen::Matrix<S, R, C, O, MR, MC>> : detail::eigen_traits<Eigen::Matrix<S, R, C, O, MR, MC>> {};
+
+template <class S, int R, int C, int O, int MR, int MC>
+struct tensor_traits<Eigen::Array<S, R, C, O, MR, MC>> : detail::eigen_traits<Eigen::Array<S, R, C, O, MR, MC>> {};
+
+template <class Plain, int Options, class Stride>
+struct tensor_traits<Eigen::Map<Plain, Options, Stride>> : detail::eigen_traits<Eigen::Map<Plain, Options, Stride>> {};
+
+template <class Plain, int Options, class Stride>
+struct tensor_traits<Eigen::Ref<Plain, Options, Stride>> : detail::eigen_traits<Eigen::Ref<Plain, Options, Stride>> {};
+
+}  // namespace herd
