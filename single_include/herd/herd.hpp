@@ -10618,6 +10618,7 @@ template <class Inner, communicator C> class zero_optimizer {
     }
     const std::size_t padded = shard_.per_rank * static_cast<std::size_t>(comm.size());
     flat_ = host_tensor(wire_, padded);
+    gathered_ = host_tensor(type_, padded);
     shard_grad_ = host_tensor(wire_, shard_.per_rank);
     grad_ = wire_ == type_ ? host_tensor() : host_tensor(type_, shard_.per_rank);
     // The wrapped optimizer sees the parts of the parameters inside this shard, and the matching
@@ -10625,15 +10626,10 @@ template <class Inner, communicator C> class zero_optimizer {
     std::vector<buffer_view> shard_params, shard_grads;
     std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
     const std::size_t es = size_of(type_);
-    std::size_t at = 0;
-    for (const auto& p : params_) {
-      const std::size_t lo = std::max(at, shard_.begin), hi = std::min(at + p.count, shard_.end);
-      if (lo < hi) {
-        shard_params.push_back({static_cast<std::byte*>(p.data) + (lo - at) * es, hi - lo, type_, device::cpu()});
-        shard_grads.push_back({received + (lo - shard_.begin) * es, hi - lo, type_, device::cpu()});
-      }
-      at += p.count;
-    }
+    for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& p, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      shard_params.push_back({static_cast<std::byte*>(p.data) + offset * es, n, type_, device::cpu()});
+      shard_grads.push_back({received + (flat_at - shard_.begin) * es, n, type_, device::cpu()});
+    });
     inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
   }
 
@@ -10649,8 +10645,7 @@ template <class Inner, communicator C> class zero_optimizer {
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
-      if (wire_ == type_) std::memcpy(flat + at * es, g.data, g.bytes());
-      else detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);
+      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);  // a plain copy without compression
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
@@ -10671,15 +10666,14 @@ template <class Inner, communicator C> class zero_optimizer {
     }
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
-    host_tensor& gathered = params_flat();
-    auto* all_params = static_cast<std::byte*>(gathered.data());
+    auto* all_params = static_cast<std::byte*>(gathered_.data());
     auto* mine_out = all_params + shard_.per_rank * static_cast<std::size_t>(comm.rank()) * es;
     std::memset(mine_out, 0, shard_.per_rank * es);
     for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
       std::memcpy(mine_out + (flat_at - shard_.begin) * es, static_cast<const std::byte*>(param.data) + offset * es, n * es);
     });
     const const_buffer_view shard_out(mine_out, shard_.per_rank, type_);
-    buffer_view everything = gathered.view();
+    buffer_view everything = gathered_.view();
     allgather(shard_out, everything, comm);
     for_each_piece(0, shard_.total, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
       std::memcpy(static_cast<std::byte*>(param.data) + offset * es, all_params + flat_at * es, n * es);
@@ -10704,11 +10698,6 @@ template <class Inner, communicator C> class zero_optimizer {
       if (a < b) f(p, a - at, a, b - a);
       at += p.count;
     }
-  }
-
-  host_tensor& params_flat() {
-    if (gathered_.count() == 0 && flat_.count() != 0) gathered_ = host_tensor(type_, flat_.count());
-    return gathered_;
   }
 
   // A loaded checkpoint overwrote the layout: it must be the one this optimizer was made for.
