@@ -25,9 +25,14 @@
 
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/alltoall.hpp>
 #include <herd/collectives/barrier.hpp>
 #include <herd/collectives/broadcast.hpp>
+#include <herd/collectives/gather.hpp>
+#include <herd/collectives/object.hpp>
+#include <herd/collectives/reduce.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
+#include <herd/collectives/scatter.hpp>
 
 #include <herd/data/distributed_sampler.hpp>
 

@@ -963,6 +963,10 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 // communicator's next sequence number, starts with a cross-rank agreement, and, if it fails after
 // that agreement, aborts the communicator. operations() holds that state; abort() runs the
 // transport's part of an abort (telling the peers, settling requests still in flight).
+//
+// split(herd::no_color, key) leaves a rank out, as MPI_UNDEFINED does (so does a subset() that does
+// not list it): what it gets back is not a member (is_member() false, rank() -1, size() 0), and
+// every operation on it raises herd::error.
 
 
 // ---- herd/comm/detail/operation_state.hpp ----
@@ -1168,6 +1172,14 @@ enum class op_kind : std::uint8_t {
   allgatherv,
   reduce_scatter,
   grouped_allreduce,
+  alltoall,
+  alltoallv,
+  gather,
+  gatherv,
+  scatter,
+  scatterv,
+  reduce,
+  subset,
 };
 
 constexpr const char* name(op_kind k) noexcept {
@@ -1181,6 +1193,14 @@ constexpr const char* name(op_kind k) noexcept {
     case op_kind::allgatherv: return "allgatherv";
     case op_kind::reduce_scatter: return "reduce_scatter";
     case op_kind::grouped_allreduce: return "grouped allreduce";
+    case op_kind::alltoall: return "alltoall";
+    case op_kind::alltoallv: return "alltoallv";
+    case op_kind::gather: return "gather";
+    case op_kind::gatherv: return "gatherv";
+    case op_kind::scatter: return "scatter";
+    case op_kind::scatterv: return "scatterv";
+    case op_kind::reduce: return "reduce";
+    case op_kind::subset: return "subset";
   }
   return "operation";
 }
@@ -1463,10 +1483,14 @@ class operation_state {
 
 #include <concepts>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 
 namespace herd {
+
+// The color that leaves a rank out of split(). Other negative colors are an error on every rank.
+inline constexpr int no_color = std::numeric_limits<int>::min();
 
 template <class C>
 concept communicator = std::movable<C> && requires(C& c, const C& cc, typename C::request& req, void* buf,
@@ -1488,6 +1512,14 @@ concept communicator = std::movable<C> && requires(C& c, const C& cc, typename C
 };
 
 namespace detail {
+
+// What every operation on a communicator this rank is not a member of raises.
+[[noreturn]] inline void raise_not_member(std::string_view operation) {
+  raise({operation, -1, 0},
+        "this rank is not a member of this communicator (split() left it out with herd::no_color, or subset() did not "
+        "list it)",
+        "Call operations only on communicators this rank belongs to; comm.is_member() tells");
+}
 
 inline void check_peer(const char* operation, int rank, int size, int peer) {
   if (peer < 0 || peer >= size) {
@@ -2100,6 +2132,9 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 15: return "a negative color";
     case 16: return "gradients it did not mark ready in this backward pass";
     case 17: return "optimizer state of another shard layout (another rank's or world size's zero_optimizer checkpoint)";
+    case 18: return "a tensor whose elements do not split into equal blocks, one per rank";
+    case 19: return "a list of per-rank counts (splits) with one entry too many or too few";
+    case 20: return "receive splits that differ from what the other ranks send it";
     default: return "invalid arguments";
   }
 }
@@ -2311,6 +2346,96 @@ template <class C> void agree_creation(C& comm, const std::string& problem) {
 
 }  // namespace herd::detail
 
+// ---- herd/comm/detail/split.hpp ----
+// The agreement of split() and subset() (a split by a list of ranks): every rank learns every
+// rank's color and key before anything is made, so that a bad color on one rank, or lists of ranks
+// that differ, raise herd::error on every rank instead of leaving the others in MPI_Comm_split.
+
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+
+// What one rank asks of a split, as the others see it.
+struct split_request {
+  std::int32_t color = 0;
+  std::int32_t key = 0;
+  std::uint64_t list = 0;  // subset: a hash of its list of ranks, which must be the same on every rank
+};
+
+// subset(ranks) as a split: a listed rank takes color 0 and its place in the list as key, so the
+// new ranks follow the list's order; a rank not listed takes no_color.
+inline split_request subset_request(std::span<const int> ranks, int rank) {
+  split_request r;
+  std::uint64_t h = 1469598103934665603ull ^ ranks.size();
+  for (int x : ranks) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
+  r.list = h;
+  const auto at = std::find(ranks.begin(), ranks.end(), rank);
+  r.color = at == ranks.end() ? no_color : 0;
+  r.key = static_cast<std::int32_t>(at - ranks.begin());
+  return r;
+}
+
+// The agreement of the running split or subset operation of comm: every rank's request, once
+// they are known to be valid. `ranks` is a subset's list (ignored by split).
+template <class C>
+std::vector<split_request> agree_split(C& comm, const split_request& mine, std::span<const int> ranks) {
+  const exchanged all = agree_identity(comm, &mine, sizeof mine);
+  const int n = comm.size();
+  const bool subset = comm.operations().current().kind == op_kind::subset;
+  const error_site site{subset ? "subset" : "split", comm.rank(), n};
+  std::vector<split_request> requests(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) std::memcpy(&requests[static_cast<std::size_t>(r)], all.payload(r), sizeof(split_request));
+  if (!subset) {
+    for (int r = 0; r < n; ++r) {
+      const int color = requests[static_cast<std::size_t>(r)].color;
+      if (color < 0 && color != no_color) {
+        raise_agreed(site, "rank " + std::to_string(r) + " passed the negative color " + std::to_string(color),
+                     "Pass a color >= 0 on every rank, or herd::no_color to leave a rank out; ranks with equal colors "
+                     "end up in the same communicator");
+      }
+    }
+    return requests;
+  }
+  for (int r = 1; r < n; ++r) {
+    if (requests[static_cast<std::size_t>(r)].list != requests[0].list) {
+      raise_agreed(site, "the list of ranks differs across ranks (rank " + std::to_string(r) + "'s is not rank 0's)",
+                   "Pass the same list of ranks on every rank, the ranks left out included");
+    }
+  }
+  // The same list on every rank: what is wrong with it, every rank sees alike.
+  if (ranks.empty()) raise_agreed(site, "the list of ranks is empty", "List at least one rank");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= n) {
+      raise_agreed(site, "the list of ranks names rank " + std::to_string(ranks[i]) + ", which is out of range",
+                   "List ranks in [0, " + std::to_string(n) + ")");
+    }
+    if (std::find(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(i), ranks[i]) !=
+        ranks.begin() + static_cast<std::ptrdiff_t>(i)) {
+      raise_agreed(site, "the list of ranks names rank " + std::to_string(ranks[i]) + " twice", "List each rank once");
+    }
+  }
+  return requests;
+}
+
+// The ranks that asked for `color`, in their new order: by key, then by rank.
+inline std::vector<int> split_members(std::span<const split_request> requests, int color) {
+  std::vector<int> members;
+  for (std::size_t r = 0; r < requests.size(); ++r)
+    if (requests[r].color == color) members.push_back(static_cast<int>(r));
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return requests[static_cast<std::size_t>(a)].key < requests[static_cast<std::size_t>(b)].key;
+  });
+  return members;
+}
+
+}  // namespace herd::detail
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -2472,11 +2597,14 @@ class world {
 
   waiter& waiter_of(int rank) noexcept { return waiters_[static_cast<std::size_t>(rank)]; }
 
-  // The world that ranks of this one calling their n-th split with `color` share. Every member
-  // calls it once; the first creates it.
+  // The world that ranks of this one calling their n-th split with `color` share. Every rank
+  // calls it once per split; the first member creates it. A rank left out (no_color) gets none,
+  // but its split is counted, so that its next split meets the others'.
   std::shared_ptr<world> split_world(int rank, int color, int members) {
     std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_splits_, std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color), members);
+    const int n = splits_[static_cast<std::size_t>(rank)]++;
+    if (color == no_color) return nullptr;
+    return shared_world(pending_splits_, std::make_pair(n, color), members);
   }
 
   // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
@@ -2597,8 +2725,10 @@ class local_communicator {
   // Waits for this rank's queued operations, then tells the other ranks it has left.
   ~local_communicator() { leave(); }
 
+  // A rank left out of a split gets a communicator it is not a member of: rank -1, size 0.
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return world_ ? world_->size() : 1; }
+  int size() const noexcept { return world_ ? world_->size() : member_ ? 1 : 0; }
+  bool is_member() const noexcept { return member_; }
   const comm_options& options() const { return state().options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
   detail::operation_state& operations() { return state(); }
@@ -2658,6 +2788,7 @@ class local_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
+    state();
     if (world_->failed()) fail_with_world();
     if (!ops_->in_operation()) return;
     if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
@@ -2673,42 +2804,22 @@ class local_communicator {
     wait(sr);
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
-  // operation of this communicator: every rank calls it.
-  local_communicator split(int color, int key) const {
-    auto& self = const_cast<local_communicator&>(*this);
-    std::shared_ptr<detail::local::world> part;
-    int new_rank = 0;
-    detail::run_operation(self, {detail::op_kind::split}, [&] {
-      const int mine[2] = {color, key};
-      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
-      const int n = size();
-      auto pair_of = [&](int r) {
-        int pair[2];
-        std::memcpy(pair, all.payload(r), sizeof pair);
-        return std::make_pair(pair[0], pair[1]);
-      };
-      for (int r = 0; r < n; ++r) {
-        if (pair_of(r).first < 0) {
-          detail::raise_agreed({"split", rank_, n}, "rank " + std::to_string(r) + " passed the negative color " +
-                                                        std::to_string(pair_of(r).first),
-                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
-        }
-      }
-      std::vector<int> members;
-      for (int r = 0; r < n; ++r)
-        if (pair_of(r).first == color) members.push_back(r);
-      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return pair_of(a).second < pair_of(b).second; });
-      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      part = world_->split_world(rank_, color, static_cast<int>(members.size()));
-    });
-    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here; a
+  // rank passing herd::no_color gets one it is not a member of. An operation of this
+  // communicator: every rank calls it.
+  local_communicator split(int color, int key) const { return split_by(detail::op_kind::split, {color, key}, {}); }
+
+  // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
+  // others get one they are not members of. Every rank calls it, with the same list.
+  local_communicator subset(const std::vector<int>& ranks) const {
+    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
   }
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   local_communicator renew() const { return renew(options()); }
   local_communicator renew(const comm_options& options) const {
+    state();
     return local_communicator(world_->renewed_world(rank_), rank_, options);
   }
 
@@ -2728,11 +2839,29 @@ class local_communicator {
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+  struct outside_tag {};
+  explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
+
+  // split and subset: a split operation of this communicator with this rank's request.
+  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+    auto& self = const_cast<local_communicator&>(*this);
+    std::shared_ptr<detail::local::world> part;
+    int new_rank = -1;
+    detail::run_operation(self, {kind}, [&] {
+      const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
+      const std::vector<int> members = detail::split_members(all, mine.color);
+      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
+    });
+    if (!part) return local_communicator(outside_tag{});
+    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+  }
 
   void take(local_communicator& other) noexcept {
     if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
     world_ = std::move(other.world_);
     rank_ = other.rank_;
+    member_ = other.member_;
     ops_ = std::move(other.ops_);
   }
 
@@ -2746,6 +2875,7 @@ class local_communicator {
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
   detail::operation_state& state() const {
+    if (!member_) detail::raise_not_member("local_communicator");
     if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
     return *ops_;
   }
@@ -2786,6 +2916,7 @@ class local_communicator {
 
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
+  bool member_ = true;
   std::unique_ptr<detail::operation_state> ops_;
 };
 
@@ -3778,6 +3909,10 @@ class mpi_communicator {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
     }
+    if (comm == MPI_COMM_NULL) {
+      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                  "leaves out). Create communicators only from one this rank belongs to.");
+    }
     make_state(options);
     int parent_rank = 0;
     int parent_size = 1;
@@ -3817,6 +3952,7 @@ class mpi_communicator {
     if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
     s_ = std::move(other.s_);
     across_ = std::move(other.across_);
+    member_ = other.member_;
   }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
@@ -3824,14 +3960,18 @@ class mpi_communicator {
       if (other.s_) other.s_->ops.drain();
       s_ = std::move(other.s_);
       across_ = std::move(other.across_);
+      member_ = other.member_;
     }
     return *this;
   }
   // Waits for this rank's queued operations, then tells the other ranks it has left.
   ~mpi_communicator() { leave(); }
 
-  int rank() const noexcept { return s_ ? s_->rank : 0; }
-  int size() const noexcept { return s_ ? s_->size : 1; }
+  // A rank left out of a split gets a communicator it is not a member of: rank -1, size 0, and
+  // native() MPI_COMM_NULL, as MPI_Comm_split gives it.
+  int rank() const noexcept { return s_ ? s_->rank : member_ ? 0 : -1; }
+  int size() const noexcept { return s_ ? s_->size : member_ ? 1 : 0; }
+  bool is_member() const noexcept { return member_; }
   MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
   const comm_options& options() const { return state().ops.options(); }
   detail::operation_state& operations() { return state().ops; }
@@ -3892,7 +4032,7 @@ class mpi_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
-    s_->poll_notices();
+    state().poll_notices();
     if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
       detail::raise(site(), why, "");
     }
@@ -3906,33 +4046,25 @@ class mpi_communicator {
     wait(sr);
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
-  // operation of this communicator: every rank calls it, and the colors are agreed first, so that
-  // a bad color on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
-  mpi_communicator split(int color, int key) const {
-    auto& self = const_cast<mpi_communicator&>(*this);
-    MPI_Comm part = MPI_COMM_NULL;
-    detail::run_operation(self, {detail::op_kind::split}, [&] {
-      const int mine[2] = {color, key};
-      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
-      for (int r = 0; r < size(); ++r) {
-        int pair[2];
-        std::memcpy(pair, all.payload(r), sizeof pair);
-        if (pair[0] < 0) {
-          detail::raise_agreed({"split", rank(), size()}, "rank " + std::to_string(r) + " passed the negative color " +
-                                                                std::to_string(pair[0]),
-                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
-        }
-      }
-      check(MPI_Comm_split(native(), color, key, &part), "MPI_Comm_split");
-    });
-    return mpi_communicator(part, options(), adopt_tag{});
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here; a
+  // rank passing herd::no_color gets one it is not a member of (MPI_UNDEFINED). An operation of
+  // this communicator: every rank calls it, and the colors are agreed first, so that a bad color
+  // on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
+  mpi_communicator split(int color, int key) const { return split_by(detail::op_kind::split, {color, key}, {}); }
+
+  // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
+  // others get one they are not members of. Every rank calls it, with the same list.
+  mpi_communicator subset(const std::vector<int>& ranks) const {
+    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank()), ranks);
   }
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
   // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   mpi_communicator renew() const { return renew(options()); }
-  mpi_communicator renew(const comm_options& options) const { return mpi_communicator(native(), options); }
+  mpi_communicator renew(const comm_options& options) const {
+    state();
+    return mpi_communicator(native(), options);
+  }
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
@@ -3995,6 +4127,21 @@ class mpi_communicator {
       detail::retire(std::move(s_));
       throw;
     }
+  }
+  struct outside_tag {};
+  explicit mpi_communicator(outside_tag) : member_(false) {}
+
+  // split and subset: a split operation of this communicator with this rank's request.
+  mpi_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+    auto& self = const_cast<mpi_communicator&>(*this);
+    MPI_Comm part = MPI_COMM_NULL;
+    detail::run_operation(self, {kind}, [&] {
+      detail::agree_split(self, mine, ranks);
+      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
+            "MPI_Comm_split");
+    });
+    if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
+    return mpi_communicator(part, options(), adopt_tag{});
   }
 
   // The creation's last part, after its agreement (every rank is here): finds the ranks that share
@@ -4138,6 +4285,7 @@ class mpi_communicator {
 
   detail::mpi_state& state() const {
     if (!s_) {
+      if (!member_) detail::raise_not_member("mpi_communicator");
       throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
     }
     return *s_;
@@ -4212,6 +4360,7 @@ class mpi_communicator {
 
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
+  bool member_ = true;
 };
 
 }  // namespace herd
@@ -4227,6 +4376,7 @@ class mpi_communicator {
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace herd {
 namespace detail {
@@ -4402,10 +4552,12 @@ class nccl_communicator {
     wait(r);
   }
 
-  nccl_communicator split(int color, int key) const {
-    const mpi_communicator part = control_.split(color, key);
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
-  }
+  // The ranks of a split (or subset) of control(), on the same GPUs: a new NCCL communicator of
+  // them. A rank left out (herd::no_color) gets one it is not a member of, as with NCCL's
+  // NCCL_SPLIT_NOCOLOR: rank -1, size 0, every operation an error.
+  nccl_communicator split(int color, int key) const { return of_part(control_.split(color, key)); }
+  nccl_communicator subset(const std::vector<int>& ranks) const { return of_part(control_.subset(ranks)); }
+  bool is_member() const noexcept { return control_.is_member(); }
 
   // A new communicator of the same ranks and GPU: how ranks go on after an abort (NCCL's
   // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
@@ -4493,6 +4645,14 @@ class nccl_communicator {
   }
 
  private:
+  struct outside_tag {};
+  nccl_communicator(mpi_communicator outside, int device, outside_tag) : control_(std::move(outside)), device_(device) {}
+
+  nccl_communicator of_part(mpi_communicator part) const {
+    if (!part.is_member()) return nccl_communicator(std::move(part), device_, outside_tag{});
+    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+  }
+
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
   // event, for the caller's stream (cuda::current_stream()) when that is another stream.
   void order_after_caller() {
@@ -4651,7 +4811,10 @@ namespace herd::detail {
 // Accumulates the first local problem with a call's arguments, to be raised after the exchange.
 class call_check {
  public:
-  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
+  // A communicator of no ranks is one this rank is not a member of: no operation can start on it.
+  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {
+    if (size < 1) raise_not_member(name(kind));
+  }
 
   bool ok() const noexcept { return what_.empty(); }
   const std::string& what() const noexcept { return what_; }
@@ -6977,6 +7140,378 @@ template <communicator C>
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
+// ---- herd/collectives/alltoall.hpp ----
+// herd::alltoall and herd::alltoallv: every rank sends a block to every rank; rank i's output holds
+// the blocks sent to it, in rank order (MPI_Alltoall, MPI_Alltoallv; Horovod's alltoall).
+//
+//   herd::alltoall(in, out, comm);                    // p equal blocks each way: in.size() == out.size()
+//   herd::alltoallv(in, out, send_splits, receive_splits, comm);
+//   auto received = herd::alltoallv(in, out_vector, send_splits, comm);   // learns the receive splits, resizes
+//   herd::handle h = herd::alltoall_async(in, out, comm);                  // h.wait() finishes it
+//
+// Splits are Horovod's: rank r sends send_splits[i] elements to rank i, block after block of its
+// input, and receives receive_splits[i] elements from rank i, laid out the same way in its
+// output. Each rank's send splits travel with the agreement, so every rank learns what it
+// receives, and a receive split that does not match what its sender sends is an error on every
+// rank, naming both. Host tensors only; on nccl_communicator it does not compile.
+//
+// The data move in a pairwise exchange (detail/pairwise.hpp); this rank's own block is copied.
+
+
+// ---- herd/collectives/detail/host_only.hpp ----
+// What the collectives that move host memory only (gather, scatter, alltoall(v), reduce) check
+// alike: they refuse a communicator with native collectives (nccl_communicator) at compile time,
+// and a device tensor, or a list of per-rank counts of the wrong length, with herd::error on every
+// rank, through the agreement.
+
+
+#include <span>
+#include <string>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class C> constexpr void require_host_communicator() {
+  static_assert(!native_collectives<C>,
+                "herd: gather, scatter, reduce and alltoall(v) do not run on a communicator with native collectives "
+                "(nccl_communicator) yet. Copy the tensors to the host and call them on an mpi_communicator (an "
+                "nccl_communicator's control() is one).");
+}
+
+// `operation` names the collective in the advice ("gather").
+inline void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v, const char* operation) {
+  if (!check.ok() || v.device.is_cpu()) return;
+  check.fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", but herd::" + operation +
+                    " moves host memory only",
+             "Copy the tensor to the host first");
+}
+
+// `what` names the list ("per-rank counts", "send splits").
+inline void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts, int p) {
+  if (!check.ok() || counts.size() == static_cast<std::size_t>(p)) return;
+  check.fail(19, std::string("the list of ") + what + " has " + std::to_string(counts.size()) + " entries for " +
+                     std::to_string(p) + " ranks",
+             "Pass one entry per rank");
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+// ---- herd/collectives/detail/pairwise.hpp ----
+// The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
+// r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
+// sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
+// is not sent (both sides know its size).
+
+
+#include <cstddef>
+#include <deque>
+#include <utility>
+
+namespace herd::detail {
+
+//   send_at(to)     -> {pointer, bytes}: this rank's block for rank `to`
+//   receive_at(from) -> {pointer, bytes}: where rank `from`'s block goes
+template <communicator C, class SendAt, class ReceiveAt>
+void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  struct step {
+    typename C::request receive;
+    typename C::request send;
+  };
+  std::deque<step> steps;
+  auto finish_oldest = [&] {
+    comm.wait(steps.front().receive);
+    comm.wait(steps.front().send);
+    steps.pop_front();
+  };
+  for (int k = 1; k < p; ++k) {
+    if (steps.size() == ring_window) finish_oldest();
+    const int to = (r + k) % p;
+    const int from = ring_mod(r - k, p);
+    step s;
+    if (const auto [at, bytes] = receive_at(from); bytes != 0) s.receive = comm.irecv(at, bytes, from, tag);
+    if (const auto [at, bytes] = send_at(to); bytes != 0) s.send = comm.isend(at, bytes, to, tag);
+    steps.push_back(std::move(s));
+  }
+  while (!steps.empty()) finish_oldest();
+}
+
+}  // namespace herd::detail
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct alltoall_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;
+  std::vector<std::size_t> send;     // elements to each rank
+  std::vector<std::size_t> receive;  // from each rank; empty when they are learnt
+
+  op_label label() const { return tensor_label(check.kind(), in); }
+};
+
+// alltoallv with `receive` empty when the receive splits are learnt (the output is sized later).
+template <communicator C>
+alltoall_call prepare_alltoallv(call_check check, const_buffer_view in, buffer_view out, std::span<const std::size_t> send,
+                                std::span<const std::size_t> receive, bool learn, C& comm) {
+  const int p = comm.size();
+  check.require_valid("input", in);
+  check.require_valid("output", out);
+  check.require_same_dtype(in, out);
+  require_one_per_rank(check, "send splits", send, p);
+  if (!learn) require_one_per_rank(check, "receive splits", receive, p);
+  if (check.ok()) {
+    check.require_count("input", in.count, std::accumulate(send.begin(), send.end(), std::size_t{0}),
+                        "the sum of the send splits");
+    if (!learn) {
+      check.require_count("output", out.count, std::accumulate(receive.begin(), receive.end(), std::size_t{0}),
+                          "the sum of the receive splits");
+    }
+  }
+  const auto self = static_cast<std::size_t>(comm.rank());
+  if (check.ok() && !learn && p == 1 && send[self] != receive[self]) {
+    check.fail(20, "the receive split " + std::to_string(receive[self]) + " differs from the send split " +
+                       std::to_string(send[self]) + " of this rank to itself",
+               "Receive from each rank what it sends");
+  }
+  check.require_disjoint(in, out, nullptr, nullptr);
+  require_host_tensor(check, "input", in, name(check.kind()));
+  require_host_tensor(check, "output", out, name(check.kind()));
+  return {std::move(check), in, out, {send.begin(), send.end()}, {receive.begin(), receive.end()}};
+}
+
+// alltoallv's agreement carries every rank's send splits, after a flag (whether this rank gave its
+// receive splits) and a hash of those receive splits.
+inline constexpr std::size_t alltoallv_header_words = 2;
+
+// Up to how many ranks the splits may travel with the agreement, where they fit. (Tests lower it
+// to exercise the pairwise exchange of splits; it must be the same on every rank.)
+inline int& alltoallv_splits_max_ranks() {
+  static int limit = std::numeric_limits<int>::max();
+  return limit;
+}
+
+template <communicator C> bool splits_travel_with_agreement(C& comm) {
+  return comm.size() <= alltoallv_splits_max_ranks() &&
+         (static_cast<std::size_t>(comm.size()) + alltoallv_header_words) * sizeof(std::uint64_t) <= payload_capacity(comm);
+}
+
+// The receive splits of `rank`, from every rank's send splits, which came with the agreement.
+// Every rank checks every rank's receive splits (those it gave) the same way, so a mismatch
+// anywhere raises on every rank, naming the rank.
+inline std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank, const error_site& site) {
+  auto word = [&](int q, std::size_t i) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, all.payload(q) + i * sizeof w, sizeof w);
+    return w;
+  };
+  std::vector<std::size_t> mine;
+  std::vector<std::size_t> column(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) {  // what every rank sends rank q
+    for (int from = 0; from < p; ++from) {
+      column[static_cast<std::size_t>(from)] = word(from, alltoallv_header_words + static_cast<std::size_t>(q));
+    }
+    if (word(q, 0) != 0 && word(q, 1) != hash_counts(column)) {
+      std::string sent;
+      for (int from = 0; from < p && from < 16; ++from) {
+        sent += (from ? ", " : "") + std::to_string(column[static_cast<std::size_t>(from)]);
+      }
+      raise_agreed(site, "the receive splits of rank " + std::to_string(q) + " differ from what the ranks send it (" +
+                             sent + (p > 16 ? ", ..." : "") + " elements from ranks 0, 1, ...)",
+                   "Rank " + std::to_string(q) + "'s receive_splits[i] must be rank i's send_splits[" +
+                       std::to_string(q) + "]; or let alltoallv learn them (its std::vector form)");
+    }
+    if (q == rank) mine = column;
+  }
+  return mine;
+}
+
+// With more ranks than the agreement holds splits for: the splits go pairwise, then a second
+// agreement tells every rank whether any rank's receive splits differ from what it is sent.
+template <communicator C>
+std::vector<std::size_t> exchange_splits(C& comm, const signature& mine, const alltoall_call& call, bool learn) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  std::vector<std::uint64_t> sent(call.send.begin(), call.send.end());
+  std::vector<std::uint64_t> received(static_cast<std::size_t>(p));
+  received[r] = sent[r];
+  constexpr std::size_t w = sizeof(std::uint64_t);
+  pairwise_exchange(
+      comm, [&](int to) { return std::pair<void*, std::size_t>(&sent[static_cast<std::size_t>(to)], w); },
+      [&](int from) { return std::pair<void*, std::size_t>(&received[static_cast<std::size_t>(from)], w); });
+  const std::vector<std::size_t> learnt(received.begin(), received.end());
+  call_check matched(op_kind::alltoallv, comm.rank(), p);
+  for (std::size_t q = 0; !learn && q < learnt.size(); ++q) {
+    if (learnt[q] != call.receive[q]) {
+      matched.fail(20, "the receive split for rank " + std::to_string(q) + " is " + std::to_string(call.receive[q]) +
+                           ", but that rank sends " + std::to_string(learnt[q]) + " elements",
+                   "This rank's receive_splits[i] must be rank i's send_splits[" + std::to_string(r) +
+                       "]; or let alltoallv learn them (its std::vector form)");
+    }
+  }
+  agree(comm, mine, matched);
+  return learnt;
+}
+
+// `output(receive)` returns the output view once the receive splits are known (the learning
+// form resizes its vector there).
+template <communicator C, class Output> void run_alltoall(C& comm, const alltoall_call& call, Output output) {
+  const auto& check = call.check;
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  signature mine;
+  mine.type = call.in.type;
+  mine.memory = call.in.device.type;
+  const bool learn = call.receive.empty();
+  std::vector<std::size_t> receive = call.receive;
+  if (check.kind() == op_kind::alltoall) {
+    mine.count = call.in.count;
+    agree(comm, mine, check);
+  } else if (p == 1) {
+    agree(comm, mine, check);
+    receive = call.send;
+  } else if (splits_travel_with_agreement(comm)) {
+    std::vector<std::uint64_t> words{learn ? 0u : 1u, learn ? 0u : hash_counts(call.receive)};
+    words.insert(words.end(), call.send.begin(), call.send.end());
+    const exchanged all = agree(comm, mine, check, true, words.data(), words.size() * sizeof(std::uint64_t));
+    receive = receive_splits_of(all, p, comm.rank(), {name(op_kind::alltoallv), comm.rank(), p});
+  } else {
+    agree(comm, mine, check);
+    receive = exchange_splits(comm, mine, call, learn);
+  }
+  const buffer_view out = output(std::span<const std::size_t>(receive));
+  const std::size_t es = size_of(call.in.type);
+  std::vector<std::size_t> sent_at(static_cast<std::size_t>(p) + 1, 0);
+  std::vector<std::size_t> received_at(static_cast<std::size_t>(p) + 1, 0);
+  for (std::size_t q = 0; q < static_cast<std::size_t>(p); ++q) {
+    sent_at[q + 1] = sent_at[q] + call.send[q] * es;
+    received_at[q + 1] = received_at[q] + receive[q] * es;
+  }
+  const auto* in = static_cast<const std::byte*>(call.in.data);
+  auto* base = static_cast<std::byte*>(out.data);
+  if (call.send[r] != 0) std::memcpy(base + received_at[r], in + sent_at[r], call.send[r] * es);
+  pairwise_exchange(
+      comm,
+      [&](int to) {
+        const auto q = static_cast<std::size_t>(to);
+        return std::pair<void*, std::size_t>(const_cast<std::byte*>(in + sent_at[q]), sent_at[q + 1] - sent_at[q]);
+      },
+      [&](int from) {
+        const auto q = static_cast<std::size_t>(from);
+        return std::pair<void*, std::size_t>(base + received_at[q], received_at[q + 1] - received_at[q]);
+      });
+}
+
+template <class In, class Out, communicator C> alltoall_call alltoall_call_of(const In& input, Out& output, C& comm) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::alltoall, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  const auto p = static_cast<std::size_t>(comm.size());
+  if (check.ok() && in.count % p != 0) {
+    check.fail(18, "the input's " + std::to_string(in.count) + " elements do not split into " + std::to_string(p) +
+                       " equal blocks",
+               "Pass a multiple of the number of ranks, or use alltoallv");
+  }
+  check.require_count("output", out.count, in.count, "alltoall receives as many elements as it sends");
+  const std::vector<std::size_t> blocks(p, in.count / p);
+  return prepare_alltoallv(std::move(check), in, out, blocks, blocks, false, comm);
+}
+
+template <class In, class Out, communicator C>
+alltoall_call alltoallv_call_of(const In& input, Out& output, std::span<const std::size_t> send,
+                                std::span<const std::size_t> receive, C& comm) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::alltoallv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = check.view("output", output);
+  return prepare_alltoallv(std::move(check), in, out, send, receive, false, comm);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// `input` holds comm.size() equal blocks, block i for rank i; `output` (as large) receives block r
+// of every rank, in rank order.
+template <class In, class Out, communicator C> void alltoall(const In& input, Out& output, C& comm) {
+  const auto call = detail::alltoall_call_of(input, output, comm);
+  detail::run_collective(comm, call.label(), [&](bool) {
+    detail::run_alltoall(comm, call, [&](std::span<const std::size_t>) { return call.out; });
+  });
+}
+
+// Rank r sends send_splits[i] elements to rank i and receives receive_splits[i] from it.
+template <class In, class Out, communicator C>
+void alltoallv(const In& input, Out& output, std::span<const std::size_t> send_splits,
+               std::span<const std::size_t> receive_splits, C& comm) {
+  const auto call = detail::alltoallv_call_of(input, output, send_splits, receive_splits, comm);
+  detail::run_collective(comm, call.label(), [&](bool) {
+    detail::run_alltoall(comm, call, [&](std::span<const std::size_t>) { return call.out; });
+  });
+}
+
+// Learns what every rank sends this one, resizes `output` to it, exchanges, and returns the
+// receive splits.
+template <class In, element T, class Allocator, communicator C>
+std::vector<std::size_t> alltoallv(const In& input, std::vector<T, Allocator>& output,
+                                   std::span<const std::size_t> send_splits, C& comm) {
+  detail::require_host_communicator<C>();
+  detail::require_tensor<In>();
+  detail::call_check check(detail::op_kind::alltoallv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const auto call = detail::prepare_alltoallv(std::move(check), in, view_of(output), send_splits, {}, true, comm);
+  std::vector<std::size_t> received;
+  detail::run_collective(comm, call.label(), [&](bool) {
+    detail::run_alltoall(comm, call, [&](std::span<const std::size_t> receive) {
+      received.assign(receive.begin(), receive.end());
+      output.resize(std::accumulate(receive.begin(), receive.end(), std::size_t{0}));
+      return view_of(output);
+    });
+  });
+  return received;
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C> [[nodiscard]] handle alltoall_async(const In& input, Out& output, C& comm) {
+  auto call = detail::alltoall_call_of(input, output, comm);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) {
+    detail::run_alltoall(comm, call, [&](std::span<const std::size_t>) { return call.out; });
+  });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle alltoallv_async(const In& input, Out& output, std::span<const std::size_t> send_splits,
+                                     std::span<const std::size_t> receive_splits, C& comm) {
+  auto call = detail::alltoallv_call_of(input, output, send_splits, receive_splits, comm);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) {
+    detail::run_alltoall(comm, call, [&](std::span<const std::size_t>) { return call.out; });
+  });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
 // ---- herd/collectives/barrier.hpp ----
 // herd::barrier: returns on each rank once every rank has entered it. An operation like any
 // other: a rank in a barrier while another is in a different collective is an error on both,
@@ -7154,6 +7689,786 @@ template <class T, communicator C> [[nodiscard]] handle broadcast_async(T& tenso
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
+// ---- herd/collectives/gather.hpp ----
+// herd::gather and herd::gatherv: the root ends with every rank's tensor, laid end to end in rank
+// order (MPI_Gather, MPI_Gatherv).
+//
+//   herd::gather(mine, all, comm, /*root=*/0);      // on the root, all.size() == mine.size() * comm.size()
+//   herd::gatherv(mine, all, counts, comm, 0);      // counts[i]: elements from rank i, the same list on every rank
+//   herd::handle h = herd::gather_async(mine, all, comm, 0);   // h.wait() finishes it
+//
+// The output is the root's only: the other ranks may pass any tensor, an empty one too; it is
+// neither checked nor written. In place: the root passes as input its own slot of the output
+// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
+//
+// Up to 64 KiB in all, the blocks go up a binomial tree (ceil(log2 p) hops); larger ones go
+// straight to the root (detail/rooted.hpp).
+
+
+// ---- herd/collectives/detail/rooted.hpp ----
+// Moving every rank's block to one root, or the root's blocks to every rank (gather, scatter, and
+// reduce's last step). Blocks may differ in size, and every rank knows every size.
+//
+// Small: a binomial tree over the ranks relative to the root (q = rank - root, mod p). The
+// parent of q is q without its lowest set bit; q's subtree is q .. q + lowbit(q) - 1 (the
+// root's: every rank), whose blocks lie side by side in relative order, so each rank sends or
+// receives its subtree's blocks in one message: ceil(log2 p) hops instead of p - 1 at the root.
+// Large: straight between the root and each rank, at most ring_window messages in flight at
+// the root, so that nothing is copied twice.
+
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+
+// Gathers and scatters of up to this many bytes in all take the tree.
+inline constexpr std::size_t rooted_tree_max_bytes = std::size_t{64} << 10;
+
+// The binomial tree of the ranks relative to `root`, with their blocks in relative order.
+struct rooted_tree {
+  int p;
+  int root;
+  int q;                            // this rank, relative to the root
+  int span;                         // lowbit(q): q's subtree is q .. min(q + span, p) - 1; the root's spans all
+  std::vector<std::size_t> offset;  // offset[j]: bytes before relative rank j's block; offset[p]: all
+
+  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
+      : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
+        offset(static_cast<std::size_t>(size) + 1, 0) {
+    while (span < p && (q & span) == 0) span <<= 1;
+    for (int j = 0; j < p; ++j) {
+      offset[static_cast<std::size_t>(j) + 1] = offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
+    }
+  }
+
+  int absolute(int j) const { return (j + root) % p; }
+  // Bytes of the blocks of relative ranks [from, to).
+  std::size_t bytes(int from, int to) const {
+    return offset[static_cast<std::size_t>(std::min(to, p))] - offset[static_cast<std::size_t>(from)];
+  }
+  std::size_t subtree_bytes() const { return bytes(q, q + span); }
+  bool leaf() const { return q != 0 && (span == 1 || q + 1 >= p); }
+  // Where relative rank j's block lies in this rank's subtree buffer.
+  std::size_t at(int j) const { return bytes(q, j); }
+};
+
+// Every rank's block (`mine`, bytes[rank] bytes) to the root, where `gathered` receives them all in
+// relative order (the root's own first, then root + 1, ...). Only the root's `gathered` is used.
+template <communicator C>
+void tree_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, std::byte* gathered) {
+  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
+  const int tag = comm.operations().data_tag();
+  if (t.leaf()) {  // nothing to collect: its own block straight to its parent
+    if (t.subtree_bytes() != 0) {
+      auto s = comm.isend(mine, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+      comm.wait(s);
+    }
+    return;
+  }
+  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), 0);
+  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
+  if (own != 0 && buffer != mine) std::memcpy(buffer, mine, own);
+  std::vector<typename C::request> receives;
+  for (int m = 1; m < t.span && t.q + m < t.p; m <<= 1) {
+    const int child = t.q + m;  // its subtree: child .. child + m - 1
+    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
+      receives.push_back(comm.irecv(buffer + t.at(child), n, t.absolute(child), tag));
+    }
+  }
+  for (auto& r : receives) comm.wait(r);
+  if (t.q != 0 && t.subtree_bytes() != 0) {
+    auto s = comm.isend(buffer, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+    comm.wait(s);
+  }
+}
+
+// The root's blocks (`scattered`, in relative order) to every rank's `mine` (bytes[rank] bytes).
+// Only the root's `scattered` is read.
+template <communicator C>
+void tree_scatter(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* scattered, std::byte* mine) {
+  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
+  const int tag = comm.operations().data_tag();
+  const std::byte* buffer = scattered;
+  if (t.q != 0) {
+    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), 0);  // a leaf's is its own block
+    if (t.subtree_bytes() != 0) {
+      auto r = comm.irecv(received, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+      comm.wait(r);
+    }
+    buffer = received;
+  }
+  std::vector<typename C::request> sends;
+  for (int m = t.span / 2; m >= 1; m >>= 1) {  // the largest subtree first: it has the longest way to go
+    const int child = t.q + m;
+    if (child >= t.p) continue;
+    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
+      sends.push_back(comm.isend(buffer + t.at(child), n, t.absolute(child), tag));
+    }
+  }
+  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
+  if (own != 0 && buffer != mine) std::memcpy(mine, buffer, own);
+  for (auto& s : sends) comm.wait(s);
+}
+
+// Every other rank's block straight to the root, into at(q); the root's own is the caller's.
+template <communicator C, class At>
+void direct_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, At at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  if (r != root) {
+    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
+      auto s = comm.isend(mine, n, root, tag);
+      comm.wait(s);
+    }
+    return;
+  }
+  std::deque<typename C::request> receives;
+  for (int k = 1; k < p; ++k) {
+    const int q = (root + k) % p;
+    const std::size_t n = bytes[static_cast<std::size_t>(q)];
+    if (n == 0) continue;
+    if (receives.size() == ring_window) {
+      comm.wait(receives.front());
+      receives.pop_front();
+    }
+    receives.push_back(comm.irecv(at(q), n, q, tag));
+  }
+  for (auto& rq : receives) comm.wait(rq);
+}
+
+// The root's block for every other rank, from at(q), straight to it; the root's own is the caller's.
+template <communicator C, class At>
+void direct_scatter(C& comm, int root, std::span<const std::size_t> bytes, std::byte* mine, At at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  if (r != root) {
+    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
+      auto rq = comm.irecv(mine, n, root, tag);
+      comm.wait(rq);
+    }
+    return;
+  }
+  std::deque<typename C::request> sends;
+  for (int k = 1; k < p; ++k) {
+    const int q = (root + k) % p;
+    const std::size_t n = bytes[static_cast<std::size_t>(q)];
+    if (n == 0) continue;
+    if (sends.size() == ring_window) {
+      comm.wait(sends.front());
+      sends.pop_front();
+    }
+    sends.push_back(comm.isend(at(q), n, q, tag));
+  }
+  for (auto& s : sends) comm.wait(s);
+}
+
+// The blocks of `bytes` (in rank order, at `from`) laid out in relative order from `root` at `to`,
+// or back (relative_to_absolute): two copies, as relative order is rank order rotated by root.
+inline void rotate_blocks(std::span<const std::size_t> bytes, int root, const std::byte* from, std::byte* to,
+                          bool relative_to_absolute) {
+  std::size_t before = 0;  // bytes of ranks 0 .. root - 1
+  std::size_t total = 0;
+  for (std::size_t q = 0; q < bytes.size(); ++q) {
+    if (q < static_cast<std::size_t>(root)) before += bytes[q];
+    total += bytes[q];
+  }
+  const std::size_t after = total - before;  // ranks root .. p - 1: the first in relative order
+  if (relative_to_absolute) {
+    if (after != 0) std::memcpy(to + before, from, after);
+    if (before != 0) std::memcpy(to, from + after, before);
+  } else {
+    if (after != 0) std::memcpy(to, from + before, after);
+    if (before != 0) std::memcpy(to + after, from, before);
+  }
+}
+
+}  // namespace herd::detail
+
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct gather_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;  // the root's; empty elsewhere
+  std::vector<std::size_t> counts;
+  int root = 0;
+  std::size_t total = 0;  // elements of the root's output
+
+  op_label label() const { return tensor_label(check.kind(), in); }
+};
+
+// `kind`: gather (equal counts) or gatherv.
+template <communicator C>
+gather_call prepare_gatherv(call_check check, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts,
+                            C& comm, int root) {
+  const int r = comm.rank();
+  const bool at_root = r == root;
+  check.require_valid("input", in);
+  check.require_root(root);
+  if (at_root) {
+    check.require_valid("output", out);
+    check.require_same_dtype(in, out);
+  }
+  require_one_per_rank(check, "per-rank counts", counts, comm.size());
+  std::size_t total = 0;
+  std::size_t before = 0;
+  if (check.ok()) {
+    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
+    check.require_count("input", in.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
+    if (at_root) check.require_count("output", out.count, total, "the sum of the per-rank counts");
+  }
+  if (at_root) {
+    auto* base = static_cast<std::byte*>(out.data);
+    check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * size_of(in.type),
+                           "this rank's own slot of the output (in place)");
+  }
+  require_host_tensor(check, "input", in, name(check.kind()));
+  if (at_root) require_host_tensor(check, "output", out, name(check.kind()));
+  gather_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
+  call.total = total;
+  return call;
+}
+
+template <communicator C>
+void gather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(in.type);
+  std::vector<std::size_t> bytes(counts.size());
+  std::vector<std::size_t> offset(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    bytes[q] = counts[q] * es;
+    offset[q + 1] = offset[q] + bytes[q];
+  }
+  const auto* mine = static_cast<const std::byte*>(in.data);
+  auto* base = static_cast<std::byte*>(out.data);  // the root's
+  const bool at_root = comm.rank() == root;
+  if (offset.back() == 0) return;
+  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
+    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), 1);
+    tree_gather(comm, root, bytes, mine, gathered);
+    if (at_root && root != 0) rotate_blocks(bytes, root, gathered, base, true);
+    return;
+  }
+  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(base + offset[r], mine, bytes[r]);
+  direct_gather(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
+}
+
+template <communicator C> void run_gatherv(C& comm, const gather_call& call) {
+  const auto& check = call.check;
+  signature mine;
+  mine.type = call.in.type;
+  mine.count = check.kind() == op_kind::gather ? call.in.count : call.total;
+  mine.layout = check.kind() == op_kind::gatherv ? hash_counts(call.counts) : 0;
+  mine.root = call.root;
+  mine.memory = call.in.device.type;
+  agree(comm, mine, check);
+  gather_host(comm, call.in, call.out, call.counts, call.root);
+}
+
+template <class In, class Out, communicator C> gather_call gather_call_of(const In& input, Out& output, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::gather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
+  if (comm.rank() == root) {
+    check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
+  }
+  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
+}
+
+template <class In, class Out, communicator C>
+gather_call gatherv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::gatherv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
+  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// On `root`, `output` (comm.size() times the input's elements) receives every rank's `input`, in
+// rank order. Elsewhere `output` is ignored.
+template <class In, class Out, communicator C> void gather(const In& input, Out& output, C& comm, int root = 0) {
+  const auto call = detail::gather_call_of(input, output, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
+}
+
+// Ranks contribute different counts; `counts` lists them and must be the same on every rank.
+template <class In, class Out, communicator C>
+void gatherv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
+  const auto call = detail::gatherv_call_of(input, output, counts, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle gather_async(const In& input, Out& output, C& comm, int root = 0) {
+  auto call = detail::gather_call_of(input, output, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle gatherv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
+                                   int root = 0) {
+  auto call = detail::gatherv_call_of(input, output, counts, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/collectives/object.hpp ----
+// herd::allgather_object and herd::broadcast_object: host values rather than tensors, as Horovod's
+// functions of those names (which pickle; herd copies bytes).
+//
+//   std::vector<std::string> hosts = herd::allgather_object(my_host, comm);   // every rank's, in rank order
+//   herd::broadcast_object(config, comm, /*root=*/0);                        // every rank ends with the root's
+//
+// A value is of a trivially copyable type (not a pointer), a std::string, or a std::vector of
+// these (nested too); any other type fails to compile, saying so. Values travel as bytes
+// (detail/serialize.hpp) in two operations, sizes then bytes (allgatherv; allgather and
+// broadcast), so they are checked across ranks as those are; ranks that pass values of
+// different types, or different roots, raise herd::error on every rank. On a communicator with
+// native collectives (nccl_communicator) they go over its control channel.
+
+
+// ---- herd/collectives/detail/serialize.hpp ----
+// The bytes of a host value, for allgather_object and broadcast_object: a trivially copyable
+// value as it lies in memory; a std::string or std::vector (of any of these) as its length and
+// then its elements. Every rank runs the same build, so no byte order or padding is converted.
+//
+// A fingerprint of the type's shape goes with the bytes, so that ranks passing different types
+// are told so instead of reading one another's bytes as their own.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+// FNV-1a over a few words.
+constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t word) {
+  for (int byte = 0; byte < 8; ++byte) {
+    h ^= (word >> (8 * byte)) & 0xffu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Reads the bytes back, refusing to read past their end.
+class object_reader {
+ public:
+  object_reader(const std::byte* data, std::size_t bytes) : data_(data), left_(bytes) {}
+
+  // n elements of `element_bytes` each.
+  const std::byte* take(std::uint64_t n, std::size_t element_bytes = 1) {
+    if (n > left_ / element_bytes) throw error("herd: a serialized object ends early; every rank must run the same build");
+    const std::byte* at = data_;
+    data_ += n * element_bytes;
+    left_ -= n * element_bytes;
+    return at;
+  }
+  std::uint64_t length() {
+    std::uint64_t n = 0;
+    std::memcpy(&n, take(sizeof n), sizeof n);
+    return n;
+  }
+  bool done() const { return left_ == 0; }
+
+ private:
+  const std::byte* data_;
+  std::size_t left_;
+};
+
+inline void write_length(std::vector<std::byte>& out, std::size_t n) {
+  const auto length = static_cast<std::uint64_t>(n);
+  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
+  out.insert(out.end(), bytes, bytes + sizeof length);
+}
+
+// object_codec<T>::supported says whether T has bytes; the others define fingerprint, write, read.
+template <class T> struct object_codec {
+  static constexpr bool supported = false;
+};
+
+// A pointer is trivially copyable, but means nothing on another rank.
+template <class T>
+  requires(std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T>)
+struct object_codec<T> {
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint =
+      mix(mix(mix(1469598103934665603ull, 't'), sizeof(T)),
+          alignof(T) | std::uint64_t{std::is_integral_v<T>} << 16 | std::uint64_t{std::is_floating_point_v<T>} << 17 |
+              std::uint64_t{std::is_signed_v<T>} << 18 | std::uint64_t{std::is_enum_v<T>} << 19);
+  static void write(const T& value, std::vector<std::byte>& out) {
+    const auto* bytes = reinterpret_cast<const std::byte*>(&value);
+    out.insert(out.end(), bytes, bytes + sizeof(T));
+  }
+  static void read(object_reader& in, T& value) { std::memcpy(&value, in.take(sizeof(T)), sizeof(T)); }
+};
+
+template <class Traits, class Allocator> struct object_codec<std::basic_string<char, Traits, Allocator>> {
+  using string = std::basic_string<char, Traits, Allocator>;
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint = mix(1469598103934665603ull, 's');
+  static void write(const string& value, std::vector<std::byte>& out) {
+    write_length(out, value.size());
+    const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
+    out.insert(out.end(), bytes, bytes + value.size());
+  }
+  static void read(object_reader& in, string& value) {
+    const std::uint64_t n = in.length();
+    const std::byte* at = in.take(n);
+    value.assign(reinterpret_cast<const char*>(at), n);
+  }
+};
+
+template <class U, class Allocator>
+  requires object_codec<U>::supported
+struct object_codec<std::vector<U, Allocator>> {
+  using vector = std::vector<U, Allocator>;
+  // Copied whole when its elements are trivially copyable (std::vector<bool> packs its bits: not).
+  static constexpr bool whole = std::is_trivially_copyable_v<U> && !std::is_same_v<U, bool>;
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint = mix(mix(1469598103934665603ull, 'v'), object_codec<U>::fingerprint);
+  static void write(const vector& value, std::vector<std::byte>& out) {
+    write_length(out, value.size());
+    if constexpr (whole) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
+      out.insert(out.end(), bytes, bytes + value.size() * sizeof(U));
+    } else {
+      for (const U& element : value) object_codec<U>::write(element, out);
+    }
+  }
+  static void read(object_reader& in, vector& value) {
+    const std::uint64_t n = in.length();
+    if constexpr (whole) {
+      const std::byte* at = in.take(n, sizeof(U));
+      value.resize(n);
+      if (n != 0) std::memcpy(value.data(), at, n * sizeof(U));
+    } else {
+      value.clear();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        U element{};
+        object_codec<U>::read(in, element);
+        value.push_back(std::move(element));
+      }
+    }
+  }
+};
+
+template <class T> inline constexpr bool serializable = object_codec<T>::supported;
+
+// The fingerprint of T followed by the bytes of `value`.
+template <class T> std::vector<std::byte> object_bytes(const T& value) {
+  std::vector<std::byte> out;
+  write_length(out, object_codec<T>::fingerprint);
+  object_codec<T>::write(value, out);
+  return out;
+}
+
+// The fingerprint at the start of an object's bytes.
+inline std::uint64_t fingerprint_of(const std::byte* data, std::size_t bytes) {
+  object_reader in(data, bytes);
+  return in.length();
+}
+
+// `value` from bytes object_bytes<T> made (the fingerprint already checked).
+template <class T> void read_object(const std::byte* data, std::size_t bytes, T& value) {
+  object_reader in(data, bytes);
+  in.length();
+  object_codec<T>::read(in, value);
+  if (!in.done()) throw error("herd: a serialized object has bytes left over; every rank must run the same build");
+}
+
+}  // namespace herd::detail
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// True for the types objects may have; otherwise it stops the compilation with herd's words alone
+// (the public functions compile their bodies only for those types).
+template <class T> constexpr bool require_object() {
+  static_assert(serializable<T>,
+                "herd::allgather_object and herd::broadcast_object take values of trivially copyable types (not "
+                "pointers), std::string, and std::vector of these; serialize other types into a std::string or a "
+                "std::vector<std::byte> first");
+  return serializable<T>;
+}
+
+template <class T, communicator C> std::vector<T> allgather_serialized(const T& value, C& comm) {
+  const std::vector<std::byte> mine = object_bytes(value);
+  std::vector<std::uint8_t> all;
+  const std::vector<std::size_t> counts =
+      allgatherv(const_buffer_view(mine.data(), mine.size(), dtype::u8), all, control_of(comm));
+  const auto* bytes = reinterpret_cast<const std::byte*>(all.data());
+  // Every rank holds the same bytes now, so every rank finds the same mismatch, if any.
+  std::size_t at = 0;
+  std::uint64_t first = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    const std::uint64_t fingerprint = fingerprint_of(bytes + at, counts[q]);
+    if (q == 0) first = fingerprint;
+    if (fingerprint != first) {
+      raise_agreed({"allgather_object", comm.rank(), comm.size()},
+                   "rank " + std::to_string(q) + " passed a value of another type than rank 0",
+                   "Every rank must pass a value of the same type");
+    }
+    at += counts[q];
+  }
+  std::vector<T> values;
+  values.reserve(counts.size());
+  at = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    T v{};
+    read_object(bytes + at, counts[q], v);
+    values.push_back(std::move(v));
+    at += counts[q];
+  }
+  return values;
+}
+
+template <class T, communicator C> void broadcast_serialized(T& value, C& comm, int root) {
+  const int p = comm.size();
+  std::vector<std::byte> bytes;
+  if (comm.rank() == root) bytes = object_bytes(value);
+  // Every rank's type, root, and (from the root) the size of the bytes, seen alike by every rank.
+  const std::int64_t mine[3] = {static_cast<std::int64_t>(object_codec<T>::fingerprint), root,
+                                static_cast<std::int64_t>(bytes.size())};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(p));
+  allgather(const_buffer_view(mine, 3, dtype::i64), all, control_of(comm));
+  const error_site site{"broadcast_object", comm.rank(), p};
+  auto of = [&](int q, std::size_t field) { return all[3 * static_cast<std::size_t>(q) + field]; };
+  for (int q = 1; q < p; ++q) {
+    if (of(q, 1) != of(0, 1)) {
+      std::string roots;
+      for (int r = 0; r < p && r < 16; ++r) roots += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + std::to_string(of(r, 1));
+      raise_agreed(site, "the root differs across ranks (" + roots + (p > 16 ? ", ...)" : ")"),
+                   "Every rank must pass the same root");
+    }
+  }
+  if (root < 0 || root >= p) {
+    raise_agreed(site, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(p) + ")");
+  }
+  for (int q = 1; q < p; ++q) {
+    if (of(q, 0) != of(0, 0)) {
+      raise_agreed(site, "rank " + std::to_string(q) + " passed a value of another type than rank 0",
+                   "Every rank must pass a value of the same type");
+    }
+  }
+  bytes.resize(static_cast<std::size_t>(of(root, 2)));
+  buffer_view wire{bytes.data(), bytes.size(), dtype::u8, device::cpu()};
+  broadcast(wire, control_of(comm), root);
+  if (comm.rank() != root) read_object(bytes.data(), bytes.size(), value);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Every rank's `value`, in rank order.
+template <class T, communicator C> std::vector<T> allgather_object(const T& value, C& comm) {
+  if constexpr (detail::require_object<T>()) return detail::allgather_serialized(value, comm);
+  else return {};
+}
+
+// `value` on every rank ends equal to `value` on `root`.
+template <class T, communicator C> void broadcast_object(T& value, C& comm, int root = 0) {
+  if constexpr (detail::require_object<T>()) detail::broadcast_serialized(value, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/collectives/reduce.hpp ----
+// herd::reduce: the root ends with the elementwise reduction of every rank's tensor (MPI_Reduce).
+//
+//   herd::reduce(grad, sum, comm);                                   // sum on rank 0
+//   herd::reduce(grad, sum, comm, herd::reduce_op::avg, /*root=*/2);
+//   herd::handle h = herd::reduce_async(grad, sum, comm);            // h.wait() finishes it
+//
+// The output is the root's only: the other ranks may pass any tensor, an empty one too; it is
+// neither checked nor written. In place: the root passes the same tensor as input and output.
+// avg is the sum divided by the ranks, as in allreduce. Host tensors only; on nccl_communicator it
+// does not compile.
+//
+// It combines the ranks' values in the order herd's allreduce does, so the root gets the bits an
+// allreduce would give it (except across several nodes, where allreduce is hierarchical): up to
+// 8 KiB (16 KiB through shared memory) every rank's tensor goes up a binomial tree and the root
+// combines them in rank order, as every rank does in the small allreduce; larger tensors are
+// reduce-scattered as the allreduce's first half does (the ring, or the node's shared memory) and
+// each rank's reduced chunk goes to the root.
+
+
+#include <cstring>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct reduce_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;  // the root's; empty elsewhere
+  reduce_op op;
+  int root = 0;
+
+  op_label label() const { return tensor_label(op_kind::reduce, in); }
+};
+
+template <communicator C>
+reduce_call prepare_reduce(call_check check, const_buffer_view in, buffer_view out, C& comm, reduce_op op, int root) {
+  const bool at_root = comm.rank() == root;
+  check.require_valid("input", in);
+  check.require_root(root);
+  check.require_op(in.type, op);
+  if (at_root) {
+    check.require_valid("output", out);
+    check.require_same_dtype(in, out);
+    check.require_count("output", out.count, in.count, "reduce writes as many elements as it reads");
+    check.require_disjoint(in, out, out.data, "the same tensor as input and output (in place)");
+  }
+  require_host_tensor(check, "input", in, "reduce");
+  if (at_root) require_host_tensor(check, "output", out, "reduce");
+  return {std::move(check), in, out, op, root};
+}
+
+// Small: every rank's tensor up the tree, combined at the root in rank order.
+template <communicator C>
+void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count, int root) {
+  const int p = comm.size();
+  const std::size_t bytes = count * size_of(type);
+  const std::vector<std::size_t> blocks(static_cast<std::size_t>(p), bytes);
+  std::byte* gathered = comm.rank() == root ? scratch(bytes * static_cast<std::size_t>(p), 1) : nullptr;
+  tree_gather(comm, root, blocks, in, gathered);
+  if (comm.rank() != root) return;
+  // Rank q's tensor is block q - root of the gathered ones (relative order).
+  reduce_in_rank_order(
+      type, op, out, p,
+      [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; }, count,
+      op == reduce_op::avg ? p : 0);
+}
+
+// Large: a reduce-scatter, then every rank's chunk to the root.
+template <communicator C>
+void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count, int root) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const bool at_root = comm.rank() == root;
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, p);
+  auto in_chunk = [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; };
+  // This rank's reduced chunk: in place in the root's output, elsewhere in scratch memory.
+  std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, 3);
+  if (shm_node* node = shared_node_of(comm)) {
+    shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
+  } else {
+    // Partial results of one step are forwarded during the next, so two staging blocks alternate.
+    std::byte* partial[2] = {scratch(chunks.longest() * es, 1), scratch(chunks.longest() * es, 2)};
+    ring_reduce_scatter(comm, type, op, chunks, comm.options().ring_segment_bytes, in_chunk,
+                        [&](int s, int) { return s == p - 2 ? mine : partial[s % 2]; });
+  }
+  std::vector<std::size_t> bytes(chunks.length.size());
+  for (std::size_t c = 0; c < bytes.size(); ++c) bytes[c] = chunks.length[c] * es;
+  direct_gather(comm, root, bytes, mine, [&](int c) { return out + chunks.offset[static_cast<std::size_t>(c)] * es; });
+}
+
+template <communicator C> void reduce_host(C& comm, const_buffer_view in, buffer_view out, reduce_op op, int root) {
+  const auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  if (in.count == 0) return;
+  if (comm.size() == 1) {  // the reduction of one tensor, avg included, is the tensor
+    if (dst != src) std::memcpy(dst, src, in.bytes());
+    return;
+  }
+  if (in.bytes() <= one_shot_bytes(comm)) return reduce_small(comm, in.type, op, src, dst, in.count, root);
+  reduce_large(comm, in.type, op, src, dst, in.count, root);
+}
+
+template <communicator C> void run_reduce(C& comm, const reduce_call& call) {
+  const auto& [check, in, out, op, root] = call;
+  signature mine;
+  mine.type = in.type;
+  mine.op = op;
+  mine.count = in.count;
+  mine.root = root;
+  mine.memory = in.device.type;
+  agree(comm, mine, check);
+  reduce_host(comm, in, out, op, root);
+}
+
+template <class In, class Out, communicator C>
+reduce_call reduce_call_of(const In& input, Out& output, C& comm, reduce_op op, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::reduce, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
+  return prepare_reduce(std::move(check), in, out, comm, op, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// On `root`, `output` (the input's dtype and size) receives the reduction over all ranks; elsewhere
+// `output` is ignored. `input` is unchanged (unless it is the root's output).
+template <class In, class Out, communicator C>
+void reduce(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum, int root = 0) {
+  const auto call = detail::reduce_call_of(input, output, comm, op, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_reduce(comm, call); });
+}
+
+// Starts the reduction; the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle reduce_async(const In& input, Out& output, C& comm, reduce_op op = reduce_op::sum, int root = 0) {
+  auto call = detail::reduce_call_of(input, output, comm, op, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_reduce(comm, call); });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
 // ---- herd/collectives/reduce_scatter.hpp ----
 // herd::reduce_scatter: the input holds comm.size() equal blocks; rank i ends with block i of
 // the reduction over all ranks (MPI_Reduce_scatter_block).
@@ -7264,6 +8579,180 @@ template <class In, class Out, communicator C>
   return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
     detail::run_reduce_scatter(comm, call, sync);
   });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+// ---- herd/collectives/scatter.hpp ----
+// herd::scatter and herd::scatterv: the root's tensor holds one block per rank, in rank order;
+// rank i ends with block i (MPI_Scatter, MPI_Scatterv).
+//
+//   herd::scatter(all, mine, comm, /*root=*/0);     // on the root, all.size() == mine.size() * comm.size()
+//   herd::scatterv(all, mine, counts, comm, 0);     // counts[i]: elements for rank i, the same list on every rank
+//   herd::handle h = herd::scatter_async(all, mine, comm, 0);   // h.wait() finishes it
+//
+// The input is the root's only: the other ranks may pass any tensor, an empty one too; it is
+// neither checked nor read. In place: the root passes as output its own slot of the input
+// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
+//
+// Up to 64 KiB in all, the blocks go down a binomial tree (ceil(log2 p) hops); larger ones go
+// straight from the root (detail/rooted.hpp).
+
+
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct scatter_call {
+  call_check check;
+  const_buffer_view in;  // the root's; empty elsewhere
+  buffer_view out;
+  std::vector<std::size_t> counts;
+  int root = 0;
+  std::size_t total = 0;  // elements of the root's input
+
+  op_label label() const { return tensor_label(check.kind(), const_buffer_view(out)); }
+};
+
+// `kind`: scatter (equal counts) or scatterv.
+template <communicator C>
+scatter_call prepare_scatterv(call_check check, const_buffer_view in, buffer_view out,
+                              std::span<const std::size_t> counts, C& comm, int root) {
+  const int r = comm.rank();
+  const bool at_root = r == root;
+  check.require_valid("output", out);
+  check.require_root(root);
+  if (at_root) {
+    check.require_valid("input", in);
+    check.require_same_dtype(in, out);
+  }
+  require_one_per_rank(check, "per-rank counts", counts, comm.size());
+  std::size_t total = 0;
+  std::size_t before = 0;
+  if (check.ok()) {
+    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
+    check.require_count("output", out.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
+    if (at_root) check.require_count("input", in.count, total, "the sum of the per-rank counts");
+  }
+  if (at_root) {
+    const auto* base = static_cast<const std::byte*>(in.data);
+    check.require_disjoint(out, in, base == nullptr ? nullptr : base + before * size_of(out.type),
+                           "this rank's own slot of the input (in place)");
+  }
+  if (at_root) require_host_tensor(check, "input", in, name(check.kind()));
+  require_host_tensor(check, "output", out, name(check.kind()));
+  scatter_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
+  call.total = total;
+  return call;
+}
+
+template <communicator C>
+void scatter_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(out.type);
+  std::vector<std::size_t> bytes(counts.size());
+  std::vector<std::size_t> offset(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    bytes[q] = counts[q] * es;
+    offset[q + 1] = offset[q] + bytes[q];
+  }
+  const auto* base = static_cast<const std::byte*>(in.data);  // the root's
+  auto* mine = static_cast<std::byte*>(out.data);
+  const bool at_root = comm.rank() == root;
+  if (offset.back() == 0) return;
+  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
+    const std::byte* scattered = base;
+    if (at_root && root != 0) {
+      std::byte* relative = scratch(offset.back(), 1);
+      rotate_blocks(bytes, root, base, relative, false);
+      scattered = relative;
+    }
+    tree_scatter(comm, root, bytes, at_root ? scattered : nullptr, mine);
+    return;
+  }
+  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(mine, base + offset[r], bytes[r]);
+  direct_scatter(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
+}
+
+template <communicator C> void run_scatterv(C& comm, const scatter_call& call) {
+  const auto& check = call.check;
+  signature mine;
+  mine.type = call.out.type;
+  mine.count = check.kind() == op_kind::scatter ? call.out.count : call.total;
+  mine.layout = check.kind() == op_kind::scatterv ? hash_counts(call.counts) : 0;
+  mine.root = call.root;
+  mine.memory = call.out.device.type;
+  agree(comm, mine, check);
+  scatter_host(comm, call.in, call.out, call.counts, call.root);
+}
+
+template <class In, class Out, communicator C>
+scatter_call scatter_call_of(const In& input, Out& output, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::scatter, comm.rank(), comm.size());
+  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
+  const buffer_view out = check.view("output", output);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), out.count);
+  if (comm.rank() == root) {
+    check.require_count("input", in.count, out.count * counts.size(), "the output's elements times the ranks");
+  }
+  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
+}
+
+template <class In, class Out, communicator C>
+scatter_call scatterv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::scatterv, comm.rank(), comm.size());
+  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
+  const buffer_view out = check.view("output", output);
+  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Rank i's `output` receives block i of the root's `input` (comm.size() blocks of the output's
+// size). Elsewhere than on the root `input` is ignored.
+template <class In, class Out, communicator C> void scatter(const In& input, Out& output, C& comm, int root = 0) {
+  const auto call = detail::scatter_call_of(input, output, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
+}
+
+// Blocks of different counts; `counts` lists them and must be the same on every rank.
+template <class In, class Out, communicator C>
+void scatterv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
+  const auto call = detail::scatterv_call_of(input, output, counts, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle scatter_async(const In& input, Out& output, C& comm, int root = 0) {
+  auto call = detail::scatter_call_of(input, output, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle scatterv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
+                                    int root = 0) {
+  auto call = detail::scatterv_call_of(input, output, counts, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -8054,11 +9543,9 @@ class adamw {
 //
 //   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step
 //   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
-//   herd::broadcast_object(epoch, comm, 0);                    // trivially copyable values, strings, vectors of them
+//   herd::broadcast_object(epoch, comm, 0);                    // collectives/object.hpp: values, strings, vectors
 //
 // Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
-// Host values (broadcast_object) travel over the communicator's control channel, so all of these
-// work on an nccl_communicator too.
 
 
 // ---- herd/optim/detail/same_tensors.hpp ----
@@ -8164,9 +9651,6 @@ template <class Optimizer, class F> void visit_optimizer_state(Optimizer& opt, F
 
 }  // namespace herd
 
-#include <cstdint>
-#include <string>
-#include <type_traits>
 #include <vector>
 
 namespace herd {
@@ -8182,31 +9666,6 @@ template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimi
   visit_optimizer_state(opt, [&](const auto&, buffer_view v) { state.push_back(v); });
   detail::require_same_tensors(state, comm, "broadcast_optimizer_state", "optimizer state tensor");
   for (buffer_view s : state) broadcast(s, comm, root);
-}
-
-template <class T, communicator C>
-  requires std::is_trivially_copyable_v<T>
-void broadcast_object(T& value, C& comm, int root = 0) {
-  buffer_view bytes{&value, sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, detail::control_of(comm), root);  // host memory: over the control channel
-}
-
-template <communicator C> void broadcast_object(std::string& text, C& comm, int root = 0) {
-  auto length = static_cast<std::int64_t>(text.size());
-  broadcast_object(length, comm, root);
-  text.resize(static_cast<std::size_t>(length));
-  buffer_view bytes{text.data(), text.size(), dtype::u8, device::cpu()};
-  broadcast(bytes, detail::control_of(comm), root);
-}
-
-template <class T, class Allocator, communicator C>
-  requires std::is_trivially_copyable_v<T>
-void broadcast_object(std::vector<T, Allocator>& values, C& comm, int root = 0) {
-  auto length = static_cast<std::int64_t>(values.size());
-  broadcast_object(length, comm, root);
-  values.resize(static_cast<std::size_t>(length));
-  buffer_view bytes{values.data(), values.size() * sizeof(T), dtype::u8, device::cpu()};
-  broadcast(bytes, detail::control_of(comm), root);
 }
 
 HERD_CONFIG_NAMESPACE_END

@@ -11,6 +11,10 @@
 // communicator's next sequence number, starts with a cross-rank agreement, and, if it fails after
 // that agreement, aborts the communicator. operations() holds that state; abort() runs the
 // transport's part of an abort (telling the peers, settling requests still in flight).
+//
+// split(herd::no_color, key) leaves a rank out, as MPI_UNDEFINED does (so does a subset() that does
+// not list it): what it gets back is not a member (is_member() false, rank() -1, size() 0), and
+// every operation on it raises herd::error.
 
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/core/device.hpp>
@@ -19,10 +23,14 @@
 
 #include <concepts>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 
 namespace herd {
+
+// The color that leaves a rank out of split(). Other negative colors are an error on every rank.
+inline constexpr int no_color = std::numeric_limits<int>::min();
 
 template <class C>
 concept communicator = std::movable<C> && requires(C& c, const C& cc, typename C::request& req, void* buf,
@@ -44,6 +52,14 @@ concept communicator = std::movable<C> && requires(C& c, const C& cc, typename C
 };
 
 namespace detail {
+
+// What every operation on a communicator this rank is not a member of raises.
+[[noreturn]] inline void raise_not_member(std::string_view operation) {
+  raise({operation, -1, 0},
+        "this rank is not a member of this communicator (split() left it out with herd::no_color, or subset() did not "
+        "list it)",
+        "Call operations only on communicators this rank belongs to; comm.is_member() tells");
+}
 
 inline void check_peer(const char* operation, int rank, int size, int peer) {
   if (peer < 0 || peer >= size) {

@@ -13,6 +13,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/operation.hpp>
+#include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 
 #include <algorithm>
@@ -176,11 +177,14 @@ class world {
 
   waiter& waiter_of(int rank) noexcept { return waiters_[static_cast<std::size_t>(rank)]; }
 
-  // The world that ranks of this one calling their n-th split with `color` share. Every member
-  // calls it once; the first creates it.
+  // The world that ranks of this one calling their n-th split with `color` share. Every rank
+  // calls it once per split; the first member creates it. A rank left out (no_color) gets none,
+  // but its split is counted, so that its next split meets the others'.
   std::shared_ptr<world> split_world(int rank, int color, int members) {
     std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_splits_, std::make_pair(splits_[static_cast<std::size_t>(rank)]++, color), members);
+    const int n = splits_[static_cast<std::size_t>(rank)]++;
+    if (color == no_color) return nullptr;
+    return shared_world(pending_splits_, std::make_pair(n, color), members);
   }
 
   // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
@@ -301,8 +305,10 @@ class local_communicator {
   // Waits for this rank's queued operations, then tells the other ranks it has left.
   ~local_communicator() { leave(); }
 
+  // A rank left out of a split gets a communicator it is not a member of: rank -1, size 0.
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return world_ ? world_->size() : 1; }
+  int size() const noexcept { return world_ ? world_->size() : member_ ? 1 : 0; }
+  bool is_member() const noexcept { return member_; }
   const comm_options& options() const { return state().options(); }
   bool supports(device d) const noexcept { return d.is_cpu(); }
   detail::operation_state& operations() { return state(); }
@@ -362,6 +368,7 @@ class local_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
+    state();
     if (world_->failed()) fail_with_world();
     if (!ops_->in_operation()) return;
     if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
@@ -377,42 +384,22 @@ class local_communicator {
     wait(sr);
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
-  // operation of this communicator: every rank calls it.
-  local_communicator split(int color, int key) const {
-    auto& self = const_cast<local_communicator&>(*this);
-    std::shared_ptr<detail::local::world> part;
-    int new_rank = 0;
-    detail::run_operation(self, {detail::op_kind::split}, [&] {
-      const int mine[2] = {color, key};
-      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
-      const int n = size();
-      auto pair_of = [&](int r) {
-        int pair[2];
-        std::memcpy(pair, all.payload(r), sizeof pair);
-        return std::make_pair(pair[0], pair[1]);
-      };
-      for (int r = 0; r < n; ++r) {
-        if (pair_of(r).first < 0) {
-          detail::raise_agreed({"split", rank_, n}, "rank " + std::to_string(r) + " passed the negative color " +
-                                                        std::to_string(pair_of(r).first),
-                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
-        }
-      }
-      std::vector<int> members;
-      for (int r = 0; r < n; ++r)
-        if (pair_of(r).first == color) members.push_back(r);
-      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return pair_of(a).second < pair_of(b).second; });
-      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      part = world_->split_world(rank_, color, static_cast<int>(members.size()));
-    });
-    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here; a
+  // rank passing herd::no_color gets one it is not a member of. An operation of this
+  // communicator: every rank calls it.
+  local_communicator split(int color, int key) const { return split_by(detail::op_kind::split, {color, key}, {}); }
+
+  // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
+  // others get one they are not members of. Every rank calls it, with the same list.
+  local_communicator subset(const std::vector<int>& ranks) const {
+    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
   }
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   local_communicator renew() const { return renew(options()); }
   local_communicator renew(const comm_options& options) const {
+    state();
     return local_communicator(world_->renewed_world(rank_), rank_, options);
   }
 
@@ -432,11 +419,29 @@ class local_communicator {
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+  struct outside_tag {};
+  explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
+
+  // split and subset: a split operation of this communicator with this rank's request.
+  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+    auto& self = const_cast<local_communicator&>(*this);
+    std::shared_ptr<detail::local::world> part;
+    int new_rank = -1;
+    detail::run_operation(self, {kind}, [&] {
+      const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
+      const std::vector<int> members = detail::split_members(all, mine.color);
+      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
+    });
+    if (!part) return local_communicator(outside_tag{});
+    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+  }
 
   void take(local_communicator& other) noexcept {
     if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
     world_ = std::move(other.world_);
     rank_ = other.rank_;
+    member_ = other.member_;
     ops_ = std::move(other.ops_);
   }
 
@@ -450,6 +455,7 @@ class local_communicator {
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
   detail::operation_state& state() const {
+    if (!member_) detail::raise_not_member("local_communicator");
     if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
     return *ops_;
   }
@@ -490,6 +496,7 @@ class local_communicator {
 
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
+  bool member_ = true;
   std::unique_ptr<detail::operation_state> ops_;
 };
 

@@ -17,6 +17,7 @@
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/shm.hpp>
+#include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 
 #include <mpi.h>
@@ -614,6 +615,10 @@ class mpi_communicator {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
     }
+    if (comm == MPI_COMM_NULL) {
+      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                  "leaves out). Create communicators only from one this rank belongs to.");
+    }
     make_state(options);
     int parent_rank = 0;
     int parent_size = 1;
@@ -653,6 +658,7 @@ class mpi_communicator {
     if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
     s_ = std::move(other.s_);
     across_ = std::move(other.across_);
+    member_ = other.member_;
   }
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
@@ -660,14 +666,18 @@ class mpi_communicator {
       if (other.s_) other.s_->ops.drain();
       s_ = std::move(other.s_);
       across_ = std::move(other.across_);
+      member_ = other.member_;
     }
     return *this;
   }
   // Waits for this rank's queued operations, then tells the other ranks it has left.
   ~mpi_communicator() { leave(); }
 
-  int rank() const noexcept { return s_ ? s_->rank : 0; }
-  int size() const noexcept { return s_ ? s_->size : 1; }
+  // A rank left out of a split gets a communicator it is not a member of: rank -1, size 0, and
+  // native() MPI_COMM_NULL, as MPI_Comm_split gives it.
+  int rank() const noexcept { return s_ ? s_->rank : member_ ? 0 : -1; }
+  int size() const noexcept { return s_ ? s_->size : member_ ? 1 : 0; }
+  bool is_member() const noexcept { return member_; }
   MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
   const comm_options& options() const { return state().ops.options(); }
   detail::operation_state& operations() { return state().ops; }
@@ -728,7 +738,7 @@ class mpi_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
-    s_->poll_notices();
+    state().poll_notices();
     if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
       detail::raise(site(), why, "");
     }
@@ -742,33 +752,25 @@ class mpi_communicator {
     wait(sr);
   }
 
-  // Ranks passing the same color form a new communicator, ordered by key then by rank here. An
-  // operation of this communicator: every rank calls it, and the colors are agreed first, so that
-  // a bad color on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
-  mpi_communicator split(int color, int key) const {
-    auto& self = const_cast<mpi_communicator&>(*this);
-    MPI_Comm part = MPI_COMM_NULL;
-    detail::run_operation(self, {detail::op_kind::split}, [&] {
-      const int mine[2] = {color, key};
-      const detail::exchanged all = detail::agree_identity(self, mine, sizeof mine);
-      for (int r = 0; r < size(); ++r) {
-        int pair[2];
-        std::memcpy(pair, all.payload(r), sizeof pair);
-        if (pair[0] < 0) {
-          detail::raise_agreed({"split", rank(), size()}, "rank " + std::to_string(r) + " passed the negative color " +
-                                                                std::to_string(pair[0]),
-                               "Pass a color >= 0 on every rank; ranks with equal colors end up in the same communicator");
-        }
-      }
-      check(MPI_Comm_split(native(), color, key, &part), "MPI_Comm_split");
-    });
-    return mpi_communicator(part, options(), adopt_tag{});
+  // Ranks passing the same color form a new communicator, ordered by key then by rank here; a
+  // rank passing herd::no_color gets one it is not a member of (MPI_UNDEFINED). An operation of
+  // this communicator: every rank calls it, and the colors are agreed first, so that a bad color
+  // on one rank raises on every rank instead of leaving the others in MPI_Comm_split.
+  mpi_communicator split(int color, int key) const { return split_by(detail::op_kind::split, {color, key}, {}); }
+
+  // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
+  // others get one they are not members of. Every rank calls it, with the same list.
+  mpi_communicator subset(const std::vector<int>& ranks) const {
+    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank()), ranks);
   }
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
   // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   mpi_communicator renew() const { return renew(options()); }
-  mpi_communicator renew(const comm_options& options) const { return mpi_communicator(native(), options); }
+  mpi_communicator renew(const comm_options& options) const {
+    state();
+    return mpi_communicator(native(), options);
+  }
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
@@ -831,6 +833,21 @@ class mpi_communicator {
       detail::retire(std::move(s_));
       throw;
     }
+  }
+  struct outside_tag {};
+  explicit mpi_communicator(outside_tag) : member_(false) {}
+
+  // split and subset: a split operation of this communicator with this rank's request.
+  mpi_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+    auto& self = const_cast<mpi_communicator&>(*this);
+    MPI_Comm part = MPI_COMM_NULL;
+    detail::run_operation(self, {kind}, [&] {
+      detail::agree_split(self, mine, ranks);
+      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
+            "MPI_Comm_split");
+    });
+    if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
+    return mpi_communicator(part, options(), adopt_tag{});
   }
 
   // The creation's last part, after its agreement (every rank is here): finds the ranks that share
@@ -974,6 +991,7 @@ class mpi_communicator {
 
   detail::mpi_state& state() const {
     if (!s_) {
+      if (!member_) detail::raise_not_member("mpi_communicator");
       throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
     }
     return *s_;
@@ -1048,6 +1066,7 @@ class mpi_communicator {
 
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
+  bool member_ = true;
 };
 
 }  // namespace herd

@@ -41,6 +41,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace herd {
 namespace detail {
@@ -216,10 +217,12 @@ class nccl_communicator {
     wait(r);
   }
 
-  nccl_communicator split(int color, int key) const {
-    const mpi_communicator part = control_.split(color, key);
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
-  }
+  // The ranks of a split (or subset) of control(), on the same GPUs: a new NCCL communicator of
+  // them. A rank left out (herd::no_color) gets one it is not a member of, as with NCCL's
+  // NCCL_SPLIT_NOCOLOR: rank -1, size 0, every operation an error.
+  nccl_communicator split(int color, int key) const { return of_part(control_.split(color, key)); }
+  nccl_communicator subset(const std::vector<int>& ranks) const { return of_part(control_.subset(ranks)); }
+  bool is_member() const noexcept { return control_.is_member(); }
 
   // A new communicator of the same ranks and GPU: how ranks go on after an abort (NCCL's
   // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
@@ -307,6 +310,14 @@ class nccl_communicator {
   }
 
  private:
+  struct outside_tag {};
+  nccl_communicator(mpi_communicator outside, int device, outside_tag) : control_(std::move(outside)), device_(device) {}
+
+  nccl_communicator of_part(mpi_communicator part) const {
+    if (!part.is_member()) return nccl_communicator(std::move(part), device_, outside_tag{});
+    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+  }
+
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
   // event, for the caller's stream (cuda::current_stream()) when that is another stream.
   void order_after_caller() {

@@ -30,7 +30,10 @@ namespace herd::detail {
 // Accumulates the first local problem with a call's arguments, to be raised after the exchange.
 class call_check {
  public:
-  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
+  // A communicator of no ranks is one this rank is not a member of: no operation can start on it.
+  call_check(op_kind kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {
+    if (size < 1) raise_not_member(name(kind));
+  }
 
   bool ok() const noexcept { return what_.empty(); }
   const std::string& what() const noexcept { return what_; }

@@ -226,6 +226,9 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 15: return "a negative color";
     case 16: return "gradients it did not mark ready in this backward pass";
     case 17: return "optimizer state of another shard layout (another rank's or world size's zero_optimizer checkpoint)";
+    case 18: return "a tensor whose elements do not split into equal blocks, one per rank";
+    case 19: return "a list of per-rank counts (splits) with one entry too many or too few";
+    case 20: return "receive splits that differ from what the other ranks send it";
     default: return "invalid arguments";
   }
 }

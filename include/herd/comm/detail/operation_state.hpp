@@ -67,6 +67,14 @@ enum class op_kind : std::uint8_t {
   allgatherv,
   reduce_scatter,
   grouped_allreduce,
+  alltoall,
+  alltoallv,
+  gather,
+  gatherv,
+  scatter,
+  scatterv,
+  reduce,
+  subset,
 };
 
 constexpr const char* name(op_kind k) noexcept {
@@ -80,6 +88,14 @@ constexpr const char* name(op_kind k) noexcept {
     case op_kind::allgatherv: return "allgatherv";
     case op_kind::reduce_scatter: return "reduce_scatter";
     case op_kind::grouped_allreduce: return "grouped allreduce";
+    case op_kind::alltoall: return "alltoall";
+    case op_kind::alltoallv: return "alltoallv";
+    case op_kind::gather: return "gather";
+    case op_kind::gatherv: return "gatherv";
+    case op_kind::scatter: return "scatter";
+    case op_kind::scatterv: return "scatterv";
+    case op_kind::reduce: return "reduce";
+    case op_kind::subset: return "subset";
   }
   return "operation";
 }
