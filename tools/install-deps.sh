@@ -9,7 +9,8 @@
 # The flags combine.
 set -euo pipefail
 
-required=(g++ cmake make python3 mpich libmpich-dev doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist)
+required=(g++ cmake make python3 mpich libmpich-dev doctest-dev libeigen3-dev libxtensor-dev libarmadillo-dev
+          zlib1g-dev dataset-fashion-mnist)
 optional=()
 for flag in "$@"; do
   case "$flag" in
