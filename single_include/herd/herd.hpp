@@ -9672,37 +9672,319 @@ HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 // ---- herd/optim/checkpoint.hpp ----
-// herd::checkpoint: a named set of tensors and plain values that one rank saves to a file and
-// every rank restores.
-//
+// herd::checkpoint: tensors and plain values by name, that one rank saves and every rank restores.
 //   herd::checkpoint state;
-//   state.add("weights", weights).add("momentum", momentum).add_value("epoch", epoch);
-//   state.save("run/state.herd", comm);             // rank 0 writes; every rank returns together
-//   if (!state.load("run/state.herd", comm)) {...}  // rank 0 reads; every rank ends with its values
+//   state.add("weights", weights, {256, 784}).add("momentum", momentum).add_value("epoch", epoch);
+//   state.save("run/state.safetensors", comm);             // rank 0 writes; every rank returns together
+//   if (!state.load("run/state.safetensors", comm)) {...}  // rank 0 reads; every rank ends with its values
 //
+// The file is a safetensors file (optim/detail/safetensors.hpp): Python's safetensors package and
+// PyTorch open it, and a safetensors file from PyTorch loads here by name. herd's metadata:
+// "herd.checksum" (first, so that its 16 hex digits have a fixed place): "fnv1a64:" and FNV-1a 64
+// of the whole file with those digits read as '0'; "herd.checkpoint": "1", the version of these
+// rules; "herd.values": a JSON array of the names saved with add_value, as U8 tensors of their bytes.
 // save() writes a temporary file next to the target, syncs it and renames it over the target, so
-// a writer killed at any moment leaves the previous checkpoint whole. load() checks the whole file
-// (structure, checksum, the set of entries, each entry's dtype and size) before it writes into any
-// registered tensor. Only host memory is saved; POSIX only (fsync, rename).
-//
-// File format, version 1. Integers are little-endian; tensor and value bytes are the host's memory
-// as it is (so a checkpoint moves between machines of one byte order).
-//   magic      8 bytes  "HERDCKPT"
-//   version    u32      1
-//   entries    u64
-//   per entry, in the order they were added:
-//     name     u32 length, then that many bytes (no terminator)
-//     kind     u8       0: tensor, 1: value
-//     dtype    u8       a herd::dtype for a tensor, 0xff for a value
-//     count    u64      elements of a tensor, bytes of a value
-//     data     count * size_of(dtype) bytes for a tensor, count bytes for a value
-//   checksum   u64      FNV-1a 64 of every byte before it
+// a writer killed at any moment leaves the previous checkpoint whole. load() reads the file into
+// memory and checks it whole (structure, checksum, the set of entries, each entry's dtype and
+// element count) before it writes into any registered tensor; a file without herd's metadata gets
+// every check but the checksum. Only host memory is saved; POSIX only (fsync, rename).
 
+
+// ---- herd/optim/detail/safetensors.hpp ----
+// The safetensors file format (huggingface/safetensors), which herd::checkpoint writes and reads:
+//   u64 N (little-endian) | N bytes of a JSON object, padded with spaces | the data section
+// Each member of the object but "__metadata__" (an object of strings) describes a tensor,
+//   "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
+// whose bytes (little-endian, row-major) are [begin, end) of the data section. The tensors tile
+// the data section from its first byte to its last, as the reference reader demands.
+
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace herd::detail::safetensors {
+
+static_assert(std::endian::native == std::endian::little,
+              "herd: checkpoints are safetensors files, whose data is little-endian, and herd writes memory as it is");
+
+struct tensor_info {
+  std::string name;
+  std::string dtype;  // as the file spells it: "F32", "BF16", ...
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0;  // [begin, end): its bytes in the data section
+  std::uint64_t end = 0;
+};
+
+struct header {
+  std::map<std::string, std::string, std::less<>> metadata;
+  std::vector<tensor_info> tensors;  // by offset
+  std::uint64_t data_bytes = 0;      // where the last tensor ends
+};
+
+// What is wrong with a header; the caller names the file.
+struct malformed {
+  std::string what;
+};
+
+constexpr std::string_view dtype_name(dtype t) noexcept {
+  constexpr std::string_view names[] = {"F16", "BF16", "F32", "F64", "I8", "U8", "I32", "I64"};  // herd::dtype's order
+  return names[static_cast<std::size_t>(t)];
+}
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name it does not know.
+inline std::uint64_t element_bytes(std::string_view name) {
+  constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
+      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8}};
+  const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
+  return it == std::end(sizes) ? 0 : it->second;
+}
+
+// The product of `shape`; nullopt if it overflows.
+inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::uint64_t d : shape) {
+    if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
+    n *= d;
+  }
+  return n;
+}
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+inline bool is_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+    if (n == 0 || n > text.size() - i) return false;
+    const auto second = static_cast<unsigned char>(n > 1 ? text[i + 1] : 0x80);
+    if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
+        (c == 0xf4 && second > 0x8f)) {
+      return false;
+    }
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
+// messages, since a damaged file can hold any bytes where a name should be).
+inline std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    char escaped[7] = {'\\', c, '\0'};
+    const bool control = static_cast<unsigned char>(c) < 0x20;
+    if (control) std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+    out += control || c == '"' || c == '\\' ? escaped : std::string(1, c);
+  }
+  return out + "\"";
+}
+
+// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
+// of 8 bytes so that the data section starts aligned.
+inline std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                 const std::vector<tensor_info>& tensors) {
+  std::string out = "{\"__metadata__\":{";
+  for (const auto& [key, value] : metadata) {
+    out += (out.back() == '{' ? "" : ",") + json_string(key) + ":" + json_string(value);
+  }
+  out += "}";
+  for (const tensor_info& t : tensors) {
+    out += "," + json_string(t.name) + ":{\"dtype\":" + json_string(t.dtype) + ",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
+    out += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
+  }
+  out += "}";
+  out.resize((out.size() + 7) / 8 * 8, ' ');
+  return out;
+}
+
+// A reader of the JSON that safetensors headers hold: objects, arrays, strings and non-negative
+// integers. true, false, null and other numbers have no place in the format and are refused.
+class json_reader {
+ public:
+  explicit json_reader(std::string_view text) : text_(text) {}
+
+  // Calls member(key) for each member of an object, element() for each element of an array;
+  // they read the value.
+  template <class F> void object(F&& member) {
+    sequence('{', '}', [&] {
+      std::string key = string();
+      expect(':');
+      member(std::move(key));
+    });
+  }
+  template <class F> void array(F&& element) { sequence('[', ']', element); }
+
+  std::string string() {
+    expect('"');
+    std::string out;
+    constexpr std::string_view escapes = "\"\"\\\\//b\bf\fn\nr\rt\t";  // pairs: escape, character
+    while (at_ < text_.size() && text_[at_] != '"') {
+      const char c = text_[at_++];
+      const std::size_t k = c == '\\' && at_ < text_.size() ? escapes.find(text_[at_++]) : std::string_view::npos;
+      if (static_cast<unsigned char>(c) < 0x20) fail("a string holds a control character");
+      if (c != '\\') out += c;
+      else if (text_[at_ - 1] == 'u') out += code_point();
+      else if (k % 2 == 0) out += escapes[k + 1];
+      else fail("a string holds an invalid escape");
+    }
+    if (!next_is('"')) fail("a string is not closed");
+    return out;
+  }
+
+  std::uint64_t integer() {
+    skip_space();
+    std::uint64_t value = 0;
+    const char *first = text_.data() + at_, *end = text_.data() + text_.size();
+    const auto [last, error] = std::from_chars(first, end, value);
+    if (error == std::errc::result_out_of_range) fail("an integer is too large");
+    if (error != std::errc() || (*first == '0' && last - first > 1) ||
+        (last != end && (*last == '.' || (*last | 0x20) == 'e'))) {
+      fail("expected a non-negative integer (without leading zeros)");
+    }
+    at_ += static_cast<std::size_t>(last - first);
+    return value;
+  }
+
+  // Only white space may follow.
+  void end() {
+    skip_space();
+    if (at_ != text_.size()) fail("unexpected text after the object");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw malformed{"its header is not valid JSON: " + what + " (at byte " + std::to_string(at_) + " of the header)"};
+  }
+
+  template <class F> void sequence(char open, char close, F&& each) {
+    expect(open);
+    if (next_is(close)) return;
+    do each();
+    while (next_is(','));
+    expect(close);
+  }
+
+  void skip_space() {
+    while (at_ < text_.size() && std::string_view(" \t\n\r").find(text_[at_]) != std::string_view::npos) ++at_;
+  }
+
+  bool next_is(char c) {
+    skip_space();
+    return at_ < text_.size() && text_[at_] == c && ++at_;
+  }
+
+  void expect(char c) {
+    if (!next_is(c)) fail(std::string("expected '") + c + "'");
+  }
+
+  // After "\u": one code point (two escapes for one past U+FFFF), in UTF-8.
+  std::string code_point() {
+    const auto unit = [&] {
+      std::uint32_t value = 0;
+      const char* first = text_.data() + std::min(at_, text_.size());
+      const char* last = text_.data() + std::min(at_ + 4, text_.size());
+      if (std::from_chars(first, last, value, 16).ptr != first + 4) fail("a \\u escape needs four hex digits");
+      at_ += 4;
+      return value;
+    };
+    std::uint32_t code = unit();
+    if (code >= 0xd800 && code <= 0xdbff && text_.substr(at_, 2) == "\\u") {
+      at_ += 2;
+      const std::uint32_t low = unit();
+      if (low >= 0xdc00 && low <= 0xdfff) code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+    }
+    if (code >= 0xd800 && code <= 0xdfff) fail("a \\u escape is a lone surrogate");
+    const int n = code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
+    constexpr std::uint32_t lead[] = {0, 0, 0xc0, 0xe0, 0xf0};
+    std::string out(1, static_cast<char>(lead[n] | (code >> (6 * (n - 1)))));
+    for (int i = n - 2; i >= 0; --i) out += static_cast<char>(0x80 | ((code >> (6 * i)) & 0x3f));
+    return out;
+  }
+
+  std::string_view text_;
+  std::size_t at_ = 0;
+};
+
+// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
+// fit each tensor's shape and dtype and tile the data section from its start.
+inline header parse_header(std::string_view text) {
+  if (!is_utf8(text)) throw malformed{"its header is not valid UTF-8"};
+  header h;
+  json_reader json(text);
+  std::set<std::string, std::less<>> names;
+  json.object([&](std::string name) {
+    if (!names.insert(name).second) throw malformed{"its header names " + json_string(name) + " twice"};
+    if (name == "__metadata__") {
+      return json.object([&](std::string key) {
+        if (!h.metadata.emplace(key, json.string()).second) throw malformed{"its metadata repeats " + json_string(key)};
+      });
+    }
+    const std::string which = "the tensor " + json_string(name);
+    tensor_info& t = h.tensors.emplace_back(tensor_info{std::move(name), {}, {}, 0, 0});
+    std::vector<std::uint64_t> offsets;
+    std::set<std::string, std::less<>> fields;
+    json.object([&](std::string field) {
+      if (field == "dtype") t.dtype = json.string();
+      else if (field == "shape") json.array([&] { t.shape.push_back(json.integer()); });
+      else if (field == "data_offsets") json.array([&] { offsets.push_back(json.integer()); });
+      else throw malformed{which + " has the unknown field " + json_string(field)};
+      if (!fields.insert(field).second) throw malformed{which + " repeats the field " + json_string(field)};
+    });
+    if (fields.size() != 3 || offsets.size() != 2) {
+      throw malformed{which + " needs \"dtype\", \"shape\" and \"data_offsets\" (two numbers)"};
+    }
+    t.begin = offsets[0];
+    t.end = offsets[1];
+    const std::uint64_t size = element_bytes(t.dtype);
+    const auto count = elements(t.shape);
+    if (size == 0) throw malformed{which + " has the dtype " + json_string(t.dtype) + ", unknown to herd"};
+    if (!count || *count > std::numeric_limits<std::uint64_t>::max() / size || t.end < t.begin ||
+        t.end - t.begin != *count * size) {
+      throw malformed{which + " has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                      "], which do not hold " + (count ? std::to_string(*count) : "too many") + " elements of " +
+                      t.dtype};
+    }
+  });
+  json.end();
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
+    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+  });
+  for (const tensor_info& t : h.tensors) {
+    if (t.begin != h.data_bytes) {
+      throw malformed{"the tensor " + json_string(t.name) + " starts at byte " + std::to_string(t.begin) +
+                      " of the data section, but the tensors before it end at byte " + std::to_string(h.data_bytes) +
+                      (t.begin < h.data_bytes ? " (they overlap)" : " (a gap)")};
+    }
+    h.data_bytes = t.end;
+  }
+  return h;
+}
+
+}  // namespace herd::detail::safetensors
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -9724,25 +10006,19 @@ HERD_CONFIG_NAMESPACE_END
 
 namespace herd {
 namespace detail {
-
 // Test hook: called after entry `entry_index` has been handed to the temporary file, so a test
 // can kill the writer half way through a save. Not for production use.
 inline void (*checkpoint_after_entry_hook)(std::size_t entry_index) = nullptr;
-
 }  // namespace detail
 
-// What herd::checkpoint is built from: the file format, the reader and writer, messages between ranks.
+// What herd::checkpoint is built from: herd's rules on top of the format, the writer and reader.
 namespace detail::ckpt {
 
-inline constexpr char magic_bytes[8] = {'H', 'E', 'R', 'D', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t format_version = 1;
-inline constexpr std::uint8_t value_dtype = 0xff;
-// Magic, version, entry count, checksum: a file shorter than this cannot be a checkpoint.
-inline constexpr std::uint64_t min_file_bytes = 8 + 4 + 8 + 8;
-// Name length, kind, dtype, count.
-inline constexpr std::uint64_t entry_header_bytes = 4 + 1 + 1 + 8;
+namespace st = detail::safetensors;
 
-enum class entry_kind : std::uint8_t { tensor = 0, value = 1 };
+inline constexpr char format_version[] = "1";
+inline constexpr std::string_view checksum_prefix = R"({"__metadata__":{"herd.checksum":"fnv1a64:)";
+inline constexpr std::size_t checksum_digits = 16;
 
 // A problem found before it is known which rank reports it. Thrown and caught inside this header
 // only; the public functions turn it into herd::error with their own error_site.
@@ -9751,92 +10027,23 @@ struct failure {
   std::string todo;
 };
 
-// One entry as the file (or a rank's registrations) describes it.
-struct record {
-  std::string name;
-  entry_kind kind = entry_kind::tensor;
-  std::uint8_t type = 0;  // herd::dtype's value, or value_dtype
-  std::uint64_t count = 0;
-  std::uint64_t offset = 0;  // of the data, in the file
-  std::uint64_t bytes = 0;   // of the data
-};
-
-struct fnv1a64 {
-  std::uint64_t state = 14695981039346656037ull;
-  void update(const void* data, std::size_t n) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) {
-      state ^= p[i];
-      state *= 1099511628211ull;
-    }
-  }
-};
-
-inline void append_le(std::vector<unsigned char>& out, std::uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<unsigned char>(value >> (8 * i)));
-}
-
-inline std::uint64_t load_le(const unsigned char* p, int bytes) noexcept {
-  std::uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= std::uint64_t{p[i]} << (8 * i);
-  return value;
+inline std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull) {
+  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return state;
 }
 
 inline std::string system_message(int code) { return std::generic_category().message(code); }
 
-// A name for a message: quoted, control bytes escaped and long names cut, since a damaged file
-// can hold any bytes where a name should be.
-inline std::string in_quotes(std::string_view name) {
-  constexpr std::size_t longest = 128;
-  std::string out = "\"";
-  for (std::size_t i = 0; i < name.size() && i < longest; ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') {
-      char escaped[5];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(c));
-      out += escaped;
-    } else {
-      out += name[i];
-    }
-  }
-  if (name.size() > longest) out += "...";
-  return out + "\"";
-}
-
-// "f32 tensor of 10 elements", "value of 8 bytes"
-inline std::string describe(const record& r) {
-  if (r.kind == entry_kind::value) return "value of " + std::to_string(r.count) + " bytes";
-  return std::string(name(static_cast<dtype>(r.type))) + " tensor of " + std::to_string(r.count) + " elements";
-}
-
-inline std::string damaged_todo() {
-  return "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
-         "after it was written (disk, copy, or another program)";
+inline std::string hex(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
 }
 
 [[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
-  throw failure{path.string() + " is damaged: " + detail, damaged_todo()};
-}
-
-// The entry header that precedes each entry's data, on disk and in the messages between ranks.
-inline void append_record_header(std::vector<unsigned char>& out, const record& r) {
-  append_le(out, r.name.size(), 4);
-  out.insert(out.end(), r.name.begin(), r.name.end());
-  out.push_back(static_cast<unsigned char>(r.kind));
-  out.push_back(r.type);
-  append_le(out, r.count, 8);
-}
-
-// Data bytes of a record, or nullopt if its kind, dtype or count is impossible.
-inline std::optional<std::uint64_t> record_bytes(const record& r) {
-  if (r.kind == entry_kind::value) {
-    if (r.type != value_dtype) return std::nullopt;
-    return r.count;
-  }
-  if (r.kind != entry_kind::tensor || !is_valid(static_cast<dtype>(r.type))) return std::nullopt;
-  const std::uint64_t element = size_of(static_cast<dtype>(r.type));
-  if (r.count > std::numeric_limits<std::uint64_t>::max() / element) return std::nullopt;
-  return r.count * element;
+  throw failure{path.string() + " is damaged: " + detail,
+                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
+                "after it was written (disk, copy, or another program)"};
 }
 
 struct file_closer {
@@ -9844,370 +10051,188 @@ struct file_closer {
 };
 using file_handle = std::unique_ptr<std::FILE, file_closer>;
 
-// Writes `records` with the data of `views` to a temporary file beside `path`, then renames it
-// over `path`. Until the rename, `path` keeps its previous content, whatever happens to this process.
-inline void write_file(const std::filesystem::path& path, const std::vector<record>& records,
-                       const std::vector<buffer_view>& views) {
+// Writes the length of `header`, `header` with its checksum filled in, and the data of `views` to
+// a temporary file beside `path`, then renames it over `path`. Until the rename, `path` keeps its
+// previous content, whatever happens to this process.
+inline void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
+  const std::uint64_t length = header.size();  // little-endian, as the host (safetensors.hpp)
+  // The file's hash with the digits as '0', as `header` holds them now.
+  std::uint64_t hash = fnv1a64(header.data(), header.size(), fnv1a64(&length, sizeof length));
+  for (const buffer_view& v : views) hash = fnv1a64(v.data, v.bytes(), hash);
+  header.replace(checksum_prefix.size(), checksum_digits, hex(hash));
+
   std::filesystem::path temporary = path;
   temporary += ".tmp-" + std::to_string(::getpid());
   file_handle file(std::fopen(temporary.c_str(), "wb"));
-  if (!file) {
-    const int code = errno;
+  if (const int code = errno; !file) {
     throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
                   "Check that the directory of " + path.string() + " exists and is writable"};
   }
-  bool renamed = false;
-  // A failed save leaves no temporary file behind.
-  struct cleanup {
-    file_handle& file;
-    const std::filesystem::path& temporary;
-    bool& renamed;
-    ~cleanup() {
-      file.reset();
-      if (!renamed) std::remove(temporary.c_str());
-    }
-  } guard{file, temporary, renamed};
-
   const auto fail_io = [&](const char* step) {
     const int code = errno;
+    file.reset();
+    std::remove(temporary.c_str());  // a failed save leaves no temporary file behind
     throw failure{"could not " + std::string(step) + " " + temporary.string() + " while saving " + path.string() +
                       ": " + system_message(code),
                   "Check free space and permissions; the previous checkpoint at " + path.string() + " is unchanged"};
   };
-  fnv1a64 hash;
   const auto write = [&](const void* data, std::size_t n) {
-    if (n == 0) return;
-    hash.update(data, n);
-    if (std::fwrite(data, 1, n, file.get()) != n) fail_io("write");
+    if (n != 0 && std::fwrite(data, 1, n, file.get()) != n) fail_io("write");
   };
-
-  std::vector<unsigned char> header(magic_bytes, magic_bytes + sizeof magic_bytes);
-  append_le(header, format_version, 4);
-  append_le(header, records.size(), 8);
+  write(&length, sizeof length);
   write(header.data(), header.size());
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    header.clear();
-    append_record_header(header, records[i]);
-    write(header.data(), header.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
     write(views[i].data, views[i].bytes());
     if (checkpoint_after_entry_hook) {
       std::fflush(file.get());  // so the temporary file holds what a real crash would leave
       checkpoint_after_entry_hook(i);
     }
   }
-  std::vector<unsigned char> checksum;
-  append_le(checksum, hash.state, 8);
-  if (std::fwrite(checksum.data(), 1, checksum.size(), file.get()) != checksum.size()) fail_io("write");
-  if (std::fflush(file.get()) != 0) fail_io("write");
-  if (::fsync(::fileno(file.get())) != 0) fail_io("sync");
+  if (std::fflush(file.get()) != 0 || ::fsync(::fileno(file.get())) != 0) fail_io("write and sync");
   if (std::fclose(file.release()) != 0) fail_io("close");
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int code = errno;
-    throw failure{"could not rename " + temporary.string() + " to " + path.string() + ": " + system_message(code),
-                  "Check that " + path.string() + " is not a directory and that its directory is writable"};
-  }
-  renamed = true;
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail_io("rename");
   // The rename lives in the directory: sync it too, or a power loss may bring back the old file.
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0 || ::fsync(dir) != 0) {
-    const int code = errno;
-    if (dir >= 0) ::close(dir);
+  const int code = dir < 0 || ::fsync(dir) != 0 ? errno : 0;
+  if (dir >= 0) ::close(dir);
+  if (code != 0) {
     throw failure{path.string() + " was written, but its directory could not be synced (" + system_message(code) +
                       "), so it may not survive a power loss",
                   "Check the file system; save again to be sure"};
   }
-  ::close(dir);
 }
 
-// Reads a checkpoint file in two passes over one open handle: scan() checks structure and
-// checksum without writing anywhere; fill() then reads the data into the destinations.
-class reader {
- public:
-  // nullopt if `path` does not exist.
-  static std::optional<reader> open(const std::filesystem::path& path) {
-    file_handle file(std::fopen(path.c_str(), "rb"));
-    if (!file) {
-      const int code = errno;
-      if (code == ENOENT) return std::nullopt;
-      throw failure{"cannot open " + path.string() + ": " + system_message(code), "Check the path and its permissions"};
-    }
-    struct stat info {};
-    if (::fstat(::fileno(file.get()), &info) != 0) {
-      const int code = errno;
-      throw failure{"cannot read the size of " + path.string() + ": " + system_message(code), "Check the file system"};
-    }
-    if (!S_ISREG(info.st_mode)) {
-      throw failure{path.string() + " is not a regular file", "Pass the path of a checkpoint file"};
-    }
-    return reader(path, std::move(file), static_cast<std::uint64_t>(info.st_size));
-  }
+// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
+struct file_contents {
+  std::string bytes;
+  std::size_t data_start = 0;
+  std::vector<st::tensor_info> tensors;  // by offset
+  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
 
-  // Every entry of the file, in file order, once the structure and the checksum check out.
-  std::vector<record> scan() {
-    if (size_ < min_file_bytes) {
-      fail_damaged(path_, "it is " + std::to_string(size_) + " bytes long, shorter than the smallest checkpoint (" +
-                              std::to_string(min_file_bytes) + " bytes); it is truncated");
-    }
-    restart();
-    unsigned char fixed[8 + 4 + 8];
-    read(fixed, sizeof fixed);
-    if (std::memcmp(fixed, magic_bytes, sizeof magic_bytes) != 0) {
-      throw failure{path_.string() + " is not a herd checkpoint (it does not start with \"HERDCKPT\")",
-                    "Check the path; if it did hold a checkpoint, it is damaged: delete it or restore it from a "
-                    "backup"};
-    }
-    const std::uint64_t version = load_le(fixed + 8, 4);
-    if (version != format_version) {
-      throw failure{path_.string() + " has checkpoint format version " + std::to_string(version) +
-                        "; this herd reads version " + std::to_string(format_version) +
-                        " (unless another herd release wrote it, the file is damaged)",
-                    "Load it with the herd release that wrote it, or delete it or restore it from a backup"};
-    }
-    const std::uint64_t entries = load_le(fixed + 12, 8);
-    if (entries > remaining() / entry_header_bytes) {
-      fail_damaged(path_, "it claims " + std::to_string(entries) + " entries, more than its " +
-                              std::to_string(remaining()) + " remaining bytes can hold");
-    }
-    std::vector<record> records;
-    std::map<std::string, std::size_t, std::less<>> seen;
-    for (std::uint64_t i = 0; i < entries; ++i) {
-      const std::string which = "entry " + std::to_string(i);
-      need(4, which);
-      unsigned char length[4];
-      read(length, 4);
-      const std::uint64_t name_bytes = load_le(length, 4);
-      need(name_bytes + entry_header_bytes - 4, which);
-      record r;
-      r.name.resize(static_cast<std::size_t>(name_bytes));
-      read(r.name.data(), r.name.size());
-      unsigned char rest[1 + 1 + 8];
-      read(rest, sizeof rest);
-      r.kind = static_cast<entry_kind>(rest[0]);
-      r.type = rest[1];
-      r.count = load_le(rest + 2, 8);
-      const std::string named = which + " (" + in_quotes(r.name) + ")";
-      const auto bytes = record_bytes(r);
-      if (!bytes) {
-        fail_damaged(path_, named + " has an impossible kind, dtype or size (kind " + std::to_string(rest[0]) +
-                                ", dtype " + std::to_string(rest[1]) + ", count " + std::to_string(r.count) + ")");
-      }
-      if (!seen.emplace(r.name, records.size()).second) fail_damaged(path_, named + " repeats an earlier name");
-      need(*bytes, named);
-      r.offset = position_;
-      r.bytes = *bytes;
-      skip(*bytes);
-      records.push_back(std::move(r));
-    }
-    if (remaining() != 0) {
-      fail_damaged(path_, std::to_string(remaining()) + " unexpected bytes follow its last entry");
-    }
-    unsigned char stored[8];
-    read_unhashed(stored, sizeof stored);
-    checksum_ = hash_.state;
-    if (load_le(stored, 8) != checksum_) {
-      fail_damaged(path_, "its checksum does not match its content (stored " + hex(load_le(stored, 8)) + ", computed " +
-                              hex(checksum_) + ")");
-    }
-    return records;
-  }
-
-  // Reads each record's data into destinations[i] (records and destinations as scan() and the
-  // caller paired them), checking the checksum again in case the file changed since scan().
-  void fill(const std::vector<record>& records, const std::vector<void*>& destinations) {
-    restart();
-    for (std::size_t i = 0; i < records.size(); ++i) {
-      skip(records[i].offset - position_);
-      read(destinations[i], static_cast<std::size_t>(records[i].bytes));
-    }
-    skip(remaining());
-    if (hash_.state != checksum_) {
-      throw failure{path_.string() + " changed while it was being loaded; the registered tensors now hold a mix "
-                                     "of old and new data",
-                    "Make sure no other program writes the file while it is loaded, and load again"};
+  // Copies each tensor's data into views[order[i]] (as match() paired them).
+  void fill(const std::vector<std::size_t>& order, const std::vector<buffer_view>& views) const {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto n = static_cast<std::size_t>(tensors[i].end - tensors[i].begin);
+      if (n != 0) std::memcpy(views[order[i]].data, bytes.data() + data_start + tensors[i].begin, n);
     }
   }
-
- private:
-  reader(std::filesystem::path path, file_handle file, std::uint64_t size)
-      : path_(std::move(path)), file_(std::move(file)), size_(size) {}
-
-  // Bytes left before the checksum.
-  std::uint64_t remaining() const noexcept { return size_ - 8 - position_; }
-
-  void need(std::uint64_t bytes, const std::string& what) {
-    if (bytes > remaining()) {
-      fail_damaged(path_, what + " needs " + std::to_string(bytes) + " more bytes but only " +
-                              std::to_string(remaining()) +
-                              " remain before the checksum; the file is truncated or a length in it is corrupt");
-    }
-  }
-
-  void restart() {
-    if (std::fseek(file_.get(), 0, SEEK_SET) != 0) fail_read();
-    position_ = 0;
-    hash_ = {};
-  }
-
-  void read_unhashed(void* data, std::size_t n) {
-    if (n != 0 && std::fread(data, 1, n, file_.get()) != n) fail_read();
-    position_ += n;
-  }
-
-  void read(void* data, std::size_t n) {
-    read_unhashed(data, n);
-    hash_.update(data, n);
-  }
-
-  void skip(std::uint64_t n) {
-    unsigned char chunk[1 << 16];
-    while (n > 0) {
-      const std::size_t step = n < sizeof chunk ? static_cast<std::size_t>(n) : sizeof chunk;
-      read(chunk, step);
-      n -= step;
-    }
-  }
-
-  [[noreturn]] void fail_read() {
-    const int code = errno;
-    if (std::ferror(file_.get())) {
-      throw failure{"could not read " + path_.string() + ": " + system_message(code), "Check the file system"};
-    }
-    fail_damaged(path_, "it ended at byte " + std::to_string(position_) + " while being read (it was " +
-                            std::to_string(size_) + " bytes when opened)");
-  }
-
-  static std::string hex(std::uint64_t value) {
-    char text[19];
-    std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value));
-    return text;
-  }
-
-  std::filesystem::path path_;
-  file_handle file_;
-  std::uint64_t size_ = 0;
-  std::uint64_t position_ = 0;
-  fnv1a64 hash_;
-  std::uint64_t checksum_ = 0;
 };
 
-// For each record of the file, the index of the registered entry it fills. Raises naming every
-// difference (up to eight) when the two sets of entries are not the same.
-inline std::vector<std::size_t> match(const std::filesystem::path& path, const std::vector<record>& file,
-                                      const std::vector<record>& registered, const std::string& subject) {
-  std::map<std::string_view, std::size_t, std::less<>> index;
-  for (std::size_t i = 0; i < registered.size(); ++i) index.emplace(registered[i].name, i);
-  std::vector<std::string> differences;
-  std::vector<std::size_t> order(file.size());
-  std::vector<bool> found(registered.size(), false);
-  for (std::size_t i = 0; i < file.size(); ++i) {
-    const auto it = index.find(file[i].name);
-    if (it == index.end()) {
-      differences.push_back(in_quotes(file[i].name) + " is in the file but not registered");
-      continue;
+// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
+// it does not exist.
+inline std::optional<file_contents> read_file(const std::filesystem::path& path) {
+  file_handle file(std::fopen(path.c_str(), "rb"));
+  struct stat info {};
+  const int code = !file ? errno : ::fstat(::fileno(file.get()), &info) != 0 ? errno : 0;
+  if (code == ENOENT && !file) return std::nullopt;
+  if (code != 0) {
+    throw failure{"cannot open " + path.string() + ": " + system_message(code), "Check the path and its permissions"};
+  }
+  if (!S_ISREG(info.st_mode)) throw failure{path.string() + " is not a regular file", "Pass a checkpoint file's path"};
+  file_contents f;
+  std::string& bytes = f.bytes;
+  bytes.resize(static_cast<std::size_t>(info.st_size));
+  if (std::fread(bytes.data(), 1, bytes.size(), file.get()) != bytes.size()) {
+    const int error = errno;
+    if (std::ferror(file.get())) {
+      throw failure{"could not read " + path.string() + ": " + system_message(error), "Check the file system"};
     }
-    const record& mine = registered[it->second];
-    found[it->second] = true;
-    order[i] = it->second;
-    if (mine.kind != file[i].kind || mine.type != file[i].type || mine.count != file[i].count) {
-      differences.push_back(in_quotes(file[i].name) + " differs: " + describe(file[i]) + " in the file, " +
-                            describe(mine) + " here");
+    fail_damaged(path, "it ended while being read (it was " + std::to_string(bytes.size()) + " bytes when opened)");
+  }
+  const std::string size = std::to_string(bytes.size()) + " bytes long";
+  if (bytes.size() < 8) fail_damaged(path, "it is " + size + "; it is truncated");
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian, as the host (safetensors.hpp)
+  if (n > bytes.size() - 8) {
+    fail_damaged(path, "its header length, " + std::to_string(n) + " bytes, runs past its end (it is " + size + ")");
+  }
+  f.data_start = 8 + static_cast<std::size_t>(n);
+  st::header parsed;
+  try {
+    parsed = st::parse_header(f.header());
+  } catch (const st::malformed& m) {
+    fail_damaged(path, m.what);
+  }
+  if (parsed.data_bytes != bytes.size() - f.data_start) {
+    fail_damaged(path, "its tensors end at byte " + std::to_string(parsed.data_bytes) + " of its data section, which " +
+                           "holds " + std::to_string(bytes.size() - f.data_start) + " bytes");
+  }
+  // A herd file's checksum covers it all, its digits read as '0'.
+  auto& meta = parsed.metadata;
+  if (meta.contains("herd.checksum") || meta.contains("herd.checkpoint")) {
+    const std::size_t at = 8 + checksum_prefix.size();
+    const bool placed = f.header().starts_with(checksum_prefix) && bytes.size() >= at + checksum_digits;
+    std::uint64_t hash = 0;
+    if (placed) {
+      hash = fnv1a64("0000000000000000", checksum_digits, fnv1a64(bytes.data(), at));
+      hash = fnv1a64(bytes.data() + at + checksum_digits, bytes.size() - at - checksum_digits, hash);
+    }
+    if (!placed || meta["herd.checksum"] != "fnv1a64:" + hex(hash)) {
+      fail_damaged(path, "its checksum does not match its content (herd.checksum " +
+                             st::json_string(meta["herd.checksum"]) +
+                             (placed ? ", computed fnv1a64:" + hex(hash) : " is missing or not first") + ")");
+    }
+    if (meta["herd.checkpoint"] != format_version) {
+      throw failure{path.string() + " is a herd checkpoint of version " + st::json_string(meta["herd.checkpoint"]) +
+                        "; this herd reads version " + format_version,
+                    "Load it with the herd release that wrote it"};
     }
   }
-  for (std::size_t i = 0; i < registered.size(); ++i) {
-    if (!found[i]) differences.push_back(in_quotes(registered[i].name) + " is registered but not in the file");
-  }
-  if (differences.empty()) return order;
-  std::string what = path.string() + " does not match " + subject + ": ";
-  for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
-  if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
-  throw failure{what, "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
-                      "load a checkpoint saved with these entries"};
+  f.tensors = std::move(parsed.tensors);
+  return f;
 }
 
-// Messages between ranks: a status byte, then what the status needs (strings, a table of records).
-enum class status_code : std::uint8_t { ok = 0, missing = 1, failed = 2 };
-
-class message_reader {
- public:
-  explicit message_reader(const std::vector<unsigned char>& bytes) : bytes_(bytes) {}
-  std::uint64_t integer(int n) {
-    take(static_cast<std::size_t>(n));
-    return load_le(bytes_.data() + at_ - static_cast<std::size_t>(n), n);
-  }
-  std::string text() {
-    const auto n = static_cast<std::size_t>(integer(8));
-    take(n);
-    return std::string(reinterpret_cast<const char*>(bytes_.data()) + (at_ - n), n);
-  }
-
- private:
-  void take(std::size_t n) {
-    // Only a bug or memory corruption could garble a message herd built itself.
-    if (n > bytes_.size() - at_) throw failure{"a checkpoint message between ranks is garbled", ""};
-    at_ += n;
-  }
-  const std::vector<unsigned char>& bytes_;
-  std::size_t at_ = 0;
-};
-
-inline void append_text(std::vector<unsigned char>& out, const std::string& text) {
-  append_le(out, text.size(), 8);
-  out.insert(out.end(), text.begin(), text.end());
-}
-
-inline std::vector<unsigned char> failure_message(const std::string& what, const std::string& todo) {
-  std::vector<unsigned char> out{static_cast<unsigned char>(status_code::failed)};
-  append_text(out, what);
-  append_text(out, todo);
-  return out;
-}
-
-// `message` from root on every rank (its length first, so the others can size their buffers).
-template <communicator C>
-std::vector<unsigned char> broadcast_message(std::vector<unsigned char> message, C& comm, int root) {
-  std::int64_t length = static_cast<std::int64_t>(message.size());
-  buffer_view length_view{&length, 1, dtype::i64};
-  herd::broadcast(length_view, comm, root);
-  message.resize(static_cast<std::size_t>(length));
-  buffer_view message_view{message.data(), message.size(), dtype::u8};
-  herd::broadcast(message_view, comm, root);
-  return message;
-}
-
-inline void check_root(const error_site& site, int root) {
+// Runs `step` on root alone and returns, on every rank, what it returned: "o" (ok) and what else
+// root has to say, or "m" (missing). If it failed, every rank raises what failed and what to do
+// (sent split by a NUL: names in messages are escaped, so neither holds one).
+template <communicator C, class F>
+std::string on_root(const error_site& site, C& comm, int root, const std::filesystem::path& path, const char* role,
+                    F&& step) {
   if (root < 0 || root >= site.size) {
     raise(site, "root " + std::to_string(root) + " is out of range",
           "Pass a root in [0, " + std::to_string(site.size) + ")");
   }
+  std::string status;
+  try {
+    if (site.rank == root) status = step();
+  } catch (const failure& f) {
+    status = "f" + f.what + '\0' + f.todo;
+  } catch (const std::exception& e) {
+    status = "f" + path.string() + ": " + e.what() + '\0';
+  }
+  broadcast_object(status, comm, root);
+  if (status[0] == 'o' || status[0] == 'm') return status;
+  const std::size_t split = status.find('\0');
+  std::string what = status.substr(1, split - 1);
+  if (site.rank != root) what = "rank " + std::to_string(root) + ", which " + role + ", failed: " + what;
+  raise(site, what, status.substr(split + 1));
 }
 
 }  // namespace detail::ckpt
 
 // A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
 // references (buffer_views are kept by value): every registered tensor and value must outlive
-// the checkpoint. Tensors are read
-// through their traits at each save and load, so a std::vector may be reallocated in between.
-//
-// Its collective save and load call herd's collectives, so, like them, it lives in the
-// configuration namespace (core/config.hpp): no two translation units share a definition that
-// one compiled with g++ and the other with nvcc.
+// the checkpoint. Tensors are read through their traits at each save and load, so a std::vector
+// may be reallocated in between. Its collective save and load call herd's collectives, so, like
+// them, it lives in the configuration namespace (core/config.hpp): no two translation units share
+// a definition that one compiled with g++ and the other with nvcc.
 HERD_CONFIG_NAMESPACE_BEGIN
 
 class checkpoint {
  public:
-  // Any adapted tensor in host memory.
-  template <class T> checkpoint& add(std::string name, T& tensor) {
+  // Any adapted tensor in host memory, saved with `shape` (row-major) so that PyTorch gets it back
+  // in its real shape, or with shape [its element count] when none is given. A file's entry loads
+  // into it when dtypes and element counts agree, whatever the entry's shape.
+  template <class T> checkpoint& add(std::string name, T& tensor, const std::vector<std::size_t>& shape = {}) {
     detail::require_writable_tensor<T>();
-    require_host(name, view_of(tensor));
-    return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor,
-                  [&tensor] { return view_of(tensor); });
+    return insert("checkpoint::add",
+                  {std::move(name), false, [&tensor] { return view_of(tensor); }, {shape.begin(), shape.end()}});
   }
 
   // A view kept by value: memory described rather than owned by a tensor object.
-  checkpoint& add(std::string name, buffer_view view) {
-    require_host(name, view);
-    return insert("checkpoint::add", std::move(name), detail::ckpt::entry_kind::tensor, [view] { return view; });
+  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {}) {
+    return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
   }
 
   // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
@@ -10216,13 +10241,13 @@ class checkpoint {
     return *this;
   }
 
-  // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes.
+  // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes (a U8 tensor).
   template <class T>
     requires std::is_trivially_copyable_v<T>
   checkpoint& add_value(std::string name, T& value) {
     static_assert(!std::is_const_v<T>, "herd: checkpoint::add_value needs a non-const value, since load() writes it");
-    return insert("checkpoint::add_value", std::move(name), detail::ckpt::entry_kind::value,
-                  [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; });
+    return insert("checkpoint::add_value",
+                  {std::move(name), true, [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; }, {}});
   }
 
   // Writes the file from this process alone (no communicator involved).
@@ -10237,12 +10262,10 @@ class checkpoint {
   // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
   bool load(const std::filesystem::path& path) {
     try {
-      auto reader = detail::ckpt::reader::open(path);
-      if (!reader) return false;
+      const auto file = detail::ckpt::read_file(path);
+      if (!file) return false;
       const std::vector<buffer_view> views = checked_views();
-      const auto file = reader->scan();
-      const auto order = detail::ckpt::match(path, file, records(views), "the registered entries");
-      reader->fill(file, destinations(order, views));
+      file->fill(match(path, file->tensors, views, "the registered entries"), views);
       return true;
     } catch (const detail::ckpt::failure& f) {
       detail::raise({"checkpoint::load"}, f.what, f.todo);
@@ -10254,23 +10277,10 @@ class checkpoint {
   template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
     if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
     const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
-    detail::ckpt::check_root(site, root);
-    std::vector<unsigned char> status;
-    if (comm.rank() == root) {
-      try {
-        write(path);
-        status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
-      } catch (const detail::ckpt::failure& f) {
-        status = detail::ckpt::failure_message(f.what, f.todo);
-      } catch (const std::exception& e) {
-        status = detail::ckpt::failure_message(path.string() + ": " + e.what(), "");
-      }
-    }
-    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
-    detail::ckpt::message_reader reply(status);
-    if (static_cast<detail::ckpt::status_code>(reply.integer(1)) != detail::ckpt::status_code::ok) {
-      raise_reported(site, reply, root, "writes the checkpoint");
-    }
+    detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
+      write(path);
+      return std::string("o");
+    });
     herd::barrier(comm);
   }
 
@@ -10280,198 +10290,181 @@ class checkpoint {
   template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
     if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
     const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
-    detail::ckpt::check_root(site, root);
-    const bool is_root = comm.rank() == root;
-    std::optional<detail::ckpt::reader> reader;  // root keeps the file open until it has read it
-    std::vector<detail::ckpt::record> scanned;   // root: the file's entries, with their offsets
-    std::vector<buffer_view> views;
-    std::vector<unsigned char> status;
-    if (is_root) {
-      try {
-        reader = detail::ckpt::reader::open(path);
-        if (!reader) {
-          status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::missing));
-        } else {
-          views = checked_views();
-          scanned = reader->scan();
-          detail::ckpt::match(path, scanned, records(views), "the registered entries");
-          status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
-          detail::ckpt::append_le(status, scanned.size(), 8);
-          for (const auto& r : scanned) detail::ckpt::append_record_header(status, r);
-        }
-      } catch (const detail::ckpt::failure& f) {
-        status = detail::ckpt::failure_message(f.what, f.todo);
-      } catch (const std::exception& e) {
-        status = detail::ckpt::failure_message(path.string() + ": " + e.what(), "");
-      }
-    }
-    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
+    std::optional<detail::ckpt::file_contents> contents;  // root's
+    const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
+      contents = detail::ckpt::read_file(path);
+      return contents ? "o" + std::string(contents->header()) : std::string("m");
+    });
+    if (status[0] == 'm') return false;
 
-    std::vector<detail::ckpt::record> file;
+    // Each rank checks its own entries against the file as root read it; one that differs stops
+    // every rank, before any tensor is written.
+    std::vector<buffer_view> views;
     std::vector<std::size_t> order;
-    std::string local_what;
-    std::string local_todo;
+    std::optional<detail::ckpt::failure> mismatch;
     try {
-      detail::ckpt::message_reader reply(status);
-      const auto kind = static_cast<detail::ckpt::status_code>(reply.integer(1));
-      if (kind == detail::ckpt::status_code::missing) return false;
-      if (kind != detail::ckpt::status_code::ok) raise_reported(site, reply, root, "reads the checkpoint");
-      file.resize(static_cast<std::size_t>(reply.integer(8)));
-      for (auto& r : file) {
-        r.name.resize(static_cast<std::size_t>(reply.integer(4)));
-        for (char& c : r.name) c = static_cast<char>(reply.integer(1));
-        r.kind = static_cast<detail::ckpt::entry_kind>(reply.integer(1));
-        r.type = static_cast<std::uint8_t>(reply.integer(1));
-        r.count = reply.integer(8);
-      }
-      // Root compared its own entries already; each other rank checks its own against root's file.
-      if (!is_root) views = checked_views();
-      order = detail::ckpt::match(path, file, records(views),
-                                  is_root ? "the registered entries"
-                                          : "the entries registered on rank " + std::to_string(comm.rank()) +
-                                                " (the file as rank " + std::to_string(root) + " read it)");
+      views = checked_views();
+      order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
+                    views,
+                    contents ? "the registered entries"
+                             : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
+                                   std::to_string(root) + " read it)");
     } catch (const detail::ckpt::failure& f) {
-      local_what = f.what;
-      local_todo = f.todo.empty() ? "Register the same entries on every rank" : f.todo;
+      mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
+    } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
+      mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
     }
-    // A rank whose entries differ stops every rank, before any tensor is written.
-    std::int32_t first_faulty = local_what.empty() ? comm.size() : comm.rank();
+    std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
     buffer_view faulty_view{&first_faulty, 1, dtype::i32};
     herd::allreduce(faulty_view, comm, reduce_op::min);
-    if (!local_what.empty()) detail::raise(site, local_what, local_todo);
+    if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
     if (first_faulty != comm.size()) {
       detail::raise(site,
                     "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
                         " (its own error says more)",
                     "Register the same entries on every rank; every rank stops so that none waits forever");
     }
-
-    status.clear();
-    if (is_root) {
-      try {
-        reader->fill(scanned, destinations(order, views));
-        status.push_back(static_cast<unsigned char>(detail::ckpt::status_code::ok));
-      } catch (const detail::ckpt::failure& f) {
-        status = detail::ckpt::failure_message(f.what, f.todo);
-      }
-    }
-    status = detail::ckpt::broadcast_message(std::move(status), comm, root);
-    detail::ckpt::message_reader filled(status);
-    if (static_cast<detail::ckpt::status_code>(filled.integer(1)) != detail::ckpt::status_code::ok) {
-      raise_reported(site, filled, root, "reads the checkpoint");
-    }
-    for (std::size_t i = 0; i < file.size(); ++i) {
-      buffer_view v = views[order[i]];
-      herd::broadcast(v, comm, root);
-    }
+    if (contents) contents->fill(order, views);
+    for (std::size_t i : order) herd::broadcast(views[i], comm, root);
     return true;
   }
 
  private:
-  static void require_host(const std::string& name, const buffer_view& v) {
-    if (!v.device.is_cpu()) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " lives on " + v.device.str() +
-                        "; a checkpoint saves host memory only",
-                    "Copy it into a host tensor and register that");
-    }
-    if (!is_valid(v.type)) {
-      detail::raise({"checkpoint::add"},
-                    "the tensor " + detail::ckpt::in_quotes(name) + " has an invalid dtype (value " +
-                        std::to_string(static_cast<int>(v.type)) + ")",
-                    "Return one of herd::dtype's values from tensor_traits::dtype");
-    }
-  }
-
   struct entry {
     std::string name;
-    detail::ckpt::entry_kind kind;
+    bool value;
     std::function<buffer_view()> view;
+    std::vector<std::uint64_t> shape;  // empty: [its element count]
   };
 
-  checkpoint& insert(std::string_view operation, std::string name, detail::ckpt::entry_kind kind,
-                     std::function<buffer_view()> view) {
-    if (name.empty()) {
-      detail::raise({operation}, "the name is empty", "Give every entry a non-empty name, unique in the checkpoint");
+  // What is wrong with an entry's memory as it is now, if anything.
+  static std::optional<detail::ckpt::failure> fault(const entry& e, const buffer_view& v) {
+    const std::string what = "the tensor " + detail::safetensors::json_string(e.name);
+    std::string dims;
+    for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    if (!v.device.is_cpu()) {
+      return {{what + " lives on " + v.device.str() + "; a checkpoint saves host memory only",
+               "Copy it into a host tensor and register that"}};
     }
-    if (name.size() > std::numeric_limits<std::uint32_t>::max()) {
-      detail::raise({operation}, "the name is " + std::to_string(name.size()) + " bytes long",
-                    "Use a name shorter than 4 GiB");
+    if (!is_valid(v.type) || v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) ||
+        (v.data == nullptr && v.count != 0)) {
+      return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
+                   "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
+               "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
     }
-    if (index_.contains(name)) {
-      detail::raise({operation}, "an entry named " + detail::ckpt::in_quotes(name) + " is already registered",
-                    "Give every entry a unique name");
+    if (!e.shape.empty() && detail::safetensors::elements(e.shape) != v.count) {
+      return {{what + " has " + std::to_string(v.count) + " elements, which do not fill its shape [" + dims + "]",
+               "Give it a shape whose product is its element count"}};
     }
-    index_.emplace(name, entries_.size());
-    entries_.push_back({std::move(name), kind, std::move(view)});
+    return std::nullopt;
+  }
+
+  checkpoint& insert(std::string_view operation, entry e) {
+    const std::string name = detail::safetensors::json_string(e.name);
+    if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
+      detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
+                    "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
+    }
+    if (index_.contains(e.name)) {
+      detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
+    }
+    if (const auto f = fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
+    index_.emplace(e.name, entries_.size());
+    entries_.push_back(std::move(e));
     return *this;
   }
 
-  // Each entry's memory as it is now, checked: host memory, a valid dtype, data behind the count.
+  // Each entry's memory as it is now, checked.
   std::vector<buffer_view> checked_views() const {
     std::vector<buffer_view> views;
-    views.reserve(entries_.size());
     for (const entry& e : entries_) {
-      buffer_view v;
       try {
-        v = e.view();
+        views.push_back(e.view());
       } catch (const std::exception& ex) {
         throw detail::ckpt::failure{
-            "the adapter of the tensor " + detail::ckpt::in_quotes(e.name) + " rejected it: " + ex.what(),
+            "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
             "Register tensors herd can read as contiguous host memory"};
       }
-      const std::string what = "the tensor " + detail::ckpt::in_quotes(e.name);
-      if (!v.device.is_cpu()) {
-        throw detail::ckpt::failure{what + " now lives on " + v.device.str() + "; a checkpoint saves host memory only",
-                                    "Keep registered tensors in host memory"};
-      }
-      if (!is_valid(v.type)) {
-        throw detail::ckpt::failure{
-            what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + ")",
-            "Return one of herd::dtype's values from tensor_traits::dtype"};
-      }
-      if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) || (v.data == nullptr && v.count != 0)) {
-        throw detail::ckpt::failure{
-            what + " has a null data pointer or an impossible size (" + std::to_string(v.count) + " elements)",
-            "Register allocated memory"};
-      }
-      views.push_back(v);
+      if (const auto f = fault(e, views.back())) throw *f;
     }
     return views;
   }
 
-  std::vector<detail::ckpt::record> records(const std::vector<buffer_view>& views) const {
-    std::vector<detail::ckpt::record> out(entries_.size());
+  // The entries as a file describes them, offsets left to write().
+  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const {
+    std::vector<detail::safetensors::tensor_info> out;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      out[i].name = entries_[i].name;
-      out[i].kind = entries_[i].kind;
-      out[i].type = entries_[i].kind == detail::ckpt::entry_kind::value ? detail::ckpt::value_dtype
-                                                                        : static_cast<std::uint8_t>(views[i].type);
-      out[i].count = views[i].count;
-      out[i].bytes = views[i].bytes();
+      const entry& e = entries_[i];
+      out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
+      if (e.shape.empty()) out.back().shape = {views[i].count};
     }
     return out;
   }
 
-  static std::vector<void*> destinations(const std::vector<std::size_t>& order, const std::vector<buffer_view>& views) {
-    std::vector<void*> out;
-    out.reserve(order.size());
-    for (std::size_t i : order) out.push_back(views[i].data);
-    return out;
+  // For each tensor of `file`, the index of the entry it fills. Raises naming every difference (up
+  // to eight) when the two sets of entries are not the same.
+  std::vector<std::size_t> match(const std::filesystem::path& path,
+                                 const std::vector<detail::safetensors::tensor_info>& file,
+                                 const std::vector<buffer_view>& views, const std::string& subject) const {
+    namespace st = detail::safetensors;
+    const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
+      const std::string count = std::to_string(st::elements(t.shape).value_or(0));
+      return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
+    };
+    const std::vector<st::tensor_info> registered = tensors(views);
+    auto index = index_;  // the entries not yet found in the file
+    std::vector<std::string> differences;
+    std::vector<std::size_t> order;
+    for (const st::tensor_info& t : file) {
+      const auto it = index.find(t.name);
+      if (it == index.end()) {
+        differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+        continue;
+      }
+      const st::tensor_info& mine = registered[it->second];
+      if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
+        differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
+                              describe(mine, entries_[it->second].value) + " here");
+      }
+      order.push_back(it->second);
+      index.erase(it);
+    }
+    for (const auto& [name, i] : index) {
+      differences.push_back(st::json_string(name) + " is registered but not in the file");
+    }
+    if (differences.empty()) return order;
+    std::string what = path.string() + " does not match " + subject + ": ";
+    for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
+    if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
+    throw detail::ckpt::failure{what, "Register the same entries, with the same dtypes and sizes, as the program that "
+                                      "saved it, or load a checkpoint saved with these entries"};
   }
 
+  // herd's metadata, then the entries by decreasing element size, so that the data of each is
+  // aligned to its element size, as the data section is to 8 bytes.
   void write(const std::filesystem::path& path) const {
     const std::vector<buffer_view> views = checked_views();
-    detail::ckpt::write_file(path, records(views), views);
-  }
-
-  // Raises, on every rank, the failure root reported in `reply`.
-  [[noreturn]] static void raise_reported(const detail::error_site& site, detail::ckpt::message_reader& reply, int root,
-                                          const char* role) {
-    std::string what = reply.text();
-    std::string todo = reply.text();
-    if (site.rank != root) what = "rank " + std::to_string(root) + ", which " + role + ", failed: " + what;
-    detail::raise(site, what, todo);
+    const std::vector<detail::safetensors::tensor_info> all = tensors(views);
+    std::vector<detail::safetensors::tensor_info> in_order;
+    std::vector<buffer_view> data;
+    std::string values;
+    for (std::size_t element = 8; element > 0; element /= 2) {
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (size_of(views[i].type) != element) continue;
+        const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
+        in_order.push_back(all[i]);
+        in_order.back().begin = at;
+        in_order.back().end = at + views[i].bytes();
+        data.push_back(views[i]);
+        if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
+      }
+    }
+    detail::ckpt::write_file(path,
+                             detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
+                                                                 {"herd.checkpoint", detail::ckpt::format_version},
+                                                                 {"herd.values", "[" + values + "]"}},
+                                                                in_order),
+                             data);
   }
 
   std::vector<entry> entries_;

@@ -1,6 +1,7 @@
-// herd::checkpoint: round trips, damaged and mismatching files refused before anything is
-// written, a writer killed mid-save leaving the previous checkpoint loadable, and the
-// communicator variants on threads (root's values everywhere, errors on every rank).
+// herd::checkpoint: round trips through safetensors files, files from other writers loaded by
+// name, damaged, malformed and mismatching files refused before anything is written, a writer
+// killed mid-save leaving the previous checkpoint loadable, and the communicator variants on
+// threads (root's values everywhere, errors on every rank).
 
 #include <herd/comm/local.hpp>
 #include <herd/core/half.hpp>
@@ -18,10 +19,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -112,6 +117,41 @@ void write_bytes(const fs::path& p, const std::vector<char>& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// A safetensors file as another program might write it: the length of `header`, `header` as it
+// is, then `data`.
+void write_safetensors(const fs::path& p, const std::string& header, const std::vector<unsigned char>& data = {}) {
+  std::vector<char> bytes;
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>(std::uint64_t{header.size()} >> (8 * i)));
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  write_bytes(p, bytes);
+}
+
+template <class T> void append_bytes(std::vector<unsigned char>& out, const std::vector<T>& values) {
+  const auto* p = reinterpret_cast<const unsigned char*>(values.data());
+  out.insert(out.end(), p, p + values.size() * sizeof(T));
+}
+
+// The header of a file herd wrote, and where its data starts.
+std::pair<std::string, std::size_t> header_of(const std::vector<char>& file) {
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t{static_cast<unsigned char>(file[static_cast<std::size_t>(i)])} << (8 * i);
+  return {std::string(file.data() + 8, static_cast<std::size_t>(n)), 8 + static_cast<std::size_t>(n)};
+}
+
+// Puts the right checksum into a herd file edited by hand: FNV-1a 64 of it with its 16 digits as '0'.
+void fix_checksum(std::vector<char>& file) {
+  const std::size_t at = 8 + std::string(R"({"__metadata__":{"herd.checksum":"fnv1a64:)").size();
+  std::uint64_t hash = 14695981039346656037ull;
+  for (std::size_t i = 0; i < file.size(); ++i) {
+    const char c = i >= at && i < at + 16 ? '0' : file[i];
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  char digits[17];
+  std::snprintf(digits, sizeof digits, "%016llx", static_cast<unsigned long long>(hash));
+  std::memcpy(file.data() + at, digits, 16);
+}
+
 // The message of the herd::error that fn raises ("" if none).
 template <class Fn> std::string error_of(Fn fn) {
   try {
@@ -136,15 +176,26 @@ void kill_self(std::size_t) { ::kill(::getpid(), SIGKILL); }
 
 TEST_CASE("checkpoint: tensors of several dtypes, a buffer_view and plain values round-trip") {
   scratch_directory dir;
-  const fs::path path = dir.path / "state.herd";
+  const fs::path path = dir.path / "state.safetensors";
   training_state saved(1);
   herd::checkpoint out;
   saved.register_into(out);
   out.save(path);
 
+  // A safetensors file: herd's metadata first, then the entries by decreasing element size (each
+  // aligned), the values last as U8 tensors of their bytes, and the data right after the header.
   const std::vector<char> bytes = read_bytes(path);
-  REQUIRE(bytes.size() > 8);
-  CHECK(std::string(bytes.data(), 8) == "HERDCKPT");
+  const auto [header, data_start] = header_of(bytes);
+  CHECK(header.size() % 8 == 0);
+  CHECK(header.starts_with(R"({"__metadata__":{"herd.checksum":"fnv1a64:)"));
+  CHECK(has(header, R"(,"herd.checkpoint":"1","herd.values":"[\"epoch\",\"learning_rate\",\"rng\"]"},)"));
+  CHECK(has(header, R"("indices":{"dtype":"I64","shape":[5],"data_offsets":[0,40]},)"
+                    R"("weights":{"dtype":"F32","shape":[37],"data_offsets":[40,188]},)"
+                    R"("raw":{"dtype":"I32","shape":[6],"data_offsets":[188,212]},)"
+                    R"("activations":{"dtype":"F16","shape":[11],"data_offsets":[212,234]},)"
+                    R"("epoch":{"dtype":"U8","shape":[4],"data_offsets":[234,238]},)"));
+  CHECK(bytes.size() == data_start + 246 + sizeof(rng_state));
+  CHECK(std::memcmp(bytes.data() + data_start + 40, saved.weights.data(), 37 * sizeof(float)) == 0);
 
   training_state loaded(2);
   CHECK(!loaded.same_as(saved));
@@ -163,19 +214,19 @@ TEST_CASE("checkpoint: tensors of several dtypes, a buffer_view and plain values
   std::size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) {
     ++files;
-    CHECK(e.path().filename() == "state.herd");
+    CHECK(e.path().filename() == "state.safetensors");
   }
   CHECK(files == 1);
 
   // An empty checkpoint and empty tensors are valid too.
   herd::checkpoint empty;
-  empty.save(dir.path / "empty.herd");
-  CHECK(empty.load(dir.path / "empty.herd"));
+  empty.save(dir.path / "empty.safetensors");
+  CHECK(empty.load(dir.path / "empty.safetensors"));
   std::vector<double> nothing;
   herd::checkpoint holds_empty;
   holds_empty.add("nothing", nothing);
-  holds_empty.save(dir.path / "nothing.herd");
-  CHECK(holds_empty.load(dir.path / "nothing.herd"));
+  holds_empty.save(dir.path / "nothing.safetensors");
+  CHECK(holds_empty.load(dir.path / "nothing.safetensors"));
 }
 
 TEST_CASE("checkpoint: a missing file loads as false and touches nothing") {
@@ -184,25 +235,35 @@ TEST_CASE("checkpoint: a missing file loads as false and touches nothing") {
   const training_state before(4);
   herd::checkpoint c;
   s.register_into(c);
-  CHECK(!c.load(dir.path / "never-saved.herd"));
+  CHECK(!c.load(dir.path / "never-saved.safetensors"));
   CHECK(s.same_as(before));
 }
 
 TEST_CASE("checkpoint: a truncated file raises herd::error naming the path, and writes nothing") {
   scratch_directory dir;
-  const fs::path path = dir.path / "state.herd";
+  const fs::path path = dir.path / "state.safetensors";
   save_state(path);
   const std::vector<char> full = read_bytes(path);
   training_state s(2);
   const training_state before(2);
   herd::checkpoint c;
   s.register_into(c);
-  for (std::size_t length : {std::size_t{0}, std::size_t{7}, std::size_t{27}, std::size_t{40}, full.size() / 2,
-                             full.size() - 9, full.size() - 8, full.size() - 1}) {
+  const std::size_t data_start = header_of(full).second;
+  const std::string tensors_end = "its tensors end at byte " + std::to_string(full.size() - data_start);
+  const std::pair<std::size_t, std::string> cuts[] = {
+      {0, "it is 0 bytes long; it is truncated"},
+      {7, "it is 7 bytes long; it is truncated"},
+      {27, "its header length, " + std::to_string(data_start - 8) + " bytes, runs past its end (it is 27 bytes long)"},
+      {data_start - 1, "runs past its end"},
+      {data_start, tensors_end + " of its data section, which holds 0 bytes"},
+      {(data_start + full.size()) / 2, tensors_end + " of its data section, which holds"},
+      {full.size() - 1, tensors_end + " of its data section, which holds " + std::to_string(full.size() - 1 - data_start)}};
+  for (const auto& [length, expected] : cuts) {
     write_bytes(path, std::vector<char>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(length)));
     const std::string message = error_of([&] { c.load(path); });
     INFO("length ", length, ": ", message);
-    CHECK(has(message, "herd::checkpoint::load: " + path.string() + " is damaged"));
+    CHECK(has(message, "herd::checkpoint::load: " + path.string() + " is damaged: "));
+    CHECK(has(message, expected));
     CHECK(has(message, "restore it from a backup"));
     CHECK(s.same_as(before));
   }
@@ -210,7 +271,7 @@ TEST_CASE("checkpoint: a truncated file raises herd::error naming the path, and 
 
 TEST_CASE("checkpoint: every flipped byte is detected before anything is written") {
   scratch_directory dir;
-  const fs::path path = dir.path / "state.herd";
+  const fs::path path = dir.path / "state.safetensors";
   save_state(path);
   const std::vector<char> good = read_bytes(path);
   training_state s(2);
@@ -238,7 +299,7 @@ TEST_CASE("checkpoint: every flipped byte is detected before anything is written
 
 TEST_CASE("checkpoint: a file whose entries differ from the registered ones is refused") {
   scratch_directory dir;
-  const fs::path path = dir.path / "state.herd";
+  const fs::path path = dir.path / "state.safetensors";
   save_state(path);
   training_state s(2);
   const training_state before(2);
@@ -250,7 +311,7 @@ TEST_CASE("checkpoint: a file whose entries differ from the registered ones is r
     c.add("weights", weights).add("activations", s.activations).add("indices", s.indices).add("raw", s.raw);
     c.add_value("epoch", s.epoch).add_value("learning_rate", s.learning_rate).add_value("rng", s.rng);
     message = error_of([&] { c.load(path); });
-    CHECK(has(message, "\"weights\" differs: f32 tensor of 37 elements in the file, f64 tensor of 37 elements here"));
+    CHECK(has(message, "\"weights\" differs: F32 tensor of 37 elements in the file, F64 tensor of 37 elements here"));
   }
   SUBCASE("another element count") {
     std::vector<std::int64_t> indices(6);
@@ -258,7 +319,7 @@ TEST_CASE("checkpoint: a file whose entries differ from the registered ones is r
     c.add("weights", s.weights).add("activations", s.activations).add("indices", indices).add("raw", s.raw);
     c.add_value("epoch", s.epoch).add_value("learning_rate", s.learning_rate).add_value("rng", s.rng);
     message = error_of([&] { c.load(path); });
-    CHECK(has(message, "\"indices\" differs: i64 tensor of 5 elements in the file, i64 tensor of 6 elements here"));
+    CHECK(has(message, "\"indices\" differs: I64 tensor of 5 elements in the file, I64 tensor of 6 elements here"));
   }
   SUBCASE("a value of another size") {
     std::int64_t epoch = 0;
@@ -266,7 +327,7 @@ TEST_CASE("checkpoint: a file whose entries differ from the registered ones is r
     c.add("weights", s.weights).add("activations", s.activations).add("indices", s.indices).add("raw", s.raw);
     c.add_value("epoch", epoch).add_value("learning_rate", s.learning_rate).add_value("rng", s.rng);
     message = error_of([&] { c.load(path); });
-    CHECK(has(message, "\"epoch\" differs: value of 4 bytes in the file, value of 8 bytes here"));
+    CHECK(has(message, "\"epoch\" differs: U8 tensor of 4 elements in the file, value of 8 bytes here"));
   }
   SUBCASE("an extra and a missing entry") {
     int step = 0;
@@ -293,18 +354,187 @@ TEST_CASE("checkpoint: bad registrations") {
   message = error_of([&] { c.add_value("a", value); });
   CHECK(has(message, "herd::checkpoint::add_value: an entry named \"a\" is already registered"));
   message = error_of([&] { c.add("", b); });
-  CHECK(has(message, "the name is empty"));
+  CHECK(has(message, "herd::checkpoint::add: the name \"\" is empty, not UTF-8, or reserved"));
   herd::buffer_view on_gpu{b.data(), b.size(), herd::dtype::f32, herd::device::cuda(0)};
   message = error_of([&] { c.add("gpu", on_gpu); });
   CHECK(has(message, "the tensor \"gpu\" lives on cuda:0; a checkpoint saves host memory only"));
+  message = error_of([&] { c.add("__metadata__", b); });
+  CHECK(has(message, "the name \"__metadata__\" is empty, not UTF-8, or reserved"));
+  message = error_of([&] { c.add("bad\xff", b); });
+  CHECK(has(message, "the name \"bad\xff\" is empty, not UTF-8, or reserved. Give every entry a UTF-8 name"));
+  message = error_of([&] { c.add("m", b, {2, 2}); });
+  CHECK(has(message, "herd::checkpoint::add: the tensor \"m\" has 3 elements, which do not fill its shape [2, 2]"));
   // The failed registrations left the checkpoint as it was: one entry.
   c.add_value("value", value);
   CHECK_NOTHROW(c.add("b", b));
+  CHECK_NOTHROW(c.add("m", b, {3, 1}));
+  // A tensor resized after registration no longer fits its shape: save says so.
+  b.resize(4);
+  message = error_of([&] { c.save(fs::temp_directory_path() / "herd-never-written.safetensors"); });
+  CHECK(has(message, "herd::checkpoint::save: the tensor \"m\" has 4 elements, which do not fill its shape [3, 1]"));
+}
+
+TEST_CASE("checkpoint: a tensor saved with a shape keeps it, and loads into tensors of any shape") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "shaped.safetensors";
+  std::vector<double> matrix = {1, 2, 3, 4, 5, 6};
+  std::vector<std::int32_t> none;
+  herd::checkpoint out;
+  out.add("matrix", matrix, {2, 1, 3}).add("none", none, {0, 5});
+  out.save(path);
+  CHECK(has(header_of(read_bytes(path)).first,
+            R"("matrix":{"dtype":"F64","shape":[2,1,3],"data_offsets":[0,48]},)"
+            R"("none":{"dtype":"I32","shape":[0,5],"data_offsets":[48,48]}})"));
+  std::vector<double> flat(6), other(6);
+  std::vector<std::int32_t> empty;
+  herd::checkpoint in;
+  in.add("matrix", flat).add("none", empty);
+  CHECK(in.load(path));
+  CHECK(flat == matrix);
+  herd::checkpoint transposed;
+  transposed.add("matrix", other, {3, 2}).add("none", empty, {5, 0});
+  CHECK(transposed.load(path));
+  CHECK(other == matrix);
+}
+
+TEST_CASE("checkpoint: a safetensors file from another writer loads by name") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "foreign.safetensors";
+  // Entries out of data order, white space, escapes in names, a scalar, metadata of its own.
+  const std::vector<double> scale = {0.125};
+  const std::vector<std::int64_t> steps = {-3, 1LL << 40};
+  const std::vector<std::uint16_t> brain = {0x3f80, 0xc000, 0x0001};  // bfloat16 bits: 1, -2, tiny
+  const std::vector<std::uint8_t> bytes = {7, 8, 9};
+  std::vector<unsigned char> data;
+  append_bytes(data, steps);
+  append_bytes(data, scale);
+  append_bytes(data, brain);
+  append_bytes(data, bytes);
+  write_safetensors(path,
+                    R"({ "__metadata__" : {"format":"pt"},
+  "caf\u00e9 \ud83d\ude00\t\"x\"": {"dtype":"U8", "shape":[3], "data_offsets":[30, 33]},
+  "scale": {"shape": [], "dtype": "F64", "data_offsets": [16, 24]},
+  "brain": {"dtype": "BF16", "shape": [3, 1], "data_offsets": [24, 30]},
+  "steps": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}
+}  )",
+                    data);
+  std::vector<double> scale_in(1);
+  std::vector<std::int64_t> steps_in(2);
+  std::vector<herd::bfloat16> brain_in(3);
+  std::vector<std::uint8_t> bytes_in(3);
+  herd::checkpoint c;
+  c.add("scale", scale_in).add("steps", steps_in).add("brain", brain_in).add("caf\u00e9 \U0001F600\t\"x\"", bytes_in);
+  CHECK(c.load(path));
+  CHECK(scale_in == scale);
+  CHECK(steps_in == steps);
+  CHECK(brain_in[0].bits == brain[0]);
+  CHECK(brain_in[1].bits == brain[1]);
+  CHECK(brain_in[2].bits == brain[2]);
+  CHECK(bytes_in == bytes);
+
+  // Its entries must still match the registered ones: a dtype herd lacks, a shape of another size.
+  write_safetensors(path,
+                    R"({"odd":{"dtype":"U16","shape":[2],"data_offsets":[0,4]},)"
+                    R"("grid":{"dtype":"F32","shape":[2,3],"data_offsets":[4,28]}})",
+                    std::vector<unsigned char>(28));
+  std::vector<herd::half> odd(2);
+  std::vector<float> grid(5);
+  herd::checkpoint mismatched;
+  mismatched.add("odd", odd).add("grid", grid);
+  const std::string message = error_of([&] { mismatched.load(path); });
+  CHECK(has(message, "\"odd\" differs: U16 tensor of 2 elements in the file, F16 tensor of 2 elements here"));
+  CHECK(has(message, "\"grid\" differs: F32 tensor of 6 elements in the file, F32 tensor of 5 elements here"));
+}
+
+TEST_CASE("checkpoint: a malformed safetensors file is refused as damaged, naming what is wrong") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "malformed.safetensors";
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":)";
+  const std::vector<unsigned char> eight(8, 0x3f);
+  // header, data bytes, what the error says
+  const std::vector<std::tuple<std::string, std::size_t, std::string>> cases = {
+      {"", 0, "not valid JSON: expected '{' (at byte 0"},
+      {"{", 0, "not valid JSON: expected '\"' (at byte 1 of the header)"},
+      {"[]", 0, "expected '{'"},
+      {"{" + a + "[0,8]}", 8, "expected '}'"},
+      {"{" + a + "[0,8]}} x", 8, "unexpected text after the object (at byte"},
+      {"{" + a + "[0,8]},}", 8, "expected '\"'"},
+      {"{" + a + "[0,8]} \"b\":1}", 8, "expected '}'"},
+      {R"({"a\q":{}})", 0, "a string holds an invalid escape"},
+      {"{\"a\tb\":{}}", 0, "a string holds a control character"},
+      {"{\"a\xff\":{}}", 0, "its header is not valid UTF-8"},
+      {"{\"a\xc0\xaf\":{}}", 0, "its header is not valid UTF-8"},
+      {R"({"a\ud800":{}})", 0, "a \\u escape is a lone surrogate"},
+      {R"({"a\u12":{}})", 0, "a \\u escape needs four hex digits"},
+      {"{" + a + "[-1,8]}}", 8, "expected a non-negative integer"},
+      {"{" + a + "[0,8.0]}}", 8, "expected a non-negative integer"},
+      {"{" + a + "[00,8]}}", 8, "expected a non-negative integer"},
+      {"{" + a + "[0,99999999999999999999]}}", 8, "an integer is too large"},
+      {"{" + a + "null}}", 8, "expected '['"},
+      {"{" + a + "[0,8]}," + a + "[0,8]}}", 8, "its header names \"a\" twice"},
+      {R"({"__metadata__":{"k":"v","k":"w"}})", 0, "its metadata repeats \"k\""},
+      {R"({"__metadata__":{"k":1}})", 0, "expected '\"'"},
+      {"{" + a + "[0,8],\"extra\":1}}", 8, "the tensor \"a\" has the unknown field \"extra\""},
+      {R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, "repeats the field \"dtype\""},
+      {R"({"a":{"dtype":"F32","shape":[2]}})", 8, "needs \"dtype\", \"shape\" and \"data_offsets\""},
+      {"{" + a + "[0,4,8]}}", 8, "needs \"dtype\", \"shape\" and \"data_offsets\" (two numbers)"},
+      {R"({"a":{"dtype":"X32","shape":[2],"data_offsets":[0,8]}})", 8, "has the dtype \"X32\", unknown to herd"},
+      {"{" + a + "[0,4]}}", 4, "has data_offsets [0, 4], which do not hold 2 elements of F32"},
+      {"{" + a + "[8,0]}}", 8, "has data_offsets [8, 0], which do not hold 2 elements of F32"},
+      {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "do not hold too many"},
+      {"{" + a + "[4,12]}}", 12, "the tensor \"a\" starts at byte 4 of the data section, but the tensors before it end "
+                                 "at byte 0 (a gap)"},
+      {"{" + a + R"([0,8]},"b":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})", 12,
+       "the tensor \"b\" starts at byte 4 of the data section, but the tensors before it end at byte 8 (they overlap)"},
+      {"{" + a + R"([0,8]},"b":{"dtype":"I32","shape":[2],"data_offsets":[12,20]}})", 20, "(a gap)"},
+      {"{" + a + "[0,8]}}", 4, "its tensors end at byte 8 of its data section, which holds 4 bytes"},
+      {"{" + a + "[0,8]}}", 12, "its tensors end at byte 8 of its data section, which holds 12 bytes"},
+      {R"({"__metadata__":{"herd.checkpoint":"1"},)" + a + "[0,8]}}", 8,
+       "its checksum does not match its content (herd.checksum \"\" is missing or not first)"},
+  };
+  std::vector<float> mine = {1.5f, 2.5f};
+  herd::checkpoint c;
+  c.add("a", mine);
+  for (const auto& [header, data_bytes, expected] : cases) {
+    write_safetensors(path, header, std::vector<unsigned char>(data_bytes, 0x3f));
+    const std::string message = error_of([&] { c.load(path); });
+    INFO(header, ": ", message);
+    CHECK(has(message, "herd::checkpoint::load: " + path.string() + " is damaged: "));
+    CHECK(has(message, expected));
+    CHECK(mine == std::vector<float>{1.5f, 2.5f});
+  }
+  // A well-formed file with the same entry loads: the cases above fail for what they name.
+  write_safetensors(path, "{" + a + "[0,8]}}", eight);
+  CHECK(c.load(path));
+  CHECK(mine[0] == 0.7470588088035583f);
+}
+
+TEST_CASE("checkpoint: a herd checkpoint of another version is refused") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "state.safetensors";
+  save_state(path);
+  std::vector<char> bytes = read_bytes(path);
+  const std::string tag = R"("herd.checkpoint":"1")";
+  const std::size_t at = std::string(bytes.begin(), bytes.end()).find(tag);
+  REQUIRE(at != std::string::npos);
+  bytes[at + tag.size() - 2] = '2';
+  fix_checksum(bytes);
+  write_bytes(path, bytes);
+  training_state s(2);
+  herd::checkpoint c;
+  s.register_into(c);
+  const std::string message = error_of([&] { c.load(path); });
+  CHECK(has(message, path.string() + " is a herd checkpoint of version \"2\"; this herd reads version 1"));
+  CHECK(s.same_as(training_state(2)));
+  // The same edit with the checksum left as it was is damage.
+  bytes[at + tag.size() - 2] = '1';
+  write_bytes(path, bytes);
+  CHECK(has(error_of([&] { c.load(path); }), "its checksum does not match its content"));
 }
 
 TEST_CASE("checkpoint: a writer killed mid-save leaves the previous checkpoint loadable") {
   scratch_directory dir;
-  const fs::path path = dir.path / "state.herd";
+  const fs::path path = dir.path / "state.safetensors";
   save_state(path, 1);
 
   const pid_t child = ::fork();
@@ -340,7 +570,7 @@ TEST_CASE("checkpoint: save and load over a communicator give every rank the roo
   for (int root : {0, 2}) {
     INFO("root ", root);
     scratch_directory dir;
-    const fs::path path = dir.path / "state.herd";
+    const fs::path path = dir.path / "state.safetensors";
     std::vector<int> matches(3, 0);
     std::vector<int> missing(3, 0);
     herd::local::run(3, [&](herd::local_communicator& comm) {
@@ -363,7 +593,7 @@ TEST_CASE("checkpoint: a damaged file, a mismatch on one rank, a failed write ra
   for (int root : {0, 2}) {
     INFO("root ", root);
     scratch_directory dir;
-    const fs::path path = dir.path / "state.herd";
+    const fs::path path = dir.path / "state.safetensors";
     save_state(path);
     std::vector<char> bytes = read_bytes(path);
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
@@ -400,7 +630,7 @@ TEST_CASE("checkpoint: a damaged file, a mismatch on one rank, a failed write ra
     for (std::size_t r = 0; r < 3; ++r) {
       INFO("rank ", r, ": ", messages[r]);
       CHECK(has(messages[r], "herd::checkpoint::load on rank " + std::to_string(r) + " of 3"));
-      CHECK(has(messages[r], r == 1 ? "\"weights\" differs: f32 tensor of 37 elements in the file, f32 tensor of 40"
+      CHECK(has(messages[r], r == 1 ? "\"weights\" differs: F32 tensor of 37 elements in the file, F32 tensor of 40"
                                     : "rank 1's registered entries do not match " + path.string()));
       CHECK(untouched[r] == 1);
     }
@@ -425,7 +655,7 @@ TEST_CASE("checkpoint: a damaged file, a mismatch on one rank, a failed write ra
 TEST_CASE("checkpoint keeps buffer_views by value and registers an optimizer's whole state") {
   const auto dir = std::filesystem::temp_directory_path() / ("herd-ckpt-state-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const auto path = dir / "state.ckpt";
+  const auto path = dir / "state.safetensors";
   std::vector<float> w = {1.0f, 2.0f}, g = {0.5f, 0.5f};
   herd::sgd sgd(herd::views(w), herd::views(g), {.lr = 0.1, .momentum = 0.9});
   sgd.step();
