@@ -5,6 +5,8 @@
 #   missing_data  --data at an empty directory: exit 1, a message naming the path and the package
 #   resume        2 epochs straight == 1 epoch, then --resume for the 2nd (same loss and accuracy)
 #   overlap       --overlap (buckets reduced during backward) == without, loss and accuracy alike
+#   timeline      HERD_TIMELINE: both ranks' files are complete trace-event JSON holding every collective
+#                 (with and without --overlap; -DPYTHON=<python3> -DCHECKER=<check_timeline.py>)
 #   precision     --precision bf16 learns (accuracy >= 0.70 after 1 epoch on 12000 samples) and says
 #                 what the loss scaler did; --precision f16 resumed from its checkpoint (masters,
 #                 momentum, loss scale) == straight
@@ -136,6 +138,27 @@ elseif(MODE STREQUAL "precision")
     message(FATAL_ERROR "--precision f16 resumed differs from straight:\n  straight: ${expected}\n  resumed:  ${got}")
   endif()
   message(STATUS "identical: ${got}")
+
+elseif(MODE STREQUAL "timeline")
+  # HERD_TIMELINE on 2 ranks, reducing in step() and in buckets during backward (--overlap): each
+  # rank's file is complete JSON with every collective (tests/support/check_timeline.py).
+  foreach(variant IN ITEMS step overlap)
+    set(ENV{HERD_TIMELINE} "${WORK_DIR}/${variant}.json")
+    set(flags)
+    if(variant STREQUAL "overlap")
+      set(flags --overlap)
+      set(expect --expect-buckets)
+    endif()
+    run_training(run --epochs 1 --train-samples 1000 ${flags})
+    expect_success(run)
+    execute_process(COMMAND ${PYTHON} ${CHECKER} "${WORK_DIR}/${variant}.rank0.json" "${WORK_DIR}/${variant}.rank1.json" ${expect}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    message(STATUS "check_timeline.py (${variant}) -> exit status ${rc}\n${out}")
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "the timeline of the ${variant} run is not what it should be")
+    endif()
+  endforeach()
+  unset(ENV{HERD_TIMELINE})
 
 else()
   message(FATAL_ERROR "check.cmake: unknown MODE '${MODE}'")

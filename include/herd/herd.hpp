@@ -51,3 +51,4 @@
 #include <herd/optim/zero.hpp>
 
 #include <herd/runtime/env.hpp>
+#include <herd/runtime/timeline.hpp>

@@ -993,6 +993,7 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
+//   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
 //
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
@@ -1112,6 +1113,392 @@ inline settings& defaults() {
 }
 
 }  // namespace herd::runtime
+
+// ---- herd/runtime/timeline.hpp ----
+// herd::timeline: where a run's time goes, as Chrome trace-event JSON that Perfetto
+// (ui.perfetto.dev) and chrome://tracing open.
+//
+//   HERD_TIMELINE=/tmp/run.json mpiexec -n 2 ./train     // from the first communicator to exit
+//   herd::timeline::start("/tmp/run.json"); ... herd::timeline::stop();   // or a stretch of it
+//
+// Every process writes a file of its own: /tmp/run.json becomes /tmp/run.rank0.json,
+// /tmp/run.rank1.json, ... (the rank named by the launcher: PMI_RANK, OMPI_COMM_WORLD_RANK,
+// PMIX_RANK or SLURM_PROCID). One file per process rather than one gathered on rank 0, because
+// a timeline is wanted most when a run hangs or dies, when no gather at the end would happen; each
+// file is written as the run goes (at most a fraction of a second behind) and stays loadable
+// after a crash (the trace format allows the closing bracket to be missing); and recording sends
+// no message of its own, so it does not change the communication it shows. Perfetto opens the
+// ranks' files together ("Open multiple trace files") on one time axis: the times are the system
+// clock's, in microseconds since 2025-01-01 UTC.
+//
+// In a file: a process per rank, a track per communicator (and one per distributed optimizer), on
+// which each operation is a slice named by its kind with its sequence number, dtype, element
+// count and bytes, holding its phases: the agreement, the waits for peers, the reductions, the
+// copies in and out of shared memory; asynchronous operations also appear from submission to
+// completion; the distributed optimizer's steps, packing, bucket launches and unpacking on its own.
+//
+// Cost: when off, a relaxed atomic load where an event could start. When on, an event is queued in
+// memory (a clock read and a short lock) and a thread of the timeline's own formats and writes
+// batches; at most 262144 events wait, beyond which events are counted and dropped (the file says
+// how many), so memory stays bounded whatever the run.
+
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace herd::detail::trace {
+
+// What an event says beyond its name and time (shown as its arguments).
+struct fields {
+  static constexpr std::uint64_t none = ~std::uint64_t{0};
+  std::uint64_t seq = none;    // the operation's sequence number
+  std::uint64_t count = none;  // elements
+  dtype type = dtype::u8;
+  bool typed = false;
+  const char* extra_name = nullptr;  // one more number: "peer", "bucket", "step"...
+  std::int64_t extra = 0;
+
+  static fields elements(std::size_t n, dtype t) noexcept {
+    fields f;
+    f.count = n;
+    f.type = t;
+    f.typed = true;
+    return f;
+  }
+};
+
+struct event {
+  std::int64_t begin_ns = 0;  // on the steady clock since the timeline's origin
+  std::int64_t end_ns = 0;
+  const char* name = "";  // a string literal
+  std::uint64_t id = 0;   // pairs an asynchronous begin with its end
+  std::uint32_t track = 0;
+  char phase = 'X';  // X: a slice; b, e: an asynchronous span's ends; i: an instant
+  fields args;
+};
+
+inline std::atomic<bool>& enabled() noexcept {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+// Whether events are recorded now: the one check on every path when the timeline is off.
+inline bool on() noexcept { return enabled().load(std::memory_order_relaxed); }
+
+inline std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A track: one per communicator and per distributed optimizer, numbered in the process.
+inline std::uint32_t new_track() noexcept {
+  static std::atomic<std::uint32_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+// This process's rank as its launcher tells it (0 when none does).
+inline int launcher_rank() noexcept {
+  for (const char* variable : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* text = std::getenv(variable);
+    if (text != nullptr && *text != '\0') return std::atoi(text);
+  }
+  return 0;
+}
+
+// /tmp/run.json -> /tmp/run.rank3.json
+inline std::filesystem::path rank_file(const std::filesystem::path& path, int rank) {
+  std::filesystem::path file = path;
+  const std::string extension = path.has_extension() ? path.extension().string() : std::string(".json");
+  file.replace_filename(path.stem().string() + ".rank" + std::to_string(rank) + extension);
+  return file;
+}
+
+class recorder {
+ public:
+  static constexpr std::size_t max_waiting = std::size_t{1} << 18;
+  static constexpr std::size_t batch = 8192;
+
+  static recorder& instance() {
+    static recorder r;
+    return r;
+  }
+  recorder(const recorder&) = delete;
+  recorder& operator=(const recorder&) = delete;
+  ~recorder() { stop(); }
+
+  // Opens `file` (after closing the one open) and starts recording into it.
+  void start(const std::filesystem::path& file, int rank) {
+    stop();
+    std::FILE* out = std::fopen(file.c_str(), "w");
+    if (out == nullptr) {
+      const std::string reason = std::generic_category().message(errno);
+      throw error("herd::timeline: cannot open '" + file.string() + "' for writing (" + reason +
+                  "). Give a path in a directory that exists and that this process may write.");
+    }
+    std::lock_guard lock(mutex_);
+    out_ = out;
+    file_ = file;
+    rank_ = rank;
+    dropped_ = 0;
+    // Times on the system clock, so that files of ranks on different machines share an axis,
+    // counted from 2025-01-01 UTC rather than 1970: viewers read them as doubles, which then still
+    // resolve nanoseconds.
+    constexpr std::int64_t since_1970_ns = std::int64_t{1735689600} * 1000000000;
+    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+    origin_ns_ = wall - since_1970_ns - now_ns();
+    unwritten_names_.assign(names_.begin(), names_.end());
+    stopping_ = false;
+    std::fputs("[\n", out_);
+    std::fprintf(out_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", rank, rank);
+    std::fprintf(out_, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", rank, rank);
+    writer_ = std::thread([this] { write_loop(); });
+    enabled().store(true, std::memory_order_release);
+  }
+
+  // Writes what waits, closes the file; a no-op when none is open.
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (out_ == nullptr) return;
+      enabled().store(false, std::memory_order_release);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (writer_.joinable()) writer_.join();
+    std::lock_guard lock(mutex_);
+    if (dropped_ != 0) {
+      std::fprintf(out_, "{\"name\":\"herd: %llu events dropped (too many waited to be written)\",\"ph\":\"i\",\"s\":\"p\","
+                   "\"pid\":%d,\"tid\":0,\"ts\":0},\n", static_cast<unsigned long long>(dropped_), rank_);
+    }
+    // A last metadata event, so that the array needs no trailing comma removed.
+    std::fprintf(out_, "{\"name\":\"herd_timeline_end\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"dropped\":%llu}}\n]\n", rank_,
+                 static_cast<unsigned long long>(dropped_));
+    std::fclose(out_);
+    out_ = nullptr;
+  }
+
+  bool active() const {
+    std::lock_guard lock(mutex_);
+    return out_ != nullptr;
+  }
+  std::filesystem::path file() const {
+    std::lock_guard lock(mutex_);
+    return out_ != nullptr ? file_ : std::filesystem::path();
+  }
+
+  void record(const event& e) {
+    std::lock_guard lock(mutex_);
+    if (out_ == nullptr || stopping_) return;
+    if (waiting_.size() >= max_waiting) {
+      ++dropped_;
+      return;
+    }
+    waiting_.push_back(e);
+    if (waiting_.size() == batch) wake_.notify_one();
+  }
+
+  // Names a track (a communicator's "rank 1 of 4"), once per track for all files to come.
+  void name_track(std::uint32_t track, std::string name) {
+    std::lock_guard lock(mutex_);
+    auto [at, added] = names_.emplace(track, std::move(name));
+    if (added && out_ != nullptr) unwritten_names_.emplace_back(at->first, at->second);
+  }
+
+ private:
+  recorder() = default;
+
+  void write_loop() {
+    std::vector<event> taken;
+    std::vector<std::pair<std::uint32_t, std::string>> names;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || waiting_.size() >= batch; });
+      taken.swap(waiting_);
+      names.swap(unwritten_names_);
+      const bool last = stopping_;
+      std::FILE* out = out_;
+      lock.unlock();
+      for (const auto& [track, name] : names) write_name(out, track, name);
+      for (const event& e : taken) write(out, e);
+      std::fflush(out);
+      taken.clear();
+      names.clear();
+      lock.lock();
+      if (last && waiting_.empty()) return;
+    }
+  }
+
+  void write_name(std::FILE* out, std::uint32_t track, const std::string& name) const {
+    std::string escaped;
+    for (char c : name) {
+      if (c == '"' || c == '\\') escaped.push_back('\\');
+      if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+    }
+    std::fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"%s\"}},\n", rank_, track,
+                 escaped.c_str());
+    std::fprintf(out, "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"sort_index\":%u}},\n", rank_,
+                 track, track);
+  }
+
+  // Microseconds with three decimals, from integer nanoseconds (a double would round them).
+  static void print_us(char* out, std::size_t size, std::int64_t ns) {
+    const bool negative = ns < 0;
+    const auto magnitude = static_cast<unsigned long long>(negative ? -ns : ns);
+    std::snprintf(out, size, "%s%llu.%03llu", negative ? "-" : "", magnitude / 1000, magnitude % 1000);
+  }
+
+  void write(std::FILE* out, const event& e) const {
+    char ts[32];
+    print_us(ts, sizeof ts, origin_ns_ + e.begin_ns);
+    std::fprintf(out, "{\"name\":\"%s\",\"cat\":\"herd\",\"ph\":\"%c\",\"pid\":%d,\"tid\":%u,\"ts\":%s", e.name, e.phase, rank_,
+                 e.track, ts);
+    if (e.phase == 'X') {
+      char dur[32];
+      print_us(dur, sizeof dur, e.end_ns - e.begin_ns);
+      std::fprintf(out, ",\"dur\":%s", dur);
+    } else if (e.phase == 'b' || e.phase == 'e') {
+      std::fprintf(out, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
+    } else if (e.phase == 'i') {
+      std::fputs(",\"s\":\"t\"", out);
+    }
+    std::fputs(",\"args\":{", out);
+    const char* comma = "";
+    if (e.args.seq != fields::none) {
+      std::fprintf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.args.seq));
+      comma = ",";
+    }
+    if (e.args.count != fields::none) {
+      std::fprintf(out, "%s\"count\":%llu", comma, static_cast<unsigned long long>(e.args.count));
+      if (e.args.typed) {
+        std::fprintf(out, ",\"dtype\":\"%.*s\",\"bytes\":%llu", static_cast<int>(name(e.args.type).size()),
+                     name(e.args.type).data(), static_cast<unsigned long long>(e.args.count * size_of(e.args.type)));
+      }
+      comma = ",";
+    }
+    if (e.args.extra_name != nullptr) std::fprintf(out, "%s\"%s\":%lld", comma, e.args.extra_name, static_cast<long long>(e.args.extra));
+    std::fputs("}},\n", out);
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::FILE* out_ = nullptr;
+  std::filesystem::path file_;
+  int rank_ = 0;
+  std::int64_t origin_ns_ = 0;
+  std::vector<event> waiting_;
+  std::uint64_t dropped_ = 0;
+  std::map<std::uint32_t, std::string> names_;
+  std::vector<std::pair<std::uint32_t, std::string>> unwritten_names_;
+  bool stopping_ = false;
+  std::thread writer_;
+};
+
+// A slice on `track` from construction to destruction, recorded if the timeline was on at its
+// start (and `name`, a string literal, is not null).
+class span {
+ public:
+  span(std::uint32_t track, const char* name, fields args = {}) noexcept {
+    if (!on() || name == nullptr) return;
+    event_.begin_ns = now_ns();
+    event_.name = name;
+    event_.track = track;
+    event_.args = args;
+    live_ = true;
+  }
+  span(const span&) = delete;
+  span& operator=(const span&) = delete;
+  ~span() {
+    if (!live_) return;
+    event_.end_ns = now_ns();
+    try {
+      recorder::instance().record(event_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  event event_;
+  bool live_ = false;
+};
+
+// Identifies an operation's asynchronous span in the process.
+inline std::uint64_t async_id(std::uint32_t track, std::uint64_t seq) noexcept {
+  return (std::uint64_t{track} << 40) ^ seq;
+}
+
+// The two ends of an asynchronous span (an operation from submission to completion).
+inline void async_begin(std::uint32_t track, const char* name, std::uint64_t id, std::int64_t at_ns, fields args) noexcept {
+  if (!on()) return;
+  try {
+    recorder::instance().record({at_ns, at_ns, name, id, track, 'b', args});
+  } catch (...) {
+  }
+}
+inline void async_end(std::uint32_t track, const char* name, std::uint64_t id) noexcept {
+  if (!on()) return;
+  try {
+    const std::int64_t t = now_ns();
+    recorder::instance().record({t, t, name, id, track, 'e', {}});
+  } catch (...) {
+  }
+}
+
+inline void name_track(std::uint32_t track, std::string name) noexcept {
+  try {
+    recorder::instance().name_track(track, std::move(name));
+  } catch (...) {
+  }
+}
+
+// HERD_TIMELINE: started once per process, by its first communicator. A file that cannot be
+// opened is reported on stderr and the run goes on without a timeline.
+inline void start_from_environment(int rank) noexcept {
+  static std::once_flag once;
+  std::call_once(once, [rank] {
+    const char* path = std::getenv("HERD_TIMELINE");
+    if (path == nullptr || *path == '\0') return;
+    try {
+      recorder::instance().start(rank_file(path, rank), rank);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s (HERD_TIMELINE; no timeline is written)\n", e.what());
+    }
+  });
+}
+
+}  // namespace herd::detail::trace
+
+namespace herd::timeline {
+
+// Starts writing this process's timeline to `path` with its rank inserted (run.json ->
+// run.rank0.json); a timeline already running is closed first. `rank`: the process's rank in the
+// file (-1: as its launcher says). Raises herd::error if the file cannot be opened.
+inline void start(const std::filesystem::path& path, int rank = -1) {
+  const int r = rank >= 0 ? rank : detail::trace::launcher_rank();
+  detail::trace::recorder::instance().start(detail::trace::rank_file(path, r), r);
+}
+
+// Writes what is recorded and closes the file (it is complete JSON from then on).
+inline void stop() noexcept { detail::trace::recorder::instance().stop(); }
+
+inline bool active() { return detail::trace::recorder::instance().active(); }
+
+// The file being written ("" when none is).
+inline std::filesystem::path file() { return detail::trace::recorder::instance().file(); }
+
+}  // namespace herd::timeline
 
 #include <atomic>
 #include <condition_variable>
@@ -1259,6 +1646,12 @@ class operation_state {
 
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
+
+  // This communicator's track in the timeline (runtime/timeline.hpp), named at its first traced
+  // operation.
+  std::uint32_t track() const noexcept { return track_; }
+  bool track_named() const noexcept { return track_named_; }
+  void set_track_named() noexcept { track_named_ = true; }
 
   // --- The operation running now, as the thread running it sees it: another thread (the caller's,
   // while the progress thread runs an operation) is not inside it.
@@ -1462,6 +1855,8 @@ class operation_state {
   }
 
   comm_options options_;
+  std::uint32_t track_ = trace::new_track();
+  bool track_named_ = false;
   op_label current_;
   const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
@@ -1721,6 +2116,7 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1869,6 +2265,7 @@ class shm_node {
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
       std::atomic_ref<std::uint64_t> peer = flag(i, which);
@@ -1876,6 +2273,9 @@ class shm_node {
       bool there = false;
       for (int spin = 0; spin < 256 && !there; ++spin) there = peer.load(std::memory_order_acquire) >= t;
       if (there) continue;
+      if (!phase && trace::on()) {
+        phase.emplace(comm.operations().track(), "wait for peers", trace::fields{.extra_name = "first_peer", .extra = member(i)});
+      }
       waiting watch(comm.options());
       while (peer.load(std::memory_order_acquire) < t) {
         if (watch.tick()) {
@@ -2254,10 +2654,33 @@ inline signature signature_of(const operation_state& ops) {
 
 namespace herd::detail {
 
+// An operation's arguments in the timeline.
+inline trace::fields trace_fields(const op_label& label) noexcept {
+  trace::fields f;
+  f.seq = label.seq;
+  if (label.typed) {
+    f.count = label.count;
+    f.type = label.type;
+    f.typed = true;
+  }
+  return f;
+}
+
+// A phase of the running operation of comm (a slice inside the operation's on its track).
+template <class C> trace::span trace_phase(C& comm, const char* phase, trace::fields args = {}) noexcept {
+  return trace::span(comm.operations().track(), phase, args);
+}
+
 // Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
 template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
   operation_state& ops = comm.operations();
   if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
+  if (trace::on() && !ops.track_named()) {
+    ops.set_track_named();
+    trace::name_track(ops.track(), "communicator #" + std::to_string(ops.track()) + ": rank " + std::to_string(comm.rank()) +
+                                       " of " + std::to_string(comm.size()));
+  }
+  const trace::span slice(ops.track(), name(label.kind), trace_fields(label));
   ops.begin(label);
   try {
     body();
@@ -2291,19 +2714,38 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 }
 
 // Queues body() as the next operation of comm; body must own (copy) what it uses.
+// In the timeline it also spans from submission to completion.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
-  return comm.operations().submit([&comm, label, body = std::move(body)](std::uint64_t seq) mutable {
+  const bool traced = trace::on();
+  const std::int64_t submitted = traced ? trace::now_ns() : 0;
+  const std::uint32_t track = comm.operations().track();
+  auto op = comm.operations().submit([&comm, label, traced, track, body = std::move(body)](std::uint64_t seq) mutable {
     op_label numbered = label;
     numbered.seq = seq;
+    struct completion {
+      bool traced;
+      std::uint32_t track;
+      const char* what;
+      std::uint64_t seq;
+      ~completion() {
+        if (traced) trace::async_end(track, what, trace::async_id(track, seq));
+      }
+    } end{traced, track, name(label.kind), seq};
     run_now(comm, numbered, body);
   });
+  if (traced) {
+    label.seq = op->seq;
+    trace::async_begin(track, name(label.kind), trace::async_id(track, op->seq), submitted, trace_fields(label));
+  }
+  return op;
 }
 
 // The agreement of an operation without tensor arguments (barrier, split, creation): every
 // rank's signature and payload, after checking that all ranks are in the same operation.
 template <class C> exchanged agree_identity(C& comm, const void* payload = nullptr, std::size_t payload_bytes = 0) {
   const operation_state& ops = comm.operations();
+  const trace::span phase(ops.track(), "agreement");
   const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
   if (comm.size() == 1) {
     exchanged alone;
@@ -2325,6 +2767,7 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
 // protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
 // raised on every rank, naming it.
 template <class C> void agree_creation(C& comm, const std::string& problem) {
+  trace::start_from_environment(trace::launcher_rank());
   op_label label{op_kind::create, 0};
   auto body = [&] {
     const error_site site{"communicator", comm.rank(), comm.size()};
@@ -2763,6 +3206,10 @@ class local_communicator {
   void wait(request& r) {
     if (!r.pending()) return;
     {
+      // Inside an operation, time spent here is a phase of it in the timeline.
+      const detail::trace::span phase(ops_->track(),
+                                      ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
+                                      {.extra_name = "peer", .extra = r.message_->peer});
       detail::local::waiter& w = world_->waiter_of(rank_);
       detail::waiting watch(options());
       double last_watch = 0;
@@ -3938,6 +4385,9 @@ class mpi_communicator {
     }
     adopt(copy);
     try {
+      int world_rank = 0;
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
       detail::agree_creation(*this, runtime::defaults().problem);
       join_node();
     } catch (...) {
@@ -3999,7 +4449,12 @@ class mpi_communicator {
   // busy spin, so that with more ranks than cores the rank being waited for gets the core. Inside
   // an operation, raises at once when a peer aborted it or left; always watched (comm_options).
   void wait(request& r) {
-    for (int i = 0; i < 32; ++i) {
+    if (test(r)) return;
+    // Inside an operation, time spent here is a phase of it in the timeline.
+    const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
+                                    s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
+                                    {.extra_name = "peer", .extra = r.peer_});
+    for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
     detail::waiting watch(options());
@@ -4999,6 +5454,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
     if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};
   }
+  const trace::span phase(comm.operations().track(), "agreement");
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
   const error_site site{name(mine.kind), comm.rank(), comm.size()};
   verify_identity(site, all.signatures, [&] {
@@ -5281,6 +5737,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   const int r = comm.rank();
   const std::size_t es = size_of(type);
   const segmentation seg(chunks, es, segment_bytes);
+  const trace::span phase(comm.operations().track(), "ring reduce-scatter");
   std::byte* slots = scratch(ring_window * seg.elements * es, 0);
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
@@ -5301,6 +5758,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
         const int c = chunk_received(s);
         const std::size_t offset = seg.begin(k) * es;
         const bool last = s == p - 2;
+        const trace::span reducing(comm.operations().track(), "reduction", trace::fields::elements(bytes / es, type));
         host_reduce(type, op, result(s, c) + offset, in_chunk(c) + offset, data, bytes / es,
                     last && op == reduce_op::avg ? p : 0);
       });
@@ -5314,6 +5772,7 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
   const int p = comm.size();
   const int r = comm.rank();
   const segmentation seg(chunks, element_bytes, segment_bytes);
+  const trace::span phase(comm.operations().track(), "ring allgather");
   auto where = [&](int c, std::size_t k) {
     const auto chunk = static_cast<std::size_t>(c);
     return std::pair<void*, std::size_t>(base + (chunks.offset[chunk] + seg.begin(k)) * element_bytes,
@@ -6447,6 +6906,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
   const int avg_ranks = op == reduce_op::avg ? p : 0;
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
@@ -6459,18 +6919,25 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
         std::memcpy(mine + (from + at) * es, src, run * es);
       });
     };
-    copy_in(0, lo);
-    copy_in(hi, m - hi);
+    {
+      const trace::span phase(track, "copy in", trace::fields::elements(m - (hi - lo), type));
+      copy_in(0, lo);
+      copy_in(hi, m - hi);
+    }
     node.publish(t);
     node.wait_all(comm, t);
-    in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
-      const std::size_t offset = (lo + at) * es;
-      reduce_in_rank_order(
-          type, op, mine + offset, p,
-          [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
-    });
+    {
+      const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
+      in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
+        const std::size_t offset = (lo + at) * es;
+        reduce_in_rank_order(
+            type, op, mine + offset, p,
+            [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+      });
+    }
     node.publish(t, shm_node::reduced);
     node.wait_all(comm, t, shm_node::reduced);
+    const trace::span phase(track, "copy out", trace::fields::elements(m, type));
     for (int c = 0; c < p; ++c) {
       const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
       const std::byte* reduced = node.buffer(c, t) + from * es;
@@ -6508,16 +6975,21 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket();
     std::byte* buffer = node.buffer(g, t);
-    for (int c = 0; c < p; ++c) {
-      if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+    {
+      const trace::span phase(track, "copy in");
+      for (int c = 0; c < p; ++c) {
+        if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+      }
     }
     node.publish(t);
     node.wait_all(comm, t);
     const std::size_t n = piece_of(g, begin);
     if (n == 0) continue;
+    const trace::span phase(track, "reduction", trace::fields::elements(n, type));
     auto operand = [&](int q) {
       return q == g ? own + begin * es : node.buffer(q, t) + static_cast<std::size_t>(g) * piece * es;
     };
@@ -6548,11 +7020,16 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
     const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket();
-    std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    {
+      const trace::span phase(track, "copy in");
+      std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    }
     node.publish(t);
     node.wait_all(comm, t);
+    const trace::span phase(track, "copy out");
     for (int c = 0; c < p; ++c) {
       if (c == g) continue;
       std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
@@ -6567,10 +7044,16 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
   for (std::size_t begin = 0; begin < bytes; begin += slice) {
     const std::size_t n = std::min(slice, bytes - begin);
     const std::uint64_t t = node.next_ticket();
-    if (node.rank() == root) std::memcpy(node.buffer(root, t), data + begin, n);
+    if (node.rank() == root) {
+      const trace::span phase(comm.operations().track(), "copy in");
+      std::memcpy(node.buffer(root, t), data + begin, n);
+    }
     node.publish(t);
     node.wait_all(comm, t);
-    if (node.rank() != root) std::memcpy(data + begin, node.buffer(root, t), n);
+    if (node.rank() != root) {
+      const trace::span phase(comm.operations().track(), "copy out");
+      std::memcpy(data + begin, node.buffer(root, t), n);
+    }
   }
 }
 
@@ -6913,6 +7396,7 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
+    const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
     host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
     for (int r = 2; r < p; ++r) {
       host_reduce(in.type, op, out.data, out.data, all.payload(r), in.count, r == p - 1 ? avg_ranks : 0);
@@ -7003,12 +7487,17 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     std::byte* fused = scratch(count * es, 3);
+    const std::uint32_t track = comm.operations().track();
     std::size_t at = 0;
-    for (std::size_t i : members) {
-      if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
-      at += tensors[i].bytes();
+    {
+      const trace::span phase(track, "pack", trace::fields::elements(count, lead.type));
+      for (std::size_t i : members) {
+        if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
+        at += tensors[i].bytes();
+      }
     }
     host_allreduce(comm, lead.type, call.op, fused, fused, count);
+    const trace::span phase(track, "unpack", trace::fields::elements(count, lead.type));
     at = 0;
     for (std::size_t i : members) {
       if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());
@@ -10897,6 +11386,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
     if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
       detail::raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
+    detail::trace::name_track(track_, "distributed_optimizer: rank " + std::to_string(comm.rank()) + " of " +
+                                          std::to_string(comm.size()));
   }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
@@ -10905,6 +11396,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Call once per backward pass. Returns true when this call reduced the gradients (unless
   // already synchronized or skipped) and stepped the wrapped optimizer.
   bool step() {
+    const detail::trace::span slice(track_, "step", {.extra_name = "step", .extra = step_calls_++});
     const bool reduce_now = !synchronized_ && !skip_;
     if (reduce_now && (no_sync_ || accumulated_ + 1 < options_.backward_passes_per_step)) {
       accumulate();
@@ -11271,10 +11763,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
       at += grads[i].count;
     }
-    mover.begin();
-    mover.move(pack, wire, lone.type, scale_before_);
-    mover.finish();
+    {
+      const detail::trace::span phase(track_, "pack", detail::trace::fields::elements(total, wire));
+      mover.begin();
+      mover.move(pack, wire, lone.type, scale_before_);
+      mover.finish();
+    }
     allreduce(packed, comm_, wire_op_);
+    const detail::trace::span phase(track_, "unpack", detail::trace::fields::elements(total, wire));
     mover.begin();
     mover.move(unpack, lone.type, wire, scale_after_);
     mover.finish();
@@ -11400,6 +11896,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void launch(std::size_t b) {
     bucket_state& st = buckets_[b];
     const detail::bucket_plan::bucket& plan = plan_.buckets[b];
+    // In the timeline: packing and starting it, with the sequence number its operation takes.
+    detail::trace::fields args = detail::trace::fields::elements(plan.count, plan.type);
+    args.seq = comm_.operations().issued();
+    args.extra_name = "bucket";
+    args.extra = static_cast<std::int64_t>(b);
+    const detail::trace::span slice(track_, "launch bucket", args);
     const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
     if (!fault.empty()) {
       detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
@@ -11523,12 +12025,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     next_launch_ = buckets_.size();
     const auto wait_start = std::chrono::steady_clock::now();
-    for (bucket_state& st : buckets_) {
-      if (!st.done) continue;
-      try {
-        st.done->wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
+    {
+      const detail::trace::span phase(track_, "wait for buckets");
+      for (bucket_state& st : buckets_) {
+        if (!st.done) continue;
+        try {
+          st.done->wait();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
       }
     }
     stats_.waiting += seconds_since(wait_start);
@@ -11539,6 +12044,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       std::rethrow_exception(failure);
     }
     with_device_mover([&](auto& mover) {
+      const detail::trace::span phase(track_, "unpack buckets");
       mover.begin();
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
         const detail::bucket_plan::bucket& plan = plan_.buckets[b];
@@ -11617,6 +12123,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double scale_after_ = 1.0;
   reduce_op wire_op_ = reduce_op::avg;
   double reduce_seconds_ = 0;
+  std::uint32_t track_ = detail::trace::new_track();  // in the timeline
+  std::int64_t step_calls_ = 0;
 
   // Buckets (mark_ready).
   device device_ = device::cpu();  // where the gradients live (the first one's device)

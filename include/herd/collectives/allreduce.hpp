@@ -154,6 +154,7 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
+    const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
     host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
     for (int r = 2; r < p; ++r) {
       host_reduce(in.type, op, out.data, out.data, all.payload(r), in.count, r == p - 1 ? avg_ranks : 0);
@@ -244,12 +245,17 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     std::byte* fused = scratch(count * es, 3);
+    const std::uint32_t track = comm.operations().track();
     std::size_t at = 0;
-    for (std::size_t i : members) {
-      if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
-      at += tensors[i].bytes();
+    {
+      const trace::span phase(track, "pack", trace::fields::elements(count, lead.type));
+      for (std::size_t i : members) {
+        if (tensors[i].count != 0) std::memcpy(fused + at, tensors[i].data, tensors[i].bytes());
+        at += tensors[i].bytes();
+      }
     }
     host_allreduce(comm, lead.type, call.op, fused, fused, count);
+    const trace::span phase(track, "unpack", trace::fields::elements(count, lead.type));
     at = 0;
     for (std::size_t i : members) {
       if (tensors[i].count != 0) std::memcpy(tensors[i].data, fused + at, tensors[i].bytes());

@@ -343,6 +343,10 @@ class local_communicator {
   void wait(request& r) {
     if (!r.pending()) return;
     {
+      // Inside an operation, time spent here is a phase of it in the timeline.
+      const detail::trace::span phase(ops_->track(),
+                                      ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
+                                      {.extra_name = "peer", .extra = r.message_->peer});
       detail::local::waiter& w = world_->waiter_of(rank_);
       detail::waiting watch(options());
       double last_watch = 0;

@@ -644,6 +644,9 @@ class mpi_communicator {
     }
     adopt(copy);
     try {
+      int world_rank = 0;
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
       detail::agree_creation(*this, runtime::defaults().problem);
       join_node();
     } catch (...) {
@@ -705,7 +708,12 @@ class mpi_communicator {
   // busy spin, so that with more ranks than cores the rank being waited for gets the core. Inside
   // an operation, raises at once when a peer aborted it or left; always watched (comm_options).
   void wait(request& r) {
-    for (int i = 0; i < 32; ++i) {
+    if (test(r)) return;
+    // Inside an operation, time spent here is a phase of it in the timeline.
+    const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
+                                    s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
+                                    {.extra_name = "peer", .extra = r.peer_});
+    for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
     detail::waiting watch(options());

@@ -58,6 +58,7 @@
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
 #include <herd/runtime/env.hpp>
+#include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
@@ -150,6 +151,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
     if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
       detail::raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
+    detail::trace::name_track(track_, "distributed_optimizer: rank " + std::to_string(comm.rank()) + " of " +
+                                          std::to_string(comm.size()));
   }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
@@ -158,6 +161,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Call once per backward pass. Returns true when this call reduced the gradients (unless
   // already synchronized or skipped) and stepped the wrapped optimizer.
   bool step() {
+    const detail::trace::span slice(track_, "step", {.extra_name = "step", .extra = step_calls_++});
     const bool reduce_now = !synchronized_ && !skip_;
     if (reduce_now && (no_sync_ || accumulated_ + 1 < options_.backward_passes_per_step)) {
       accumulate();
@@ -524,10 +528,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
       at += grads[i].count;
     }
-    mover.begin();
-    mover.move(pack, wire, lone.type, scale_before_);
-    mover.finish();
+    {
+      const detail::trace::span phase(track_, "pack", detail::trace::fields::elements(total, wire));
+      mover.begin();
+      mover.move(pack, wire, lone.type, scale_before_);
+      mover.finish();
+    }
     allreduce(packed, comm_, wire_op_);
+    const detail::trace::span phase(track_, "unpack", detail::trace::fields::elements(total, wire));
     mover.begin();
     mover.move(unpack, lone.type, wire, scale_after_);
     mover.finish();
@@ -653,6 +661,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   void launch(std::size_t b) {
     bucket_state& st = buckets_[b];
     const detail::bucket_plan::bucket& plan = plan_.buckets[b];
+    // In the timeline: packing and starting it, with the sequence number its operation takes.
+    detail::trace::fields args = detail::trace::fields::elements(plan.count, plan.type);
+    args.seq = comm_.operations().issued();
+    args.extra_name = "bucket";
+    args.extra = static_cast<std::int64_t>(b);
+    const detail::trace::span slice(track_, "launch bucket", args);
     const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
     if (!fault.empty()) {
       detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
@@ -776,12 +790,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     }
     next_launch_ = buckets_.size();
     const auto wait_start = std::chrono::steady_clock::now();
-    for (bucket_state& st : buckets_) {
-      if (!st.done) continue;
-      try {
-        st.done->wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
+    {
+      const detail::trace::span phase(track_, "wait for buckets");
+      for (bucket_state& st : buckets_) {
+        if (!st.done) continue;
+        try {
+          st.done->wait();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
       }
     }
     stats_.waiting += seconds_since(wait_start);
@@ -792,6 +809,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       std::rethrow_exception(failure);
     }
     with_device_mover([&](auto& mover) {
+      const detail::trace::span phase(track_, "unpack buckets");
       mover.begin();
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
         const detail::bucket_plan::bucket& plan = plan_.buckets[b];
@@ -870,6 +888,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double scale_after_ = 1.0;
   reduce_op wire_op_ = reduce_op::avg;
   double reduce_seconds_ = 0;
+  std::uint32_t track_ = detail::trace::new_track();  // in the timeline
+  std::int64_t step_calls_ = 0;
 
   // Buckets (mark_ready).
   device device_ = device::cpu();  // where the gradients live (the first one's device)

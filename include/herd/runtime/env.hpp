@@ -15,6 +15,7 @@
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
+//   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
 //
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the

@@ -16,6 +16,7 @@
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/core/reduce_op.hpp>
+#include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstdint>
@@ -218,6 +219,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
     if (!check.ok()) check.raise_local(comm.size() == 1);
     return {};
   }
+  const trace::span phase(comm.operations().track(), "agreement");
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
   const error_site site{name(mine.kind), comm.rank(), comm.size()};
   verify_identity(site, all.signatures, [&] {

@@ -9,6 +9,7 @@
 #include <herd/collectives/detail/host_reduce.hpp>
 #include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/runtime/timeline.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -135,6 +136,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   const int r = comm.rank();
   const std::size_t es = size_of(type);
   const segmentation seg(chunks, es, segment_bytes);
+  const trace::span phase(comm.operations().track(), "ring reduce-scatter");
   std::byte* slots = scratch(ring_window * seg.elements * es, 0);
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
@@ -155,6 +157,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
         const int c = chunk_received(s);
         const std::size_t offset = seg.begin(k) * es;
         const bool last = s == p - 2;
+        const trace::span reducing(comm.operations().track(), "reduction", trace::fields::elements(bytes / es, type));
         host_reduce(type, op, result(s, c) + offset, in_chunk(c) + offset, data, bytes / es,
                     last && op == reduce_op::avg ? p : 0);
       });
@@ -168,6 +171,7 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
   const int p = comm.size();
   const int r = comm.rank();
   const segmentation seg(chunks, element_bytes, segment_bytes);
+  const trace::span phase(comm.operations().track(), "ring allgather");
   auto where = [&](int c, std::size_t k) {
     const auto chunk = static_cast<std::size_t>(c);
     return std::pair<void*, std::size_t>(base + (chunks.offset[chunk] + seg.begin(k)) * element_bytes,

@@ -13,6 +13,7 @@
 #include <herd/comm/detail/shm.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
+#include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <algorithm>
@@ -86,6 +87,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
   const int avg_ranks = op == reduce_op::avg ? p : 0;
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
@@ -98,18 +100,25 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
         std::memcpy(mine + (from + at) * es, src, run * es);
       });
     };
-    copy_in(0, lo);
-    copy_in(hi, m - hi);
+    {
+      const trace::span phase(track, "copy in", trace::fields::elements(m - (hi - lo), type));
+      copy_in(0, lo);
+      copy_in(hi, m - hi);
+    }
     node.publish(t);
     node.wait_all(comm, t);
-    in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
-      const std::size_t offset = (lo + at) * es;
-      reduce_in_rank_order(
-          type, op, mine + offset, p,
-          [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
-    });
+    {
+      const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
+      in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
+        const std::size_t offset = (lo + at) * es;
+        reduce_in_rank_order(
+            type, op, mine + offset, p,
+            [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+      });
+    }
     node.publish(t, shm_node::reduced);
     node.wait_all(comm, t, shm_node::reduced);
+    const trace::span phase(track, "copy out", trace::fields::elements(m, type));
     for (int c = 0; c < p; ++c) {
       const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
       const std::byte* reduced = node.buffer(c, t) + from * es;
@@ -147,16 +156,21 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket();
     std::byte* buffer = node.buffer(g, t);
-    for (int c = 0; c < p; ++c) {
-      if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+    {
+      const trace::span phase(track, "copy in");
+      for (int c = 0; c < p; ++c) {
+        if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+      }
     }
     node.publish(t);
     node.wait_all(comm, t);
     const std::size_t n = piece_of(g, begin);
     if (n == 0) continue;
+    const trace::span phase(track, "reduction", trace::fields::elements(n, type));
     auto operand = [&](int q) {
       return q == g ? own + begin * es : node.buffer(q, t) + static_cast<std::size_t>(g) * piece * es;
     };
@@ -187,11 +201,16 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
     const std::size_t length = chunks.length[static_cast<std::size_t>(c)];
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
+  const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket();
-    std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    {
+      const trace::span phase(track, "copy in");
+      std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+    }
     node.publish(t);
     node.wait_all(comm, t);
+    const trace::span phase(track, "copy out");
     for (int c = 0; c < p; ++c) {
       if (c == g) continue;
       std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
@@ -206,10 +225,16 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
   for (std::size_t begin = 0; begin < bytes; begin += slice) {
     const std::size_t n = std::min(slice, bytes - begin);
     const std::uint64_t t = node.next_ticket();
-    if (node.rank() == root) std::memcpy(node.buffer(root, t), data + begin, n);
+    if (node.rank() == root) {
+      const trace::span phase(comm.operations().track(), "copy in");
+      std::memcpy(node.buffer(root, t), data + begin, n);
+    }
     node.publish(t);
     node.wait_all(comm, t);
-    if (node.rank() != root) std::memcpy(data + begin, node.buffer(root, t), n);
+    if (node.rank() != root) {
+      const trace::span phase(comm.operations().track(), "copy out");
+      std::memcpy(data + begin, node.buffer(root, t), n);
+    }
   }
 }
 

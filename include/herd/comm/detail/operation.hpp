@@ -16,10 +16,33 @@
 
 namespace herd::detail {
 
+// An operation's arguments in the timeline.
+inline trace::fields trace_fields(const op_label& label) noexcept {
+  trace::fields f;
+  f.seq = label.seq;
+  if (label.typed) {
+    f.count = label.count;
+    f.type = label.type;
+    f.typed = true;
+  }
+  return f;
+}
+
+// A phase of the running operation of comm (a slice inside the operation's on its track).
+template <class C> trace::span trace_phase(C& comm, const char* phase, trace::fields args = {}) noexcept {
+  return trace::span(comm.operations().track(), phase, args);
+}
+
 // Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
 template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
   operation_state& ops = comm.operations();
   if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
+  if (trace::on() && !ops.track_named()) {
+    ops.set_track_named();
+    trace::name_track(ops.track(), "communicator #" + std::to_string(ops.track()) + ": rank " + std::to_string(comm.rank()) +
+                                       " of " + std::to_string(comm.size()));
+  }
+  const trace::span slice(ops.track(), name(label.kind), trace_fields(label));
   ops.begin(label);
   try {
     body();
@@ -53,19 +76,38 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 }
 
 // Queues body() as the next operation of comm; body must own (copy) what it uses.
+// In the timeline it also spans from submission to completion.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
-  return comm.operations().submit([&comm, label, body = std::move(body)](std::uint64_t seq) mutable {
+  const bool traced = trace::on();
+  const std::int64_t submitted = traced ? trace::now_ns() : 0;
+  const std::uint32_t track = comm.operations().track();
+  auto op = comm.operations().submit([&comm, label, traced, track, body = std::move(body)](std::uint64_t seq) mutable {
     op_label numbered = label;
     numbered.seq = seq;
+    struct completion {
+      bool traced;
+      std::uint32_t track;
+      const char* what;
+      std::uint64_t seq;
+      ~completion() {
+        if (traced) trace::async_end(track, what, trace::async_id(track, seq));
+      }
+    } end{traced, track, name(label.kind), seq};
     run_now(comm, numbered, body);
   });
+  if (traced) {
+    label.seq = op->seq;
+    trace::async_begin(track, name(label.kind), trace::async_id(track, op->seq), submitted, trace_fields(label));
+  }
+  return op;
 }
 
 // The agreement of an operation without tensor arguments (barrier, split, creation): every
 // rank's signature and payload, after checking that all ranks are in the same operation.
 template <class C> exchanged agree_identity(C& comm, const void* payload = nullptr, std::size_t payload_bytes = 0) {
   const operation_state& ops = comm.operations();
+  const trace::span phase(ops.track(), "agreement");
   const error_site site{name(ops.current().kind), comm.rank(), comm.size()};
   if (comm.size() == 1) {
     exchanged alone;
@@ -87,6 +129,7 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
 // protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
 // raised on every rank, naming it.
 template <class C> void agree_creation(C& comm, const std::string& problem) {
+  trace::start_from_environment(trace::launcher_rank());
   op_label label{op_kind::create, 0};
   auto body = [&] {
     const error_site site{"communicator", comm.rank(), comm.size()};

@@ -7,6 +7,7 @@
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/runtime/env.hpp>
+#include <herd/runtime/timeline.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -154,6 +155,12 @@ class operation_state {
 
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
+
+  // This communicator's track in the timeline (runtime/timeline.hpp), named at its first traced
+  // operation.
+  std::uint32_t track() const noexcept { return track_; }
+  bool track_named() const noexcept { return track_named_; }
+  void set_track_named() noexcept { track_named_ = true; }
 
   // --- The operation running now, as the thread running it sees it: another thread (the caller's,
   // while the progress thread runs an operation) is not inside it.
@@ -357,6 +364,8 @@ class operation_state {
   }
 
   comm_options options_;
+  std::uint32_t track_ = trace::new_track();
+  bool track_named_ = false;
   op_label current_;
   const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};

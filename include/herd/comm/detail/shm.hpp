@@ -28,6 +28,7 @@
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 #include <herd/core/error.hpp>
+#include <herd/runtime/timeline.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -40,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -188,6 +190,7 @@ class shm_node {
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
       std::atomic_ref<std::uint64_t> peer = flag(i, which);
@@ -195,6 +198,9 @@ class shm_node {
       bool there = false;
       for (int spin = 0; spin < 256 && !there; ++spin) there = peer.load(std::memory_order_acquire) >= t;
       if (there) continue;
+      if (!phase && trace::on()) {
+        phase.emplace(comm.operations().track(), "wait for peers", trace::fields{.extra_name = "first_peer", .extra = member(i)});
+      }
       waiting watch(comm.options());
       while (peer.load(std::memory_order_acquire) < t) {
         if (watch.tick()) {
