@@ -39,6 +39,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -298,10 +299,7 @@ class span {
  public:
   span(std::uint32_t track, const char* name, fields args = {}) noexcept {
     if (!on() || name == nullptr) return;
-    event_.begin_ns = now_ns();
-    event_.name = name;
-    event_.track = track;
-    event_.args = args;
+    std::construct_at(&event_, event{now_ns(), 0, name, 0, track, 'X', args});
     live_ = true;
   }
   span(const span&) = delete;
@@ -316,7 +314,9 @@ class span {
   }
 
  private:
-  event event_;
+  union {
+    event event_;  // written only when the span is live: nothing to initialize when off
+  };
   bool live_ = false;
 };
 
