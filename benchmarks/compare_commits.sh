@@ -8,6 +8,8 @@
 # (default 5) at RANKS ranks (default 2), sizes 8 B to MAX_BYTES (default 16384), and prints per size
 # the median over the rounds of each build's time (each itself a median of 41 repetitions) and
 # their ratio. Alternating the builds spreads the machine's slow moments over both.
+# AFTER_ENV="VAR=value ..." runs the working tree's build with those variables set (for example
+# HERD_TIMELINE=/tmp/t.json, to time the timeline on against a build without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:?usage: benchmarks/compare_commits.sh REF [ROUNDS] [RANKS] [MAX_BYTES]}
@@ -28,14 +30,15 @@ run() {
   local help
   help=$("$1" --help 2>&1 || true)
   if [[ $help == *--async-max-bytes* ]]; then extra=(--async-max-bytes 0); fi
-  mpiexec -n "$ranks" "$1" --min-bytes 8 --max-bytes "$max_bytes" --reps 41 "${extra[@]}" | awk '!/^#/ && NF {print $1, $4}'
+  env ${2:-} mpiexec -n "$ranks" "$1" --min-bytes 8 --max-bytes "$max_bytes" --reps 41 "${extra[@]}" |
+    awk -F'|' '!/^#/ && NF {split($2, herd, " "); print $1 + 0, herd[1]}'  # bytes, herd's time
 }
 results=$(mktemp)
 for ((i = 0; i < rounds; ++i)); do
   run "$old_tree/build/benchmarks/allreduce" | sed 's/^/before /' >>"$results"
-  run build/benchmarks/allreduce | sed 's/^/after /' >>"$results"
+  run build/benchmarks/allreduce "${AFTER_ENV:-}" | sed 's/^/after /' >>"$results"
 done
-echo "# herd allreduce at $ranks ranks, f32 sum: $(git rev-parse --short "$ref") (before) vs the working tree (after)"
+echo "# herd allreduce at $ranks ranks, f32 sum: $(git rev-parse --short "$ref") (before) vs the working tree (after${AFTER_ENV:+, with $AFTER_ENV})"
 echo "# median over $rounds alternating runs of each run's median time per call"
 python3 - "$results" <<'EOF'
 import statistics, sys
