@@ -76,15 +76,17 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 }
 
 // Queues body() as the next operation of comm; body must own (copy) what it uses.
-// In the timeline it also spans from submission to completion.
+// In the timeline it also spans from submission to completion; both ends are recorded by the
+// thread that runs it, so that the file holds them in order.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
   const bool traced = trace::on();
   const std::int64_t submitted = traced ? trace::now_ns() : 0;
-  const std::uint32_t track = comm.operations().track();
-  auto op = comm.operations().submit([&comm, label, traced, track, body = std::move(body)](std::uint64_t seq) mutable {
+  return comm.operations().submit([&comm, label, traced, submitted, body = std::move(body)](std::uint64_t seq) mutable {
     op_label numbered = label;
     numbered.seq = seq;
+    const std::uint32_t track = comm.operations().track();
+    if (traced) trace::async_begin(track, name(label.kind), trace::async_id(track, seq), submitted, trace_fields(numbered));
     struct completion {
       bool traced;
       std::uint32_t track;
@@ -96,11 +98,6 @@ std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body
     } end{traced, track, name(label.kind), seq};
     run_now(comm, numbered, body);
   });
-  if (traced) {
-    label.seq = op->seq;
-    trace::async_begin(track, name(label.kind), trace::async_id(track, op->seq), submitted, trace_fields(label));
-  }
-  return op;
 }
 
 // The agreement of an operation without tensor arguments (barrier, split, creation): every
