@@ -2666,11 +2666,6 @@ inline trace::fields trace_fields(const op_label& label) noexcept {
   return f;
 }
 
-// A phase of the running operation of comm (a slice inside the operation's on its track).
-template <class C> trace::span trace_phase(C& comm, const char* phase, trace::fields args = {}) noexcept {
-  return trace::span(comm.operations().track(), phase, args);
-}
-
 // Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
 template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
   operation_state& ops = comm.operations();
@@ -11895,7 +11890,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     const detail::bucket_plan::bucket& plan = plan_.buckets[b];
     // In the timeline: packing and starting it, with the sequence number its operation takes.
     detail::trace::fields args = detail::trace::fields::elements(plan.count, plan.type);
-    args.seq = comm_.operations().issued();
+    if (detail::trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
     args.extra_name = "bucket";
     args.extra = static_cast<std::int64_t>(b);
     const detail::trace::span slice(track_, "launch bucket", args);

@@ -663,7 +663,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     const detail::bucket_plan::bucket& plan = plan_.buckets[b];
     // In the timeline: packing and starting it, with the sequence number its operation takes.
     detail::trace::fields args = detail::trace::fields::elements(plan.count, plan.type);
-    args.seq = comm_.operations().issued();
+    if (detail::trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
     args.extra_name = "bucket";
     args.extra = static_cast<std::int64_t>(b);
     const detail::trace::span slice(track_, "launch bucket", args);

@@ -28,11 +28,6 @@ inline trace::fields trace_fields(const op_label& label) noexcept {
   return f;
 }
 
-// A phase of the running operation of comm (a slice inside the operation's on its track).
-template <class C> trace::span trace_phase(C& comm, const char* phase, trace::fields args = {}) noexcept {
-  return trace::span(comm.operations().track(), phase, args);
-}
-
 // Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
 template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
   operation_state& ops = comm.operations();
