@@ -12,6 +12,12 @@
 // ---- herd/core/config.hpp ----
 // Version, host/device annotations and the configuration namespace.
 
+// herd is written in C++20 (concepts, designated initializers, std::span). Say so before a
+// compiler in an older mode (nvcc's default is C++17) reports the first construct it cannot parse.
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "herd needs C++20: compile with -std=c++20 (g++, clang++, mpicxx and nvcc alike), or link the CMake target herd::herd, which asks for it"
+#endif
+
 #define HERD_VERSION_MAJOR 0
 #define HERD_VERSION_MINOR 1
 #define HERD_VERSION_PATCH 0
@@ -106,6 +112,7 @@ HERD_CONFIG_NAMESPACE_END
 
 // ---- herd/core/device.hpp ----
 // Where a tensor's memory lives.
+
 
 #include <cstdint>
 #include <string>
@@ -355,6 +362,7 @@ constexpr decltype(auto) visit(dtype t, Fn&& fn) {
 
 // ---- herd/core/error.hpp ----
 // herd::error: what went wrong, on which rank, and what to do about it.
+
 
 #include <stdexcept>
 #include <string>
@@ -12144,6 +12152,7 @@ HERD_CONFIG_NAMESPACE_END
 //
 //   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
 //   sgd.set_lr(schedule(step));
+
 
 #include <concepts>
 #include <cstddef>

@@ -4,6 +4,7 @@
 #         -DEXPECT="this tensor type is not adapted" -P tests/compile/check_compile_fails.cmake
 #
 # -fsyntax-only: the checks under test are static_asserts, so nothing needs to be built.
+# FLAGS (a list) replaces the default "-std=c++20;-fsyntax-only", e.g. for another standard or nvcc.
 
 foreach(required COMPILER SOURCE EXPECT)
   if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
@@ -21,14 +22,19 @@ foreach(dir IN LISTS INCLUDE_DIRS)
   endif()
 endforeach()
 
+if(NOT DEFINED FLAGS)
+  set(FLAGS -std=c++20 -fsyntax-only)
+endif()
+
 execute_process(
-  COMMAND "${COMPILER}" -std=c++20 -fsyntax-only ${include_flags} "${SOURCE}"
+  COMMAND "${COMPILER}" ${FLAGS} ${include_flags} "${SOURCE}"
   RESULT_VARIABLE result
   OUTPUT_VARIABLE output
   ERROR_VARIABLE output)
 
 list(JOIN include_flags " " flags_text)
-set(command "${COMPILER} -std=c++20 -fsyntax-only ${flags_text} ${SOURCE}")
+list(JOIN FLAGS " " compile_flags_text)
+set(command "${COMPILER} ${compile_flags_text} ${flags_text} ${SOURCE}")
 
 # result is 0 on success, a non-zero code on failure, or a message when the compiler did not run:
 # only a non-zero number counts as "failed to compile".

@@ -1,6 +1,12 @@
 #pragma once
 // Version, host/device annotations and the configuration namespace.
 
+// herd is written in C++20 (concepts, designated initializers, std::span). Say so before a
+// compiler in an older mode (nvcc's default is C++17) reports the first construct it cannot parse.
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 202002L
+#error "herd needs C++20: compile with -std=c++20 (g++, clang++, mpicxx and nvcc alike), or link the CMake target herd::herd, which asks for it"
+#endif
+
 #define HERD_VERSION_MAJOR 0
 #define HERD_VERSION_MINOR 1
 #define HERD_VERSION_PATCH 0

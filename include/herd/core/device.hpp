@@ -1,6 +1,8 @@
 #pragma once
 // Where a tensor's memory lives.
 
+#include <herd/core/config.hpp>
+
 #include <cstdint>
 #include <string>
 

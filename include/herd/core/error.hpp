@@ -1,6 +1,8 @@
 #pragma once
 // herd::error: what went wrong, on which rank, and what to do about it.
 
+#include <herd/core/config.hpp>
+
 #include <stdexcept>
 #include <string>
 #include <string_view>

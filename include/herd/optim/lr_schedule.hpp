@@ -7,6 +7,8 @@
 //   herd::scaled_learning_rate schedule{.base = 0.05, .ranks = comm.size(), .warmup_steps = 500};
 //   sgd.set_lr(schedule(step));
 
+#include <herd/core/config.hpp>
+
 #include <concepts>
 #include <cstddef>
 
