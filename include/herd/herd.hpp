@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_HERD_HPP
+#define HERD_HERD_HPP
 // herd: data-parallel training for C++ tensor libraries. This header brings in everything that
 // needs nothing beyond the C++ standard library and MPI. Define HERD_NO_MPI before including it
 // to leave MPI out (local_communicator still works).
@@ -52,3 +53,5 @@
 
 #include <herd/runtime/env.hpp>
 #include <herd/runtime/timeline.hpp>
+
+#endif  // HERD_HERD_HPP

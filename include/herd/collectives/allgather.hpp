@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_ALLGATHER_HPP
+#define HERD_COLLECTIVES_ALLGATHER_HPP
 // herd::allgather and herd::allgatherv: every rank ends with every rank's tensor, laid end to end
 // in rank order.
 //
@@ -209,3 +210,5 @@ std::vector<std::size_t> allgatherv(const In& input, std::vector<T, Allocator>& 
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_ALLGATHER_HPP

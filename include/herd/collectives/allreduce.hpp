@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_ALLREDUCE_HPP
+#define HERD_COLLECTIVES_ALLREDUCE_HPP
 // herd::allreduce: every rank ends with the elementwise reduction of every rank's tensor,
 // bitwise identical on all of them.
 //
@@ -386,3 +387,5 @@ template <communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_ALLREDUCE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_ALLTOALL_HPP
+#define HERD_COLLECTIVES_ALLTOALL_HPP
 // herd::alltoall and herd::alltoallv: every rank sends a block to every rank; rank i's output holds
 // the blocks sent to it, in rank order (MPI_Alltoall, MPI_Alltoallv; Horovod's alltoall).
 //
@@ -295,3 +296,5 @@ template <class In, class Out, communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_ALLTOALL_HPP

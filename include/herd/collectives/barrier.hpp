@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_BARRIER_HPP
+#define HERD_COLLECTIVES_BARRIER_HPP
 // herd::barrier: returns on each rank once every rank has entered it. An operation like any
 // other: a rank in a barrier while another is in a different collective is an error on both,
 // naming both operations.
@@ -17,3 +18,5 @@ template <communicator C> void barrier(C& comm) {
 }
 
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_BARRIER_HPP

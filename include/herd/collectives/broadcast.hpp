@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_BROADCAST_HPP
+#define HERD_COLLECTIVES_BROADCAST_HPP
 // herd::broadcast: every rank ends with the root's tensor.
 //
 //   herd::broadcast(weights, comm, /*root=*/0);
@@ -166,3 +167,5 @@ template <class T, communicator C> [[nodiscard]] handle broadcast_async(T& tenso
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_BROADCAST_HPP

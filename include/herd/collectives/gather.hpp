@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_GATHER_HPP
+#define HERD_COLLECTIVES_GATHER_HPP
 // herd::gather and herd::gatherv: the root ends with every rank's tensor, laid end to end in rank
 // order (MPI_Gather, MPI_Gatherv).
 //
@@ -175,3 +176,5 @@ template <class In, class Out, communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_GATHER_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_OBJECT_HPP
+#define HERD_COLLECTIVES_OBJECT_HPP
 // herd::allgather_object and herd::broadcast_object: host values rather than tensors, as Horovod's
 // functions of those names (which pickle; herd copies bytes).
 //
@@ -122,3 +123,5 @@ template <class T, communicator C> void broadcast_object(T& value, C& comm, int 
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_OBJECT_HPP

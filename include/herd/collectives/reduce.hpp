@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_REDUCE_HPP
+#define HERD_COLLECTIVES_REDUCE_HPP
 // herd::reduce: the root ends with the elementwise reduction of every rank's tensor (MPI_Reduce).
 //
 //   herd::reduce(grad, sum, comm);                                   // sum on rank 0
@@ -162,3 +163,5 @@ template <class In, class Out, communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_REDUCE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_REDUCE_SCATTER_HPP
+#define HERD_COLLECTIVES_REDUCE_SCATTER_HPP
 // herd::reduce_scatter: the input holds comm.size() equal blocks; rank i ends with block i of
 // the reduction over all ranks (MPI_Reduce_scatter_block).
 //
@@ -121,3 +122,5 @@ template <class In, class Out, communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_REDUCE_SCATTER_HPP

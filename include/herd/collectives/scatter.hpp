@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_SCATTER_HPP
+#define HERD_COLLECTIVES_SCATTER_HPP
 // herd::scatter and herd::scatterv: the root's tensor holds one block per rank, in rank order;
 // rank i ends with block i (MPI_Scatter, MPI_Scatterv).
 //
@@ -180,3 +181,5 @@ template <class In, class Out, communicator C>
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_COLLECTIVES_SCATTER_HPP

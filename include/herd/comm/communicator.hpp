@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_COMMUNICATOR_HPP
+#define HERD_COMM_COMMUNICATOR_HPP
 // The communicator concept: what herd's collectives need from a transport. Three ship with herd:
 // mpi_communicator (processes, over MPI), local_communicator (threads of one process) and
 // nccl_communicator (GPUs).
@@ -86,3 +87,5 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 
 }  // namespace detail
 }  // namespace herd
+
+#endif  // HERD_COMM_COMMUNICATOR_HPP

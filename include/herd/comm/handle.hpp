@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_HANDLE_HPP
+#define HERD_COMM_HANDLE_HPP
 // herd::handle: an operation started by an _async collective.
 //
 //   herd::handle h = herd::allreduce_async(grad, comm, herd::reduce_op::avg);
@@ -110,3 +111,5 @@ class handle {
 };
 
 }  // namespace herd
+
+#endif  // HERD_COMM_HANDLE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_LOCAL_HPP
+#define HERD_COMM_LOCAL_HPP
 // herd::local_communicator: N ranks as threads of one process, passing messages through shared
 // memory. For tests, and for single-node programs that want data parallelism without MPI.
 //
@@ -555,3 +556,5 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 
 }  // namespace local
 }  // namespace herd
+
+#endif  // HERD_COMM_LOCAL_HPP

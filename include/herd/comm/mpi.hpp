@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_MPI_HPP
+#define HERD_COMM_MPI_HPP
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
 //
 // Besides moving bytes, an mpi_communicator keeps the rules every herd communicator follows
@@ -1078,3 +1079,5 @@ class mpi_communicator {
 };
 
 }  // namespace herd
+
+#endif  // HERD_COMM_MPI_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_NCCL_HPP
+#define HERD_COMM_NCCL_HPP
 // herd::nccl_communicator: one rank per GPU, with NCCL moving and reducing device memory. Made
 // from an MPI communicator (rank 0 creates NCCL's unique id, MPI broadcasts it) and a device:
 //
@@ -434,3 +435,5 @@ class nccl_communicator {
 
 }  // namespace herd
 #endif
+
+#endif  // HERD_COMM_NCCL_HPP

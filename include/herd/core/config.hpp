@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_CONFIG_HPP
+#define HERD_CORE_CONFIG_HPP
 // Version, host/device annotations and the configuration namespace.
 
 // herd is written in C++20 (concepts, designated initializers, std::span). Say so before a
@@ -98,3 +99,5 @@ HERD_CONFIG_NAMESPACE_BEGIN
 inline const char* configuration() noexcept { return HERD_PP_STRING(HERD_CONFIG_NS); }
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_CORE_CONFIG_HPP

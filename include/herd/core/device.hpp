@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_DEVICE_HPP
+#define HERD_CORE_DEVICE_HPP
 // Where a tensor's memory lives.
 
 #include <herd/core/config.hpp>
@@ -27,3 +28,5 @@ struct device {
 };
 
 }  // namespace herd
+
+#endif  // HERD_CORE_DEVICE_HPP

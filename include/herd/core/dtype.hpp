@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_DTYPE_HPP
+#define HERD_CORE_DTYPE_HPP
 // The element types herd moves and reduces.
 
 #include <herd/core/half.hpp>
@@ -93,3 +94,5 @@ constexpr decltype(auto) visit(dtype t, Fn&& fn) {
 }
 
 }  // namespace herd
+
+#endif  // HERD_CORE_DTYPE_HPP

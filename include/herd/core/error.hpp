@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_ERROR_HPP
+#define HERD_CORE_ERROR_HPP
 // herd::error: what went wrong, on which rank, and what to do about it.
 
 #include <herd/core/config.hpp>
@@ -49,3 +50,5 @@ inline std::string error_message(const error_site& site, std::string_view what, 
 
 }  // namespace detail
 }  // namespace herd
+
+#endif  // HERD_CORE_ERROR_HPP

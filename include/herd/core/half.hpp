@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_HALF_HPP
+#define HERD_CORE_HALF_HPP
 // Host (and device) storage types for IEEE binary16 and bfloat16, with round-to-nearest-even
 // conversions from float that keep NaN a NaN, overflow to infinity, and round into subnormals.
 // Arithmetic goes through float: herd only converts, compares and reduces these values.
@@ -124,3 +125,5 @@ struct bfloat16 {
 };
 
 }  // namespace herd
+
+#endif  // HERD_CORE_HALF_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_RANDOM_HPP
+#define HERD_CORE_RANDOM_HPP
 // herd::random_engine: a small seeded PRNG whose stream is the same on every platform, compiler
 // and standard library, so that every rank of a job (and every rerun) draws the same numbers.
 // std:: engines are portable but std:: distributions are not, hence our own uniform_below.
@@ -129,3 +130,5 @@ class random_engine {
 };
 
 }  // namespace herd
+
+#endif  // HERD_CORE_RANDOM_HPP

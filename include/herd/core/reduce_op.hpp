@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CORE_REDUCE_OP_HPP
+#define HERD_CORE_REDUCE_OP_HPP
 // Reduction operators and the per-element functions that apply them. The same functions run in
 // herd's host loops and, compiled by nvcc, in its CUDA kernels.
 //
@@ -126,3 +127,5 @@ template <class T> HERD_HOST_DEVICE inline T finalize_avg(T sum, int n) noexcept
 }
 
 }  // namespace herd
+
+#endif  // HERD_CORE_REDUCE_OP_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_ERROR_HPP
+#define HERD_CUDA_ERROR_HPP
 // Every CUDA runtime call herd makes goes through HERD_CUDA_CHECK, which turns a failure into
 // herd::error naming the call, CUDA's error name and message, and what to check.
 //
@@ -30,3 +31,5 @@ inline void check(cudaError_t code, const char* call) {
 #define HERD_CUDA_CHECK(call) ::herd::cuda::check((call), #call)
 
 #endif
+
+#endif  // HERD_CUDA_ERROR_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_KERNELS_HPP
+#define HERD_CUDA_KERNELS_HPP
 // herd's CUDA kernels and their launchers, compiled in the user's translation unit by nvcc:
 //
 //   herd::cuda::reduce(type, op, out, a, b, n, avg_ranks, stream)   out = a ∘ b (÷ avg_ranks)
@@ -229,3 +230,5 @@ class batched_copy {
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::cuda
 #endif
+
+#endif  // HERD_CUDA_KERNELS_HPP

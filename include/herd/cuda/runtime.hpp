@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_RUNTIME_HPP
+#define HERD_CUDA_RUNTIME_HPP
 // Owning handles for the CUDA objects herd uses: the current device, streams, events, and
 // grow-only device and pinned host buffers; and the caller's stream, which herd's GPU work follows.
 
@@ -156,3 +157,5 @@ inline int multiprocessors(int device) {
 
 }  // namespace herd::cuda
 #endif
+
+#endif  // HERD_CUDA_RUNTIME_HPP

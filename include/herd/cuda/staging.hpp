@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_STAGING_HPP
+#define HERD_CUDA_STAGING_HPP
 // The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
 // stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
 // and events as markers. One per device and thread, so that its buffers (the staging slots, of a
@@ -86,3 +87,5 @@ inline stream_stage& stage_for(int device) {
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::cuda
 #endif
+
+#endif  // HERD_CUDA_STAGING_HPP

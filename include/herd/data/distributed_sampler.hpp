@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_DATA_DISTRIBUTED_SAMPLER_HPP
+#define HERD_DATA_DISTRIBUTED_SAMPLER_HPP
 // herd::distributed_sampler: which samples of a dataset each rank reads in an epoch, with the
 // partition rules of PyTorch's DistributedSampler, so that a model ported from PyTorch sees the
 // same split (the shuffled order itself comes from herd::random_engine, not torch's randperm).
@@ -256,3 +257,5 @@ class distributed_sampler {
 };
 
 }  // namespace herd
+
+#endif  // HERD_DATA_DISTRIBUTED_SAMPLER_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_NN_SYNC_BATCH_NORM_HPP
+#define HERD_NN_SYNC_BATCH_NORM_HPP
 // Synchronized batch normalization (PyTorch's SyncBatchNorm): the batch statistics of every rank's
 // batch together, as if one rank normalized the whole global batch.
 //
@@ -163,3 +164,5 @@ class sync_batch_norm {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_NN_SYNC_BATCH_NORM_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_NN_TORCH_HPP
+#define HERD_NN_TORCH_HPP
 // herd::torch::SyncBatchNorm for libtorch, which has none: BatchNorm whose batch statistics are
 // those of every rank's batch together, and convert_sync_batchnorm, which gives a Sequential
 // with its BatchNorm1d/2d/3d layers swapped for it (as torch.nn.SyncBatchNorm.
@@ -231,3 +232,5 @@ template <communicator C> ::torch::nn::Sequential convert_sync_batchnorm(const :
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::torch
+
+#endif  // HERD_NN_TORCH_HPP

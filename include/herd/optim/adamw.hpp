@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_ADAMW_HPP
+#define HERD_OPTIM_ADAMW_HPP
 // herd::adamw: Adam with decoupled weight decay, for parameters in host memory of any
 // floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
 //
@@ -94,3 +95,5 @@ class adamw {
 };
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_ADAMW_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_BROADCAST_HPP
+#define HERD_OPTIM_BROADCAST_HPP
 // Making every rank start from the same state, as Horovod's broadcast_parameters,
 // broadcast_optimizer_state and broadcast_object do.
 //
@@ -35,3 +36,5 @@ template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimi
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_BROADCAST_HPP

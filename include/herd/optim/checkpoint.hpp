@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_CHECKPOINT_HPP
+#define HERD_OPTIM_CHECKPOINT_HPP
 // herd::checkpoint: tensors and plain values by name, that one rank saves and every rank restores.
 //   herd::checkpoint state;
 //   state.add("weights", weights, {256, 784}).add("momentum", momentum).add_value("epoch", epoch);
@@ -522,3 +523,5 @@ class checkpoint {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_CHECKPOINT_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_COMPRESSION_HPP
+#define HERD_OPTIM_COMPRESSION_HPP
 // Gradient compression for the distributed optimizer: f32 and f64 gradients cross the wire as
 // f16 or bf16 and are cast back on arrival, halving (or quartering) the bytes sent. Other dtypes
 // travel as they are.
@@ -28,3 +29,5 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 }
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_COMPRESSION_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
+#define HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
 // herd::distributed_optimizer: wraps any optimizer so that each of its steps uses the gradients
 // averaged (or summed) over all ranks, like Horovod's DistributedOptimizer.
 //
@@ -908,3 +909,5 @@ template <class Optimizer, communicator C> class distributed_optimizer {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP

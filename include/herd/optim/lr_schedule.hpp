@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_LR_SCHEDULE_HPP
+#define HERD_OPTIM_LR_SCHEDULE_HPP
 // The learning rate for data-parallel training: the single-rank rate scaled by the number of
 // ranks (the effective batch grows with them), reached by a linear warm-up from the single-rank
 // rate over the first steps (Goyal et al., "Accurate, Large Minibatch SGD"; Horovod's
@@ -29,3 +30,5 @@ struct scaled_learning_rate {
 };
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_LR_SCHEDULE_HPP

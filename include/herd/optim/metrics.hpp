@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_METRICS_HPP
+#define HERD_OPTIM_METRICS_HPP
 // Logging across ranks: a loss or accuracy measured on each rank's shard, combined into the
 // value over all ranks.
 //
@@ -49,3 +50,5 @@ template <communicator C> double average(double value, C& comm) {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_METRICS_HPP

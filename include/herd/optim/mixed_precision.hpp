@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_MIXED_PRECISION_HPP
+#define HERD_OPTIM_MIXED_PRECISION_HPP
 // Mixed precision as apex and torch.cuda.amp users know it: a dynamic loss scaler, and f32 master
 // weights for f16/bf16 parameters.
 //
@@ -172,3 +173,5 @@ mixed_precision(std::vector<buffer_view>, std::vector<buffer_view>, loss_scaler&
     -> mixed_precision<std::invoke_result_t<Make, std::vector<buffer_view>, std::vector<buffer_view>>>;
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_MIXED_PRECISION_HPP

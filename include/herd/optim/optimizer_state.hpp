@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_OPTIMIZER_STATE_HPP
+#define HERD_OPTIM_OPTIMIZER_STATE_HPP
 // How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
 // broadcast_optimizer_state and checkpoints. An optimizer either has a member
 //
@@ -31,3 +32,5 @@ template <class Optimizer, class F> void visit_optimizer_state(Optimizer& opt, F
 }
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_OPTIMIZER_STATE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_SGD_HPP
+#define HERD_OPTIM_SGD_HPP
 // herd::sgd: stochastic gradient descent with momentum, Nesterov momentum and weight decay, for
 // parameters in host memory of any floating-point dtype. The update follows torch.optim.SGD:
 //
@@ -89,3 +90,5 @@ class sgd {
 };
 
 }  // namespace herd
+
+#endif  // HERD_OPTIM_SGD_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_TORCH_HPP
+#define HERD_OPTIM_TORCH_HPP
 // libtorch training with herd, the DistributedDataParallel that libtorch lacks. Opt-in: include
 // it after <torch/torch.h>.
 //
@@ -139,3 +140,5 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_TORCH_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_TORCH_DDP_HPP
+#define HERD_OPTIM_TORCH_DDP_HPP
 // herd::torch::DistributedDataParallel: PyTorch's DistributedDataParallel for libtorch, which has
 // none (pytorch/pytorch#48959). Opt-in: include it after <torch/torch.h>.
 //
@@ -200,3 +201,5 @@ template <class Module, communicator C> class DistributedDataParallel {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::torch
+
+#endif  // HERD_OPTIM_TORCH_DDP_HPP

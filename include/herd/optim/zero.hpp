@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_ZERO_HPP
+#define HERD_OPTIM_ZERO_HPP
 // herd::zero_optimizer: ZeRO stage 1 (DeepSpeed's, PyTorch's ZeroRedundancyOptimizer): the
 // optimizer's state is split across the ranks instead of repeated on each.
 //
@@ -217,3 +218,5 @@ zero_optimizer(std::vector<buffer_view>, std::vector<buffer_view>, C&, Make, zer
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
+
+#endif  // HERD_OPTIM_ZERO_HPP

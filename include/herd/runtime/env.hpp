@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_RUNTIME_ENV_HPP
+#define HERD_RUNTIME_ENV_HPP
 // herd's environment variables, read once per process. Each has a programmatic twin in the
 // options of the object it affects; the variable only sets the default.
 //
@@ -136,3 +137,5 @@ inline settings& defaults() {
 }
 
 }  // namespace herd::runtime
+
+#endif  // HERD_RUNTIME_ENV_HPP

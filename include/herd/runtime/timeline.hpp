@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_RUNTIME_TIMELINE_HPP
+#define HERD_RUNTIME_TIMELINE_HPP
 // herd::timeline: where a run's time goes, as Chrome trace-event JSON that Perfetto
 // (ui.perfetto.dev) and chrome://tracing open.
 //
@@ -385,3 +386,5 @@ inline bool active() { return detail::trace::recorder::instance().active(); }
 inline std::filesystem::path file() { return detail::trace::recorder::instance().file(); }
 
 }  // namespace herd::timeline
+
+#endif  // HERD_RUNTIME_TIMELINE_HPP

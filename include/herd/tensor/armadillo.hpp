@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_ARMADILLO_HPP
+#define HERD_TENSOR_ARMADILLO_HPP
 // tensor_traits for Armadillo's dense objects: Mat, Col, Row and Cube (fixed sizes too), and
 // subviews that are one block of memory, of herd's element types (fmat, mat, Mat<int8_t>,
 // Mat<uint8_t>, Mat<int32_t>, and imat, whose long long elements herd takes as int64).
@@ -139,3 +140,5 @@ template <class A>
 struct tensor_traits<A> : detail::armadillo_traits_for<A> {};
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_ARMADILLO_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_BUFFER_VIEW_HPP
+#define HERD_TENSOR_BUFFER_VIEW_HPP
 // A plain view of memory (pointer, element count, dtype, device): the adapter for raw buffers,
 // and the form every tensor takes inside herd once its traits have been read.
 
@@ -71,3 +72,5 @@ template <class T> const_buffer_view const_view_of(const T& t) {
 template <class... T> std::vector<buffer_view> views(T&... tensors) { return {view_of(tensors)...}; }
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_BUFFER_VIEW_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_DLPACK_HPP
+#define HERD_TENSOR_DLPACK_HPP
 // tensor_traits for DLPack's DLTensor, the exchange format of PyTorch, JAX, CuPy, TVM and others.
 //
 // The structs are declared here from the public DLPack specification (v0.8 layout, which v1.0
@@ -168,3 +169,5 @@ template <> struct tensor_traits<DLTensor> {
 };
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_DLPACK_HPP

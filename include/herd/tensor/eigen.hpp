@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_EIGEN_HPP
+#define HERD_TENSOR_EIGEN_HPP
 // tensor_traits for Eigen's dense storage: Matrix and Array (fixed or dynamic sizes, either
 // storage order), and Map and Ref over them, of herd's element types (float, double, int8_t,
 // uint8_t, int32_t, int64_t). Opt-in: include it after <Eigen/Core>.
@@ -64,3 +65,5 @@ template <class Plain, int Options, class Stride>
 struct tensor_traits<Eigen::Ref<Plain, Options, Stride>> : detail::eigen_traits<Eigen::Ref<Plain, Options, Stride>> {};
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_EIGEN_HPP

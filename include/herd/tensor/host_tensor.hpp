@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_HOST_TENSOR_HPP
+#define HERD_TENSOR_HOST_TENSOR_HPP
 // herd::host_tensor: a small owning buffer of host memory with a dtype. herd uses it for
 // optimizer state and staging; users may too.
 
@@ -58,3 +59,5 @@ template <> struct tensor_traits<host_tensor> {
 };
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_HOST_TENSOR_HPP

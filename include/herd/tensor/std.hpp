@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_STD_HPP
+#define HERD_TENSOR_STD_HPP
 // tensor_traits for std::vector, std::array and std::span of herd's element types
 // (float, double, herd::half, herd::bfloat16, std::int8_t, std::uint8_t, std::int32_t, std::int64_t).
 
@@ -39,3 +40,5 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 };
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_STD_HPP

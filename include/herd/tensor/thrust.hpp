@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_THRUST_HPP
+#define HERD_TENSOR_THRUST_HPP
 // tensor_traits for thrust::device_vector (on the GPU that holds its memory) and
 // thrust::host_vector. Thrust needs nvcc, so this header is empty to other compilers.
 
@@ -50,3 +51,5 @@ template <element T, class Allocator> struct tensor_traits<thrust::host_vector<T
 
 }  // namespace herd
 #endif
+
+#endif  // HERD_TENSOR_THRUST_HPP

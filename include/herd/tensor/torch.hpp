@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_TORCH_HPP
+#define HERD_TENSOR_TORCH_HPP
 // tensor_traits for torch::Tensor (libtorch). Opt-in: the umbrella header does not include it,
 // so programs without libtorch never see it.
 //
@@ -70,3 +71,5 @@ template <> struct tensor_traits<at::Tensor> {
 };
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_TORCH_HPP

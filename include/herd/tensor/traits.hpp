@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_TRAITS_HPP
+#define HERD_TENSOR_TRAITS_HPP
 // herd::tensor_traits: the one customization point. Specialize it for your tensor type:
 //
 //   template <> struct herd::tensor_traits<my::Tensor> {
@@ -73,3 +74,5 @@ template <class T> constexpr void require_writable_tensor() {
 
 }  // namespace detail
 }  // namespace herd
+
+#endif  // HERD_TENSOR_TRAITS_HPP

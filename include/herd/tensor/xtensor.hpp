@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_TENSOR_XTENSOR_HPP
+#define HERD_TENSOR_XTENSOR_HPP
 // tensor_traits for xtensor: xt::xarray, xt::xtensor<T, N>, xt::xtensor_fixed, the adaptors
 // xt::adapt makes over a pointer or a std::vector, and views of them (xt::view, xt::strided_view,
 // xt::transpose) whose elements fill one block of memory; of herd's element types (float,
@@ -115,3 +116,5 @@ template <class E>
 struct tensor_traits<E> : detail::xtensor_traits_for<E> {};
 
 }  // namespace herd
+
+#endif  // HERD_TENSOR_XTENSOR_HPP

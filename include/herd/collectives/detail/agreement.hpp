@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_AGREEMENT_HPP
+#define HERD_COLLECTIVES_DETAIL_AGREEMENT_HPP
 // The arguments of a collective, checked on this rank (call_check) and then across ranks in the
 // agreement its operation starts with (comm/detail/agreement.hpp): the dtype, reduce op, element
 // count, root and device kind every rank passed, and whether each rank's arguments were valid. A
@@ -242,3 +243,5 @@ inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_AGREEMENT_HPP

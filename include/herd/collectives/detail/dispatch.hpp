@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_DISPATCH_HPP
+#define HERD_COLLECTIVES_DETAIL_DISPATCH_HPP
 // Which path a collective takes for a communicator and a device:
 // - a communicator with native collectives (nccl_communicator) runs them on its own memory;
 // - device tensors over a host-memory communicator go through herd's staged paths, which need
@@ -137,3 +138,5 @@ void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Re
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_DISPATCH_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
+#define HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
 // What the collectives that move host memory only (gather, scatter, alltoall(v), reduce) check
 // alike: they refuse a communicator with native collectives (nccl_communicator) at compile time,
 // and a device tensor, or a list of per-rank counts of the wrong length, with herd::error on every
@@ -40,3 +41,5 @@ inline void require_one_per_rank(call_check& check, const char* what, std::span<
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP

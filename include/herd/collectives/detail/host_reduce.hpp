@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
+#define HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
 #include <herd/core/dtype.hpp>
@@ -88,3 +89,5 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_LAUNCH_HPP
+#define HERD_COLLECTIVES_DETAIL_LAUNCH_HPP
 // How a collective's body runs as an operation of its communicator (comm/detail/operation.hpp):
 // now, on the caller's thread, for the blocking forms; queued, for the _async forms, on the
 // communicator's progress thread (or inside handle::wait/test without one). On a communicator
@@ -64,3 +65,5 @@ template <communicator C> int data_tag_of(C& comm) { return comm.operations().da
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_LAUNCH_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+#define HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
 // The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
 // r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
 // sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
@@ -43,3 +44,5 @@ void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_RING_HPP
+#define HERD_COLLECTIVES_DETAIL_RING_HPP
 // The ring: p ranks in a circle, each sending to its right neighbour and receiving from its left.
 // A buffer is cut into p chunks; each chunk into segments. Reduce-scatter and allgather each take
 // p-1 steps, and every step moves one chunk per rank, segment by segment: a rank forwards a
@@ -185,3 +186,5 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_RING_HPP

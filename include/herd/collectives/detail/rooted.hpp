@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_ROOTED_HPP
+#define HERD_COLLECTIVES_DETAIL_ROOTED_HPP
 // Moving every rank's block to one root, or the root's blocks to every rank (gather, scatter, and
 // reduce's last step). Blocks may differ in size, and every rank knows every size.
 //
@@ -186,3 +187,5 @@ inline void rotate_blocks(std::span<const std::size_t> bytes, int root, const st
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_ROOTED_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_SCRATCH_HPP
+#define HERD_COLLECTIVES_DETAIL_SCRATCH_HPP
 // Reusable per-thread staging memory, so that a collective in a training loop allocates nothing
 // (and takes no page faults) after its first call.
 
@@ -25,3 +26,5 @@ inline std::byte* scratch(std::size_t bytes, int which = 0) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_SCRATCH_HPP

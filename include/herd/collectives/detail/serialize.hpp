@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
+#define HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
 // The bytes of a host value, for allgather_object and broadcast_object: a trivially copyable
 // value as it lies in memory; a std::string or std::vector (of any of these) as its length and
 // then its elements. Every rank runs the same build, so no byte order or padding is converted.
@@ -153,3 +154,5 @@ template <class T> void read_object(const std::byte* data, std::size_t bytes, T&
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP

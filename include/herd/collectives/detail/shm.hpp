@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_SHM_HPP
+#define HERD_COLLECTIVES_DETAIL_SHM_HPP
 // Collectives through a node's shared memory (comm/detail/shm.hpp): for host tensors when every
 // rank of the communicator is on one node, and as the two node-local halves of the hierarchical
 // allreduce. Tensors are cut into slices that fit a rank's buffer, one step (ticket) per slice,
@@ -239,3 +240,5 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_SHM_HPP

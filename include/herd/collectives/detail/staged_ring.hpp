@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COLLECTIVES_DETAIL_STAGED_RING_HPP
+#define HERD_COLLECTIVES_DETAIL_STAGED_RING_HPP
 // herd's collectives on device memory over a communicator that moves host memory (MPI without
 // CUDA awareness): every segment crosses through page-locked host slots, and reductions run on
 // the device. Staging memory is bounded, as NCCL's and Gloo's are: `staged_window` slots of one
@@ -292,3 +293,5 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_STAGED_RING_HPP

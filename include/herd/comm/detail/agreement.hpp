@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_AGREEMENT_HPP
+#define HERD_COMM_DETAIL_AGREEMENT_HPP
 // The cross-rank agreement every operation starts with. Each rank sends a fixed-size signature
 // (which operation, its sequence number, its arguments, the communicator's wire-protocol options,
 // and whether its own arguments were valid), optionally with up to 8 KiB of data, and learns
@@ -340,3 +341,5 @@ inline signature signature_of(const operation_state& ops) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_AGREEMENT_HPP

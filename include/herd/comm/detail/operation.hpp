@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_OPERATION_HPP
+#define HERD_COMM_DETAIL_OPERATION_HPP
 // An operation of a communicator, from start to end: it takes the communicator's next sequence
 // number (in the order operations were issued on this rank, which must be the order on every
 // rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
@@ -142,3 +143,5 @@ template <class C> void agree_creation(C& comm, const std::string& problem) {
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_OPERATION_HPP

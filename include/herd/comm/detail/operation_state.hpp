@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_OPERATION_STATE_HPP
+#define HERD_COMM_DETAIL_OPERATION_STATE_HPP
 // What a communicator knows about its operations: their sequence numbers, the one running now
 // (for the watchdog's messages and the data tag), whether the communicator was aborted and why,
 // and the queue that runs operations in submission order (on the caller's thread, or on a
@@ -384,3 +385,5 @@ class operation_state {
 
 }  // namespace detail
 }  // namespace herd
+
+#endif  // HERD_COMM_DETAIL_OPERATION_STATE_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_SHM_HPP
+#define HERD_COMM_DETAIL_SHM_HPP
 // Shared memory between the ranks of a communicator that run on one node: one segment that every
 // one of them maps, in which each rank owns a region (two buffers and two counters). The
 // collectives over it (collectives/detail/shm.hpp) move data by plain loads and stores and
@@ -246,3 +247,5 @@ class shm_node {
 };
 
 }  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_SHM_HPP

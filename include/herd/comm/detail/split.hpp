@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_SPLIT_HPP
+#define HERD_COMM_DETAIL_SPLIT_HPP
 // The agreement of split() and subset() (a split by a list of ranks): every rank learns every
 // rank's color and key before anything is made, so that a bad color on one rank, or lists of ranks
 // that differ, raise herd::error on every rank instead of leaving the others in MPI_Comm_split.
@@ -89,3 +90,5 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_SPLIT_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_COMM_DETAIL_WATCHDOG_HPP
+#define HERD_COMM_DETAIL_WATCHDOG_HPP
 // How a rank waits: briefly spinning (an answer is usually microseconds away), then yielding the
 // core (which lets a peer sharing it run: with more ranks than cores, a ring's segments arrive
 // within this phase, and sleeping instead made 32-256 MiB allreduces at 4 ranks on 2 cores twice
@@ -100,3 +101,5 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 }
 
 }  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_WATCHDOG_HPP

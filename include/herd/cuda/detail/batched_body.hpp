@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_DETAIL_BATCHED_BODY_HPP
+#define HERD_CUDA_DETAIL_BATCHED_BODY_HPP
 // The body of herd's batched copy: many tensors packed into (or unpacked from) one fusion buffer
 // in a single kernel launch, each element cast and scaled on the way. Work is cut into blocks of
 // `elements_per_block` elements of one tensor; block b finds its tensor by binary search over the
@@ -63,3 +64,5 @@ HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uin
 }
 
 }  // namespace herd::cuda::detail
+
+#endif  // HERD_CUDA_DETAIL_BATCHED_BODY_HPP

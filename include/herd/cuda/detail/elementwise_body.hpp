@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_DETAIL_ELEMENTWISE_BODY_HPP
+#define HERD_CUDA_DETAIL_ELEMENTWISE_BODY_HPP
 // What each GPU thread does in herd's elementwise kernels, as plain functions of (thread index,
 // thread count): the kernels call them with their grid position, and tests call them on the CPU
 // for every position of an emulated grid. Each thread walks the range in a grid-stride loop:
@@ -112,3 +113,5 @@ HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread,
 }
 
 }  // namespace herd::cuda::detail
+
+#endif  // HERD_CUDA_DETAIL_ELEMENTWISE_BODY_HPP

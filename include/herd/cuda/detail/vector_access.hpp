@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_CUDA_DETAIL_VECTOR_ACCESS_HPP
+#define HERD_CUDA_DETAIL_VECTOR_ACCESS_HPP
 // Wide memory access for the kernels: V elements moved as one aligned 4-, 8- or 16-byte word
 // (a single vector load or store on the GPU), and the arithmetic that finds where a range of
 // elements becomes aligned. Host-callable, so that tests can run the kernels' bodies on the CPU.
@@ -73,3 +74,5 @@ HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_
 }
 
 }  // namespace herd::cuda::detail
+
+#endif  // HERD_CUDA_DETAIL_VECTOR_ACCESS_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DETAIL_BUCKET_PLAN_HPP
+#define HERD_OPTIM_DETAIL_BUCKET_PLAN_HPP
 // Which gradients share a bucket, as DDP assigns them: gradients are taken in a given order
 // (reverse registration order at first, since backward produces the last layers' gradients first;
 // later the order they were observed to become ready), each into the open bucket of its dtype,
@@ -74,3 +75,5 @@ struct bucket_plan {
 };
 
 }  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_BUCKET_PLAN_HPP

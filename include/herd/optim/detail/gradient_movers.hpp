@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP
+#define HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP
 // Where the distributed optimizer packs gradients into fusion buffers, casts them for
 // compression, and accumulates them across backward passes:
 // - host_mover: loops over host memory;
@@ -183,3 +184,5 @@ class device_mover {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DETAIL_HOST_OPS_HPP
+#define HERD_OPTIM_DETAIL_HOST_OPS_HPP
 // Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
 // the checks that a list of tensors is usable.
 
@@ -132,3 +133,5 @@ inline void require_parameter_pairs(const std::vector<buffer_view>& params, cons
 constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
 
 }  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP

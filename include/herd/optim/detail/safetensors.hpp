@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DETAIL_SAFETENSORS_HPP
+#define HERD_OPTIM_DETAIL_SAFETENSORS_HPP
 // The safetensors file format (huggingface/safetensors), which herd::checkpoint writes and reads:
 //   u64 N (little-endian) | N bytes of a JSON object, padded with spaces | the data section
 // Each member of the object but "__metadata__" (an object of strings) describes a tensor,
@@ -288,3 +289,5 @@ inline header parse_header(std::string_view text) {
 }
 
 }  // namespace herd::detail::safetensors
+
+#endif  // HERD_OPTIM_DETAIL_SAFETENSORS_HPP

@@ -1,4 +1,5 @@
-#pragma once
+#ifndef HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
+#define HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
 // Checks that every rank holds the same list of tensors (count, sizes, dtypes) before a sequence
 // of collectives over them, so that a rank with a different model fails with a message on every
 // rank instead of pairing its tensors with the wrong ones or waiting forever. A problem this rank
@@ -73,3 +74,5 @@ void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const 
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
