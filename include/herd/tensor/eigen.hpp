@@ -9,9 +9,10 @@
 //   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
 //
 // herd moves a tensor's elements as one contiguous range, in storage order. A Map or Ref with
-// strides that leave gaps (a block of a larger matrix, every other column) is refused at run
-// time with herd::error, on every rank of the collective; an expression (a + b, m.transpose())
-// has no storage and is refused at compile time ("this tensor type is not adapted").
+// strides that leave gaps (a Ref to a block of a larger matrix, every other column) is refused
+// at run time with herd::error, on every rank of the collective. Anything else Eigen makes is an
+// expression or a block (a + b, m.transpose(), m.block(...), m.col(i)): it is refused at compile
+// time with a message that says what to pass instead.
 
 #include <herd/core/error.hpp>
 #include <herd/tensor/traits.hpp>
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace herd {
 namespace detail {
@@ -50,6 +52,34 @@ template <class Dense> struct eigen_traits {
   static herd::device device(const Dense&) noexcept { return herd::device::cpu(); }
 };
 
+template <class T> inline constexpr bool eigen_storage = false;
+template <class S, int R, int C, int O, int MR, int MC>
+inline constexpr bool eigen_storage<Eigen::Matrix<S, R, C, O, MR, MC>> = true;
+template <class S, int R, int C, int O, int MR, int MC>
+inline constexpr bool eigen_storage<Eigen::Array<S, R, C, O, MR, MC>> = true;
+template <class P, int O, class S> inline constexpr bool eigen_storage<Eigen::Map<P, O, S>> = true;
+template <class P, int O, class S> inline constexpr bool eigen_storage<Eigen::Ref<P, O, S>> = true;
+
+template <class T> inline constexpr bool eigen_block = false;
+template <class X, int R, int C, bool I> inline constexpr bool eigen_block<Eigen::Block<X, R, C, I>> = true;
+
+// Says at compile time why an Eigen block or expression is no tensor; the functions only keep
+// the compiler from adding errors of its own after the message.
+template <class E> struct eigen_refused {
+  static_assert(!eigen_block<E>,
+                "herd: an Eigen block (m.block(...), m.col(i), m.row(i), m.topRows(n), ...) is not a tensor of its own. "
+                "Pass Eigen::Ref<Eigen::MatrixXf>(m.col(i)) or an Eigen::Map over the same memory (herd checks at run "
+                "time that its elements lie back to back), or a copy: Eigen::MatrixXf copy = m.block(...);");
+  static_assert(eigen_block<E>,
+                "herd: this Eigen expression (a + b, m.transpose(), m.cwiseAbs(), ...) has no storage of its own, so "
+                "herd has nothing to read or write in place. Evaluate it into a Matrix or Array first: "
+                "Eigen::MatrixXf copy = expression;");
+  static void* data(E&) noexcept { return nullptr; }
+  static std::size_t size(const E&) noexcept { return 0; }
+  static herd::dtype dtype(const E&) noexcept { return herd::dtype::f32; }
+  static herd::device device(const E&) noexcept { return herd::device::cpu(); }
+};
+
 }  // namespace detail
 
 template <class S, int R, int C, int O, int MR, int MC>
@@ -63,6 +93,11 @@ struct tensor_traits<Eigen::Map<Plain, Options, Stride>> : detail::eigen_traits<
 
 template <class Plain, int Options, class Stride>
 struct tensor_traits<Eigen::Ref<Plain, Options, Stride>> : detail::eigen_traits<Eigen::Ref<Plain, Options, Stride>> {};
+
+// Every other Eigen object (blocks and expressions) says why it is not a tensor.
+template <class E>
+  requires std::is_base_of_v<Eigen::DenseBase<E>, E> && (!detail::eigen_storage<E>)
+struct tensor_traits<E> : detail::eigen_refused<E> {};
 
 }  // namespace herd
 
