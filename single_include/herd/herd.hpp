@@ -402,6 +402,14 @@ class error : public std::runtime_error {
   int rank_;
 };
 
+// A mistake in the arguments of a collective (on any rank, or between the ranks: counts, dtypes,
+// ops, roots, order), found by the agreement that starts every operation before any data moved.
+// Every rank of the operation raises it alike, and the communicator stays usable.
+class argument_error : public error {
+ public:
+  using error::error;
+};
+
 namespace detail {
 
 // Where an error happened: the operation ("allreduce") and, when known, the rank and world size.
@@ -2419,11 +2427,8 @@ class shm_node {
 namespace herd::detail {
 
 // An error every rank of the operation raises alike, after an agreement: the communicator stays
-// usable. Callers catch it as herd::error.
-class agreed_error : public error {
- public:
-  using error::error;
-};
+// usable. Its public name is herd::argument_error, which an uncaught one shows.
+using agreed_error = argument_error;
 
 [[noreturn]] inline void raise_agreed(const error_site& site, std::string_view what, std::string_view todo) {
   throw agreed_error(error_message(site, what, todo), site.rank);

@@ -21,6 +21,14 @@ class error : public std::runtime_error {
   int rank_;
 };
 
+// A mistake in the arguments of a collective (on any rank, or between the ranks: counts, dtypes,
+// ops, roots, order), found by the agreement that starts every operation before any data moved.
+// Every rank of the operation raises it alike, and the communicator stays usable.
+class argument_error : public error {
+ public:
+  using error::error;
+};
+
 namespace detail {
 
 // Where an error happened: the operation ("allreduce") and, when known, the rank and world size.

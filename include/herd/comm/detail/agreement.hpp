@@ -29,11 +29,8 @@
 namespace herd::detail {
 
 // An error every rank of the operation raises alike, after an agreement: the communicator stays
-// usable. Callers catch it as herd::error.
-class agreed_error : public error {
- public:
-  using error::error;
-};
+// usable. Its public name is herd::argument_error, which an uncaught one shows.
+using agreed_error = argument_error;
 
 [[noreturn]] inline void raise_agreed(const error_site& site, std::string_view what, std::string_view todo) {
   throw agreed_error(error_message(site, what, todo), site.rank);
