@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# How long a translation unit that uses herd takes to compile, beside the headers users already
+# pay for: wall time of `-std=c++20 -O2 -c` (median of RUNS, default 3) for each case, and its
+# ratio to <Eigen/Dense>. Cases whose compiler or library is missing are skipped and said.
+#
+#   benchmarks/compile_time.sh                 # from the repository root, after tools/install-deps.sh
+#   RUNS=5 INCLUDE=single_include benchmarks/compile_time.sh
+#
+# Targets (2-core machine): herd include-only <= 1.5x Eigen/Dense, one allreduce <= 2.5x,
+# the training loop <= 4x, nvcc include-only <= 2x g++'s include-only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+runs=${RUNS:-3}
+include=${INCLUDE:-include}
+cxx=${CXX:-g++}
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+mpi_flags=$(mpicxx -compile-info 2>/dev/null | tr ' ' '\n' | grep -E '^-I' | tr '\n' ' ' || true)
+[[ -n "$mpi_flags" ]] || mpi_flags=$(mpicxx --showme:compile 2>/dev/null || true)
+eigen_flags=-I/usr/include/eigen3
+torch_flags="-I/usr/include -I/usr/include/torch/csrc/api/include"
+
+cat >"$work/vector.cpp" <<'EOF'
+#include <vector>
+int main() { std::vector<float> v(3); return static_cast<int>(v.size()); }
+EOF
+cat >"$work/eigen.cpp" <<'EOF'
+#include <Eigen/Dense>
+int main() { Eigen::MatrixXf m = Eigen::MatrixXf::Ones(3, 3); return static_cast<int>(m.sum()); }
+EOF
+cat >"$work/torch.cpp" <<'EOF'
+#include <torch/torch.h>
+int main() { return static_cast<int>(torch::ones({3}).sum().item<float>()); }
+EOF
+cat >"$work/herd_include.cpp" <<'EOF'
+#include <herd/herd.hpp>
+int main() {}
+EOF
+cat >"$work/one_allreduce.cpp" <<'EOF'
+#include <herd/herd.hpp>
+#include <vector>
+int main(int argc, char** argv) {
+  herd::mpi::environment env(argc, argv);
+  herd::mpi_communicator comm;
+  std::vector<float> v(1000, 1.0f);
+  herd::allreduce(v, comm);
+}
+EOF
+cp "$work/herd_include.cpp" "$work/herd_include.cu"
+# The README's quickstart, as printed there.
+python3 -c '
+import re, sys
+text = open("README.md").read()
+block = re.search(r"## Adapt your tensor type[^\n]*\n\n```cpp\n(.*?)```", text, re.S).group(1)
+open(sys.argv[1], "w").write(block)' "$work/quickstart.cpp"
+cp "$work/quickstart.cpp" "$work/quickstart.cu"
+
+# name | compiler | flags | source | needs (a file that must exist)
+cases=(
+  "<vector>|$cxx||$work/vector.cpp|"
+  "<Eigen/Dense>|$cxx|$eigen_flags|$work/eigen.cpp|/usr/include/eigen3/Eigen/Dense"
+  "<torch/torch.h>|$cxx|$torch_flags|$work/torch.cpp|/usr/include/torch/csrc/api/include/torch/torch.h"
+  "herd include-only|$cxx|-I$include $mpi_flags|$work/herd_include.cpp|"
+  "one allreduce|$cxx|-I$include $mpi_flags|$work/one_allreduce.cpp|"
+  "README quickstart|$cxx|-I$include $mpi_flags|$work/quickstart.cpp|"
+  "fashion_mnist training loop|$cxx|-I$include $mpi_flags $eigen_flags|$root/examples/fashion_mnist/main.cpp|/usr/include/eigen3/Eigen/Dense"
+  "nvcc: herd include-only|$nvcc|-I$include $mpi_flags|$work/herd_include.cu|$nvcc"
+  "nvcc: README quickstart|$nvcc|-I$include $mpi_flags|$work/quickstart.cu|$nvcc"
+)
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+time_one() {  # compiler flags source -> seconds
+  local start end
+  start=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  "$1" -std=c++20 -O2 $2 -c "$3" -o "$work/out.o" >"$work/log" 2>&1 || { cat "$work/log" >&2; return 1; }
+  end=$(date +%s.%N)
+  awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f\n", b - a }'
+}
+
+printf 'herd compile times: %s, %s, %s run(s) each, -std=c++20 -O2 -c, include folder %s, %s\n' \
+  "$($cxx --version | head -1)" "$(nproc) cores" "$runs" "$include" "$(date -u +%Y-%m-%d)"
+names=()
+medians=()
+for spec in "${cases[@]}"; do
+  IFS='|' read -r name compiler flags source needs <<<"$spec"
+  names+=("$name")
+  if [[ -n "$needs" && ! -e "$needs" ]]; then
+    medians+=("skipped ($needs not found)")
+    continue
+  fi
+  samples=()
+  for ((i = 0; i < runs; i++)); do samples+=("$(time_one "$compiler" "$flags" "$source")"); done
+  medians+=("$(printf '%s\n' "${samples[@]}" | median)")
+done
+value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; }
+eigen=$(value_of "<Eigen/Dense>")
+herd_gxx=$(value_of "herd include-only")
+printf '| case | median s | / <Eigen/Dense> |\n|---|---:|---:|\n'
+for i in "${!names[@]}"; do
+  name=${names[$i]} m=${medians[$i]}
+  if [[ "$m" == skipped* ]]; then printf '| %s | %s | |\n' "$name" "$m"; continue; fi
+  ratio=$(awk -v a="$m" -v b="$eigen" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b }')
+  [[ "$name" == "nvcc: herd include-only" && -n "$herd_gxx" ]] &&
+    ratio="$ratio ($(awk -v a="$m" -v b="$herd_gxx" 'BEGIN { printf "%.2f", a / b }')x g++'s include-only)"
+  printf '| %s | %.2f | %s |\n' "$name" "$m" "$ratio"
+done
