@@ -15,6 +15,8 @@ if(NOT EXISTS "${SOURCE}")
   message(FATAL_ERROR "check_compile_fails: no such source file: ${SOURCE}")
 endif()
 
+# A list handed through add_test arrives with its separators escaped (a\;b): make it a list again.
+string(REPLACE "\\;" ";" INCLUDE_DIRS "${INCLUDE_DIRS}")
 set(include_flags)
 foreach(dir IN LISTS INCLUDE_DIRS)
   if(NOT dir STREQUAL "")
@@ -25,6 +27,7 @@ endforeach()
 if(NOT DEFINED FLAGS)
   set(FLAGS -std=c++20 -fsyntax-only)
 endif()
+string(REPLACE "\\;" ";" FLAGS "${FLAGS}")
 
 execute_process(
   COMMAND "${COMPILER}" ${FLAGS} ${include_flags} "${SOURCE}"

@@ -11,6 +11,7 @@
 #include <herd/comm/local.hpp>
 #include <herd/tensor/std.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -21,20 +22,13 @@
 #include <string>
 #include <vector>
 
+using herd_test::has;
+using herd_test::ops_for;
+using herd_test::outcome;
 using herd_test::rng;
 using herd_test::values;
 
 namespace {
-
-struct outcome {
-  std::vector<std::string> failures;
-  void fail(const std::string& what) {
-    if (failures.size() < 10) failures.push_back(what);
-  }
-  void report() const {
-    for (const auto& f : failures) FAIL_CHECK(f);
-  }
-};
 
 // Per-rank element counts: some zero, some small, some large enough for the direct paths.
 std::vector<std::size_t> draw_counts(rng& g, int p, bool equal) {
@@ -209,13 +203,6 @@ template <class T> void alltoall_case(rng& g, int p, outcome& out) {
   }
 }
 
-std::vector<herd::reduce_op> ops_for(herd::dtype t) {
-  std::vector<herd::reduce_op> ops;
-  for (auto op : herd::all_reduce_ops)
-    if (herd::supports(t, op)) ops.push_back(op);
-  return ops;
-}
-
 // Runs fn on p ranks; returns the message of the herd::error each rank raised ("" for none).
 template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn) {
   std::vector<std::string> messages(static_cast<std::size_t>(p));
@@ -234,8 +221,6 @@ template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn) {
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   return messages;
 }
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 void check_all(const std::vector<std::string>& messages, const std::vector<std::string>& parts) {
   for (std::size_t r = 0; r < messages.size(); ++r) {

@@ -10,6 +10,7 @@
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/tensor/std.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -19,6 +20,8 @@
 #include <string>
 #include <vector>
 
+using herd_test::ops_for;
+using herd_test::outcome;
 using herd_test::rng;
 using herd_test::values;
 
@@ -41,13 +44,6 @@ std::size_t pick_count(rng& g, int p) {
     default: return g.below(40000);
   }
 }
-
-struct outcome {
-  std::vector<std::string> failures;
-  void fail(const std::string& what) {
-    if (failures.size() < 10) failures.push_back(what);
-  }
-};
 
 std::string describe(const char* what, herd::dtype t, herd::reduce_op op, int p, std::size_t n, bool in_place) {
   return std::string(what) + " dtype=" + std::string(herd::name(t)) + " op=" + std::string(herd::name(op)) +
@@ -156,17 +152,6 @@ template <class T> void gather_and_broadcast_case(rng& g, int p, outcome& out) {
   }
 }
 
-std::vector<herd::reduce_op> ops_for(herd::dtype t) {
-  std::vector<herd::reduce_op> ops;
-  for (auto op : herd::all_reduce_ops)
-    if (herd::supports(t, op)) ops.push_back(op);
-  return ops;
-}
-
-void report(const outcome& out) {
-  for (const auto& f : out.failures) FAIL_CHECK(f);
-}
-
 struct segment_restore {
   ~segment_restore() { herd::runtime::defaults().ring_segment_bytes = herd::runtime::read_settings().ring_segment_bytes; }
 };
@@ -192,7 +177,7 @@ TEST_CASE("allreduce matches the reference for random dtype x op x count x world
     herd::visit(t, [&](auto element) { allreduce_case<decltype(element)>(g, op, p, n, mode, in_place, out); });
     ++covered[static_cast<std::size_t>(t)][static_cast<std::size_t>(op)];
   }
-  report(out);
+  out.report();
   for (auto t : herd::all_dtypes) {
     for (auto op : herd::all_reduce_ops) {
       if (!herd::supports(t, op)) continue;
@@ -215,7 +200,7 @@ TEST_CASE("reduce_scatter matches the reference for random dtype x op x block x 
     pick_segment(g, block * static_cast<std::size_t>(p) * herd::size_of(t), p);
     herd::visit(t, [&](auto element) { reduce_scatter_case<decltype(element)>(g, op, p, block, out); });
   }
-  report(out);
+  out.report();
 }
 
 TEST_CASE("allgather, allgatherv and broadcast deliver every rank's bytes for random dtype x count x world size") {
@@ -228,5 +213,5 @@ TEST_CASE("allgather, allgatherv and broadcast deliver every rank's bytes for ra
     pick_segment(g, 40000 * herd::size_of(t), p);
     herd::visit(t, [&](auto element) { gather_and_broadcast_case<decltype(element)>(g, p, out); });
   }
-  report(out);
+  out.report();
 }

@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/checks.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,6 +23,9 @@
 #include <set>
 #include <string>
 #include <vector>
+
+using herd_test::error_of;
+using herd_test::has;
 
 namespace {
 
@@ -76,18 +81,6 @@ std::size_t expected_num_samples(std::size_t n, std::size_t w, bool drop_last) {
   return (n + w - 1) / w;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const herd::error& e) {
-    return e.what();
-  }
-  return "(no herd::error)";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 // Pearson's chi-square of observed counts against equal expected counts.
 double chi_square(const std::vector<std::size_t>& counts) {
   const double total = static_cast<double>(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
@@ -140,7 +133,7 @@ TEST_CASE("random_engine: uniform_below draws are pinned and stay in range") {
     const std::uint64_t n = 1 + f.next() % 1000;
     CHECK(f.uniform_below(n) < n);
   }
-  CHECK(contains(error_of([&] { f.uniform_below(0); }), "Pass n >= 1"));
+  CHECK(has(error_of([&] { f.uniform_below(0); }), "Pass n >= 1"));
 }
 
 TEST_CASE("random_engine: the portable 128-bit product matches the native one") {
@@ -441,24 +434,24 @@ TEST_CASE("distributed_sampler: for_evaluation counts every sample exactly once"
 }
 
 TEST_CASE("distributed_sampler: bad input is a herd::error that says what to do") {
-  CHECK(contains(error_of([] { herd::distributed_sampler(10, 0, 0); }), "the world size is 0"));
-  CHECK(contains(error_of([] { herd::distributed_sampler(10, -2, 0); }), "at least 1"));
+  CHECK(has(error_of([] { herd::distributed_sampler(10, 0, 0); }), "the world size is 0"));
+  CHECK(has(error_of([] { herd::distributed_sampler(10, -2, 0); }), "at least 1"));
   const std::string high = error_of([] { herd::distributed_sampler(10, 4, 4); });
-  CHECK(contains(high, "rank 4 is outside [0, 4)"));
-  CHECK(contains(high, "comm.rank()"));
-  CHECK(contains(error_of([] { herd::distributed_sampler(10, 4, -1); }), "rank -1 is outside"));
-  CHECK(contains(error_of([] { herd::distributed_sampler::for_evaluation(10, 2, 2); }), "outside [0, 2)"));
+  CHECK(has(high, "rank 4 is outside [0, 4)"));
+  CHECK(has(high, "comm.rank()"));
+  CHECK(has(error_of([] { herd::distributed_sampler(10, 4, -1); }), "rank -1 is outside"));
+  CHECK(has(error_of([] { herd::distributed_sampler::for_evaluation(10, 2, 2); }), "outside [0, 2)"));
 
   herd::distributed_sampler sampler(10, 4, 1);
   const std::string batch = error_of([&] { (void)sampler.batches(0); });
-  CHECK(contains(batch, "herd::distributed_sampler::batches on rank 1 of 4: the batch size is 0"));
-  CHECK(contains(error_of([&] { (void)sampler.batch_count(0, true); }), "batch size of at least 1"));
-  CHECK(contains(error_of([] { herd::batch_range(index_list{1, 2}, 0); }), "the batch size is 0"));
+  CHECK(has(batch, "herd::distributed_sampler::batches on rank 1 of 4: the batch size is 0"));
+  CHECK(has(error_of([&] { (void)sampler.batch_count(0, true); }), "batch size of at least 1"));
+  CHECK(has(error_of([] { herd::batch_range(index_list{1, 2}, 0); }), "the batch size is 0"));
 
   sampler.set_epoch(2, 3);  // all three of this rank's samples consumed: allowed, and empty
   CHECK(sampler.indices().empty());
   CHECK(sampler.batch_count(2) == 0);
   const std::string beyond = error_of([&] { sampler.set_epoch(2, 4); });
-  CHECK(contains(beyond, "start 4 is beyond the 3 samples this rank has per epoch"));
+  CHECK(has(beyond, "start 4 is beyond the 3 samples this rank has per epoch"));
   CHECK(sampler.start() == 3);  // a rejected call changes nothing
 }

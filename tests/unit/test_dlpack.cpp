@@ -10,11 +10,16 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/checks.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+using herd_test::error_of;
+using herd_test::has;
 
 namespace {
 
@@ -38,19 +43,6 @@ DLTensor dl_tensor(void* data, std::vector<std::int64_t>& shape, std::int64_t* s
   t.byte_offset = 0;
   return t;
 }
-
-// The message of the herd::error that fn throws ("" if it throws none, and the test fails).
-template <class Fn> std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const herd::error& e) {
-    return e.what();
-  }
-  FAIL("no herd::error was thrown");
-  return {};
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -109,9 +101,9 @@ TEST_CASE("unsupported DLPack dtypes throw herd::error naming code, bits and lan
     DLTensor t = dl_tensor(storage.data(), shape);
     t.dtype = r.type;
     const std::string message = error_of([&] { (void)herd::tensor_traits<DLTensor>::dtype(t); });
-    CHECK(contains(message, r.code));
-    CHECK(contains(message, r.bits));
-    CHECK(contains(message, r.lanes));
+    CHECK(has(message, r.code));
+    CHECK(has(message, r.bits));
+    CHECK(has(message, r.lanes));
     CHECK_THROWS_AS(herd::view_of(t), herd::error);
     CHECK_THROWS_AS(herd::const_view_of(t), herd::error);
   }
@@ -141,7 +133,7 @@ TEST_CASE("DLPack devices: host kinds are cpu, CUDA kinds are cuda(id), others t
     CAPTURE(static_cast<int>(other));
     t.device = DLDevice{other, 0};
     const std::string message = error_of([&] { (void)herd::tensor_traits<DLTensor>::device(t); });
-    CHECK(contains(message, "device type " + std::to_string(static_cast<int>(other))));
+    CHECK(has(message, "device type " + std::to_string(static_cast<int>(other))));
     CHECK_THROWS_AS(herd::view_of(t), herd::error);
   }
 }
@@ -186,7 +178,7 @@ TEST_CASE("DLPack strides that are not compact row-major throw herd::error") {
     std::int64_t strides[] = {1, 2};  // column-major: the transpose of a contiguous 3x2
     DLTensor t = dl_tensor(storage, shape, strides);
     const std::string message = error_of([&] { (void)herd::view_of(t); });
-    CHECK(contains(message, "not compact"));
+    CHECK(has(message, "not compact"));
     CHECK_THROWS_AS(herd::const_view_of(t), herd::error);
     CHECK_THROWS_AS(herd::tensor_traits<DLTensor>::data(t), herd::error);
   }
@@ -194,19 +186,19 @@ TEST_CASE("DLPack strides that are not compact row-major throw herd::error") {
     std::vector<std::int64_t> shape{4};
     std::int64_t strides[] = {2};
     DLTensor t = dl_tensor(storage, shape, strides);
-    CHECK(contains(error_of([&] { (void)herd::view_of(t); }), "not compact"));
+    CHECK(has(error_of([&] { (void)herd::view_of(t); }), "not compact"));
   }
   SUBCASE("padded rows") {
     std::vector<std::int64_t> shape{2, 3};
     std::int64_t strides[] = {4, 1};
     DLTensor t = dl_tensor(storage, shape, strides);
-    CHECK(contains(error_of([&] { (void)herd::view_of(t); }), "not compact"));
+    CHECK(has(error_of([&] { (void)herd::view_of(t); }), "not compact"));
   }
   SUBCASE("a broadcast dimension (stride 0)") {
     std::vector<std::int64_t> shape{3, 2};
     std::int64_t strides[] = {0, 1};
     DLTensor t = dl_tensor(storage, shape, strides);
-    CHECK(contains(error_of([&] { (void)herd::view_of(t); }), "not compact"));
+    CHECK(has(error_of([&] { (void)herd::view_of(t); }), "not compact"));
   }
 }
 
@@ -349,14 +341,14 @@ TEST_CASE("a non-compact DLTensor on rank 1 raises herd::error on every rank, an
     CAPTURE(messages[r]);
     CHECK_FALSE(messages[r].empty());
     CHECK(error_ranks[r] == static_cast<int>(r));
-    CHECK(contains(messages[r], "allreduce on rank " + std::to_string(r) + " of 3"));
+    CHECK(has(messages[r], "allreduce on rank " + std::to_string(r) + " of 3"));
     if (r == 1) {
-      CHECK(contains(messages[r], "adapter"));
-      CHECK(contains(messages[r], "rejected"));
-      CHECK(contains(messages[r], "not compact"));
+      CHECK(has(messages[r], "adapter"));
+      CHECK(has(messages[r], "rejected"));
+      CHECK(has(messages[r], "not compact"));
     } else {
-      CHECK(contains(messages[r], "rank 1 passed"));
-      CHECK(contains(messages[r], "adapter rejected"));
+      CHECK(has(messages[r], "rank 1 passed"));
+      CHECK(has(messages[r], "adapter rejected"));
     }
     CHECK(untouched[r]);  // no data moved
     CHECK(after[r] == std::vector<float>(4, 3.0f));  // 0 + 1 + 2

@@ -8,6 +8,7 @@
 #include <herd/comm/local.hpp>
 #include <herd/tensor/std.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/native_stand_in.hpp"
 
 #include <doctest/doctest.h>
@@ -16,6 +17,8 @@
 #include <vector>
 
 using herd_test::native_stand_in;
+
+using herd_test::has;
 
 namespace {
 
@@ -34,8 +37,6 @@ std::vector<std::string> errors(auto body) {
   });
   return messages;
 }
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

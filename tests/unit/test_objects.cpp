@@ -6,12 +6,15 @@
 #include <herd/comm/local.hpp>
 #include <herd/tensor/std.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/native_stand_in.hpp"
 
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
+
+using herd_test::has;
 
 namespace {
 
@@ -20,8 +23,6 @@ struct progress {
   double loss;
   bool operator==(const progress&) const = default;
 };
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 

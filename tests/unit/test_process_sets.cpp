@@ -13,13 +13,15 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/checks.hpp"
+
 #include <chrono>
 #include <string>
 #include <vector>
 
-namespace {
+using herd_test::has;
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+namespace {
 
 // Every operation on a communicator this rank is not a member of raises, saying so.
 void check_refuses_everything(herd::local_communicator& outside) {

@@ -125,7 +125,7 @@ inline void require_native_op(call_check& check, dtype type, reduce_op op) {
 // followed by herd's division kernel. NCCL's own ncclAvg scales each rank's values by 1/n before
 // the sum, in the element type, which rounds differently in f16 and bf16 (and at 3 ranks even in
 // f32); it is used only where herd's kernel is not compiled in (a host-compiled file linking
-// herd::nccl), for floats, as README says. Integer avg needs the kernel (require_native_op).
+// herd::nccl), for floats, as docs/gpus.md says. Integer avg needs the kernel (require_native_op).
 template <communicator C, class Reduce>
 void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Reduce reduce) {
   const bool divide_after = op == reduce_op::avg && (HERD_WITH_CUDA_KERNELS || is_integral(out.type));
