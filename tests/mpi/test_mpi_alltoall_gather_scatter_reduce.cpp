@@ -6,6 +6,7 @@
 
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
+#include "../support/mpi_world.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -18,12 +19,7 @@ namespace {
 
 using herd_test::rng;
 using herd_test::values;
-
-struct world {
-  herd::mpi_communicator comm;
-  int rank = comm.rank();
-  int size = comm.size();
-};
+using herd_test::world;
 
 std::vector<int> as_int(const std::vector<std::size_t>& v) { return {v.begin(), v.end()}; }
 std::vector<int> displacements(const std::vector<std::size_t>& counts) {

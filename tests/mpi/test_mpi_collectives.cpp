@@ -6,6 +6,7 @@
 
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
+#include "../support/mpi_world.hpp"
 
 #include <cstdint>
 #include <string>
@@ -15,12 +16,7 @@ namespace {
 
 using herd_test::rng;
 using herd_test::values;
-
-struct world {
-  herd::mpi_communicator comm;
-  int rank = comm.rank();
-  int size = comm.size();
-};
+using herd_test::world;
 
 // Inputs of every rank for one case; rank r's input is inputs[r].
 template <class T>
