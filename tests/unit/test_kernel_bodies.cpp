@@ -17,6 +17,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -452,8 +453,10 @@ TEST_CASE("bucket plans pad their members' offsets so that packing keeps the vec
   CHECK(element_path == 0);
   const batch_entry entries[] = {{first, packed + b.offsets[plan.slot_of[1]], 3, 0}, {second, packed + at, 1000, 1}};
   const batch_args args{entries, 2, 4096, 1.0};
-  for (std::uint64_t block = 0; block < 2; ++block)
-    for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, block, t, 5);
+  host_vector_loads() = {};
+  for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, 1, t, 5);  // the second gradient's block
+  CHECK(host_vector_loads().wide_bytes == 4000);  // all of it in 16-byte vectors
+  for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, 0, t, 5);
   CHECK(std::equal(second, second + 1000, packed + at));
   CHECK(std::equal(first, first + 3, packed + b.offsets[plan.slot_of[1]]));
 }
@@ -478,4 +481,27 @@ TEST_CASE("the device mover waits for the caller's stream, even when it is the d
   const auto followed_default = upstreams_of<int*>(&a, std::optional<int*>(default_stream));
   REQUIRE(followed_default.count == 2);
   CHECK(followed_default.stream[1] == default_stream);
+}
+
+// The byte copy of the batched pack moves the widest words both sides reach together: two f32
+// tensors 4 bytes out of step go by 4-byte words, 8 apart by 8-byte ones; bytes only where the
+// two are an odd distance apart.
+TEST_CASE("the copy body moves the widest words both sides reach together") {
+  alignas(16) static std::byte from[4096 + 32], to[4096 + 32];
+  for (std::size_t i = 0; i < sizeof from; ++i) from[i] = static_cast<std::byte>(i * 37);
+  for (std::size_t shift : {0u, 1u, 2u, 3u, 4u, 6u, 8u, 12u}) {
+    for (std::size_t start : {0u, 3u, 4u}) {
+      std::memset(to, 0, sizeof to);
+      const std::size_t n = 4000;
+      host_vector_loads() = {};
+      emulate(5, [&](std::size_t t, std::size_t threads) { copy_thread({to + shift + start, from + start, n}, t, threads); });
+      INFO("out ", shift, " bytes out of step, from byte ", start);
+      CHECK(std::memcmp(to + shift + start, from + start, n) == 0);
+      CHECK(std::all_of(to, to + shift + start, [](std::byte b) { return b == std::byte{0}; }));
+      const std::size_t word = shift % 16 == 0 ? 16 : shift % 8 == 0 ? 8 : shift % 4 == 0 ? 4 : shift % 2 == 0 ? 2 : 1;
+      // All but less than a word at either end goes by words (none when the sides are an odd distance apart).
+      CHECK(host_vector_loads().bytes >= (word == 1 ? 0 : n - 2 * word));
+      if (word == 1) CHECK(host_vector_loads().bytes == 0);
+    }
+  }
 }
