@@ -38,9 +38,9 @@ inline void require_vector_alignment(const void* p, std::size_t bytes, const cha
 }
 #endif
 
-#if !defined(__CUDA_ARCH__)
 // Bytes this thread has loaded with vector accesses on the host, in all and in 16-byte ones:
-// lets tests see which path a body took.
+// lets tests see which path a body took. (Host code only; declared in nvcc's device pass too,
+// where the tests' host functions are also read.)
 struct vector_loads {
   std::size_t bytes = 0;
   std::size_t wide_bytes = 0;
@@ -49,7 +49,6 @@ inline vector_loads& host_vector_loads() noexcept {
   thread_local vector_loads loads;
   return loads;
 }
-#endif
 
 template <class T, std::size_t V> HERD_HOST_DEVICE inline lanes<T, V> load_lanes(const T* p) {
 #if defined(__CUDA_ARCH__)
