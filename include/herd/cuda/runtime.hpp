@@ -49,14 +49,20 @@ class device_guard {
  public:
   explicit device_guard(int device) {
     HERD_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+    if (device != previous_) {
+      HERD_CUDA_CHECK(cudaSetDevice(device));
+      changed_ = true;
+    }
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { cudaSetDevice(previous_); }
+  ~device_guard() {
+    if (changed_) cudaSetDevice(previous_);  // every launch takes a guard: no call when nothing changed
+  }
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 class stream {
