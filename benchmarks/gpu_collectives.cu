@@ -13,7 +13,10 @@
 //   staged   herd::allreduce of the device tensor over MPI, all processes: the staged ring
 //   mpi      MPI_Allreduce of a host buffer of the same size, all processes (where the staged
 //            ring's transfers go)
-// Sizes in bytes of f32 data, 4 KiB to --max-mib. busbw = 2(p-1)/p * bytes / time.
+// Sizes in bytes of f32 data, 4 KiB to --max-mib. busbw = 2(p-1)/p * bytes / time. Every rank's
+// input is all ones, and every result is checked to be the number of ranks (whole up to 64 MiB,
+// its first and last MiB above); a wrong result or a failed NCCL call ends the run with status 1.
+// Without a CUDA device it says so and exits with 77.
 
 #include <herd/herd.hpp>
 
@@ -45,11 +48,42 @@ double median_us(herd::mpi_communicator& world, const std::function<void()>& run
   return worst;
 }
 
+// Whether the n floats at `data` (device memory when `on_device`) all equal `want`: all of them up
+// to 64 MiB, the first and last MiB above.
+bool all_equal(const float* data, std::size_t n, float want, bool on_device) {
+  const std::size_t edge = std::size_t{1} << 18;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;  // (first, count)
+  if (n <= (std::size_t{16} << 20)) ranges.emplace_back(0, n);
+  else ranges = {{0, edge}, {n - edge, edge}};
+  std::vector<float> host;
+  for (const auto& [first, count] : ranges) {
+    host.resize(count);
+    if (on_device) HERD_CUDA_CHECK(cudaMemcpy(host.data(), data + first, count * 4, cudaMemcpyDeviceToHost));
+    else std::copy_n(data + first, count, host.begin());
+    if (std::count(host.begin(), host.end(), want) != static_cast<std::ptrdiff_t>(count)) return false;
+  }
+  return true;
+}
+
+// herd's NCCL communicators are non-blocking (their set-up is watched): a call may answer
+// ncclInProgress while it is still being enqueued, until ncclCommGetAsyncError says otherwise.
+void nccl_check(ncclResult_t code, ncclComm_t comm, const char* call) {
+  while (code == ncclInProgress) ncclCommGetAsyncError(comm, &code);
+  if (code == ncclSuccess) return;
+  std::fprintf(stderr, "%s failed: %s\n", call, ncclGetErrorString(code));
+  std::exit(1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   herd::mpi::environment env(argc, argv);
   herd::mpi_communicator world;
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    if (world.rank() == 0) std::printf("no CUDA device: nothing measured\n");
+    return 77;
+  }
   std::size_t max_mib = 1024;
   int reps = 7;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -57,8 +91,6 @@ int main(int argc, char** argv) {
     if (flag == "--max-mib") max_mib = std::stoul(argv[i + 1]);
     else if (flag == "--reps") reps = std::stoi(argv[i + 1]);
   }
-  int gpus = 0;
-  HERD_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   const int device = herd::mpi::local_rank() % gpus;
   HERD_CUDA_CHECK(cudaSetDevice(device));
   herd::mpi_communicator alone = world.split(world.rank(), 0);
@@ -68,8 +100,15 @@ int main(int argc, char** argv) {
   herd::cuda::device_buffer in_buf, out_buf;
   auto* in = static_cast<float*>(in_buf.get(max_bytes));
   auto* out = static_cast<float*>(out_buf.get(max_bytes));
-  HERD_CUDA_CHECK(cudaMemset(in, 0x3c, max_bytes));
   std::vector<float> host_in(max_bytes / 4, 1.0f), host_out(max_bytes / 4);
+  HERD_CUDA_CHECK(cudaMemcpy(in, host_in.data(), max_bytes, cudaMemcpyHostToDevice));
+  int wrong = 0;
+  auto expect = [&](const char* what, std::size_t bytes, const float* data, bool on_device, float want) {
+    if (all_equal(data, bytes / 4, want, on_device)) return;
+    ++wrong;
+    std::fprintf(stderr, "rank %d: %s of %zu bytes gave a wrong result (want %g everywhere)\n", world.rank(), what, bytes,
+                 static_cast<double>(want));
+  };
   cudaDeviceProp prop{};
   HERD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
 
@@ -85,17 +124,25 @@ int main(int argc, char** argv) {
     const herd::const_buffer_view vin(in, n, herd::dtype::f32, herd::device::cuda(device));
     herd::buffer_view vout{out, n, herd::dtype::f32, herd::device::cuda(device)};
     const double copy = median_us(world, [&] { HERD_CUDA_CHECK(cudaMemcpy(out, in, bytes, cudaMemcpyDeviceToDevice)); }, reps);
+    expect("cudaMemcpy", bytes, out, true, 1.0f);
+    // NCCL at one rank per process (a communicator of its own): its sum is the input.
     const double nccl = median_us(world, [&] {
-      ncclAllReduce(in, out, n, ncclFloat32, ncclSum, gpu.native(), gpu.stream());
+      nccl_check(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, gpu.native(), gpu.stream()), gpu.native(), "ncclAllReduce");
       HERD_CUDA_CHECK(cudaStreamSynchronize(gpu.stream()));
     }, reps);
+    expect("ncclAllReduce", bytes, out, true, 1.0f);
+    HERD_CUDA_CHECK(cudaMemset(out, 0, bytes));
     const double herd_nccl = median_us(world, [&] { herd::allreduce(vin, vout, gpu); }, reps);
+    expect("herd::allreduce over NCCL", bytes, out, true, 1.0f);
     double staged = 0, mpi = 0;
     if (p > 1) {
+      HERD_CUDA_CHECK(cudaMemset(out, 0, bytes));
       staged = median_us(world, [&] { herd::allreduce(vin, vout, world); }, reps);
+      expect("herd::allreduce staged over MPI", bytes, out, true, static_cast<float>(p));
       mpi = median_us(world, [&] {
         MPI_Allreduce(host_in.data(), host_out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, world.native());
       }, reps);
+      expect("MPI_Allreduce", bytes, host_out.data(), false, static_cast<float>(p));
     }
     if (bytes == (std::size_t{256} << 20)) staged_at_256 = staged, mpi_at_256 = mpi;
     if (world.rank() == 0) {
@@ -112,5 +159,7 @@ int main(int argc, char** argv) {
       std::printf("summary: NCCL at one rank, herd's path beside raw NCCL (table above)\n");
     }
   }
-  return 0;
+  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT, MPI_SUM, world.native());
+  if (world.rank() == 0) std::printf("results: %s\n", wrong == 0 ? "all checked right" : "WRONG (see the errors above)");
+  return wrong == 0 ? 0 : 1;
 }

@@ -3,7 +3,8 @@
 # network: Debian's packages of MPICH (with the libraries it loads), doctest, zlib's header and
 # Fashion-MNIST, as .deb files in .gpu-bundle/ (ignored by git). Run it on a Debian 12 machine
 # that reaches the package registry, then copy the checkout with that folder to the GPU machine;
-# gpu-check.sh unpacks the packages into a prefix of its build folder (dpkg -x), never into /.
+# gpu-check.sh unpacks the packages into a prefix of its build folder (dpkg -x, or ar and tar),
+# never into /. What it fetches stays under the 64 MiB a device call can carry.
 #   tools/gpu-bundle.sh [folder]      # default .gpu-bundle
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +21,6 @@ if ! apt-get download "${packages[@]}" 2>/dev/null; then
   $sudo apt-get update -qq
   apt-get download "${packages[@]}"
 fi
+# The commit the bundle was made at, for the check's env.txt (the GPU machine gets no .git).
+git -C .. rev-parse HEAD >commit.txt 2>/dev/null || true
 echo "herd: $(ls ./*.deb | wc -l) packages, $(du -sh . | cut -f1) in $(pwd)"

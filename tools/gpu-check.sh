@@ -1,26 +1,88 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: builds herd's CUDA code for it, runs the GPU suite under
-# mpiexec (1 process, then 2 and 3 sharing the GPU), the kernel and collective benchmarks and the
-# GPU training example, and prints one summary last. Self-contained: where .gpu-bundle/ holds the
-# Debian packages tools/gpu-bundle.sh fetched, they are unpacked into the build folder (dpkg -x)
-# and used from there, so the GPU machine needs neither a package manager nor a network; else, on
-# a Debian machine, tools/install-deps.sh installs them. Needs the CUDA toolkit, CMake and NCCL
-# (the toolkit's, NCCL_HOME, or the nvidia-nccl wheel of the machine's python3).
-#   tools/gpu-check.sh            # CUDA_ARCHITECTURES=90 (H100) unless set
+# herd's GPU check, in one call on a machine with an NVIDIA GPU: builds herd's CUDA code for it,
+# runs the CUDA host tests, the GPU suite under mpiexec (1, 2 and 3 processes sharing the GPU),
+# the kernel and collective benchmarks and the GPU examples, and writes everything a reader needs
+# into one folder, OUT_DIR (default: the build folder), as at most 8 files:
+#   env.txt          OS, glibc, CMake, compilers, nvcc, driver, GPU, compute mode, PCIe link, NCCL,
+#                    MPI, /dev/shm, the commit
+#   build.txt        the configure and build logs, each line timestamped
+#   tests.txt        CUDA host tests; GPU suite at 1, 2, 3 processes; compute-sanitizer memcheck
+#   kernels.txt      the kernel benchmark, run twice (the spread)
+#   collectives.txt  the collective benchmark at 1 and 2 processes
+#   examples.txt     device_tensor at 2 processes, train_gpu at 1 and 2
+#   summary.txt      one line per phase: passed, failed (exit status), or skipped and why
+#   logs.tgz         every log in full
+# Each run has its own timeout (RUN_SECONDS, default 150) and HERD_STALL_SHUTDOWN_TIME_SECONDS=60,
+# so one hang costs one run. A run whose target CMake did not create (train_gpu needs cuBLAS and
+# zlib) or that would overrun the whole budget (BUDGET_SECONDS, default 420) is skipped and said.
+# Expected times on 16 cores and one H100 (estimates from the 2-core build machine, scaled):
+#   unpack the bundle, configure       ~30 s
+#   build (8 nvcc TUs, sm_90 only)     ~120 s
+#   CUDA host tests                    ~10 s
+#   GPU suite, 1 + 2 + 3 processes     ~60 s
+#   kernel benchmark, twice            ~40 s
+#   collective benchmark, 1 + 2 procs  ~60 s
+#   device_tensor, train_gpu 1 + 2     ~60 s (2 epochs each)
+#   compute-sanitizer memcheck, GPU suite at 1 process: only if ~120 s are left
+#
+# Self-contained: where .gpu-bundle/ holds the Debian packages tools/gpu-bundle.sh fetched (MPICH,
+# doctest, zlib's header, Fashion-MNIST), they are unpacked into the build folder (dpkg -x, or ar
+# and tar where there is no dpkg) and used from there: the GPU machine needs no package manager
+# and no network. Else, on a Debian machine, tools/install-deps.sh installs them. Needs the CUDA
+# toolkit (/usr/local/cuda/bin is put on PATH), CMake, and NCCL (NCCL_HOME, the toolkit's, or the
+# nvidia-nccl wheel of the machine's python3).
+#   OUT_DIR=/some/folder tools/gpu-check.sh       # CUDA_ARCHITECTURES=90 (H100, H200) unless set
+# Also read: BUILD_DIR (build-gpu), GPU_BUNDLE (.gpu-bundle), CMAKE_ARGS, BUDGET_SECONDS, RUN_SECONDS.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
+start=$SECONDS
+budget=${BUDGET_SECONDS:-420}
+run_seconds=${RUN_SECONDS:-150}
 build=$(realpath -m "${BUILD_DIR:-build-gpu}")
-log=${LOG_DIR:-$build/gpu-check}
+out=$(realpath -m "${OUT_DIR:-$build}")
 bundle=${GPU_BUNDLE:-.gpu-bundle}
-mkdir -p "$log"
-cmake_args=()
+logs="$build/gpu-check-logs"  # one file per run; packed into logs.tgz
+rm -rf "$logs"
+mkdir -p "$out" "$logs"
+rm -f "$out"/{env,build,tests,kernels,collectives,examples,summary}.txt "$out/logs.tgz"
+export PATH="/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer:$PATH"
+export HYDRA_LAUNCHER=fork  # every process on this machine: no ssh
 data=/usr/share/datasets/fashion-mnist
+summary=()
+note() { summary+=("$(printf '%-24s %s' "$1" "$2")"); }
+stamp() { while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done; }
+left() { echo $((budget - (SECONDS - start))); }
 
+# MPICH's launcher resolves this machine's name; a container's often does not resolve.
+if ! getent hosts "$(hostname)" >/dev/null 2>&1; then
+  if echo "127.0.0.1 $(hostname)" >>/etc/hosts 2>/dev/null; then
+    note "hostname" "$(hostname) did not resolve: added to /etc/hosts"
+  else
+    note "hostname" "$(hostname) does not resolve and /etc/hosts is not writable: mpiexec may fail"
+  fi
+fi
+
+read -ra cmake_args <<<"${CMAKE_ARGS:-}"  # more configure arguments, if any
+mpiexec=$(command -v mpiexec || echo mpiexec)
 if compgen -G "$bundle/*.deb" >/dev/null; then
   prefix="$build/deps"
   rm -rf "$prefix" && mkdir -p "$prefix"
-  for f in "$bundle"/*.deb; do dpkg -x "$f" "$prefix" || { echo "herd: could not unpack $f" >&2; exit 1; }; done
+  unpacked=0
+  unpack_with=${UNPACK_WITH:-$(command -v dpkg >/dev/null && echo dpkg || echo ar)}  # UNPACK_WITH=ar tries the fallback
+  for f in "$bundle"/*.deb; do
+    if [[ $unpack_with == dpkg ]]; then
+      dpkg -x "$f" "$prefix" && unpacked=$((unpacked + 1))
+    else  # a .deb is an ar archive whose data.tar.* holds the files
+      member=$(ar t "$f" | grep '^data\.tar')
+      case "$member" in
+        *.xz) ar p "$f" "$member" | tar -xJ -C "$prefix" ;;
+        *.zst) ar p "$f" "$member" | zstd -dc | tar -x -C "$prefix" ;;
+        *.gz) ar p "$f" "$member" | tar -xz -C "$prefix" ;;
+        *) ar p "$f" "$member" | tar -x -C "$prefix" ;;
+      esac && unpacked=$((unpacked + 1))
+    fi
+  done
   # MPICH's compiler wrappers name the paths it was installed under; point them into the prefix.
   sed -i "s|/usr/|$prefix/usr/|g" "$prefix/usr/bin/mpicc.mpich" "$prefix/usr/bin/mpicxx.mpich"
   export PATH="$prefix/usr/bin:$PATH"
@@ -29,13 +91,14 @@ if compgen -G "$bundle/*.deb" >/dev/null; then
                -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.mpich" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.hydra"
                -DZLIB_INCLUDE_DIR="$prefix/usr/include")
   # zlib1g-dev's libz.so points at a library of zlib1g, which every image has already.
-  zlib=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')
+  zlib=$(ldconfig -p 2>/dev/null | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')
   [[ -n "$zlib" ]] && cmake_args+=(-DZLIB_LIBRARY="$zlib")
   data="$prefix/usr/share/datasets/fashion-mnist"
   mpiexec="$prefix/usr/bin/mpiexec.hydra"
-  echo "herd: using the $(ls "$bundle"/*.deb | wc -l) packages of $bundle, unpacked in $prefix"
-else
-  command -v apt-get >/dev/null && tools/install-deps.sh
+  note "packages" "$unpacked of $(ls "$bundle"/*.deb | wc -l) from $bundle unpacked (with $unpack_with)"
+elif command -v apt-get >/dev/null; then
+  tools/install-deps.sh >"$logs/install-deps.txt" 2>&1 && note "packages" "installed by tools/install-deps.sh" ||
+    note "packages" "tools/install-deps.sh failed (see logs.tgz)"
   mpiexec=$(command -v mpiexec || echo mpiexec)
 fi
 
@@ -45,47 +108,147 @@ if [[ -z "${NCCL_HOME:-}" ]] && ! compgen -G "/usr/local/cuda/include/nccl.h" >/
   [[ -n "$wheel" && -e "$wheel/include/nccl.h" ]] && export NCCL_HOME="$wheel"
 fi
 [[ -n "${NCCL_HOME:-}" ]] && export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
+nccl_header=${NCCL_HOME:+$NCCL_HOME/include/nccl.h}
+nccl_header=${nccl_header:-/usr/local/cuda/include/nccl.h}
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$log/gpu.txt" 2>&1 ||
-  echo "no GPU (nvidia-smi failed)" >"$log/gpu.txt"
+gpu_present=0
+gpu_line="none (nvidia-smi -L failed)"
+if nvidia-smi -L >/dev/null 2>&1; then
+  gpu_present=1
+  gpu_line=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1 | head -1)
+fi
 {
-  echo "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*')"
-  echo "nccl: ${NCCL_HOME:-from the CUDA toolkit}"
-  echo "mpi:  $("$mpiexec" --version 2>/dev/null | grep -m1 -i version)"
-} >"$log/versions.txt"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHERD_BUILD_TESTS=ON -DHERD_BUILD_BENCHMARKS=ON \
-      -DHERD_BUILD_EXAMPLES=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" "${cmake_args[@]}" \
-      >"$log/configure.txt" 2>&1 || { tail -30 "$log/configure.txt"; exit 1; }
-targets=(gpu_tests cuda_host_tests cuda_kernels gpu_collectives train_gpu device_tensor)
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$log/build.txt" 2>&1 ||
-  { tail -40 "$log/build.txt"; exit 1; }
+  echo "date:        $(date -u '+%F %T UTC')"
+  echo "commit:      $(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$bundle/commit.txt" 2>/dev/null || echo unknown)"
+  echo "host:        $(hostname), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+  echo "os:          $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r)"
+  echo "glibc:       $(getconf GNU_LIBC_VERSION 2>/dev/null)"
+  echo "cmake:       $(cmake --version 2>/dev/null | head -1)"
+  echo "ninja:       $(ninja --version 2>/dev/null || echo none)"
+  echo "c++:         $(c++ --version 2>/dev/null | head -1)"
+  echo "nvcc:        $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*, V[0-9.]*' || echo 'not found')"
+  echo "nccl:        $nccl_header ($(awk '/define NCCL_(MAJOR|MINOR|PATCH) / {printf "%s%s", sep, $3; sep="."}' "$nccl_header" 2>/dev/null))"
+  echo "mpi:         $mpiexec ($("$mpiexec" --version 2>/dev/null | grep -m1 -i version | tr -s ' \t' ' ' | sed 's/^ //'))"
+  echo "python3:     $(python3 --version 2>&1)"
+  echo "/dev/shm:    $(df -h /dev/shm 2>/dev/null | awk 'NR == 2 {print $2 " total, " $4 " free"}')"
+  echo "gpu:"
+  if [[ $gpu_present == 1 ]]; then
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_mode,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,clocks.max.sm,clocks.max.mem,power.limit --format=csv 2>&1
+    nvidia-smi topo -m 2>&1
+  else
+    echo "  none: nvidia-smi -L failed ($(nvidia-smi -L 2>&1 | head -1))"
+  fi
+} >"$out/env.txt" 2>&1
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+{
+  echo "== configure"
+  cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHERD_BUILD_TESTS=ON -DHERD_BUILD_BENCHMARKS=ON \
+        -DHERD_BUILD_EXAMPLES=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" "${cmake_args[@]}" 2>&1
+  echo "== configure exit status $?"
+} | stamp >"$logs/configure.txt"
+binary() {  # binary TARGET: its path, if it was built
+  local found
+  found=$(find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1)
+  [[ -n "$found" ]] && echo "$found"
+}
+wanted=(cuda_host_tests gpu_tests cuda_kernels gpu_collectives device_tensor train_gpu)
+known=$(cmake --build "$build" --target help 2>/dev/null)
+targets=()
+for t in "${wanted[@]}"; do
+  if grep -Eq "^(\.\.\. )?$t(:| |$)" <<<"$known"; then targets+=("$t"); else note "$t" "skipped: CMake did not create the target (see build.txt)"; fi
+done
+build_started=$SECONDS
+for t in "${targets[@]}"; do rm -f "$(binary "$t")"; done  # a failed build leaves no stale binary to run
+if [[ ${#targets[@]} -gt 0 ]]; then
+  keep_going=(-- -k 0)
+  [[ ${#generator[@]} -eq 0 ]] && keep_going=(-- -k)
+  {
+    echo "== build ${targets[*]}"
+    cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" "${keep_going[@]}" 2>&1
+    echo "== build exit status $?"
+  } | stamp >"$logs/build.txt"
+fi
+cat "$logs/configure.txt" "$logs/build.txt" >"$out/build.txt" 2>/dev/null
+note "build" "$(grep -q '^.\{9\}== build exit status 0' "$logs/build.txt" 2>/dev/null && echo passed || echo 'FAILED (see build.txt)') in $((SECONDS - build_started)) s (${#targets[@]} targets)"
 
 status=0
-run() {  # run NAME COMMAND...: output in $log/NAME.txt
-  local name=$1
-  shift
-  HERD_STALL_SHUTDOWN_TIME_SECONDS=120 timeout 900 "$@" >"$log/$name.txt" 2>&1
-  local rc=$?
-  [[ $rc -eq 0 ]] || { status=1; echo "(exit status $rc)" >>"$log/$name.txt"; }
+# run GROUP NAME NEEDS_GPU TARGET COMMAND...: output in $logs/NAME.txt, appended to GROUP.txt.
+# TARGET's binary stands for the word @ in COMMAND.
+run() {
+  local group=$1 name=$2 needs_gpu=$3 target=$4
+  shift 4
+  local path
+  path=$(binary "$target")
+  if [[ -z "$path" ]]; then
+    note "$name" "skipped: $target was not built"
+    return
+  fi
+  if [[ $needs_gpu == 1 && $gpu_present == 0 ]]; then
+    note "$name" "skipped: no CUDA device (nvidia-smi -L failed)"
+    return
+  fi
+  local limit=$run_seconds remaining
+  remaining=$(($(left) - 10))
+  ((remaining < limit)) && limit=$remaining
+  if ((limit < 20)); then
+    note "$name" "skipped: the time budget of ${budget} s is spent"
+    return
+  fi
+  local cmd=("${@/#@/$path}")
+  local t0=$SECONDS
+  HERD_STALL_SHUTDOWN_TIME_SECONDS=60 timeout -k 5 "$limit" "${cmd[@]}" >"$logs/$name.txt" 2>&1
+  local rc=$? took=$((SECONDS - t0))
+  local result="passed"
+  if [[ $rc == 77 ]]; then result="skipped: no CUDA device (exit 77)"
+  elif [[ $rc == 124 || $rc == 137 ]]; then result="FAILED: timed out after ${limit} s"; status=1
+  elif [[ $rc != 0 ]]; then result="FAILED: exit status $rc"; status=1
+  fi
+  local last
+  last=$(grep -hE '^summary:|test cases:|Status:|final test accuracy|All tests passed|ERROR SUMMARY' "$logs/$name.txt" | tail -1)
+  note "$name" "$result in ${took} s${last:+; $last}"
+  {
+    echo "=== $name: ${cmd[*]} ($result, ${took} s, timeout ${limit} s)"
+    cat "$logs/$name.txt"
+    echo
+  } >>"$out/$group.txt"
 }
-run host "$build/tests/cuda/cuda_host_tests"
-for n in 1 2 3; do run "gpu_np$n" "$mpiexec" -n $n "$build/tests/gpu/gpu_tests"; done
-run kernels "$build/benchmarks/cuda_kernels"
-run collectives_np1 "$mpiexec" -n 1 "$build/benchmarks/gpu_collectives"
-run collectives_np2 "$mpiexec" -n 2 "$build/benchmarks/gpu_collectives"
-run device_tensor "$mpiexec" -n 2 "$build/examples/cuda/device_tensor"
-run train_gpu_np1 "$mpiexec" -n 1 "$build/examples/cuda/train_gpu" --data "$data"
-run train_gpu_np2 "$mpiexec" -n 2 "$build/examples/cuda/train_gpu" --data "$data"
+run tests host 0 cuda_host_tests @
+for n in 1 2 3; do run tests "gpu_np$n" 1 gpu_tests "$mpiexec" -n $n @; done
+for k in 1 2; do run kernels "kernels_run$k" 1 cuda_kernels @ --max-mib 1024 --reps 20; done
+for n in 1 2; do run collectives "collectives_np$n" 1 gpu_collectives "$mpiexec" -n $n @ --max-mib 1024 --reps 7; done
+run examples device_tensor 1 device_tensor "$mpiexec" -n 2 @
+for n in 1 2; do run examples "train_gpu_np$n" 1 train_gpu "$mpiexec" -n $n @ --data "$data" --epochs 2; done
+if command -v compute-sanitizer >/dev/null; then
+  if (($(left) >= 120)); then
+    run tests memcheck 1 gpu_tests "$mpiexec" -n 1 compute-sanitizer --tool memcheck --error-exitcode 1 @
+  else
+    note "memcheck" "skipped: $(left) s left of the budget, fewer than 120"
+  fi
+else
+  note "memcheck" "skipped: compute-sanitizer not found"
+fi
 
-summary() { grep -h "$1" "$log/$2.txt" 2>/dev/null | tail -1; }
-echo
-echo "== herd GPU check =="
-echo "gpu:         $(cat "$log/gpu.txt")"
-sed 's/^/             /' "$log/versions.txt"
-echo "host tests:  $(summary 'Status:' host)"
-for n in 1 2 3; do echo "gpu np=$n:    $(summary 'test cases:' "gpu_np$n") $(summary '\[herd\]' "gpu_np$n")"; done
-echo "kernels:     $(summary '^summary:' kernels)"
-echo "collectives: np1 $(summary '^summary:' collectives_np1); np2 $(summary '^summary:' collectives_np2)"
-echo "train_gpu:   np1 $(summary 'final test accuracy' train_gpu_np1); np2 $(summary 'final test accuracy' train_gpu_np2)"
-echo "logs:        $log"
+# A file that grew past what comes back keeps its head and tail; logs.tgz holds it whole.
+for f in "$out"/{build,tests,kernels,collectives,examples}.txt; do
+  [[ -f "$f" ]] || continue
+  if (($(stat -c %s "$f") > 15 * 1024 * 1024)); then
+    { head -c 7M "$f"; printf '\n[... trimmed: the whole log is in logs.tgz ...]\n'; tail -c 7M "$f"; } >"$f.trimmed"
+    mv "$f.trimmed" "$f"
+  fi
+done
+tar -czf "$out/logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")" 2>/dev/null
+if (($(stat -c %s "$out/logs.tgz") > 15 * 1024 * 1024)); then  # keep the last MiB of each log
+  for f in "$logs"/*.txt; do tail -c 1M "$f" >"$f.tail" && mv "$f.tail" "$f"; done
+  tar -czf "$out/logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"
+fi
+{
+  echo "herd GPU check, $(date -u '+%F %T UTC'), $((SECONDS - start)) s of a ${budget}-s budget"
+  grep -E '^(commit|nvcc|nccl):' "$out/env.txt"
+  echo "gpu:         $gpu_line"
+  printf '%s\n' "${summary[@]}"
+  echo "result:                  $([[ $status == 0 ]] && echo 'no failures' || echo 'FAILURES (see above)')"
+} >"$out/summary.txt"
+cat "$out/summary.txt"
 exit $status

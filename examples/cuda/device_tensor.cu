@@ -38,7 +38,10 @@ int main(int argc, char** argv) {
   herd::mpi::environment env(argc, argv);
   herd::mpi_communicator world;
   int gpus = 0;
-  HERD_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    if (world.rank() == 0) std::printf("no CUDA device: nothing to do\n");
+    return 77;
+  }
   const int gpu = herd::mpi::local_rank() % gpus;
 
   my::gpu_tensor t(1 << 20, gpu);

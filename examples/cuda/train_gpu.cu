@@ -228,9 +228,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    if (world.rank() == 0) std::printf("no CUDA device: nothing to do\n");
+    return 77;
+  }
   try {
-    int gpus = 0;
-    HERD_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     const int device = herd::mpi::local_rank() % gpus;
     HERD_CUDA_CHECK(cudaSetDevice(device));
     if (herd::mpi::local_size() <= gpus) {

@@ -162,9 +162,18 @@ struct device {
 // Host (and device) storage types for IEEE binary16 and bfloat16, with round-to-nearest-even
 // conversions from float that keep NaN a NaN, overflow to infinity, and round into subnormals.
 // Arithmetic goes through float: herd only converts, compares and reduces these values.
+// On the GPU the conversions are the hardware's (see "On the device" below).
 
 
 #include <cstdint>
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+// The dispatch below calls whatever converter it is given, on the host or the device.
+#define HERD_ANY_CONVERTER _Pragma("nv_exec_check_disable")
+#else
+#define HERD_ANY_CONVERTER
+#endif
 
 namespace herd {
 namespace detail {
@@ -250,6 +259,59 @@ HERD_HOST_DEVICE inline float round_to_odd_float(double d) noexcept {
   return bits_float(bits);
 }
 
+// On the device: the hardware converts in one instruction (cvt.rn), where the functions above
+// take about sixty. Its rounding is IEEE round-to-nearest-even, as theirs, so for every value
+// but a NaN the bits are the same; a NaN's payload is not kept by the hardware, so NaNs take the
+// software path (a branch that is almost never taken). The choice is written once, for any
+// `hardware` converter, so that a host test can run it with the host's IEEE conversions in the
+// hardware's place over every bit pattern.
+HERD_ANY_CONVERTER
+template <class Hardware> HERD_HOST_DEVICE inline std::uint16_t float_to_half_bits_with(float f, Hardware hardware) noexcept {
+  return f != f ? float_to_half_bits(f) : hardware(f);
+}
+HERD_ANY_CONVERTER
+template <class Hardware> HERD_HOST_DEVICE inline float half_bits_to_float_with(std::uint16_t h, Hardware hardware) noexcept {
+  return (h & 0x7fffu) > 0x7c00u ? half_bits_to_float(h) : hardware(h);
+}
+HERD_ANY_CONVERTER
+template <class Hardware>
+HERD_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits_with(float f, Hardware hardware) noexcept {
+  return f != f ? float_to_bfloat16_bits(f) : hardware(f);
+}
+
+#if defined(__CUDA_ARCH__)
+struct device_half {
+  __device__ std::uint16_t operator()(float f) const { return __half_as_ushort(__float2half_rn(f)); }
+  __device__ float operator()(std::uint16_t h) const { return __half2float(__ushort_as_half(h)); }
+};
+struct device_bfloat16 {
+  __device__ std::uint16_t operator()(float f) const { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+#endif
+
+// The conversions half and bfloat16 use: the hardware's on the device, the software ones on the host.
+HERD_HOST_DEVICE inline std::uint16_t to_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return float_to_half_bits_with(f, device_half{});
+#else
+  return float_to_half_bits(f);
+#endif
+}
+HERD_HOST_DEVICE inline float from_half_bits(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  return half_bits_to_float_with(h, device_half{});
+#else
+  return half_bits_to_float(h);
+#endif
+}
+HERD_HOST_DEVICE inline std::uint16_t to_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return float_to_bfloat16_bits_with(f, device_bfloat16{});
+#else
+  return float_to_bfloat16_bits(f);
+#endif
+}
+
 }  // namespace detail
 
 // IEEE 754 binary16. Layout-compatible with CUDA's __half.
@@ -257,9 +319,9 @@ struct half {
   std::uint16_t bits = 0;
 
   half() = default;
-  HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::to_half_bits(f)) {}
   HERD_HOST_DEVICE explicit half(double d) noexcept : half(detail::round_to_odd_float(d)) {}
-  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
+  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::from_half_bits(bits); }
   HERD_HOST_DEVICE static half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
@@ -272,7 +334,7 @@ struct bfloat16 {
   std::uint16_t bits = 0;
 
   bfloat16() = default;
-  HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
+  HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::to_bfloat16_bits(f)) {}
   HERD_HOST_DEVICE explicit bfloat16(double d) noexcept : bfloat16(detail::round_to_odd_float(d)) {}
   HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
   HERD_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) noexcept {
@@ -3698,6 +3760,7 @@ inline void check(cudaError_t code, const char* call) {
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 namespace herd::cuda {
 
@@ -3737,14 +3800,20 @@ class device_guard {
  public:
   explicit device_guard(int device) {
     HERD_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+    if (device != previous_) {
+      HERD_CUDA_CHECK(cudaSetDevice(device));
+      changed_ = true;
+    }
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { cudaSetDevice(previous_); }
+  ~device_guard() {
+    if (changed_) cudaSetDevice(previous_);  // every launch takes a guard: no call when nothing changed
+  }
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 class stream {
@@ -3834,6 +3903,35 @@ class pinned_buffer {
  private:
   void* data_ = nullptr;
   std::size_t capacity_ = 0;
+};
+
+// The device `s` belongs to (for the default stream, the current device): work launched on a
+// stream, and events recorded on it, must be made while its device is current.
+inline int device_of(cudaStream_t s) {
+  int device = 0;
+  HERD_CUDA_CHECK(cudaStreamGetDevice(s, &device));
+  return device;
+}
+
+// Makes streams wait for the work queued so far on other streams, which may belong to other
+// devices: the event is recorded on the upstream stream's device (an event recorded on a stream
+// of another device fails), and a stream of any device may wait for it.
+class stream_order {
+ public:
+  void after(cudaStream_t waiter, cudaStream_t upstream) {
+    const int device = device_of(upstream);
+    const device_guard on(device);
+    event* marker = nullptr;
+    for (auto& [d, e] : events_) {
+      if (d == device) marker = &e;
+    }
+    if (marker == nullptr) marker = &events_.emplace_back(device, event()).second;
+    marker->record(upstream);  // the wait takes the event as recorded now, so it may be reused
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(waiter, marker->get(), 0));
+  }
+
+ private:
+  std::vector<std::pair<int, event>> events_;
 };
 
 // The number of streaming multiprocessors of `device`, which sizes kernel grids.
@@ -4959,6 +5057,83 @@ inline ncclDataType_t nccl_dtype(dtype t) {
   return ncclUint8;
 }
 
+// What NCCL's work in flight needs, owned together by a communicator and the handles of its
+// asynchronous operations (a handle may outlive its communicator, or follow it when it is moved):
+// the NCCL communicator, its stream and device, and the watchdog's settings. The last owner to go
+// waits (a bounded time) for the work still queued, then destroys the NCCL communicator; it
+// aborts it instead when the work does not finish or NCCL reports an error.
+struct nccl_state {
+  int device = 0;
+  int rank = -1;
+  int size = 0;
+  comm_options options;
+  std::unique_ptr<cuda::stream> own_stream;
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  bool aborted = false;
+
+  nccl_state() = default;
+  nccl_state(const nccl_state&) = delete;
+  nccl_state& operator=(const nccl_state&) = delete;
+  ~nccl_state() { destroy(); }
+
+  error_site site() const { return {"nccl_communicator", rank, size}; }
+
+  ncclComm_t live() const {
+    if (aborted || comm == nullptr) {
+      raise(site(), "this NCCL communicator was aborted after an earlier error",
+            "Create a new nccl_communicator (on every rank) to go on");
+    }
+    return comm;
+  }
+
+  void abort() noexcept {
+    if (comm != nullptr) ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+
+  // Raises, after aborting the NCCL communicator (which ends its kernels), when NCCL reported an
+  // asynchronous error.
+  void poll_errors() {
+    if (comm == nullptr) return;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess || state == ncclInProgress) return;
+    const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
+                             ncclGetLastError(comm) + ")";
+    abort();
+    raise(site(), what,
+          "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN for "
+          "NCCL's own account");
+  }
+
+  void destroy() noexcept {
+    if (comm == nullptr) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      if (state == cudaSuccess && async == ncclSuccess) break;
+      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
+          std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      std::this_thread::yield();
+    }
+    ncclCommDestroy(comm);
+    comm = nullptr;
+  }
+};
+
+// NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
+inline comm_options with_nccl_timeout(comm_options o) {
+  if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
+  return o;
+}
+
 }  // namespace detail
 
 class nccl_communicator {
@@ -4986,7 +5161,11 @@ class nccl_communicator {
   // communicator together, and a rank without a usable GPU makes every rank raise instead of
   // leaving the others in NCCL's set-up.
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
-      : control_(bootstrap.native(), options), device_(device) {
+      : control_(bootstrap.native(), options), state_(std::make_shared<detail::nccl_state>()) {
+    state_->device = device;
+    state_->rank = control_.rank();
+    state_->size = control_.size();
+    state_->options = control_.options();
     struct {
       ncclUniqueId id;
       std::int32_t ok;
@@ -4994,12 +5173,12 @@ class nccl_communicator {
     } mine{};
     mine.ok = 1;
     try {
-      const cuda::device_guard on(device_);
+      const cuda::device_guard on(device);
       if (stream == nullptr) {
-        own_stream_ = std::make_unique<cuda::stream>();
-        stream_ = own_stream_->get();
+        state_->own_stream = std::make_unique<cuda::stream>();
+        state_->stream = state_->own_stream->get();
       } else {
-        stream_ = stream;
+        state_->stream = stream;
       }
       if (control_.rank() == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
         throw error("rank 0 could not create NCCL's unique id (NCCL_DEBUG=WARN says why)");
@@ -5017,7 +5196,7 @@ class nccl_communicator {
         if (!theirs.ok) {
           theirs.problem[sizeof theirs.problem - 1] = '\0';
           detail::raise_agreed({"nccl_communicator", rank(), size()},
-                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device_) + " (" +
+                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device) + " (" +
                                    theirs.problem + ")",
                                "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process "
                                "per GPU)");
@@ -5025,36 +5204,25 @@ class nccl_communicator {
         if (r == 0) id = theirs.id;
       }
     });
-    const cuda::device_guard on(device_);
-    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
+    init_rank(id);
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
-  nccl_communicator(nccl_communicator&& other) noexcept
-      : control_(std::move(other.control_)), device_(other.device_), own_stream_(std::move(other.own_stream_)),
-        upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
-        aborted_(other.aborted_) {}
-  nccl_communicator& operator=(nccl_communicator&& other) noexcept {
-    if (this != &other) {
-      destroy();
-      control_ = std::move(other.control_);
-      device_ = other.device_;
-      own_stream_ = std::move(other.own_stream_);
-      upstream_ = std::move(other.upstream_);
-      stream_ = other.stream_;
-      comm_ = std::exchange(other.comm_, nullptr);
-      aborted_ = other.aborted_;
-    }
-    return *this;
-  }
-  ~nccl_communicator() { destroy(); }
+  // A moved-from communicator refuses every operation; the handles of its operations still hold
+  // what they need.
+  nccl_communicator(nccl_communicator&& other) noexcept = default;
+  nccl_communicator& operator=(nccl_communicator&& other) noexcept = default;
+  ~nccl_communicator() = default;
 
   int rank() const noexcept { return control_.rank(); }
   int size() const noexcept { return control_.size(); }
-  int device_index() const noexcept { return device_; }
-  cudaStream_t stream() const noexcept { return stream_; }
-  ncclComm_t native() const noexcept { return comm_; }
+  int device_index() const noexcept { return state_ ? state_->device : -1; }
+  cudaStream_t stream() const noexcept { return state_ ? state_->stream : nullptr; }
+  // NCCL's communicator, for calling NCCL directly. It is non-blocking (so that its set-up can
+  // be watched): a call may answer ncclInProgress, and is enqueued once ncclCommGetAsyncError
+  // no longer does.
+  ncclComm_t native() const noexcept { return state_ ? state_->comm : nullptr; }
   // The MPI communicator (a duplicate of the bootstrap one) for small host messages: herd's
   // cross-rank argument checks travel over it.
   mpi_communicator& control() noexcept { return control_; }
@@ -5063,24 +5231,24 @@ class nccl_communicator {
   detail::operation_state& operations() noexcept { return control_.operations(); }
 
   // NCCL reaches this communicator's own GPU only.
-  bool supports(device d) const noexcept { return d.is_cuda() && d.index == device_; }
+  bool supports(device d) const noexcept { return state_ && d.is_cuda() && d.index == state_->device; }
 
   // Point to point, each one NCCL operation on stream(). NCCL runs them in order and a send
   // completes only when its receive runs, so a rank that sends and receives should use
   // sendrecv (one NCCL group) rather than an isend followed by an irecv. Tags are not used.
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
+    check(ncclSend(data, bytes, ncclUint8, peer, state().live(), state().stream), "ncclSend");
     return mark(peer, tag, false);
   }
 
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
+    check(ncclRecv(data, bytes, ncclUint8, peer, state().live(), state().stream), "ncclRecv");
     return mark(peer, tag, true);
   }
 
@@ -5090,12 +5258,12 @@ class nccl_communicator {
       r.done_.reset();
       return true;
     }
-    poll_errors();
+    state().poll_errors();
     return false;
   }
 
   void wait(request& r) {
-    detail::waiting watch(with_nccl_timeout(options()));
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     while (!test(r)) {
       if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
       watch.pause();
@@ -5106,11 +5274,11 @@ class nccl_communicator {
                 int source, int tag) {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
     check(ncclGroupStart(), "ncclGroupStart");
-    check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
-    check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
+    check(ncclSend(send, send_bytes, ncclUint8, destination, state().live(), state().stream), "ncclSend");
+    check(ncclRecv(receive, receive_bytes, ncclUint8, source, state().live(), state().stream), "ncclRecv");
     check(ncclGroupEnd(), "ncclGroupEnd");
     request r = mark(source, tag, true);
     wait(r);
@@ -5127,39 +5295,52 @@ class nccl_communicator {
   // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   nccl_communicator renew() const { return renew(options()); }
   nccl_communicator renew(const comm_options& options) const {
-    return nccl_communicator(control_, device_, own_stream_ ? nullptr : stream_, options);
+    return nccl_communicator(control_, state().device, state().own_stream ? nullptr : state().stream, options);
   }
 
   // Aborts NCCL's communicator and the running operation of control() (telling the peers).
   void abort(std::string_view reason) noexcept {
-    abort_nccl();
+    if (state_) state_->abort();
     control_.abort(reason);
   }
 
-  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle).
+  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle). It shares
+  // the NCCL communicator's state, so that it can be waited for after the communicator is moved
+  // or destroyed (whose NCCL communicator then lives until the marker is done with).
   std::shared_ptr<detail::device_completion> completion() {
     class marker : public detail::device_completion {
      public:
-      marker(nccl_communicator& owner) : owner_(&owner) {
-        const cuda::device_guard on(owner.device_);
-        done_.record(owner.stream_);
+      explicit marker(std::shared_ptr<detail::nccl_state> state) : state_(std::move(state)) {
+        const cuda::device_guard on(state_->device);
+        done_.record(state_->stream);
       }
       bool test() override { return done_.done(); }
       // The caller's stream (cuda::current_stream()) waits for the operation.
       void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
+      // Waits on the host, watching NCCL's errors and the stall time; on a stall it aborts the
+      // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
       void synchronize() override {
-        detail::waiting watch(with_nccl_timeout(owner_->options()));
+        if (done_.done()) return;
+        detail::waiting watch(detail::with_nccl_timeout(state_->options));
         while (!done_.done()) {
-          if (watch.tick()) owner_->stalled(watch, "for its GPU stream (an asynchronous NCCL operation)");
+          state_->poll_errors();
+          if (watch.tick()) {
+            try {
+              watch.watch(state_->site(), "for its GPU stream (an asynchronous NCCL operation)");
+            } catch (...) {
+              state_->abort();
+              throw;
+            }
+          }
           watch.pause();
         }
       }
 
      private:
-      nccl_communicator* owner_;
+      std::shared_ptr<detail::nccl_state> state_;
       cuda::event done_;
     };
-    return std::make_shared<marker>(*this);
+    return std::make_shared<marker>(shared_state());
   }
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
@@ -5167,42 +5348,42 @@ class nccl_communicator {
   // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg, which scales before it sums; herd's
   // collectives call it only where herd's own sum-then-divide kernel is not compiled in).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
+    check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), state().live(), state().stream),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
+    check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, state().live(), state().stream),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
+    check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), state().live(), state().stream), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
-                            stream_),
+    check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), state().live(),
+                            state().stream),
           "ncclReduceScatter");
   }
 
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(with_nccl_timeout(options()));
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_);
+      const cudaError_t state = cudaStreamQuery(this->state().stream);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
-      poll_errors();
+      this->state().poll_errors();
       if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
       watch.pause();
     }
@@ -5210,27 +5391,72 @@ class nccl_communicator {
 
  private:
   struct outside_tag {};
-  nccl_communicator(mpi_communicator outside, int device, outside_tag) : control_(std::move(outside)), device_(device) {}
+  nccl_communicator(mpi_communicator outside, int device, outside_tag)
+      : control_(std::move(outside)), state_(std::make_shared<detail::nccl_state>()) {
+    state_->device = device;
+    state_->options = control_.options();
+  }
 
   nccl_communicator of_part(mpi_communicator part) const {
-    if (!part.is_member()) return nccl_communicator(std::move(part), device_, outside_tag{});
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+    if (!part.is_member()) return nccl_communicator(std::move(part), state().device, outside_tag{});
+    return nccl_communicator(part, state().device, state().own_stream ? nullptr : state().stream, options());
+  }
+
+  // The state every operation needs; a moved-from communicator has none and says so.
+  detail::nccl_state& state() const {
+    if (!state_) {
+      detail::raise({"nccl_communicator", control_.rank(), control_.size()}, "this nccl_communicator was moved from",
+                    "Use the communicator it was moved to");
+    }
+    return *state_;
+  }
+  std::shared_ptr<detail::nccl_state> shared_state() const {
+    state();
+    return state_;
+  }
+
+  // ncclCommInitRank, watched: NCCL's set-up waits for every rank, and a rank that never comes
+  // (or a network that does not connect) would hold the others in it for ever. Non-blocking
+  // initialization is polled under the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS,
+  // 30 minutes when unset); past it the communicator is aborted and every waiting rank raises.
+  void init_rank(const ncclUniqueId& id) {
+    detail::nccl_state& st = state();
+    const cuda::device_guard on(st.device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
+    if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
+    detail::waiting watch(detail::with_nccl_timeout(options()));
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const std::string what = std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" +
+                                 ncclGetLastError(st.comm) + ")";
+        st.abort();
+        detail::raise(st.site(), what,
+                      "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
+      }
+      if (watch.tick()) {
+        try {
+          watch.watch(st.site(), "in ncclCommInitRank for the other ranks");
+        } catch (...) {
+          st.abort();
+          throw;
+        }
+      }
+      watch.pause();
+    }
   }
 
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
-  // event, for the caller's stream (cuda::current_stream()) when that is another stream.
+  // event recorded on the caller's stream (cuda::current_stream(), which may belong to another
+  // device), for that stream's work.
   void order_after_caller() {
     const cudaStream_t caller = cuda::current_stream();
-    if (caller == stream_) return;
-    if (!upstream_) upstream_ = std::make_unique<cuda::event>();
-    upstream_->record(caller);
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
-  }
-
-  // NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
-  static comm_options with_nccl_timeout(comm_options o) {
-    if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
-    return o;
+    if (caller == state().stream) return;
+    upstream_.after(state().stream, caller);
   }
 
   // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
@@ -5259,76 +5485,46 @@ class nccl_communicator {
   request mark(int peer, int tag, bool receiving) {
     request r;
     r.done_ = std::make_unique<cuda::event>();
-    r.done_->record(stream_);
+    r.done_->record(state().stream);
     r.peer_ = peer;
     r.tag_ = tag;
     r.receiving_ = receiving;
     return r;
   }
 
-  ncclComm_t live() const {
-    if (aborted_ || comm_ == nullptr) {
-      detail::raise({"nccl_communicator", rank(), size()}, "this NCCL communicator was aborted after an earlier error",
-                    "Create a new nccl_communicator (on every rank) to go on");
-    }
-    return comm_;
-  }
-
-  void poll_errors() {
-    if (comm_ == nullptr) return;
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
-    if (state == ncclSuccess || state == ncclInProgress) return;
-    const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
-                             ncclGetLastError(comm_) + ")";
-    abort_nccl();
-    detail::raise({"nccl_communicator", rank(), size()}, what,
-                  "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN "
-                  "for NCCL's own account");
-  }
-
+  // Raises when an NCCL call failed. The communicator is non-blocking (see init_rank): a call that
+  // answers ncclInProgress is still being enqueued, and events recorded on the stream before it
+  // is would not follow it, so this waits (watched) until NCCL has finished with the call.
   void check(ncclResult_t code, const char* call) const {
-    if (code == ncclSuccess || code == ncclInProgress) return;
+    if (code == ncclInProgress && state_ && state_->comm != nullptr) code = enqueued(call);
+    if (code == ncclSuccess) return;
     detail::raise({"nccl_communicator", control_.rank(), control_.size()},
                   std::string(call) + " failed: " + ncclGetErrorString(code) +
-                      (comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string()),
+                      (state_ && state_->comm ? std::string(" (") + ncclGetLastError(state_->comm) + ")" : std::string()),
                   "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
-  void abort_nccl() noexcept {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    aborted_ = true;
-  }
-
-  // Waits (a bounded time) for queued work, then destroys; aborts instead when the work does not
-  // finish or NCCL reports an error, e.g. while unwinding after a peer died.
-  void destroy() noexcept {
-    if (comm_ == nullptr) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  ncclResult_t enqueued(const char* call) const {
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_);
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (state == cudaSuccess && async == ncclSuccess) break;
-      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
-          std::chrono::steady_clock::now() > deadline) {
-        abort_nccl();
-        return;
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(state_->comm, &state);
+      if (state != ncclInProgress) return state;
+      if (watch.tick()) {
+        try {
+          watch.watch(state_->site(), std::string("for ") + call + " to be enqueued");
+        } catch (...) {
+          state_->abort();
+          throw;
+        }
       }
-      std::this_thread::yield();
+      watch.pause();
     }
-    ncclCommDestroy(comm_);
-    comm_ = nullptr;
   }
 
   mpi_communicator control_;
-  int device_ = 0;
-  std::unique_ptr<cuda::stream> own_stream_;
-  std::unique_ptr<cuda::event> upstream_;  // marks the caller's work that NCCL waits for
-  cudaStream_t stream_ = nullptr;
-  ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  std::shared_ptr<detail::nccl_state> state_;
+  cuda::stream_order upstream_;  // NCCL's stream after the caller's
 };
 
 }  // namespace herd
@@ -5952,6 +6148,35 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 
 namespace herd::detail {
 
+// The waiting of a loop that makes progress in steps: each step of progress starts the wait
+// afresh, so that the pauses grow, and the watchdog counts, only with the time since the last
+// one. (One wait over a whole long collective would sleep a millisecond at every idle poll after
+// its first 10 ms, and call a collective that progresses for longer than the shutdown time
+// stalled.)
+class idle_watch {
+ public:
+  explicit idle_watch(const comm_options& options) : options_(options), wait_(options) {}
+  void progressed() {
+    if (!idle_) return;
+    wait_ = waiting(options_);
+    idle_ = false;
+  }
+  bool tick() {
+    idle_ = true;
+    return wait_.tick();
+  }
+  void pause() {
+    idle_ = true;
+    wait_.pause();
+  }
+  void watch(const error_site& site, const std::string& what) { wait_.watch(site, what); }
+
+ private:
+  comm_options options_;
+  waiting wait_;
+  bool idle_ = false;
+};
+
 // Segments in flight each way, per rank.
 inline constexpr std::size_t staged_window = 4;
 
@@ -5986,7 +6211,7 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
 
-  waiting watch(comm.options());
+  idle_watch watch(comm.options());
   while (arrivals < total || sends_done < total) {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
@@ -6026,7 +6251,9 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       ++arrivals;
       progress = true;
     }
-    if (!progress) {
+    if (progress) {
+      watch.progressed();
+    } else {
       if (watch.tick()) {
         check_peers_of(comm);
         const bool receiving = arrivals < total;
@@ -6159,7 +6386,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
   const int left = ring_mod(r - 1, p);
   const int right = ring_mod(r + 1, p);
   const std::size_t to_send = forwards ? segments : 0;
-  waiting watch(comm.options());
+  idle_watch watch(comm.options());
   // `ready`: segments in a slot (received, or staged by the root). Item j's slot is free once item
   // j - W is in it and has been sent onward (where it is) and copied.
   auto slot_free = [&](std::size_t j) {
@@ -6198,7 +6425,9 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       ++sends_done;
       progress = true;
     }
-    if (!progress) {
+    if (progress) {
+      watch.progressed();
+    } else {
       if (watch.tick()) {
         check_peers_of(comm);
         const bool receiving = receives_from_left && ready < segments;
@@ -6234,9 +6463,10 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
 //   herd::cuda::batched_copy::run(items, out_type, in_type, scale, stream)
 //       many tensors into or out of one fusion buffer in one launch, cast and scaled
 //
-// Each launcher checks its arguments, sizes the grid from the device's multiprocessor count,
-// launches on the given stream and checks the launch. The kernels are thin: the per-thread work
-// is in detail/elementwise_body.hpp and detail/batched_body.hpp, which tests also run on the CPU.
+// Each launcher checks its arguments, makes the stream's device current, sizes the grid from what
+// that device holds resident at once, launches on the stream and checks the launch. The kernels
+// are thin: the per-thread work is in detail/elementwise_body.hpp and detail/batched_body.hpp,
+// which tests also run on the CPU.
 
 
 // ---- herd/cuda/detail/batched_body.hpp ----
@@ -6298,11 +6528,25 @@ inline void require_vector_alignment(const void* p, std::size_t bytes, const cha
 }
 #endif
 
+// Bytes this thread has loaded with vector accesses on the host, in all and in 16-byte ones:
+// lets tests see which path a body took. (Host code only; declared in nvcc's device pass too,
+// where the tests' host functions are also read.)
+struct vector_loads {
+  std::size_t bytes = 0;
+  std::size_t wide_bytes = 0;
+};
+inline vector_loads& host_vector_loads() noexcept {
+  thread_local vector_loads loads;
+  return loads;
+}
+
 template <class T, std::size_t V> HERD_HOST_DEVICE inline lanes<T, V> load_lanes(const T* p) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const lanes<T, V>*>(p);
 #else
   require_vector_alignment(p, sizeof(lanes<T, V>), "load");
+  host_vector_loads().bytes += sizeof(lanes<T, V>);
+  if (sizeof(lanes<T, V>) == 16) host_vector_loads().wide_bytes += 16;
   lanes<T, V> r;
   std::memcpy(static_cast<void*>(&r), p, sizeof r);
   return r;
@@ -6417,24 +6661,38 @@ HERD_HOST_DEVICE void cast_thread(const cast_args<D, S>& p, std::size_t thread, 
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.in[i]);
 }
 
-// Byte copy with 16-byte words where both sides align: the pack/unpack of dtypes that need no
-// conversion (integers, or floats without compression or scaling).
+// Byte copy in the widest words (16, 8, 4 or 2 bytes) that both sides reach at the same byte: the
+// pack/unpack of dtypes that need no conversion (integers, or floats without compression or
+// scaling). Two f32 tensors 4 bytes out of step still move 4-byte words, not single bytes.
 struct copy_args {
   std::byte* out;
   const std::byte* in;
   std::size_t n;
 };
 
-HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread, std::size_t threads) {
-  std::size_t head = steps_to_alignment(p.in, 1, 16);
-  if (head != steps_to_alignment(p.out, 1, 16) || head >= p.n) head = p.n;
+// The copy in W-byte words (W = 16, 8, 4 or 2), for two sides that reach a W-byte boundary together.
+template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, std::size_t thread, std::size_t threads) {
+  using Word = std::conditional_t<(W >= 8), std::uint64_t, std::conditional_t<W == 4, std::uint32_t, std::uint16_t>>;
+  constexpr std::size_t V = W / sizeof(Word);
+  std::size_t head = steps_to_alignment(p.in, 1, W);
+  if (head > p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = p.in[i];
-  const std::size_t words = (p.n - head) / 16;
+  const std::size_t words = (p.n - head) / W;
   for (std::size_t w = thread; w < words; w += threads) {
-    store_lanes<std::uint64_t, 2>(reinterpret_cast<std::uint64_t*>(p.out + head + 16 * w),
-                                  load_lanes<std::uint64_t, 2>(reinterpret_cast<const std::uint64_t*>(p.in + head + 16 * w)));
+    store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w),
+                         load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)));
   }
-  for (std::size_t i = head + words * 16 + thread; i < p.n; i += threads) p.out[i] = p.in[i];
+  for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
+}
+
+HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread, std::size_t threads) {
+  // Both sides reach a W-byte boundary at the same byte when W divides the distance between them.
+  const std::uintptr_t apart = address(p.in) - address(p.out);
+  if (apart % 16 == 0) return copy_words<16>(p, thread, threads);
+  if (apart % 8 == 0) return copy_words<8>(p, thread, threads);
+  if (apart % 4 == 0) return copy_words<4>(p, thread, threads);
+  if (apart % 2 == 0) return copy_words<2>(p, thread, threads);
+  for (std::size_t i = thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
 }  // namespace herd::cuda::detail
@@ -6504,6 +6762,7 @@ HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uin
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -6539,19 +6798,32 @@ template <class D, class S> __global__ void batch(detail::batch_args a) {
 
 inline constexpr unsigned block_threads = 256;
 
-// Blocks for `work` grid-stride items: enough to fill every multiprocessor several times over,
-// no more than the work needs.
-inline unsigned grid_blocks(std::size_t work) {
-  static thread_local int cached_device = -1;
-  static thread_local int cached_sms = 0;
-  int device = 0;
-  HERD_CUDA_CHECK(cudaGetDevice(&device));
-  if (device != cached_device) {
-    cached_sms = multiprocessors(device);
-    cached_device = device;
+// Blocks of `kernel` that `device` holds resident at once: its multiprocessors times what the
+// kernel's registers and the block size let each of them hold (for herd's kernels 6 to 8 on
+// sm_90, fewer for the wide f64/i64 reductions and the i8 ones). Asked once per kernel and device.
+inline unsigned resident_blocks(const void* kernel, int device) {
+  struct known {
+    const void* kernel;
+    int device;
+    unsigned blocks;
+  };
+  thread_local std::vector<known> answers;
+  for (const known& k : answers) {
+    if (k.kernel == kernel && k.device == device) return k.blocks;
   }
+  int per_multiprocessor = 0;
+  HERD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, block_threads, 0));
+  const unsigned blocks = static_cast<unsigned>(std::max(per_multiprocessor, 1) * multiprocessors(device));
+  answers.push_back({kernel, device, blocks});
+  return blocks;
+}
+
+// Blocks for `work` grid-stride items of `kernel` on `device` (current): one wave of every block
+// the device holds at once, no more than the work needs.
+template <class... Args> unsigned grid_blocks(void (*kernel)(Args...), std::size_t work, int device) {
   const std::size_t wanted = (work + block_threads - 1) / block_threads;
-  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(cached_sms) * 8));
+  const unsigned most = resident_blocks(reinterpret_cast<const void*>(kernel), device);
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, most));
 }
 
 // Calls fn(F{}) with the float type of t (f16, bf16, f32 or f64).
@@ -6586,21 +6858,24 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
           "Check supports(dtype, reduce_op) first");
   }
   for (const void* p : {static_cast<const void*>(out), a, b}) require_element_aligned("cuda::reduce", p, type);
+  const int device = device_of(stream);
+  const device_guard on(device);
   visit(type, [&](auto element) {
     using T = decltype(element);
     const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
-    const unsigned blocks = grid_blocks(n / (16 / sizeof(T)) + 1);
+    const std::size_t work = n / (16 / sizeof(T)) + 1;
+    auto launch = [&](auto kernel) { kernel<<<grid_blocks(kernel, work, device), block_threads, 0, stream>>>(args); };
     switch (op) {
-      case reduce_op::sum: kernels::reduce<T, reduce_op::sum><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::avg: kernels::reduce<T, reduce_op::avg><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::min: kernels::reduce<T, reduce_op::min><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::max: kernels::reduce<T, reduce_op::max><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::prod: kernels::reduce<T, reduce_op::prod><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::sum: return launch(kernels::reduce<T, reduce_op::sum>);
+      case reduce_op::avg: return launch(kernels::reduce<T, reduce_op::avg>);
+      case reduce_op::min: return launch(kernels::reduce<T, reduce_op::min>);
+      case reduce_op::max: return launch(kernels::reduce<T, reduce_op::max>);
+      case reduce_op::prod: return launch(kernels::reduce<T, reduce_op::prod>);
       default:
         if constexpr (std::is_integral_v<T>) {
-          if (op == reduce_op::band) kernels::reduce<T, reduce_op::band><<<blocks, block_threads, 0, stream>>>(args);
-          if (op == reduce_op::bor) kernels::reduce<T, reduce_op::bor><<<blocks, block_threads, 0, stream>>>(args);
-          if (op == reduce_op::bxor) kernels::reduce<T, reduce_op::bxor><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::band) return launch(kernels::reduce<T, reduce_op::band>);
+          if (op == reduce_op::bor) return launch(kernels::reduce<T, reduce_op::bor>);
+          if (op == reduce_op::bxor) return launch(kernels::reduce<T, reduce_op::bxor>);
         }
     }
   });
@@ -6611,9 +6886,12 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
   require_element_aligned("cuda::finalize_avg", data, type);
+  const int device = device_of(stream);  // the stream may be a communicator's, on another device than the current one
+  const device_guard on(device);
   visit(type, [&](auto element) {
     using T = decltype(element);
-    kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
+    auto* kernel = kernels::finalize_avg<T>;
+    kernel<<<grid_blocks(kernel, n, device), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
   });
   HERD_CUDA_CHECK(cudaGetLastError());
 }
@@ -6628,19 +6906,24 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
   }
   require_element_aligned("cuda::cast", out, out_type);
   require_element_aligned("cuda::cast", in, in_type);
+  const int device = device_of(stream);
+  const device_guard on(device);
   visit_floating(out_type, "cuda::cast", [&](auto d) {
     visit_floating(in_type, "cuda::cast", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
       const detail::cast_args<D, S> args{static_cast<D*>(out), static_cast<const S*>(in), n, scale};
-      kernels::cast<D, S><<<grid_blocks(n / 4 + 1), block_threads, 0, stream>>>(args);
+      auto* kernel = kernels::cast<D, S>;
+      kernel<<<grid_blocks(kernel, n / 4 + 1, device), block_threads, 0, stream>>>(args);
     });
   });
   HERD_CUDA_CHECK(cudaGetLastError());
 }
 
 // Packs many tensors into one buffer, or unpacks them, in one launch. The descriptor table goes
-// to the device with each launch.
+// to the device with each launch, from one of a few page-locked slots used in turn: the host
+// rewrites a slot only once the launch that last read it is done, which by then it almost
+// always is, so run() does not wait for the previous launch.
 class batched_copy {
  public:
   struct item {
@@ -6669,10 +6952,12 @@ class batched_copy {
       blocks += detail::batch_blocks(count, elements_per_block);
     }
     if (blocks == 0) return;
-    upload(table, stream);
-    const detail::batch_args args{static_cast<const detail::batch_entry*>(device_table_.get(0)),
-                                  static_cast<std::uint32_t>(table.size()), elements_per_block, scale};
     if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
+    const device_guard on(device_of(stream));
+    slot& turn = slots_[next_];
+    next_ = (next_ + 1) % slots_.size();
+    const detail::batch_args args{upload(turn, table, stream), static_cast<std::uint32_t>(table.size()),
+                                  elements_per_block, scale};
     const auto grid = static_cast<unsigned>(blocks);
     if (bytes) {
       kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
@@ -6684,27 +6969,34 @@ class batched_copy {
       });
     }
     HERD_CUDA_CHECK(cudaGetLastError());
-    used_->record(stream);
+    turn.used->record(stream);
   }
 
  private:
-  // The table goes through page-locked memory; the previous launch (on whichever stream) must be
-  // done with both copies of it before they are rewritten.
-  void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+  struct slot {
+    device_buffer on_device;
+    pinned_buffer on_host;
+    std::optional<event> used;  // recorded after the launch that reads this slot
+  };
+
+  // Copies the table into `s`'s page-locked memory and from there to the device, once the launch
+  // that last read the slot is done with both.
+  const detail::batch_entry* upload(slot& s, const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
-    if (used_) {
-      used_->synchronize();
+    if (s.used) {
+      s.used->synchronize();
     } else {
-      used_.emplace();
+      s.used.emplace();
     }
-    void* staging = pinned_table_.get(bytes);
+    void* staging = s.on_host.get(bytes);
     std::memcpy(staging, table.data(), bytes);
-    HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
+    void* on_device = s.on_device.get(bytes);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes, cudaMemcpyHostToDevice, stream));
+    return static_cast<const detail::batch_entry*>(on_device);
   }
 
-  device_buffer device_table_;
-  pinned_buffer pinned_table_;
-  std::optional<event> used_;  // recorded after each launch
+  std::array<slot, 4> slots_;
+  std::size_t next_ = 0;
 };
 
 HERD_CONFIG_NAMESPACE_END
@@ -6725,7 +7017,7 @@ class stream_stage {
  public:
   using marker = std::size_t;
 
-  explicit stream_stage(int device) : device_(device) {}
+  explicit stream_stage(int device) : device_(device), stream_(on_device(device)) {}
 
   // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
@@ -6733,8 +7025,7 @@ class stream_stage {
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    ready_.record(current_stream());
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
+    order_.after(stream_.get(), current_stream());  // the caller's stream may be another device's
   }
 
   void to_host(void* host, const void* device, std::size_t bytes) {
@@ -6753,6 +7044,7 @@ class stream_stage {
   }
 
   marker mark() {
+    const device_guard on(device_);  // an event is made and recorded on its stream's device
     if (used_ == events_.size()) events_.emplace_back();
     events_[used_].record(stream_.get());
     return used_++;
@@ -6769,9 +7061,14 @@ class stream_stage {
   int device() const noexcept { return device_; }
 
  private:
+  static cuda::stream on_device(int device) {
+    const device_guard on(device);
+    return cuda::stream();
+  }
+
   int device_;
   cuda::stream stream_;
-  cuda::event ready_;
+  cuda::stream_order order_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
   bool direct_ = false;
@@ -11317,6 +11614,11 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 // dtype (small, so that communication starts early in the backward pass), bucket_bytes for the
 // rest. A gradient larger than the cap fills a bucket alone. Buckets are numbered in the order
 // of their first gradient, and launched in that order on every rank.
+//
+// Each member starts at a multiple of 16 bytes of the bucket (the gap before it is padding,
+// reduced along with the rest and never read back): the kernels that pack and unpack move 16-byte
+// vectors only where both sides are aligned alike, so one odd-sized gradient would otherwise send
+// every later member of its bucket down the element-by-element path.
 
 
 #include <cstddef>
@@ -11327,12 +11629,18 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 
 namespace herd::detail {
 
+// Where a member may start: elements of `type` in 16 bytes (the widest vector access).
+inline std::size_t padded_offset(std::size_t count, dtype type) {
+  const std::size_t step = 16 / size_of(type);
+  return (count + step - 1) / step * step;
+}
+
 struct bucket_plan {
   struct bucket {
     dtype type = dtype::f32;
     std::vector<std::size_t> members;  // gradient indices, in the order they are packed
     std::vector<std::size_t> offsets;  // element offset of each member in the bucket
-    std::size_t count = 0;             // elements in all
+    std::size_t count = 0;             // elements in all, padding included
   };
 
   std::vector<bucket> buckets;
@@ -11368,8 +11676,8 @@ struct bucket_plan {
       plan.bucket_of[i] = it->index;
       plan.slot_of[i] = b.members.size();
       b.members.push_back(i);
-      b.offsets.push_back(b.count);
-      b.count += count;
+      b.offsets.push_back(padded_offset(b.count, type));
+      b.count = b.offsets.back() + count;
       if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
     }
     return plan;
@@ -11456,6 +11764,20 @@ class host_mover {
   std::vector<host_tensor> buckets_;
 };
 
+// The streams whose queued work herd's stream must wait for before it packs gradients: always
+// the caller's, even the default stream (0), which a non-blocking stream does not wait for by
+// itself; and the followed one (a communicator's stream) when there is one and it is another.
+template <class Stream> struct upstream_set {
+  Stream stream[2];
+  std::size_t count = 0;
+};
+template <class Stream> upstream_set<Stream> upstreams_of(Stream caller, const std::optional<Stream>& followed) {
+  upstream_set<Stream> set;
+  set.stream[set.count++] = caller;
+  if (followed && *followed != caller) set.stream[set.count++] = *followed;
+  return set;
+}
+
 #if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
 class device_mover {
  public:
@@ -11473,10 +11795,9 @@ class device_mover {
       stream_.emplace();
       ready_.emplace();
     }
-    const cudaStream_t caller = cuda::current_stream();
-    for (cudaStream_t upstream : {caller, followed_}) {
-      if (upstream == followed_ && (followed_ == nullptr || followed_ == caller)) continue;
-      ready_->record(upstream);
+    const upstream_set<cudaStream_t> upstreams = upstreams_of(cuda::current_stream(), followed_);
+    for (std::size_t k = 0; k < upstreams.count; ++k) {
+      ready_->record(upstreams.stream[k]);  // the wait takes the event as recorded now: it may be reused
       HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
     }
   }
@@ -11551,7 +11872,7 @@ class device_mover {
   }
 
   int device_;
-  cudaStream_t followed_ = nullptr;
+  std::optional<cudaStream_t> followed_;
   std::optional<cuda::stream> stream_;
   std::optional<cuda::event> ready_;
   cuda::device_buffer fusion_;

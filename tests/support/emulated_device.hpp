@@ -23,7 +23,9 @@ class emulated_device {
  public:
   using marker = std::size_t;  // operations enqueued before it
 
-  explicit emulated_device(std::uint64_t seed) : delays_(seed), worker_([this] { run(); }) {}
+  // `each`: a time every operation takes at least, for a device slower than the host.
+  explicit emulated_device(std::uint64_t seed, std::chrono::microseconds each = {})
+      : delays_(seed), each_(each), worker_([this] { run(); }) {}
   emulated_device(const emulated_device&) = delete;
   emulated_device& operator=(const emulated_device&) = delete;
   ~emulated_device() {
@@ -91,6 +93,7 @@ class emulated_device {
         queue_.pop_front();
       }
       if (delays_.below(4) == 0) std::this_thread::sleep_for(std::chrono::microseconds(delays_.below(200)));
+      if (each_.count() > 0) std::this_thread::sleep_for(each_);
       work();
       {
         std::lock_guard lock(mutex_);
@@ -101,6 +104,7 @@ class emulated_device {
   }
 
   rng delays_;
+  std::chrono::microseconds each_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;

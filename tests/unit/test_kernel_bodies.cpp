@@ -7,14 +7,22 @@
 #include <herd/collectives/detail/host_reduce.hpp>
 #include <herd/cuda/detail/batched_body.hpp>
 #include <herd/cuda/detail/elementwise_body.hpp>
+#include <herd/core/half.hpp>
+#include <herd/optim/detail/bucket_plan.hpp>
+#include <herd/optim/detail/gradient_movers.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 
+#include "../gpu/cast_case.hpp"
 #include "../support/reference.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <optional>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -246,5 +254,254 @@ TEST_CASE("the batched copy body packs and unpacks a thousand tensors of mixed s
     }
     INFO("round ", round, " compress ", compress, " elements per block ", per_block);
     CHECK(same);
+  }
+}
+
+namespace {
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The floats where a conversion to a 16-bit type is decided, for every pattern b of that type
+// (decoded by `value`): b's value, the midpoint to the next pattern up in magnitude (a tie), the
+// floats just either side of both, and one float drawn between them.
+template <class Value, class Visit> void conversion_cases(Value value, herd_test::rng& g, Visit visit) {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float v = value(static_cast<std::uint16_t>(b));
+    if (std::isnan(v)) continue;
+    const float next = value(static_cast<std::uint16_t>((b & 0x7fffu) == 0x7fffu ? b : b + 1));
+    const float candidates[] = {v, std::nextafter(v, 0.0f), std::nextafter(v, v < 0 ? -INFINITY : INFINITY)};
+    for (float c : candidates) visit(c);
+    if (std::isinf(v) || std::isnan(next) || std::isinf(next)) continue;
+    const float mid = static_cast<float>((static_cast<double>(v) + static_cast<double>(next)) / 2);  // exact
+    for (float c : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, mid < 0 ? -INFINITY : INFINITY)}) visit(c);
+    const std::uint32_t lo = bits_of(v), hi = bits_of(next);
+    if (hi > lo + 1) visit(float_of_bits(lo + 1 + static_cast<std::uint32_t>(g.below(hi - lo - 1))));
+  }
+  // Beyond the largest finite values (overflow to infinity) and a sweep of every exponent.
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 65521) visit(float_of_bits(static_cast<std::uint32_t>(u)));
+}
+
+// bfloat16 rounding by a method of its own: the two neighbours by truncation, the nearer by their
+// exact distance in double (ties to the even one; past the largest finite value, infinity as 2^128).
+std::uint16_t bfloat16_reference(float f) {
+  const std::uint32_t u = bits_of(f);
+  const auto down = static_cast<std::uint16_t>(u >> 16);
+  const auto up = static_cast<std::uint16_t>(down + 1);
+  auto value = [](std::uint16_t b) {
+    if ((b & 0x7fffu) == 0x7f80u) return (b & 0x8000u) ? -std::ldexp(1.0, 128) : std::ldexp(1.0, 128);
+    return static_cast<double>(float_of_bits(static_cast<std::uint32_t>(b) << 16));
+  };
+  const double x = f, a = std::fabs(x - value(down)), b = std::fabs(value(up) - x);
+  if (a < b) return down;
+  if (b < a) return up;
+  return (down & 1u) ? up : down;
+}
+
+}  // namespace
+
+// On the device half and bfloat16 convert with the hardware (one instruction), NaNs excepted,
+// which keep the software path. Here the IEEE conversions of the host (the compiler's _Float16,
+// and under nvcc NVIDIA's host versions of the same intrinsics the device path calls) stand in for
+// the hardware in that very dispatch: for every 16-bit pattern and every float where rounding is
+// decided, it gives the software path's bits. What a GPU's own cvt.rn gives is checked by the GPU
+// suite on a device.
+TEST_CASE("half and bfloat16: the hardware-conversion path gives the software path's bits on every pattern but NaNs") {
+  using namespace herd::detail;
+  herd_test::rng g(80);
+  std::size_t checked = 0;
+  auto same = [&](std::uint16_t got, std::uint16_t want, float f, const char* what) {
+    ++checked;
+    if (got == want) return true;
+    FAIL_CHECK(std::string(what), ": float ", f, " (bits ", bits_of(f), "): hardware path ", got, ", software ", want);
+    return false;
+  };
+  std::vector<std::pair<const char*, std::function<std::uint16_t(float)>>> to_half, to_bfloat16;
+  std::vector<std::pair<const char*, std::function<float(std::uint16_t)>>> from_half;
+#ifdef __FLT16_MAX__
+  to_half.emplace_back("_Float16", [](float f) {
+    const _Float16 h = static_cast<_Float16>(f);
+    std::uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  });
+  from_half.emplace_back("_Float16", [](std::uint16_t b) {
+    _Float16 h;
+    std::memcpy(&h, &b, 2);
+    return static_cast<float>(h);
+  });
+#endif
+#if defined(__CUDACC__)
+  to_half.emplace_back("__float2half_rn", [](float f) { return __half_as_ushort(__float2half_rn(f)); });
+  from_half.emplace_back("__half2float", [](std::uint16_t b) { return __half2float(__ushort_as_half(b)); });
+  to_bfloat16.emplace_back("__float2bfloat16_rn", [](float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); });
+#endif
+  to_bfloat16.emplace_back("round to the nearer neighbour", bfloat16_reference);
+  REQUIRE(!to_half.empty());
+  int failures = 0;
+  for (const auto& [name, hardware] : to_half) {
+    conversion_cases(half_bits_to_float, g, [&](float f) {
+      if (failures < 10 && !same(float_to_half_bits_with(f, hardware), float_to_half_bits(f), f, name)) ++failures;
+    });
+    // NaNs keep the software path, payload and all.
+    for (std::uint32_t payload : {1u, 0x2000u, 0x3fffffu, 0x400000u, 0x7fffffu}) {
+      for (std::uint32_t sign : {0u, 0x80000000u}) {
+        const float nan = float_of_bits(sign | 0x7f800000u | payload);
+        same(float_to_half_bits_with(nan, hardware), float_to_half_bits(nan), nan, name);
+      }
+    }
+  }
+  for (const auto& [name, hardware] : from_half) {
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      const auto h = static_cast<std::uint16_t>(b);
+      const float got = half_bits_to_float_with(h, hardware), want = half_bits_to_float(h);
+      ++checked;
+      if (bits_of(got) != bits_of(want) && failures++ < 10) FAIL_CHECK(std::string(name), ": half ", b, ": ", got, " against ", want);
+    }
+  }
+  for (const auto& [name, hardware] : to_bfloat16) {
+    conversion_cases(bfloat16_bits_to_float, g, [&](float f) {
+      if (failures < 10 && !same(float_to_bfloat16_bits_with(f, hardware), float_to_bfloat16_bits(f), f, name)) ++failures;
+    });
+  }
+  CHECK(failures == 0);
+  CHECK(checked > 1'000'000);
+}
+
+#ifdef __FLT16_MAX__
+// What the kernels rely on when they add two halves in float and round once: float holds the
+// exact sum of two halves' values closely enough that its rounding to half equals the correct
+// rounding of the exact sum (24 bits >= 2 x 11 + 2). Checked on 4 million pairs.
+TEST_CASE("half: a sum computed in float and rounded once is the correctly rounded sum") {
+  herd_test::rng g(81);
+  int failures = 0;
+  for (int i = 0; i < 4'000'000 && failures < 10; ++i) {
+    const auto a = herd::half::from_bits(static_cast<std::uint16_t>(g.below(65536)));
+    const auto b = herd::half::from_bits(static_cast<std::uint16_t>(g.below(65536)));
+    const float fa = static_cast<float>(a), fb = static_cast<float>(b);
+    if (std::isnan(fa) || std::isnan(fb) || (std::isinf(fa) && std::isinf(fb))) continue;
+    const std::uint16_t got = herd::half(fa + fb).bits;
+    const _Float16 exact = static_cast<_Float16>(static_cast<double>(fa) + static_cast<double>(fb));  // one rounding
+    std::uint16_t want;
+    std::memcpy(&want, &exact, 2);
+    if (got != want && !(((got | want) & 0x7fffu) == 0 && (got & 0x7fffu) == 0)) {
+      ++failures;
+      FAIL_CHECK(a.bits, " + ", b.bits, ": ", got, " against ", want);
+    }
+  }
+  CHECK(failures == 0);
+}
+#endif
+
+// The f32 -> f16 cast of the GPU suite: what it expects is what the cast kernel's body gives.
+TEST_CASE("the GPU suite's cast case expects the bits the cast kernel body computes") {
+  herd_test::rng g(herd_test::gpu_cast::seed);
+  const std::vector<float> in = herd_test::gpu_cast::inputs(g);
+  std::vector<herd::half> out(in.size());
+  emulate(7, [&](std::size_t t, std::size_t threads) {
+    cast_thread<herd::half, float>({out.data(), in.data(), in.size(), herd_test::gpu_cast::scale}, t, threads);
+  });
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) differ += out[i].bits != herd_test::gpu_cast::expected(in[i]);
+  CHECK(differ == 0);
+}
+
+// Every member of a bucket starts 16 bytes into alignment with the bucket, so that packing a
+// gradient (at an aligned address, as every allocator gives) into it keeps the 16-byte vector
+// path, however odd the sizes of the members before it.
+TEST_CASE("bucket plans pad their members' offsets so that packing keeps the vector path") {
+  herd_test::rng g(82);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::pair<std::size_t, herd::dtype>> shapes;
+    for (int i = 0; i < 20; ++i) shapes.emplace_back(g.below(3) == 0 ? g.below(5) : g.below(700), herd::all_dtypes[g.below(8)]);
+    const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(shapes.size()),
+                                                      256, 1024);
+    for (const auto& b : plan.buckets) {
+      const std::size_t es = herd::size_of(b.type);
+      alignas(16) static std::byte bucket[16 * 1024];
+      std::size_t end = 0;
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        INFO("round ", round, " member ", k, " of a ", herd::name(b.type), " bucket at offset ", b.offsets[k]);
+        CHECK(steps_to_alignment(bucket + b.offsets[k] * es, es, 16) == 0);
+        CHECK(b.offsets[k] >= end);  // members do not overlap
+        end = b.offsets[k] + shapes[b.members[k]].first;
+      }
+      CHECK(b.count == end);
+    }
+  }
+  // Packed by the batched copy body: a 3-element f32 gradient first, then a 1000-element one; the
+  // second is moved by vector stores only (with an unpadded offset of 3 it would take none).
+  alignas(16) float first[3] = {1, 2, 3};
+  alignas(16) static float second[1000];
+  for (std::size_t i = 0; i < 1000; ++i) second[i] = static_cast<float>(i);
+  const std::vector<std::pair<std::size_t, herd::dtype>> shapes = {{1000, herd::dtype::f32}, {3, herd::dtype::f32}};
+  const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(2), 1 << 20, 1 << 20);
+  REQUIRE(plan.buckets.size() == 1);
+  const auto& b = plan.buckets[0];
+  alignas(16) static float packed[2048];
+  const std::size_t at = b.offsets[plan.slot_of[0]];
+  std::size_t element_path = 0;
+  for (std::size_t i = 0; i < 1000; i += 4) element_path += steps_to_alignment(packed + at + i, 4, 16) != 0;
+  CHECK(element_path == 0);
+  const batch_entry entries[] = {{first, packed + b.offsets[plan.slot_of[1]], 3, 0}, {second, packed + at, 1000, 1}};
+  const batch_args args{entries, 2, 4096, 1.0};
+  host_vector_loads() = {};
+  for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, 1, t, 5);  // the second gradient's block
+  CHECK(host_vector_loads().wide_bytes == 4000);  // all of it in 16-byte vectors
+  for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, 0, t, 5);
+  CHECK(std::equal(second, second + 1000, packed + at));
+  CHECK(std::equal(first, first + 3, packed + b.offsets[plan.slot_of[1]]));
+}
+
+// The streams herd's packing stream waits for: the caller's always (the default stream too, which
+// a non-blocking stream does not wait for by itself), and the followed one where it is another.
+TEST_CASE("the device mover waits for the caller's stream, even when it is the default stream") {
+  using herd::detail::upstreams_of;
+  int a = 0, b = 0;
+  int* const default_stream = nullptr;
+  const auto alone = upstreams_of<int*>(default_stream, std::nullopt);  // an mpi_communicator on the default stream
+  REQUIRE(alone.count == 1);
+  CHECK(alone.stream[0] == default_stream);
+  const auto same = upstreams_of<int*>(default_stream, std::optional<int*>(default_stream));
+  REQUIRE(same.count == 1);
+  CHECK(same.stream[0] == default_stream);
+  const auto both = upstreams_of<int*>(&a, std::optional<int*>(&b));
+  REQUIRE(both.count == 2);
+  CHECK((both.stream[0] == &a && both.stream[1] == &b));
+  const auto followed_is_caller = upstreams_of<int*>(&a, std::optional<int*>(&a));
+  CHECK(followed_is_caller.count == 1);
+  const auto followed_default = upstreams_of<int*>(&a, std::optional<int*>(default_stream));
+  REQUIRE(followed_default.count == 2);
+  CHECK(followed_default.stream[1] == default_stream);
+}
+
+// The byte copy of the batched pack moves the widest words both sides reach together: two f32
+// tensors 4 bytes out of step go by 4-byte words, 8 apart by 8-byte ones; bytes only where the
+// two are an odd distance apart.
+TEST_CASE("the copy body moves the widest words both sides reach together") {
+  alignas(16) static std::byte from[4096 + 32], to[4096 + 32];
+  for (std::size_t i = 0; i < sizeof from; ++i) from[i] = static_cast<std::byte>(i * 37);
+  for (std::size_t shift : {0u, 1u, 2u, 3u, 4u, 6u, 8u, 12u}) {
+    for (std::size_t start : {0u, 3u, 4u}) {
+      std::memset(to, 0, sizeof to);
+      const std::size_t n = 4000;
+      host_vector_loads() = {};
+      emulate(5, [&](std::size_t t, std::size_t threads) { copy_thread({to + shift + start, from + start, n}, t, threads); });
+      INFO("out ", shift, " bytes out of step, from byte ", start);
+      CHECK(std::memcmp(to + shift + start, from + start, n) == 0);
+      CHECK(std::all_of(to, to + shift + start, [](std::byte b) { return b == std::byte{0}; }));
+      const std::size_t word = shift % 16 == 0 ? 16 : shift % 8 == 0 ? 8 : shift % 4 == 0 ? 4 : shift % 2 == 0 ? 2 : 1;
+      // All but less than a word at either end goes by words (none when the sides are an odd distance apart).
+      CHECK(host_vector_loads().bytes >= (word == 1 ? 0 : n - 2 * word));
+      if (word == 1) CHECK(host_vector_loads().bytes == 0);
+    }
   }
 }

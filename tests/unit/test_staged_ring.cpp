@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -149,5 +150,44 @@ TEST_CASE("staged ring allgatherv and chain broadcast over an emulated device de
       CHECK(gathered[static_cast<std::size_t>(r)] == whole);
       CHECK(received[static_cast<std::size_t>(r)] == message);
     }
+  }
+}
+
+// A collective that goes on making progress is not a stall, however long it lasts in all: the
+// watchdog counts the time since the last progress. Here every device operation takes 2 ms, so
+// the allreduce lasts well over the 0.2 s shutdown time while no wait lasts more than a few ms.
+TEST_CASE("a staged allreduce that progresses for longer than the shutdown time is not called stalled") {
+  herd::comm_options options;
+  options.stall_shutdown_seconds = 0.2;
+  options.stall_check_seconds = 0;
+  const std::size_t n = 4096, segment = 256;  // 2 ranks: 32 segments a chunk, 64 items each way
+  std::vector<std::vector<float>> results(2);
+  std::vector<std::string> errors(2);
+  herd::local::run(
+      2,
+      [&](herd::local_communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        std::vector<float> data(n);  // before the device: outlives the work still queued on it
+        for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>(i % 97) + static_cast<float>(r);
+        herd_test::emulated_device device(4000 + r, std::chrono::milliseconds(2));
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          herd::detail::staged_ring_allreduce(comm, device, herd::dtype::f32, herd::reduce_op::sum,
+                                              reinterpret_cast<const std::byte*>(data.data()),
+                                              reinterpret_cast<std::byte*>(data.data()), n, segment);
+        } catch (const herd::error& e) {
+          errors[r] = e.what();
+          device.finish();
+        }
+        results[r] = data;
+        if (r == 0) CHECK(std::chrono::steady_clock::now() - start > std::chrono::milliseconds(250));
+      },
+      options);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank ", r);
+    CHECK_MESSAGE(errors[r].empty(), errors[r]);
+    bool right = true;
+    for (std::size_t i = 0; i < n; ++i) right = right && results[r][i] == static_cast<float>(2 * (i % 97) + 1);
+    CHECK(right);
   }
 }

@@ -61,6 +61,83 @@ inline ncclDataType_t nccl_dtype(dtype t) {
   return ncclUint8;
 }
 
+// What NCCL's work in flight needs, owned together by a communicator and the handles of its
+// asynchronous operations (a handle may outlive its communicator, or follow it when it is moved):
+// the NCCL communicator, its stream and device, and the watchdog's settings. The last owner to go
+// waits (a bounded time) for the work still queued, then destroys the NCCL communicator; it
+// aborts it instead when the work does not finish or NCCL reports an error.
+struct nccl_state {
+  int device = 0;
+  int rank = -1;
+  int size = 0;
+  comm_options options;
+  std::unique_ptr<cuda::stream> own_stream;
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  bool aborted = false;
+
+  nccl_state() = default;
+  nccl_state(const nccl_state&) = delete;
+  nccl_state& operator=(const nccl_state&) = delete;
+  ~nccl_state() { destroy(); }
+
+  error_site site() const { return {"nccl_communicator", rank, size}; }
+
+  ncclComm_t live() const {
+    if (aborted || comm == nullptr) {
+      raise(site(), "this NCCL communicator was aborted after an earlier error",
+            "Create a new nccl_communicator (on every rank) to go on");
+    }
+    return comm;
+  }
+
+  void abort() noexcept {
+    if (comm != nullptr) ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+
+  // Raises, after aborting the NCCL communicator (which ends its kernels), when NCCL reported an
+  // asynchronous error.
+  void poll_errors() {
+    if (comm == nullptr) return;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess || state == ncclInProgress) return;
+    const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
+                             ncclGetLastError(comm) + ")";
+    abort();
+    raise(site(), what,
+          "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN for "
+          "NCCL's own account");
+  }
+
+  void destroy() noexcept {
+    if (comm == nullptr) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      if (state == cudaSuccess && async == ncclSuccess) break;
+      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
+          std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      std::this_thread::yield();
+    }
+    ncclCommDestroy(comm);
+    comm = nullptr;
+  }
+};
+
+// NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
+inline comm_options with_nccl_timeout(comm_options o) {
+  if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
+  return o;
+}
+
 }  // namespace detail
 
 class nccl_communicator {
@@ -88,7 +165,11 @@ class nccl_communicator {
   // communicator together, and a rank without a usable GPU makes every rank raise instead of
   // leaving the others in NCCL's set-up.
   nccl_communicator(const mpi_communicator& bootstrap, int device, cudaStream_t stream, comm_options options = {})
-      : control_(bootstrap.native(), options), device_(device) {
+      : control_(bootstrap.native(), options), state_(std::make_shared<detail::nccl_state>()) {
+    state_->device = device;
+    state_->rank = control_.rank();
+    state_->size = control_.size();
+    state_->options = control_.options();
     struct {
       ncclUniqueId id;
       std::int32_t ok;
@@ -96,12 +177,12 @@ class nccl_communicator {
     } mine{};
     mine.ok = 1;
     try {
-      const cuda::device_guard on(device_);
+      const cuda::device_guard on(device);
       if (stream == nullptr) {
-        own_stream_ = std::make_unique<cuda::stream>();
-        stream_ = own_stream_->get();
+        state_->own_stream = std::make_unique<cuda::stream>();
+        state_->stream = state_->own_stream->get();
       } else {
-        stream_ = stream;
+        state_->stream = stream;
       }
       if (control_.rank() == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
         throw error("rank 0 could not create NCCL's unique id (NCCL_DEBUG=WARN says why)");
@@ -119,7 +200,7 @@ class nccl_communicator {
         if (!theirs.ok) {
           theirs.problem[sizeof theirs.problem - 1] = '\0';
           detail::raise_agreed({"nccl_communicator", rank(), size()},
-                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device_) + " (" +
+                               "rank " + std::to_string(r) + " could not use cuda:" + std::to_string(device) + " (" +
                                    theirs.problem + ")",
                                "Give every rank a GPU of its own (e.g. device herd::mpi::local_rank() with one process "
                                "per GPU)");
@@ -127,36 +208,25 @@ class nccl_communicator {
         if (r == 0) id = theirs.id;
       }
     });
-    const cuda::device_guard on(device_);
-    check(ncclCommInitRank(&comm_, control_.size(), id, control_.rank()), "ncclCommInitRank");
+    init_rank(id);
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
-  nccl_communicator(nccl_communicator&& other) noexcept
-      : control_(std::move(other.control_)), device_(other.device_), own_stream_(std::move(other.own_stream_)),
-        upstream_(std::move(other.upstream_)), stream_(other.stream_), comm_(std::exchange(other.comm_, nullptr)),
-        aborted_(other.aborted_) {}
-  nccl_communicator& operator=(nccl_communicator&& other) noexcept {
-    if (this != &other) {
-      destroy();
-      control_ = std::move(other.control_);
-      device_ = other.device_;
-      own_stream_ = std::move(other.own_stream_);
-      upstream_ = std::move(other.upstream_);
-      stream_ = other.stream_;
-      comm_ = std::exchange(other.comm_, nullptr);
-      aborted_ = other.aborted_;
-    }
-    return *this;
-  }
-  ~nccl_communicator() { destroy(); }
+  // A moved-from communicator refuses every operation; the handles of its operations still hold
+  // what they need.
+  nccl_communicator(nccl_communicator&& other) noexcept = default;
+  nccl_communicator& operator=(nccl_communicator&& other) noexcept = default;
+  ~nccl_communicator() = default;
 
   int rank() const noexcept { return control_.rank(); }
   int size() const noexcept { return control_.size(); }
-  int device_index() const noexcept { return device_; }
-  cudaStream_t stream() const noexcept { return stream_; }
-  ncclComm_t native() const noexcept { return comm_; }
+  int device_index() const noexcept { return state_ ? state_->device : -1; }
+  cudaStream_t stream() const noexcept { return state_ ? state_->stream : nullptr; }
+  // NCCL's communicator, for calling NCCL directly. It is non-blocking (so that its set-up can
+  // be watched): a call may answer ncclInProgress, and is enqueued once ncclCommGetAsyncError
+  // no longer does.
+  ncclComm_t native() const noexcept { return state_ ? state_->comm : nullptr; }
   // The MPI communicator (a duplicate of the bootstrap one) for small host messages: herd's
   // cross-rank argument checks travel over it.
   mpi_communicator& control() noexcept { return control_; }
@@ -165,24 +235,24 @@ class nccl_communicator {
   detail::operation_state& operations() noexcept { return control_.operations(); }
 
   // NCCL reaches this communicator's own GPU only.
-  bool supports(device d) const noexcept { return d.is_cuda() && d.index == device_; }
+  bool supports(device d) const noexcept { return state_ && d.is_cuda() && d.index == state_->device; }
 
   // Point to point, each one NCCL operation on stream(). NCCL runs them in order and a send
   // completes only when its receive runs, so a rank that sends and receives should use
   // sendrecv (one NCCL group) rather than an isend followed by an irecv. Tags are not used.
   request isend(const void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("isend", rank(), size(), peer);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclSend(data, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
+    check(ncclSend(data, bytes, ncclUint8, peer, state().live(), state().stream), "ncclSend");
     return mark(peer, tag, false);
   }
 
   request irecv(void* data, std::size_t bytes, int peer, int tag) {
     detail::check_peer("irecv", rank(), size(), peer);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclRecv(data, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
+    check(ncclRecv(data, bytes, ncclUint8, peer, state().live(), state().stream), "ncclRecv");
     return mark(peer, tag, true);
   }
 
@@ -192,12 +262,12 @@ class nccl_communicator {
       r.done_.reset();
       return true;
     }
-    poll_errors();
+    state().poll_errors();
     return false;
   }
 
   void wait(request& r) {
-    detail::waiting watch(with_nccl_timeout(options()));
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     while (!test(r)) {
       if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
       watch.pause();
@@ -208,11 +278,11 @@ class nccl_communicator {
                 int source, int tag) {
     detail::check_peer("sendrecv", rank(), size(), destination);
     detail::check_peer("sendrecv", rank(), size(), source);
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
     check(ncclGroupStart(), "ncclGroupStart");
-    check(ncclSend(send, send_bytes, ncclUint8, destination, live(), stream_), "ncclSend");
-    check(ncclRecv(receive, receive_bytes, ncclUint8, source, live(), stream_), "ncclRecv");
+    check(ncclSend(send, send_bytes, ncclUint8, destination, state().live(), state().stream), "ncclSend");
+    check(ncclRecv(receive, receive_bytes, ncclUint8, source, state().live(), state().stream), "ncclRecv");
     check(ncclGroupEnd(), "ncclGroupEnd");
     request r = mark(source, tag, true);
     wait(r);
@@ -229,39 +299,52 @@ class nccl_communicator {
   // ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
   nccl_communicator renew() const { return renew(options()); }
   nccl_communicator renew(const comm_options& options) const {
-    return nccl_communicator(control_, device_, own_stream_ ? nullptr : stream_, options);
+    return nccl_communicator(control_, state().device, state().own_stream ? nullptr : state().stream, options);
   }
 
   // Aborts NCCL's communicator and the running operation of control() (telling the peers).
   void abort(std::string_view reason) noexcept {
-    abort_nccl();
+    if (state_) state_->abort();
     control_.abort(reason);
   }
 
-  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle).
+  // A marker of the work enqueued so far, for a stream-ordered handle (herd::handle). It shares
+  // the NCCL communicator's state, so that it can be waited for after the communicator is moved
+  // or destroyed (whose NCCL communicator then lives until the marker is done with).
   std::shared_ptr<detail::device_completion> completion() {
     class marker : public detail::device_completion {
      public:
-      marker(nccl_communicator& owner) : owner_(&owner) {
-        const cuda::device_guard on(owner.device_);
-        done_.record(owner.stream_);
+      explicit marker(std::shared_ptr<detail::nccl_state> state) : state_(std::move(state)) {
+        const cuda::device_guard on(state_->device);
+        done_.record(state_->stream);
       }
       bool test() override { return done_.done(); }
       // The caller's stream (cuda::current_stream()) waits for the operation.
       void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
+      // Waits on the host, watching NCCL's errors and the stall time; on a stall it aborts the
+      // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
       void synchronize() override {
-        detail::waiting watch(with_nccl_timeout(owner_->options()));
+        if (done_.done()) return;
+        detail::waiting watch(detail::with_nccl_timeout(state_->options));
         while (!done_.done()) {
-          if (watch.tick()) owner_->stalled(watch, "for its GPU stream (an asynchronous NCCL operation)");
+          state_->poll_errors();
+          if (watch.tick()) {
+            try {
+              watch.watch(state_->site(), "for its GPU stream (an asynchronous NCCL operation)");
+            } catch (...) {
+              state_->abort();
+              throw;
+            }
+          }
           watch.pause();
         }
       }
 
      private:
-      nccl_communicator* owner_;
+      std::shared_ptr<detail::nccl_state> state_;
       cuda::event done_;
     };
-    return std::make_shared<marker>(*this);
+    return std::make_shared<marker>(shared_state());
   }
 
   // The collectives herd's allreduce, broadcast, allgather and reduce_scatter call once the
@@ -269,42 +352,42 @@ class nccl_communicator {
   // op: sum, prod, min, max, or avg on floats (NCCL's ncclAvg, which scales before it sums; herd's
   // collectives call it only where herd's own sum-then-divide kernel is not compiled in).
   void native_allreduce(const_buffer_view in, buffer_view out, reduce_op op) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(), stream_),
+    check(ncclAllReduce(in.data, out.data, in.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), state().live(), state().stream),
           "ncclAllReduce");
   }
 
   void native_broadcast(buffer_view data, int root) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, live(), stream_),
+    check(ncclBroadcast(data.data, data.data, data.count, detail::nccl_dtype(data.type), root, state().live(), state().stream),
           "ncclBroadcast");
   }
 
   void native_allgather(const_buffer_view in, buffer_view out) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), live(), stream_), "ncclAllGather");
+    check(ncclAllGather(in.data, out.data, in.count, detail::nccl_dtype(in.type), state().live(), state().stream), "ncclAllGather");
   }
 
   void native_reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op) {
-    const cuda::device_guard on(device_);
+    const cuda::device_guard on(state().device);
     order_after_caller();
-    check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), live(),
-                            stream_),
+    check(ncclReduceScatter(in.data, out.data, out.count, detail::nccl_dtype(in.type), nccl_op(op, in.type), state().live(),
+                            state().stream),
           "ncclReduceScatter");
   }
 
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(with_nccl_timeout(options()));
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_);
+      const cudaError_t state = cudaStreamQuery(this->state().stream);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
-      poll_errors();
+      this->state().poll_errors();
       if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
       watch.pause();
     }
@@ -312,27 +395,72 @@ class nccl_communicator {
 
  private:
   struct outside_tag {};
-  nccl_communicator(mpi_communicator outside, int device, outside_tag) : control_(std::move(outside)), device_(device) {}
+  nccl_communicator(mpi_communicator outside, int device, outside_tag)
+      : control_(std::move(outside)), state_(std::make_shared<detail::nccl_state>()) {
+    state_->device = device;
+    state_->options = control_.options();
+  }
 
   nccl_communicator of_part(mpi_communicator part) const {
-    if (!part.is_member()) return nccl_communicator(std::move(part), device_, outside_tag{});
-    return nccl_communicator(part, device_, own_stream_ ? nullptr : stream_, options());
+    if (!part.is_member()) return nccl_communicator(std::move(part), state().device, outside_tag{});
+    return nccl_communicator(part, state().device, state().own_stream ? nullptr : state().stream, options());
+  }
+
+  // The state every operation needs; a moved-from communicator has none and says so.
+  detail::nccl_state& state() const {
+    if (!state_) {
+      detail::raise({"nccl_communicator", control_.rank(), control_.size()}, "this nccl_communicator was moved from",
+                    "Use the communicator it was moved to");
+    }
+    return *state_;
+  }
+  std::shared_ptr<detail::nccl_state> shared_state() const {
+    state();
+    return state_;
+  }
+
+  // ncclCommInitRank, watched: NCCL's set-up waits for every rank, and a rank that never comes
+  // (or a network that does not connect) would hold the others in it for ever. Non-blocking
+  // initialization is polled under the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS,
+  // 30 minutes when unset); past it the communicator is aborted and every waiting rank raises.
+  void init_rank(const ncclUniqueId& id) {
+    detail::nccl_state& st = state();
+    const cuda::device_guard on(st.device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
+    if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
+    detail::waiting watch(detail::with_nccl_timeout(options()));
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const std::string what = std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" +
+                                 ncclGetLastError(st.comm) + ")";
+        st.abort();
+        detail::raise(st.site(), what,
+                      "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
+      }
+      if (watch.tick()) {
+        try {
+          watch.watch(st.site(), "in ncclCommInitRank for the other ranks");
+        } catch (...) {
+          st.abort();
+          throw;
+        }
+      }
+      watch.pause();
+    }
   }
 
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
-  // event, for the caller's stream (cuda::current_stream()) when that is another stream.
+  // event recorded on the caller's stream (cuda::current_stream(), which may belong to another
+  // device), for that stream's work.
   void order_after_caller() {
     const cudaStream_t caller = cuda::current_stream();
-    if (caller == stream_) return;
-    if (!upstream_) upstream_ = std::make_unique<cuda::event>();
-    upstream_->record(caller);
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_, upstream_->get(), 0));
-  }
-
-  // NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
-  static comm_options with_nccl_timeout(comm_options o) {
-    if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
-    return o;
+    if (caller == state().stream) return;
+    upstream_.after(state().stream, caller);
   }
 
   // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
@@ -361,76 +489,46 @@ class nccl_communicator {
   request mark(int peer, int tag, bool receiving) {
     request r;
     r.done_ = std::make_unique<cuda::event>();
-    r.done_->record(stream_);
+    r.done_->record(state().stream);
     r.peer_ = peer;
     r.tag_ = tag;
     r.receiving_ = receiving;
     return r;
   }
 
-  ncclComm_t live() const {
-    if (aborted_ || comm_ == nullptr) {
-      detail::raise({"nccl_communicator", rank(), size()}, "this NCCL communicator was aborted after an earlier error",
-                    "Create a new nccl_communicator (on every rank) to go on");
-    }
-    return comm_;
-  }
-
-  void poll_errors() {
-    if (comm_ == nullptr) return;
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
-    if (state == ncclSuccess || state == ncclInProgress) return;
-    const std::string what = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(state) + " (" +
-                             ncclGetLastError(comm_) + ")";
-    abort_nccl();
-    detail::raise({"nccl_communicator", rank(), size()}, what,
-                  "A peer may have died or the network failed; the communicator was aborted. Set NCCL_DEBUG=WARN "
-                  "for NCCL's own account");
-  }
-
+  // Raises when an NCCL call failed. The communicator is non-blocking (see init_rank): a call that
+  // answers ncclInProgress is still being enqueued, and events recorded on the stream before it
+  // is would not follow it, so this waits (watched) until NCCL has finished with the call.
   void check(ncclResult_t code, const char* call) const {
-    if (code == ncclSuccess || code == ncclInProgress) return;
+    if (code == ncclInProgress && state_ && state_->comm != nullptr) code = enqueued(call);
+    if (code == ncclSuccess) return;
     detail::raise({"nccl_communicator", control_.rank(), control_.size()},
                   std::string(call) + " failed: " + ncclGetErrorString(code) +
-                      (comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string()),
+                      (state_ && state_->comm ? std::string(" (") + ncclGetLastError(state_->comm) + ")" : std::string()),
                   "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
-  void abort_nccl() noexcept {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    aborted_ = true;
-  }
-
-  // Waits (a bounded time) for queued work, then destroys; aborts instead when the work does not
-  // finish or NCCL reports an error, e.g. while unwinding after a peer died.
-  void destroy() noexcept {
-    if (comm_ == nullptr) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  ncclResult_t enqueued(const char* call) const {
+    detail::waiting watch(detail::with_nccl_timeout(options()));
     for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_);
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (state == cudaSuccess && async == ncclSuccess) break;
-      if ((state != cudaErrorNotReady && state != cudaSuccess) || (async != ncclSuccess && async != ncclInProgress) ||
-          std::chrono::steady_clock::now() > deadline) {
-        abort_nccl();
-        return;
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(state_->comm, &state);
+      if (state != ncclInProgress) return state;
+      if (watch.tick()) {
+        try {
+          watch.watch(state_->site(), std::string("for ") + call + " to be enqueued");
+        } catch (...) {
+          state_->abort();
+          throw;
+        }
       }
-      std::this_thread::yield();
+      watch.pause();
     }
-    ncclCommDestroy(comm_);
-    comm_ = nullptr;
   }
 
   mpi_communicator control_;
-  int device_ = 0;
-  std::unique_ptr<cuda::stream> own_stream_;
-  std::unique_ptr<cuda::event> upstream_;  // marks the caller's work that NCCL waits for
-  cudaStream_t stream_ = nullptr;
-  ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  std::shared_ptr<detail::nccl_state> state_;
+  cuda::stream_order upstream_;  // NCCL's stream after the caller's
 };
 
 }  // namespace herd

@@ -3,10 +3,19 @@
 // Host (and device) storage types for IEEE binary16 and bfloat16, with round-to-nearest-even
 // conversions from float that keep NaN a NaN, overflow to infinity, and round into subnormals.
 // Arithmetic goes through float: herd only converts, compares and reduces these values.
+// On the GPU the conversions are the hardware's (see "On the device" below).
 
 #include <herd/core/config.hpp>
 
 #include <cstdint>
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+// The dispatch below calls whatever converter it is given, on the host or the device.
+#define HERD_ANY_CONVERTER _Pragma("nv_exec_check_disable")
+#else
+#define HERD_ANY_CONVERTER
+#endif
 
 namespace herd {
 namespace detail {
@@ -92,6 +101,59 @@ HERD_HOST_DEVICE inline float round_to_odd_float(double d) noexcept {
   return bits_float(bits);
 }
 
+// On the device: the hardware converts in one instruction (cvt.rn), where the functions above
+// take about sixty. Its rounding is IEEE round-to-nearest-even, as theirs, so for every value
+// but a NaN the bits are the same; a NaN's payload is not kept by the hardware, so NaNs take the
+// software path (a branch that is almost never taken). The choice is written once, for any
+// `hardware` converter, so that a host test can run it with the host's IEEE conversions in the
+// hardware's place over every bit pattern.
+HERD_ANY_CONVERTER
+template <class Hardware> HERD_HOST_DEVICE inline std::uint16_t float_to_half_bits_with(float f, Hardware hardware) noexcept {
+  return f != f ? float_to_half_bits(f) : hardware(f);
+}
+HERD_ANY_CONVERTER
+template <class Hardware> HERD_HOST_DEVICE inline float half_bits_to_float_with(std::uint16_t h, Hardware hardware) noexcept {
+  return (h & 0x7fffu) > 0x7c00u ? half_bits_to_float(h) : hardware(h);
+}
+HERD_ANY_CONVERTER
+template <class Hardware>
+HERD_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits_with(float f, Hardware hardware) noexcept {
+  return f != f ? float_to_bfloat16_bits(f) : hardware(f);
+}
+
+#if defined(__CUDA_ARCH__)
+struct device_half {
+  __device__ std::uint16_t operator()(float f) const { return __half_as_ushort(__float2half_rn(f)); }
+  __device__ float operator()(std::uint16_t h) const { return __half2float(__ushort_as_half(h)); }
+};
+struct device_bfloat16 {
+  __device__ std::uint16_t operator()(float f) const { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+#endif
+
+// The conversions half and bfloat16 use: the hardware's on the device, the software ones on the host.
+HERD_HOST_DEVICE inline std::uint16_t to_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return float_to_half_bits_with(f, device_half{});
+#else
+  return float_to_half_bits(f);
+#endif
+}
+HERD_HOST_DEVICE inline float from_half_bits(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  return half_bits_to_float_with(h, device_half{});
+#else
+  return half_bits_to_float(h);
+#endif
+}
+HERD_HOST_DEVICE inline std::uint16_t to_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return float_to_bfloat16_bits_with(f, device_bfloat16{});
+#else
+  return float_to_bfloat16_bits(f);
+#endif
+}
+
 }  // namespace detail
 
 // IEEE 754 binary16. Layout-compatible with CUDA's __half.
@@ -99,9 +161,9 @@ struct half {
   std::uint16_t bits = 0;
 
   half() = default;
-  HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  HERD_HOST_DEVICE explicit half(float f) noexcept : bits(detail::to_half_bits(f)) {}
   HERD_HOST_DEVICE explicit half(double d) noexcept : half(detail::round_to_odd_float(d)) {}
-  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
+  HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::from_half_bits(bits); }
   HERD_HOST_DEVICE static half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
@@ -114,7 +176,7 @@ struct bfloat16 {
   std::uint16_t bits = 0;
 
   bfloat16() = default;
-  HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
+  HERD_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::to_bfloat16_bits(f)) {}
   HERD_HOST_DEVICE explicit bfloat16(double d) noexcept : bfloat16(detail::round_to_odd_float(d)) {}
   HERD_HOST_DEVICE explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
   HERD_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) noexcept {

@@ -8,9 +8,10 @@
 //   herd::cuda::batched_copy::run(items, out_type, in_type, scale, stream)
 //       many tensors into or out of one fusion buffer in one launch, cast and scaled
 //
-// Each launcher checks its arguments, sizes the grid from the device's multiprocessor count,
-// launches on the given stream and checks the launch. The kernels are thin: the per-thread work
-// is in detail/elementwise_body.hpp and detail/batched_body.hpp, which tests also run on the CPU.
+// Each launcher checks its arguments, makes the stream's device current, sizes the grid from what
+// that device holds resident at once, launches on the stream and checks the launch. The kernels
+// are thin: the per-thread work is in detail/elementwise_body.hpp and detail/batched_body.hpp,
+// which tests also run on the CPU.
 
 #include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
@@ -24,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -59,19 +61,32 @@ template <class D, class S> __global__ void batch(detail::batch_args a) {
 
 inline constexpr unsigned block_threads = 256;
 
-// Blocks for `work` grid-stride items: enough to fill every multiprocessor several times over,
-// no more than the work needs.
-inline unsigned grid_blocks(std::size_t work) {
-  static thread_local int cached_device = -1;
-  static thread_local int cached_sms = 0;
-  int device = 0;
-  HERD_CUDA_CHECK(cudaGetDevice(&device));
-  if (device != cached_device) {
-    cached_sms = multiprocessors(device);
-    cached_device = device;
+// Blocks of `kernel` that `device` holds resident at once: its multiprocessors times what the
+// kernel's registers and the block size let each of them hold (for herd's kernels 6 to 8 on
+// sm_90, fewer for the wide f64/i64 reductions and the i8 ones). Asked once per kernel and device.
+inline unsigned resident_blocks(const void* kernel, int device) {
+  struct known {
+    const void* kernel;
+    int device;
+    unsigned blocks;
+  };
+  thread_local std::vector<known> answers;
+  for (const known& k : answers) {
+    if (k.kernel == kernel && k.device == device) return k.blocks;
   }
+  int per_multiprocessor = 0;
+  HERD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, block_threads, 0));
+  const unsigned blocks = static_cast<unsigned>(std::max(per_multiprocessor, 1) * multiprocessors(device));
+  answers.push_back({kernel, device, blocks});
+  return blocks;
+}
+
+// Blocks for `work` grid-stride items of `kernel` on `device` (current): one wave of every block
+// the device holds at once, no more than the work needs.
+template <class... Args> unsigned grid_blocks(void (*kernel)(Args...), std::size_t work, int device) {
   const std::size_t wanted = (work + block_threads - 1) / block_threads;
-  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(cached_sms) * 8));
+  const unsigned most = resident_blocks(reinterpret_cast<const void*>(kernel), device);
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, most));
 }
 
 // Calls fn(F{}) with the float type of t (f16, bf16, f32 or f64).
@@ -106,21 +121,24 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
           "Check supports(dtype, reduce_op) first");
   }
   for (const void* p : {static_cast<const void*>(out), a, b}) require_element_aligned("cuda::reduce", p, type);
+  const int device = device_of(stream);
+  const device_guard on(device);
   visit(type, [&](auto element) {
     using T = decltype(element);
     const detail::reduce_args<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, avg_ranks};
-    const unsigned blocks = grid_blocks(n / (16 / sizeof(T)) + 1);
+    const std::size_t work = n / (16 / sizeof(T)) + 1;
+    auto launch = [&](auto kernel) { kernel<<<grid_blocks(kernel, work, device), block_threads, 0, stream>>>(args); };
     switch (op) {
-      case reduce_op::sum: kernels::reduce<T, reduce_op::sum><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::avg: kernels::reduce<T, reduce_op::avg><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::min: kernels::reduce<T, reduce_op::min><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::max: kernels::reduce<T, reduce_op::max><<<blocks, block_threads, 0, stream>>>(args); break;
-      case reduce_op::prod: kernels::reduce<T, reduce_op::prod><<<blocks, block_threads, 0, stream>>>(args); break;
+      case reduce_op::sum: return launch(kernels::reduce<T, reduce_op::sum>);
+      case reduce_op::avg: return launch(kernels::reduce<T, reduce_op::avg>);
+      case reduce_op::min: return launch(kernels::reduce<T, reduce_op::min>);
+      case reduce_op::max: return launch(kernels::reduce<T, reduce_op::max>);
+      case reduce_op::prod: return launch(kernels::reduce<T, reduce_op::prod>);
       default:
         if constexpr (std::is_integral_v<T>) {
-          if (op == reduce_op::band) kernels::reduce<T, reduce_op::band><<<blocks, block_threads, 0, stream>>>(args);
-          if (op == reduce_op::bor) kernels::reduce<T, reduce_op::bor><<<blocks, block_threads, 0, stream>>>(args);
-          if (op == reduce_op::bxor) kernels::reduce<T, reduce_op::bxor><<<blocks, block_threads, 0, stream>>>(args);
+          if (op == reduce_op::band) return launch(kernels::reduce<T, reduce_op::band>);
+          if (op == reduce_op::bor) return launch(kernels::reduce<T, reduce_op::bor>);
+          if (op == reduce_op::bxor) return launch(kernels::reduce<T, reduce_op::bxor>);
         }
     }
   });
@@ -131,9 +149,12 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
   require_element_aligned("cuda::finalize_avg", data, type);
+  const int device = device_of(stream);  // the stream may be a communicator's, on another device than the current one
+  const device_guard on(device);
   visit(type, [&](auto element) {
     using T = decltype(element);
-    kernels::finalize_avg<T><<<grid_blocks(n), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
+    auto* kernel = kernels::finalize_avg<T>;
+    kernel<<<grid_blocks(kernel, n, device), block_threads, 0, stream>>>(static_cast<T*>(data), n, ranks);
   });
   HERD_CUDA_CHECK(cudaGetLastError());
 }
@@ -148,19 +169,24 @@ inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::
   }
   require_element_aligned("cuda::cast", out, out_type);
   require_element_aligned("cuda::cast", in, in_type);
+  const int device = device_of(stream);
+  const device_guard on(device);
   visit_floating(out_type, "cuda::cast", [&](auto d) {
     visit_floating(in_type, "cuda::cast", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
       const detail::cast_args<D, S> args{static_cast<D*>(out), static_cast<const S*>(in), n, scale};
-      kernels::cast<D, S><<<grid_blocks(n / 4 + 1), block_threads, 0, stream>>>(args);
+      auto* kernel = kernels::cast<D, S>;
+      kernel<<<grid_blocks(kernel, n / 4 + 1, device), block_threads, 0, stream>>>(args);
     });
   });
   HERD_CUDA_CHECK(cudaGetLastError());
 }
 
 // Packs many tensors into one buffer, or unpacks them, in one launch. The descriptor table goes
-// to the device with each launch.
+// to the device with each launch, from one of a few page-locked slots used in turn: the host
+// rewrites a slot only once the launch that last read it is done, which by then it almost
+// always is, so run() does not wait for the previous launch.
 class batched_copy {
  public:
   struct item {
@@ -189,10 +215,12 @@ class batched_copy {
       blocks += detail::batch_blocks(count, elements_per_block);
     }
     if (blocks == 0) return;
-    upload(table, stream);
-    const detail::batch_args args{static_cast<const detail::batch_entry*>(device_table_.get(0)),
-                                  static_cast<std::uint32_t>(table.size()), elements_per_block, scale};
     if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
+    const device_guard on(device_of(stream));
+    slot& turn = slots_[next_];
+    next_ = (next_ + 1) % slots_.size();
+    const detail::batch_args args{upload(turn, table, stream), static_cast<std::uint32_t>(table.size()),
+                                  elements_per_block, scale};
     const auto grid = static_cast<unsigned>(blocks);
     if (bytes) {
       kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
@@ -204,27 +232,34 @@ class batched_copy {
       });
     }
     HERD_CUDA_CHECK(cudaGetLastError());
-    used_->record(stream);
+    turn.used->record(stream);
   }
 
  private:
-  // The table goes through page-locked memory; the previous launch (on whichever stream) must be
-  // done with both copies of it before they are rewritten.
-  void upload(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+  struct slot {
+    device_buffer on_device;
+    pinned_buffer on_host;
+    std::optional<event> used;  // recorded after the launch that reads this slot
+  };
+
+  // Copies the table into `s`'s page-locked memory and from there to the device, once the launch
+  // that last read the slot is done with both.
+  const detail::batch_entry* upload(slot& s, const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
-    if (used_) {
-      used_->synchronize();
+    if (s.used) {
+      s.used->synchronize();
     } else {
-      used_.emplace();
+      s.used.emplace();
     }
-    void* staging = pinned_table_.get(bytes);
+    void* staging = s.on_host.get(bytes);
     std::memcpy(staging, table.data(), bytes);
-    HERD_CUDA_CHECK(cudaMemcpyAsync(device_table_.get(bytes), staging, bytes, cudaMemcpyHostToDevice, stream));
+    void* on_device = s.on_device.get(bytes);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes, cudaMemcpyHostToDevice, stream));
+    return static_cast<const detail::batch_entry*>(on_device);
   }
 
-  device_buffer device_table_;
-  pinned_buffer pinned_table_;
-  std::optional<event> used_;  // recorded after each launch
+  std::array<slot, 4> slots_;
+  std::size_t next_ = 0;
 };
 
 HERD_CONFIG_NAMESPACE_END

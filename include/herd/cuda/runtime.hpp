@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 namespace herd::cuda {
 
@@ -49,14 +50,20 @@ class device_guard {
  public:
   explicit device_guard(int device) {
     HERD_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) HERD_CUDA_CHECK(cudaSetDevice(device));
+    if (device != previous_) {
+      HERD_CUDA_CHECK(cudaSetDevice(device));
+      changed_ = true;
+    }
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { cudaSetDevice(previous_); }
+  ~device_guard() {
+    if (changed_) cudaSetDevice(previous_);  // every launch takes a guard: no call when nothing changed
+  }
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 class stream {
@@ -146,6 +153,35 @@ class pinned_buffer {
  private:
   void* data_ = nullptr;
   std::size_t capacity_ = 0;
+};
+
+// The device `s` belongs to (for the default stream, the current device): work launched on a
+// stream, and events recorded on it, must be made while its device is current.
+inline int device_of(cudaStream_t s) {
+  int device = 0;
+  HERD_CUDA_CHECK(cudaStreamGetDevice(s, &device));
+  return device;
+}
+
+// Makes streams wait for the work queued so far on other streams, which may belong to other
+// devices: the event is recorded on the upstream stream's device (an event recorded on a stream
+// of another device fails), and a stream of any device may wait for it.
+class stream_order {
+ public:
+  void after(cudaStream_t waiter, cudaStream_t upstream) {
+    const int device = device_of(upstream);
+    const device_guard on(device);
+    event* marker = nullptr;
+    for (auto& [d, e] : events_) {
+      if (d == device) marker = &e;
+    }
+    if (marker == nullptr) marker = &events_.emplace_back(device, event()).second;
+    marker->record(upstream);  // the wait takes the event as recorded now, so it may be reused
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(waiter, marker->get(), 0));
+  }
+
+ private:
+  std::vector<std::pair<int, event>> events_;
 };
 
 // The number of streaming multiprocessors of `device`, which sizes kernel grids.

@@ -21,7 +21,7 @@ class stream_stage {
  public:
   using marker = std::size_t;
 
-  explicit stream_stage(int device) : device_(device) {}
+  explicit stream_stage(int device) : device_(device), stream_(on_device(device)) {}
 
   // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
@@ -29,8 +29,7 @@ class stream_stage {
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    ready_.record(current_stream());
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
+    order_.after(stream_.get(), current_stream());  // the caller's stream may be another device's
   }
 
   void to_host(void* host, const void* device, std::size_t bytes) {
@@ -49,6 +48,7 @@ class stream_stage {
   }
 
   marker mark() {
+    const device_guard on(device_);  // an event is made and recorded on its stream's device
     if (used_ == events_.size()) events_.emplace_back();
     events_[used_].record(stream_.get());
     return used_++;
@@ -65,9 +65,14 @@ class stream_stage {
   int device() const noexcept { return device_; }
 
  private:
+  static cuda::stream on_device(int device) {
+    const device_guard on(device);
+    return cuda::stream();
+  }
+
   int device_;
   cuda::stream stream_;
-  cuda::event ready_;
+  cuda::stream_order order_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;
   bool direct_ = false;

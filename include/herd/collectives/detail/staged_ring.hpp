@@ -34,6 +34,35 @@
 
 namespace herd::detail {
 
+// The waiting of a loop that makes progress in steps: each step of progress starts the wait
+// afresh, so that the pauses grow, and the watchdog counts, only with the time since the last
+// one. (One wait over a whole long collective would sleep a millisecond at every idle poll after
+// its first 10 ms, and call a collective that progresses for longer than the shutdown time
+// stalled.)
+class idle_watch {
+ public:
+  explicit idle_watch(const comm_options& options) : options_(options), wait_(options) {}
+  void progressed() {
+    if (!idle_) return;
+    wait_ = waiting(options_);
+    idle_ = false;
+  }
+  bool tick() {
+    idle_ = true;
+    return wait_.tick();
+  }
+  void pause() {
+    idle_ = true;
+    wait_.pause();
+  }
+  void watch(const error_site& site, const std::string& what) { wait_.watch(site, what); }
+
+ private:
+  comm_options options_;
+  waiting wait_;
+  bool idle_ = false;
+};
+
 // Segments in flight each way, per rank.
 inline constexpr std::size_t staged_window = 4;
 
@@ -68,7 +97,7 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
 
-  waiting watch(comm.options());
+  idle_watch watch(comm.options());
   while (arrivals < total || sends_done < total) {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
@@ -108,7 +137,9 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       ++arrivals;
       progress = true;
     }
-    if (!progress) {
+    if (progress) {
+      watch.progressed();
+    } else {
       if (watch.tick()) {
         check_peers_of(comm);
         const bool receiving = arrivals < total;
@@ -241,7 +272,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
   const int left = ring_mod(r - 1, p);
   const int right = ring_mod(r + 1, p);
   const std::size_t to_send = forwards ? segments : 0;
-  waiting watch(comm.options());
+  idle_watch watch(comm.options());
   // `ready`: segments in a slot (received, or staged by the root). Item j's slot is free once item
   // j - W is in it and has been sent onward (where it is) and copied.
   auto slot_free = [&](std::size_t j) {
@@ -280,7 +311,9 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       ++sends_done;
       progress = true;
     }
-    if (!progress) {
+    if (progress) {
+      watch.progressed();
+    } else {
       if (watch.tick()) {
         check_peers_of(comm);
         const bool receiving = receives_from_left && ready < segments;

@@ -92,24 +92,38 @@ HERD_HOST_DEVICE void cast_thread(const cast_args<D, S>& p, std::size_t thread, 
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.in[i]);
 }
 
-// Byte copy with 16-byte words where both sides align: the pack/unpack of dtypes that need no
-// conversion (integers, or floats without compression or scaling).
+// Byte copy in the widest words (16, 8, 4 or 2 bytes) that both sides reach at the same byte: the
+// pack/unpack of dtypes that need no conversion (integers, or floats without compression or
+// scaling). Two f32 tensors 4 bytes out of step still move 4-byte words, not single bytes.
 struct copy_args {
   std::byte* out;
   const std::byte* in;
   std::size_t n;
 };
 
-HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread, std::size_t threads) {
-  std::size_t head = steps_to_alignment(p.in, 1, 16);
-  if (head != steps_to_alignment(p.out, 1, 16) || head >= p.n) head = p.n;
+// The copy in W-byte words (W = 16, 8, 4 or 2), for two sides that reach a W-byte boundary together.
+template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, std::size_t thread, std::size_t threads) {
+  using Word = std::conditional_t<(W >= 8), std::uint64_t, std::conditional_t<W == 4, std::uint32_t, std::uint16_t>>;
+  constexpr std::size_t V = W / sizeof(Word);
+  std::size_t head = steps_to_alignment(p.in, 1, W);
+  if (head > p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = p.in[i];
-  const std::size_t words = (p.n - head) / 16;
+  const std::size_t words = (p.n - head) / W;
   for (std::size_t w = thread; w < words; w += threads) {
-    store_lanes<std::uint64_t, 2>(reinterpret_cast<std::uint64_t*>(p.out + head + 16 * w),
-                                  load_lanes<std::uint64_t, 2>(reinterpret_cast<const std::uint64_t*>(p.in + head + 16 * w)));
+    store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w),
+                         load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)));
   }
-  for (std::size_t i = head + words * 16 + thread; i < p.n; i += threads) p.out[i] = p.in[i];
+  for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
+}
+
+HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread, std::size_t threads) {
+  // Both sides reach a W-byte boundary at the same byte when W divides the distance between them.
+  const std::uintptr_t apart = address(p.in) - address(p.out);
+  if (apart % 16 == 0) return copy_words<16>(p, thread, threads);
+  if (apart % 8 == 0) return copy_words<8>(p, thread, threads);
+  if (apart % 4 == 0) return copy_words<4>(p, thread, threads);
+  if (apart % 2 == 0) return copy_words<2>(p, thread, threads);
+  for (std::size_t i = thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
 }  // namespace herd::cuda::detail

@@ -39,11 +39,25 @@ inline void require_vector_alignment(const void* p, std::size_t bytes, const cha
 }
 #endif
 
+// Bytes this thread has loaded with vector accesses on the host, in all and in 16-byte ones:
+// lets tests see which path a body took. (Host code only; declared in nvcc's device pass too,
+// where the tests' host functions are also read.)
+struct vector_loads {
+  std::size_t bytes = 0;
+  std::size_t wide_bytes = 0;
+};
+inline vector_loads& host_vector_loads() noexcept {
+  thread_local vector_loads loads;
+  return loads;
+}
+
 template <class T, std::size_t V> HERD_HOST_DEVICE inline lanes<T, V> load_lanes(const T* p) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const lanes<T, V>*>(p);
 #else
   require_vector_alignment(p, sizeof(lanes<T, V>), "load");
+  host_vector_loads().bytes += sizeof(lanes<T, V>);
+  if (sizeof(lanes<T, V>) == 16) host_vector_loads().wide_bytes += 16;
   lanes<T, V> r;
   std::memcpy(static_cast<void*>(&r), p, sizeof r);
   return r;

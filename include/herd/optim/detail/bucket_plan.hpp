@@ -7,6 +7,11 @@
 // dtype (small, so that communication starts early in the backward pass), bucket_bytes for the
 // rest. A gradient larger than the cap fills a bucket alone. Buckets are numbered in the order
 // of their first gradient, and launched in that order on every rank.
+//
+// Each member starts at a multiple of 16 bytes of the bucket (the gap before it is padding,
+// reduced along with the rest and never read back): the kernels that pack and unpack move 16-byte
+// vectors only where both sides are aligned alike, so one odd-sized gradient would otherwise send
+// every later member of its bucket down the element-by-element path.
 
 #include <herd/core/dtype.hpp>
 
@@ -18,12 +23,18 @@
 
 namespace herd::detail {
 
+// Where a member may start: elements of `type` in 16 bytes (the widest vector access).
+inline std::size_t padded_offset(std::size_t count, dtype type) {
+  const std::size_t step = 16 / size_of(type);
+  return (count + step - 1) / step * step;
+}
+
 struct bucket_plan {
   struct bucket {
     dtype type = dtype::f32;
     std::vector<std::size_t> members;  // gradient indices, in the order they are packed
     std::vector<std::size_t> offsets;  // element offset of each member in the bucket
-    std::size_t count = 0;             // elements in all
+    std::size_t count = 0;             // elements in all, padding included
   };
 
   std::vector<bucket> buckets;
@@ -59,8 +70,8 @@ struct bucket_plan {
       plan.bucket_of[i] = it->index;
       plan.slot_of[i] = b.members.size();
       b.members.push_back(i);
-      b.offsets.push_back(b.count);
-      b.count += count;
+      b.offsets.push_back(padded_offset(b.count, type));
+      b.count = b.offsets.back() + count;
       if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
     }
     return plan;

@@ -73,6 +73,20 @@ class host_mover {
   std::vector<host_tensor> buckets_;
 };
 
+// The streams whose queued work herd's stream must wait for before it packs gradients: always
+// the caller's, even the default stream (0), which a non-blocking stream does not wait for by
+// itself; and the followed one (a communicator's stream) when there is one and it is another.
+template <class Stream> struct upstream_set {
+  Stream stream[2];
+  std::size_t count = 0;
+};
+template <class Stream> upstream_set<Stream> upstreams_of(Stream caller, const std::optional<Stream>& followed) {
+  upstream_set<Stream> set;
+  set.stream[set.count++] = caller;
+  if (followed && *followed != caller) set.stream[set.count++] = *followed;
+  return set;
+}
+
 #if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
 class device_mover {
  public:
@@ -90,10 +104,9 @@ class device_mover {
       stream_.emplace();
       ready_.emplace();
     }
-    const cudaStream_t caller = cuda::current_stream();
-    for (cudaStream_t upstream : {caller, followed_}) {
-      if (upstream == followed_ && (followed_ == nullptr || followed_ == caller)) continue;
-      ready_->record(upstream);
+    const upstream_set<cudaStream_t> upstreams = upstreams_of(cuda::current_stream(), followed_);
+    for (std::size_t k = 0; k < upstreams.count; ++k) {
+      ready_->record(upstreams.stream[k]);  // the wait takes the event as recorded now: it may be reused
       HERD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready_->get(), 0));
     }
   }
@@ -168,7 +181,7 @@ class device_mover {
   }
 
   int device_;
-  cudaStream_t followed_ = nullptr;
+  std::optional<cudaStream_t> followed_;
   std::optional<cuda::stream> stream_;
   std::optional<cuda::event> ready_;
   cuda::device_buffer fusion_;
