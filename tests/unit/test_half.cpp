@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/half_reference.hpp"
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,18 +19,10 @@ namespace {
 
 using herd::bfloat16;
 using herd::half;
-
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using herd_test::bfloat16_reference;
+using herd_test::bits_of;
+using herd_test::float_of;
+using herd_test::u16;
 
 std::string hex(std::uint32_t u) {
   char text[16];
@@ -38,8 +32,6 @@ std::string hex(std::uint32_t u) {
 
 bool half_is_nan(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
 bool bf16_is_nan(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
-
-std::uint16_t u16(std::uint32_t v) { return static_cast<std::uint16_t>(v); }
 
 // ---------------------------------------------------------------------------------------------
 // Own half reference: the value of each non-negative finite half from the IEEE 754 definition,
@@ -97,30 +89,6 @@ std::uint16_t half_compiler(float f) {
   return b;
 }
 #endif
-
-// ---------------------------------------------------------------------------------------------
-// Own bfloat16 reference: the two candidates around |f| are its truncation toward zero and the
-// next bfloat16 magnitude up; the nearer one wins in double, a tie goes to the even mantissa.
-
-std::uint16_t bfloat16_reference(float f) {
-  const std::uint32_t u = bits_of(f);
-  const std::uint32_t sign = (u >> 16) & 0x8000u;
-  const std::uint32_t magnitude = u & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return u16(sign | 0x7fc0u);
-  if (magnitude == 0x7f800000u) return u16(sign | 0x7f80u);
-  const std::uint32_t down = magnitude >> 16;
-  const std::uint32_t up = down + 1;  // 0x7f80 is infinity, which stands for 2^128 here
-  const double a = static_cast<double>(float_of(magnitude));
-  const double down_value = static_cast<double>(float_of(down << 16));
-  const double up_value = up == 0x7f80u ? std::ldexp(1.0, 128) : static_cast<double>(float_of(up << 16));
-  const double to_down = a - down_value;
-  const double to_up = up_value - a;
-  std::uint32_t pick;
-  if (to_down < to_up) pick = down;
-  else if (to_up < to_down) pick = up;
-  else pick = (down & 1u) == 0 ? down : up;
-  return u16(sign | pick);
-}
 
 // The strided sweep: every 97th float bit pattern (97 is odd, so every low-bit residue, and thus
 // every rounding situation, is visited), about 44 million inputs.

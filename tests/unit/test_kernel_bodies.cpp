@@ -13,6 +13,7 @@
 #include <herd/optim/detail/host_ops.hpp>
 
 #include "../gpu/cast_case.hpp"
+#include "../support/half_reference.hpp"
 #include "../support/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -259,16 +260,9 @@ TEST_CASE("the batched copy body packs and unpacks a thousand tensors of mixed s
 
 namespace {
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using herd_test::bfloat16_reference;
+using herd_test::bits_of;
+using herd_test::float_of;
 
 // The floats where a conversion to a 16-bit type is decided, for every pattern b of that type
 // (decoded by `value`): b's value, the midpoint to the next pattern up in magnitude (a tie), the
@@ -284,26 +278,10 @@ template <class Value, class Visit> void conversion_cases(Value value, herd_test
     const float mid = static_cast<float>((static_cast<double>(v) + static_cast<double>(next)) / 2);  // exact
     for (float c : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, mid < 0 ? -INFINITY : INFINITY)}) visit(c);
     const std::uint32_t lo = bits_of(v), hi = bits_of(next);
-    if (hi > lo + 1) visit(float_of_bits(lo + 1 + static_cast<std::uint32_t>(g.below(hi - lo - 1))));
+    if (hi > lo + 1) visit(float_of(lo + 1 + static_cast<std::uint32_t>(g.below(hi - lo - 1))));
   }
   // Beyond the largest finite values (overflow to infinity) and a sweep of every exponent.
-  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 65521) visit(float_of_bits(static_cast<std::uint32_t>(u)));
-}
-
-// bfloat16 rounding by a method of its own: the two neighbours by truncation, the nearer by their
-// exact distance in double (ties to the even one; past the largest finite value, infinity as 2^128).
-std::uint16_t bfloat16_reference(float f) {
-  const std::uint32_t u = bits_of(f);
-  const auto down = static_cast<std::uint16_t>(u >> 16);
-  const auto up = static_cast<std::uint16_t>(down + 1);
-  auto value = [](std::uint16_t b) {
-    if ((b & 0x7fffu) == 0x7f80u) return (b & 0x8000u) ? -std::ldexp(1.0, 128) : std::ldexp(1.0, 128);
-    return static_cast<double>(float_of_bits(static_cast<std::uint32_t>(b) << 16));
-  };
-  const double x = f, a = std::fabs(x - value(down)), b = std::fabs(value(up) - x);
-  if (a < b) return down;
-  if (b < a) return up;
-  return (down & 1u) ? up : down;
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 65521) visit(float_of(static_cast<std::uint32_t>(u)));
 }
 
 }  // namespace
@@ -354,7 +332,7 @@ TEST_CASE("half and bfloat16: the hardware-conversion path gives the software pa
     // NaNs keep the software path, payload and all.
     for (std::uint32_t payload : {1u, 0x2000u, 0x3fffffu, 0x400000u, 0x7fffffu}) {
       for (std::uint32_t sign : {0u, 0x80000000u}) {
-        const float nan = float_of_bits(sign | 0x7f800000u | payload);
+        const float nan = float_of(sign | 0x7f800000u | payload);
         same(float_to_half_bits_with(nan, hardware), float_to_half_bits(nan), nan, name);
       }
     }
