@@ -57,7 +57,7 @@ class comparison {
 
   template <class T> void check(const std::string& what, const T* herd, const T* torch, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
-      const double a = static_cast<double>(herd[i]), b = static_cast<double>(torch[i]);
+      const double a = herd::detail::to_double(herd[i]), b = herd::detail::to_double(torch[i]);
       const double diff = std::abs(a - b) / std::max(std::abs(b), 1e-30);
       const bool same = tolerance_ == 0 ? std::memcmp(&herd[i], &torch[i], sizeof(T)) == 0 || (std::isnan(a) && std::isnan(b))
                                         : diff <= tolerance_ || (std::isnan(a) && std::isnan(b));
@@ -130,7 +130,94 @@ int adamw(const reference& ref) {
   });
 }
 
-const std::map<std::string, std::function<int(const reference&)>> checks = {{"sgd", sgd}, {"adamw", adamw}};
+// f16 parameters, f32 masters stepped by SGD, under the loss scaler: the scale before each step,
+// which steps are skipped, and the parameters, against GradScaler's rule (apex's cap in case 0).
+int loss_scaler(const reference& ref) {
+  comparison cmp(0);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    const auto o = ref.get<double>(prefix + "options");
+    const auto all_grads = ref.get<herd::half>(prefix + "grads");
+    const auto scales = ref.get<double>(prefix + "scales");
+    const auto torch = ref.get<herd::half>(prefix + "torch");
+    auto params = ref.get<herd::half>(prefix + "init");
+    std::vector<herd::half> grads(params.size());
+    herd::loss_scaler scaler({.initial_scale = o[0], .growth_interval = static_cast<std::int64_t>(o[1]), .max_scale = o[2]});
+    herd::mixed_precision amp(herd::views(params), herd::views(grads), scaler, [](auto p, auto g) {
+      return herd::sgd(std::move(p), std::move(g), {.lr = 0.1, .momentum = 0.9});
+    });
+    for (std::size_t s = 0; s + 1 < scales.size(); ++s) {
+      const double before = scaler.scale();
+      cmp.check(prefix + "scale before step " + std::to_string(s + 1), &before, &scales[s], 1);
+      std::memcpy(grads.data(), all_grads.data() + s * grads.size(), grads.size() * sizeof(herd::half));
+      amp.step();
+      cmp.check(prefix + "param step " + std::to_string(s + 1), params.data(), torch.data() + s * params.size(), params.size());
+    }
+    const double last = scaler.scale();
+    cmp.check(prefix + "final scale", &last, &scales.back(), 1);
+  }
+  return cmp.report("parity_loss_scaler");
+}
+
+// herd::clip_grad_norm against torch.nn.utils.clip_grad_norm_, which sums in f32 (herd in double):
+// within 1e-6 relative. On f32 gradients, and on f16 ones after mixed_precision::unscale().
+int clip_grad_norm(const reference& ref) {
+  comparison cmp(1e-6);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    std::vector<std::vector<float>> grads;
+    for (int k = 0; k < 3; ++k) grads.push_back(ref.get<float>(prefix + "grad." + std::to_string(k)));
+    const double total = herd::clip_grad_norm(herd::views(grads[0], grads[1], grads[2]), ref.get<double>(prefix + "max_norm")[0]);
+    cmp.check(prefix + "total", &total, ref.get<double>(prefix + "total").data(), 1);
+    for (std::size_t k = 0; k < 3; ++k) cmp.check(prefix + "grad." + std::to_string(k), grads[k], ref.get<float>(prefix + "torch." + std::to_string(k)));
+  }
+  std::vector<std::vector<herd::half>> params, grads;
+  for (int k = 0; k < 3; ++k) {
+    grads.push_back(ref.get<herd::half>("amp.grad." + std::to_string(k)));
+    params.emplace_back(grads.back().size());
+  }
+  herd::loss_scaler scaler({.initial_scale = 1024});
+  herd::mixed_precision amp(herd::views(params[0], params[1], params[2]), herd::views(grads[0], grads[1], grads[2]), scaler,
+                            [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g)); });
+  if (amp.unscale()) throw std::runtime_error("unscale() found an overflow in finite gradients");
+  const double total = herd::clip_grad_norm(amp.master_grads(), 2.0);
+  cmp.check("amp.total", &total, ref.get<double>("amp.total").data(), 1);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto& g = amp.master_grads()[k];
+    cmp.check("amp.grad." + std::to_string(k), static_cast<const float*>(g.data),
+              ref.get<float>("amp.torch." + std::to_string(k)).data(), g.count);
+  }
+  return cmp.report("parity_clip_grad_norm");
+}
+
+// The same clipping with each gradient split in contiguous parts across the ranks (as ZeRO's
+// shards): herd::clip_grad_norm with the communicator gives every rank the whole norm.
+int clip_grad_norm_sharded(const reference& ref) {
+  herd::mpi::environment mpi;
+  herd::mpi_communicator comm;
+  comparison cmp(1e-6);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    std::vector<std::vector<float>> parts, torch;
+    for (int k = 0; k < 3; ++k) {
+      const auto whole = ref.get<float>(prefix + "grad." + std::to_string(k));
+      const auto clipped = ref.get<float>(prefix + "torch." + std::to_string(k));
+      const std::size_t n = whole.size(), size = static_cast<std::size_t>(comm.size()), rank = static_cast<std::size_t>(comm.rank());
+      const std::size_t begin = n * rank / size, end = n * (rank + 1) / size;
+      parts.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(begin), whole.begin() + static_cast<std::ptrdiff_t>(end));
+      torch.emplace_back(clipped.begin() + static_cast<std::ptrdiff_t>(begin), clipped.begin() + static_cast<std::ptrdiff_t>(end));
+    }
+    const double total = herd::clip_grad_norm(herd::views(parts[0], parts[1], parts[2]), ref.get<double>(prefix + "max_norm")[0], comm);
+    cmp.check(prefix + "total", &total, ref.get<double>(prefix + "total").data(), 1);
+    for (std::size_t k = 0; k < 3; ++k) cmp.check(prefix + "part." + std::to_string(k), parts[k], torch[k]);
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  return cmp.report("parity_clip_grad_norm_sharded");
+}
+
+const std::map<std::string, std::function<int(const reference&)>> checks = {
+    {"sgd", sgd}, {"adamw", adamw}, {"loss_scaler", loss_scaler}, {"clip_grad_norm", clip_grad_norm},
+    {"clip_grad_norm_sharded", clip_grad_norm_sharded}};
 
 }  // namespace
 
@@ -147,7 +234,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   try {
-    return checks.at(argv[1])(reference(dir / (std::string(argv[1]) + ".safetensors")));
+    const std::string check = argv[1];
+    const std::string file = check.starts_with("clip_grad_norm") ? "clip_grad_norm" : check;  // one reference, two checks
+    return checks.at(check)(reference(dir / (file + ".safetensors")));
   } catch (const std::exception& e) {
     std::printf("parity_%s: %s\n", argv[1], e.what());
     return 1;

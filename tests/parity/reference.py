@@ -15,6 +15,8 @@ import os
 import struct
 import sys
 
+import numpy as np
+
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -87,3 +89,93 @@ optimizer_check("sgd", [[0.1, 0, 0, 0, 0], [0.05, 0.9, 0, 0, 0], [0.05, 0.9, 0.2
 # [lr, beta1, beta2, eps, weight_decay]
 optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
                 lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
+
+
+def grad_scaler_update(scale, tracker, found_inf, growth, backoff, interval, cap):
+    """torch.cuda.amp.GradScaler's update (the _amp_update_scale_ kernel, which has no CPU
+    implementation in torch 1.13), transcribed: the scale is an f32 tensor there; a grown scale
+    that is not finite is not taken. apex's cap (max_loss_scale) on top where cap is finite."""
+    if found_inf:
+        return scale * np.float32(backoff), 0
+    if tracker + 1 == interval:
+        grown = np.float32(scale * np.float32(growth))
+        return (min(grown, np.float32(cap)) if np.isfinite(grown) else scale), 0
+    return scale, tracker + 1
+
+
+def loss_scaler_check():
+    """f16 parameters with f32 masters stepped by SGD, under the scaler: gradients scaled by the
+    current scale (some overflow by themselves, some runs of steps carry a planted inf or NaN);
+    unscaled as GradScaler.unscale_ does (times the f32 reciprocal of the scale)."""
+    gen = torch.Generator().manual_seed(24)
+    steps, n = 60, 23
+    # [initial scale, growth interval, cap, gradient size, share of planted overflows]: apex's cap
+    # reached and held; no cap (GradScaler) with scales that grow until gradients overflow by themselves.
+    cases = [[2.0 ** 20, 3, 2.0 ** 24, 1e-4, 0.03], [2.0 ** 16, 2, float("inf"), 3e-3, 0.12]]
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    for c, (initial, interval, cap, size, share) in enumerate(cases):
+        planted = torch.rand(steps, generator=gen) < share
+        planted[[5, 6, 7, 30, 31]] = True  # consecutive overflows
+        master = (torch.randn(n, generator=gen) * 0.5).half().float().requires_grad_()
+        param16 = master.detach().half()
+        tensors[f"{c}.init"] = param16
+        opt = torch.optim.SGD([master], lr=0.1, momentum=0.9)
+        scale, tracker = np.float32(initial), 0
+        grads16 = torch.empty(steps, n, dtype=torch.float16)
+        scales = torch.empty(steps + 1, dtype=torch.float64)
+        trajectory = torch.empty(steps, n, dtype=torch.float16)
+        scales[0] = float(scale)
+        for s in range(steps):
+            g = (torch.randn(n, generator=gen, dtype=torch.float64) * size * float(scale)).half()
+            if planted[s]:
+                g[s % n] = float("inf") if s % 2 else float("nan")
+            grads16[s] = g
+            inv_scale = torch.tensor([float(scale)], dtype=torch.float64).reciprocal().float()
+            master.grad = g.float() * inv_scale
+            found_inf = not bool(torch.isfinite(master.grad).all())
+            if not found_inf:
+                opt.step()
+                param16 = master.detach().half()
+            scale, tracker = grad_scaler_update(scale, tracker, found_inf, 2.0, 0.5, interval, cap)
+            scales[s + 1] = float(scale)
+            trajectory[s] = param16
+        tensors[f"{c}.options"] = torch.tensor([initial, interval, cap, size, share], dtype=torch.float64)
+        tensors[f"{c}.grads"] = grads16
+        tensors[f"{c}.scales"] = scales
+        tensors[f"{c}.torch"] = trajectory
+    save("loss_scaler", tensors)
+
+
+def clip_check():
+    """torch.nn.utils.clip_grad_norm_ on f32 gradients (a norm that clips, one that does not), and
+    on f16 gradients scaled by 2^10 after GradScaler's unscale_ (into f32)."""
+    gen = torch.Generator().manual_seed(25)
+    sizes = (37, 5, 64)
+    tensors = {}
+    for c, max_norm in enumerate((0.5, 1e3)):
+        grads = [torch.randn(n, generator=gen) for n in sizes]
+        params = [torch.zeros(n, requires_grad=True) for n in sizes]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        tensors[f"{c}.max_norm"] = torch.tensor([max_norm], dtype=torch.float64)
+        tensors[f"{c}.total"] = total.double().reshape(1)
+        for k, (p, g) in enumerate(zip(params, grads)):
+            tensors[f"{c}.grad.{k}"] = g
+            tensors[f"{c}.torch.{k}"] = p.grad
+    scale = 1024.0
+    grads16 = [(torch.randn(n, generator=gen) * scale).half() for n in sizes]
+    params = [torch.zeros(n, requires_grad=True) for n in sizes]
+    inv_scale = torch.tensor([scale], dtype=torch.float64).reciprocal().float()
+    for p, g in zip(params, grads16):
+        p.grad = g.float() * inv_scale
+    total = torch.nn.utils.clip_grad_norm_(params, 2.0)
+    tensors["amp.total"] = total.double().reshape(1)
+    for k, (p, g) in enumerate(zip(params, grads16)):
+        tensors[f"amp.grad.{k}"] = g
+        tensors[f"amp.torch.{k}"] = p.grad
+    save("clip_grad_norm", tensors)
+
+
+loss_scaler_check()
+clip_check()
