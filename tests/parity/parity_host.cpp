@@ -5,6 +5,7 @@
 
 #include <herd/herd.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -215,6 +216,69 @@ int clip_grad_norm_sharded(const reference& ref) {
   return cmp.report("parity_clip_grad_norm_sharded");
 }
 
+// A file written the way safetensors writes, holding every safetensors dtype and a BatchNorm2d's
+// state_dict: with strict off, herd's dtypes load bit for bit and the rest are reported as
+// unexpected; registered, a dtype herd lacks is refused by name (not as a damaged file).
+int safetensors(const std::filesystem::path& dir) {
+  comparison cmp(0);
+  const fs::path path = dir / "safetensors.safetensors";
+  const reference expect(dir / "safetensors_expect.safetensors");
+  std::size_t problems = 0;
+  const auto problem = [&](const std::string& what) {
+    std::printf("  %s\n", what.c_str());
+    ++problems;
+  };
+  std::vector<herd::half> f16(6);
+  std::vector<herd::bfloat16> bf16(6);
+  std::vector<float> f32(6), bn_weight(4), bn_bias(4), bn_mean(4), bn_var(4), absent(3, 7.0f);
+  std::vector<double> f64(6);
+  std::vector<std::int8_t> i8(6);
+  std::vector<std::uint8_t> u8(6);
+  std::vector<std::int32_t> i32(6);
+  std::vector<std::int64_t> i64(6);
+  herd::checkpoint state;
+  state.add("t.F16", f16).add("t.BF16", bf16).add("t.F32", f32).add("t.F64", f64).add("t.I8", i8).add("t.U8", u8);
+  state.add("t.I32", i32).add("t.I64", i64).add("bn.weight", bn_weight).add("bn.bias", bn_bias);
+  state.add("bn.running_mean", bn_mean).add("bn.running_var", bn_var).add("absent", absent);
+  state.set_strict(false);
+  if (!state.load(path)) problem("the file is missing");
+  const auto compare = [&](const std::string& name, const auto& loaded) {
+    std::vector<double> as_double;
+    for (const auto& x : loaded) as_double.push_back(herd::detail::to_double(x));
+    cmp.check(name, as_double, expect.get<double>(name));
+  };
+  compare("t.F16", f16), compare("t.BF16", bf16), compare("t.F32", f32), compare("t.F64", f64), compare("t.I8", i8);
+  compare("t.U8", u8), compare("t.I32", i32), compare("t.I64", i64), compare("bn.weight", bn_weight);
+  compare("bn.bias", bn_bias), compare("bn.running_mean", bn_mean), compare("bn.running_var", bn_var);
+  if (absent != std::vector<float>(3, 7.0f)) problem("the missing entry was written");
+  const std::vector<std::string> lacking = {"BOOL", "I16", "C64", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"};
+  std::vector<std::string> unexpected = {"bn.num_batches_tracked"};
+  for (const auto& d : lacking) unexpected.push_back("t." + d);
+  auto reported = state.unexpected_keys();
+  std::sort(reported.begin(), reported.end());
+  std::sort(unexpected.begin(), unexpected.end());
+  if (reported != unexpected) problem("unexpected_keys() is not the file's tensors of other dtypes and num_batches_tracked");
+  if (state.missing_keys() != std::vector<std::string>{"absent"}) problem("missing_keys() is not {absent}");
+  for (const auto& d : lacking) {
+    std::vector<float> into(6);
+    herd::checkpoint one;
+    one.add("t." + d, into).set_strict(false);
+    std::string message = "(none)";
+    try {
+      one.load(path);
+    } catch (const herd::error& e) {
+      message = e.what();
+    }
+    const std::string wanted = "unsupported dtype " + d + " in tensor \"t." + d + "\"";
+    if (message.find(wanted) == std::string::npos || message.find("damaged") != std::string::npos) {
+      problem("registering t." + d + " raised " + message + "; wanted " + wanted);
+    }
+  }
+  const int values = cmp.report("parity_safetensors");
+  std::printf("parity_safetensors: %zu problems with keys and errors\n", problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
 const std::map<std::string, std::function<int(const reference&)>> checks = {
     {"sgd", sgd}, {"adamw", adamw}, {"loss_scaler", loss_scaler}, {"clip_grad_norm", clip_grad_norm},
     {"clip_grad_norm_sharded", clip_grad_norm_sharded}};
@@ -222,7 +286,7 @@ const std::map<std::string, std::function<int(const reference&)>> checks = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || !checks.contains(argv[1])) {
+  if (argc != 3 || !(checks.contains(argv[1]) || std::string(argv[1]) == "safetensors")) {
     std::fprintf(stderr, "usage: parity_host CHECK DIR (CHECK one of:");
     for (const auto& [name, _] : checks) std::fprintf(stderr, " %s", name.c_str());
     std::fprintf(stderr, ")\n");
@@ -235,6 +299,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string check = argv[1];
+    if (check == "safetensors") return safetensors(dir);
     const std::string file = check.starts_with("clip_grad_norm") ? "clip_grad_norm" : check;  // one reference, two checks
     return checks.at(check)(reference(dir / (file + ".safetensors")));
   } catch (const std::exception& e) {

@@ -30,16 +30,22 @@ if os.path.exists(os.path.join(out, "torch_missing")):
     os.remove(os.path.join(out, "torch_missing"))
 
 ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-             torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.int8: "I8"}
+             torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+             torch.bool: "BOOL", torch.complex64: "C64"}
 
 
 def save(check, tensors):
-    """A safetensors file (8-byte header length, JSON header, data), without the safetensors package."""
+    """A safetensors file (8-byte header length, JSON header, data), without the safetensors package.
+    A value may be (dtype name, bytes, shape) for a dtype this torch lacks."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
-        t = t.detach().contiguous().cpu()
-        blob = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        if isinstance(t, tuple):
+            dtype, blob, shape = t
+        else:
+            t = t.detach().contiguous().cpu()
+            bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else torch.view_as_real(t) if t.is_complex() else t
+            dtype, blob, shape = ST_DTYPES[t.dtype], bits.numpy().tobytes(), list(t.shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header).encode()
@@ -177,5 +183,35 @@ def clip_check():
     save("clip_grad_norm", tensors)
 
 
+def safetensors_check():
+    """A file with a tensor of every dtype safetensors has (those this torch lacks written as raw
+    bytes) and a BatchNorm2d's state_dict (num_batches_tracked is I64); the values of herd's dtypes
+    again, as F64, in a second file."""
+    gen = torch.Generator().manual_seed(26)
+    values = torch.randn(6, generator=gen, dtype=torch.float64) * 3
+    tensors, expect = {}, {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+                  torch.int64):
+        t = values.to(dtype) if dtype.is_floating_point else (values * 10).to(dtype)
+        tensors["t." + ST_DTYPES[dtype]] = t
+        expect["t." + ST_DTYPES[dtype]] = t.double()
+    tensors["t.BOOL"] = values > 0
+    tensors["t.I16"] = (values * 100).to(torch.int16)
+    tensors["t.C64"] = torch.complex(values.float(), -values.float())
+    raw = bytes(range(48))
+    for name, size in (("U16", 2), ("U32", 4), ("U64", 8), ("F8_E4M3", 1), ("F8_E5M2", 1)):
+        tensors["t." + name] = (name, raw[: 6 * size], [6])
+    bn = torch.nn.BatchNorm2d(4)
+    bn.train()
+    bn(torch.randn(8, 4, 3, 3, generator=gen))
+    for name, t in bn.state_dict().items():
+        tensors["bn." + name] = t
+        if t.dtype == torch.float32:
+            expect["bn." + name] = t.double()
+    save("safetensors", tensors)
+    save("safetensors_expect", expect)
+
+
 loss_scaler_check()
 clip_check()
+safetensors_check()
