@@ -18,7 +18,8 @@ import sys
 import numpy as np
 
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
-out = sys.argv[1]
+DDP_RANK = len(sys.argv) == 5 and sys.argv[1] == "--ddp-rank"  # reference.py --ddp-rank SCENARIO_SET WORLD OUT
+out = sys.argv[-1]
 os.makedirs(out, exist_ok=True)
 try:
     import torch
@@ -26,7 +27,7 @@ except ImportError as e:
     open(os.path.join(out, "torch_missing"), "w").write(f"torch is not importable: {e}\n")
     print(f"parity: torch is not importable ({e}); the parity checks are skipped")
     sys.exit(0)
-if os.path.exists(os.path.join(out, "torch_missing")):
+if os.path.exists(os.path.join(out, "torch_missing")) and not DDP_RANK:
     os.remove(os.path.join(out, "torch_missing"))
 
 ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -88,13 +89,19 @@ def optimizer_check(check, cases, make):
     save(check, tensors)
 
 
-# [lr, momentum, dampening, nesterov, weight_decay]
-optimizer_check("sgd", [[0.1, 0, 0, 0, 0], [0.05, 0.9, 0, 0, 0], [0.05, 0.9, 0.25, 0, 0.01], [0.02, 0.8, 0, 1, 0.05]],
-                lambda ps, o: torch.optim.SGD(ps, lr=o[0], momentum=o[1], dampening=o[2], nesterov=bool(o[3]),
-                                              weight_decay=o[4]))
-# [lr, beta1, beta2, eps, weight_decay]
-optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
-                lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
+def run_checks():
+    # [lr, momentum, dampening, nesterov, weight_decay]
+    optimizer_check("sgd", [[0.1, 0, 0, 0, 0], [0.05, 0.9, 0, 0, 0], [0.05, 0.9, 0.25, 0, 0.01], [0.02, 0.8, 0, 1, 0.05]],
+                    lambda ps, o: torch.optim.SGD(ps, lr=o[0], momentum=o[1], dampening=o[2], nesterov=bool(o[3]),
+                                                  weight_decay=o[4]))
+    # [lr, beta1, beta2, eps, weight_decay]
+    optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
+                    lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
+    loss_scaler_check()
+    clip_check()
+    safetensors_check()
+    sync_batch_norm_check()
+    ddp_check()
 
 
 def grad_scaler_update(scale, tracker, found_inf, growth, backoff, interval, cap):
@@ -212,6 +219,148 @@ def safetensors_check():
     save("safetensors_expect", expect)
 
 
-loss_scaler_check()
-clip_check()
-safetensors_check()
+
+# Each iteration's split of the global batch of 7 over 2 and 3 ranks; the second leaves a rank empty.
+SPLITS = {2: [[3, 4], [0, 7], [5, 2]], 3: [[2, 2, 3], [3, 0, 4], [1, 4, 2]]}
+
+
+def sync_batch_norm_check():
+    """BatchNorm2d over the whole batch (f64, so that the comparison sees the method, not f32 sums):
+    three training iterations (outputs, input gradients, weight and bias gradients, running
+    statistics), then eval: with running statistics on every rank's part, without them each part
+    on its own statistics (SyncBatchNorm syncs in training only)."""
+    gen = torch.Generator().manual_seed(27)
+    channels, n = 3, 7
+    # [affine, track_running_stats, momentum (-1: None)]
+    cases = [[1, 1, 0.1], [0, 1, 0.1], [1, 0, 0.1], [1, 1, -1], [0, 0, -1]]
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    for w, splits in SPLITS.items():
+        tensors[f"split.{w}"] = torch.tensor(splits, dtype=torch.int64)
+    for c, (affine, track, momentum) in enumerate(cases):
+        p = f"{c}."
+        bn = torch.nn.BatchNorm2d(channels, affine=bool(affine), track_running_stats=bool(track),
+                                  momentum=None if momentum < 0 else momentum).double()
+        tensors[p + "options"] = torch.tensor([affine, track, momentum], dtype=torch.float64)
+        if affine:
+            with torch.no_grad():
+                bn.weight.copy_(torch.rand(channels, generator=gen, dtype=torch.float64) + 0.5)
+                bn.bias.copy_(torch.randn(channels, generator=gen, dtype=torch.float64))
+            tensors[p + "weight"] = bn.weight.detach().clone()
+            tensors[p + "bias"] = bn.bias.detach().clone()
+        bn.train()
+        for it in range(3):
+            q = f"{p}{it}."
+            x = (torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64) * 2 + 1).requires_grad_()
+            out_weight = torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64)
+            y = bn(x)
+            (y * out_weight).sum().backward()
+            tensors[q + "x"], tensors[q + "out_weight"] = x.detach(), out_weight
+            tensors[q + "y"], tensors[q + "dx"] = y.detach(), x.grad
+            if affine:
+                tensors[q + "dweight"], tensors[q + "dbias"] = bn.weight.grad.clone(), bn.bias.grad.clone()
+                bn.weight.grad, bn.bias.grad = None, None
+            if track:
+                tensors[q + "running_mean"] = bn.running_mean.clone()
+                tensors[q + "running_var"] = bn.running_var.clone()
+                tensors[q + "num_batches_tracked"] = bn.num_batches_tracked.clone().reshape(1)
+        bn.eval()
+        x = torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64)
+        tensors[p + "eval.x"] = x
+        with torch.no_grad():
+            for w, splits in SPLITS.items():
+                parts = torch.split(x, splits[0])
+                tensors[f"{p}eval.y.{w}"] = torch.cat([bn(part) for part in parts])
+    save("sync_batch_norm", tensors)
+
+
+# DDP: torch.nn.parallel.DistributedDataParallel (gloo) at 2 and 3 ranks, each rank a process of
+# this script; herd's libtorch DDP runs the same model (parity_torch.cpp builds it alike) on the
+# same batches. Each scenario: 3 iterations of SGD with momentum. The model has a BatchNorm (its
+# buffers broadcast from rank 0 at each forward), a layer only rank 1 uses and one no rank uses.
+# [find_unused_parameters, bucket bytes (0: DDP's default), gradient_as_bucket_view,
+#  zero_grad(set_to_none), backward passes per step (k - 1 under no_sync())]
+DDP_SCENARIOS = [[1, 0, 0, 0, 1], [1, 256, 1, 0, 1], [1, 256, 1, 1, 1], [1, 0, 0, 1, 2], [1, 256, 1, 0, 3]]
+DDP_ITERATIONS, DDP_BATCH = 3, 4
+
+
+def ddp_model():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(6, 8, bias=False)  # BatchNorm follows: a bias would get 0 up to rounding
+            self.bn = torch.nn.BatchNorm1d(8)
+            self.fc2 = torch.nn.Linear(8, 4)
+            self.extra = torch.nn.Linear(8, 4)   # used by rank 1 only
+            self.unused = torch.nn.Linear(4, 4)  # used by no rank
+
+        def forward(self, x, use_extra):
+            h = torch.relu(self.bn(self.fc1(x)))
+            y = self.fc2(h)
+            return y + self.extra(h) if use_extra else y
+
+    torch.manual_seed(30)
+    return Net().double()
+
+
+def ddp_rank(world):
+    import torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tensors = {}
+    for s, (unused, bucket, as_view, to_none, passes) in enumerate(DDP_SCENARIOS):
+        model = ddp_model()
+        names = [n for n, _ in model.named_parameters()]
+        for n, t in model.state_dict().items():
+            tensors[f"{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, find_unused_parameters=bool(unused), gradient_as_bucket_view=bool(as_view),
+            **({"bucket_cap_mb": bucket / 2 ** 20} if bucket else {}))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1000 * world + 10 * rank + s)
+        for it in range(DDP_ITERATIONS):
+            p = f"{s}.{it}."
+            opt.zero_grad(set_to_none=bool(to_none))
+            for k in range(passes):
+                x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                tensors[f"{p}{k}.x"], tensors[f"{p}{k}.target"] = x, target
+                if k + 1 < passes:
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(x, rank == 1), target).backward()
+                else:
+                    torch.nn.functional.mse_loss(ddp(x, rank == 1), target).backward()
+            params = dict(model.named_parameters())
+            tensors[p + "grad_defined"] = torch.tensor([params[n].grad is not None for n in names], dtype=torch.int64)
+            for n in names:
+                if params[n].grad is not None:
+                    tensors[f"{p}grad.{n}"] = params[n].grad.clone()
+            opt.step()
+            for n, t in model.state_dict().items():
+                tensors[f"{p}state.{n}"] = t.clone()
+    save(f"ddp.{world}.{rank}", tensors)
+    dist.destroy_process_group()
+
+
+def ddp_check():
+    import socket
+    import subprocess
+    for world in (2, 3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ranks = []
+        for rank in range(world):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+            ranks.append(subprocess.Popen([sys.executable, __file__, "--ddp-rank", "all", str(world), out], env=env))
+        if any(r.wait(timeout=120) != 0 for r in ranks):
+            sys.exit(f"parity: torch DDP at {world} ranks failed")
+    tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
+               "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
+    save("ddp", tensors)
+
+
+if DDP_RANK:
+    ddp_rank(int(sys.argv[3]))
+else:
+    run_checks()

@@ -90,6 +90,9 @@ struct optimizer_options {
   // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
+  // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
+  // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
+  bool broadcast_buffers = true;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
   // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
   // first agrees on which ranks are still training (one byte per rank). avg divides by the world
