@@ -140,3 +140,15 @@ TEST_CASE("zero_optimizer keeps only its shard's state, and refuses a checkpoint
     if (comm.rank() == 0) std::filesystem::remove_all(dir);
   });
 }
+
+TEST_CASE("zero_optimizer with fp16 on the wire divides before the sum: two ranks averaging 40000 get 40000, not inf") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> param(4, 0.0f), grad(4, 40000.0f);  // the f16 sum, 80000, is past f16's 65504
+    herd::zero_optimizer zero(herd::views(param), herd::views(grad), comm,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); },
+                              {.wire = herd::compression::fp16});
+    zero.step();
+    INFO("rank ", comm.rank());
+    for (float p : param) CHECK(p == -40000.0f);
+  });
+}

@@ -124,15 +124,17 @@ template <class Inner, communicator C> class zero_optimizer {
     }
     const int p = comm.size();
     const std::size_t es = size_of(type_), ws = size_of(wire_);
-    // The gradients, flattened (cast for the wire), the padding zero.
+    // The gradients, flattened (cast for the wire), the padding zero. With compression the
+    // average is divided as the gradients are cast, before the f16/bf16 sum (as DDP does), so that
+    // no average within range overflows in the sum.
+    const double before = wire_ != type_ && options_.op == reduce_op::avg ? 1.0 / p : 1.0;
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
-      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);  // a plain copy without compression
+      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count, before);  // a plain copy without compression
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
-    // With compression the sum travels as f16/bf16 and the average is taken after the cast back.
     const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
     const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
     buffer_view mine = shard_grad_.view();
@@ -143,10 +145,7 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    if (wire_ != type_) {
-      const double scale = options_.op == reduce_op::avg ? 1.0 / p : 1.0;
-      detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank, scale);
-    }
+    if (wire_ != type_) detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank);
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
     auto* all_params = static_cast<std::byte*>(gathered_.data());
