@@ -152,3 +152,30 @@ TEST_CASE("zero_optimizer with fp16 on the wire divides before the sum: two rank
     for (float p : param) CHECK(p == -40000.0f);
   });
 }
+
+TEST_CASE("zero_optimizer with max_grad_norm clips by the norm of the whole, as the unsharded optimizer after clip_grad_norm") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  for (int ranks : {1, 3}) {
+    herd::local::run(ranks, [&](herd::local_communicator& comm) {
+      auto make = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+        return herd::sgd(std::move(p), std::move(g), {.lr = 0.1, .momentum = 0.9});
+      };
+      model sharded(sizes), plain(sizes);
+      herd::zero_optimizer zero(sharded.param_views(), sharded.grad_views(), comm, make, {.max_grad_norm = 0.5});
+      auto inner = make(plain.param_views(), plain.grad_views());
+      herd::distributed_optimizer reference(inner, plain.grad_views(), comm);
+      for (int step = 0; step < 4; ++step) {
+        sharded.fill_grads(comm.rank(), step);
+        plain.fill_grads(comm.rank(), step);
+        zero.step();
+        reference.synchronize();
+        const double norm = herd::clip_grad_norm(plain.grad_views(), 0.5);
+        reference.step();
+        INFO("rank ", comm.rank(), " of ", ranks, ", step ", step);
+        CHECK(zero.grad_norm() == doctest::Approx(norm).epsilon(1e-6));
+        CHECK(norm > 0.5);  // the clipping acts
+      }
+      CHECK(largest_difference(sharded, plain) <= 1e-6);
+    });
+  }
+}

@@ -25,6 +25,7 @@
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/optimizer_state.hpp>
@@ -45,6 +46,10 @@ namespace herd {
 struct zero_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   compression wire = compression::none;
+  // Above 0: the reduced gradients are clipped to this global 2-norm before each step, as
+  // torch.nn.utils.clip_grad_norm_ on the whole; the shards' squared norms are summed across the
+  // ranks (one scalar allreduce, as DeepSpeed does), so every rank clips by the same norm.
+  double max_grad_norm = 0;
 };
 
 // Where this rank's shard lies in the flat parameter range.
@@ -120,6 +125,7 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
     const int p = comm.size();
@@ -146,6 +152,10 @@ template <class Inner, communicator C> class zero_optimizer {
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
     if (wire_ != type_) detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank);
+    if (options_.max_grad_norm > 0) {
+      const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
+      grad_norm_ = clip_grad_norm({received}, options_.max_grad_norm, comm);  // the padding adds zeros
+    }
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
     auto* all_params = static_cast<std::byte*>(gathered_.data());
@@ -164,6 +174,8 @@ template <class Inner, communicator C> class zero_optimizer {
 
   Inner& inner() noexcept { return *inner_; }
   const zero_shard& shard() const noexcept { return shard_; }
+  // The global gradient norm of the last step, with max_grad_norm (0 before).
+  double grad_norm() const noexcept { return grad_norm_; }
 
   // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
   template <class F> void visit_state(F&& f) {
@@ -202,6 +214,7 @@ template <class Inner, communicator C> class zero_optimizer {
   dtype wire_ = dtype::f32;
   zero_shard shard_;
   std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
+  double grad_norm_ = 0;
   host_tensor flat_;        // the flattened gradients, as they travel
   host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
   host_tensor grad_;        // ...cast back, with compression
