@@ -9,19 +9,21 @@ PyTorch runs its scalar CPU kernels (ATEN_CPU_CAPABILITY=default, set before tor
 its vectorized kernels fuse a + alpha * b into one FMA where the machine has one, so their last
 bit depends on the CPU; the scalar kernels round each operation, as herd does, and so can be
 compared bit for bit. Without torch it writes OUTDIR/torch_missing and the checks are skipped.
+
+The DDP check starts this script again once per rank (reference.py --ddp-rank all WORLD OUTDIR,
+with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set) for torch.distributed over gloo.
 """
 import json
 import os
 import struct
 import sys
 
-import numpy as np
-
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
-DDP_RANK = len(sys.argv) == 5 and sys.argv[1] == "--ddp-rank"  # reference.py --ddp-rank SCENARIO_SET WORLD OUT
+DDP_RANK = len(sys.argv) == 5 and sys.argv[1] == "--ddp-rank"
 out = sys.argv[-1]
 os.makedirs(out, exist_ok=True)
 try:
+    import numpy as np
     import torch
 except ImportError as e:
     open(os.path.join(out, "torch_missing"), "w").write(f"torch is not importable: {e}\n")
