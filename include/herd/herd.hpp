@@ -42,6 +42,7 @@
 #include <herd/optim/adamw.hpp>
 #include <herd/optim/broadcast.hpp>
 #include <herd/optim/checkpoint.hpp>
+#include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/distributed_optimizer.hpp>
 #include <herd/optim/lr_schedule.hpp>

@@ -10534,16 +10534,20 @@ class adamw {
         auto* v = static_cast<S*>(v_state.data());
         const double t = static_cast<double>(steps_);
         const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
+        // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
+        // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
         const auto b1 = static_cast<S>(options_.beta1);
         const auto b2 = static_cast<S>(options_.beta2);
+        const auto keep1 = static_cast<S>(1 - options_.beta1);
+        const auto keep2 = static_cast<S>(1 - options_.beta2);
         const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
         const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const auto eps = static_cast<S>(options_.eps);
         for (std::size_t j = 0; j < param.count; ++j) {
           const S gj = static_cast<S>(g[j]);
           const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = b1 * m[j] + (1 - b1) * gj;
-          v[j] = b2 * v[j] + (1 - b2) * gj * gj;
+          m[j] = b1 * m[j] + keep1 * gj;
+          v[j] = b2 * v[j] + keep2 * gj * gj;
           p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
         }
       }
@@ -10787,11 +10791,20 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
   return names[static_cast<std::size_t>(t)];
 }
 
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name it does not know.
+// Whether `name` is the safetensors name of one of herd's dtypes.
+inline bool is_herd_dtype(std::string_view name) noexcept {
+  for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
+    if (dtype_name(static_cast<dtype>(i)) == name) return true;
+  }
+  return false;
+}
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
 inline std::uint64_t element_bytes(std::string_view name) {
   constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
-      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8}};
+      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
+      {"C64", 8},  {"F8_E8M0", 1}};
   const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
   return it == std::end(sizes) ? 0 : it->second;
 }
@@ -11153,11 +11166,12 @@ struct file_contents {
   std::vector<st::tensor_info> tensors;  // by offset
   std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
 
-  // Copies each tensor's data into views[order[i]] (as match() paired them).
-  void fill(const std::vector<std::size_t>& order, const std::vector<buffer_view>& views) const {
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const auto n = static_cast<std::size_t>(tensors[i].end - tensors[i].begin);
-      if (n != 0) std::memcpy(views[order[i]].data, bytes.data() + data_start + tensors[i].begin, n);
+  // Copies the data of each pair's tensor (by its index in `tensors`) into its view (as match()
+  // paired them).
+  void fill(const std::vector<std::pair<std::size_t, std::size_t>>& pairs, const std::vector<buffer_view>& views) const {
+    for (const auto& [t, v] : pairs) {
+      const auto n = static_cast<std::size_t>(tensors[t].end - tensors[t].begin);
+      if (n != 0) std::memcpy(views[v].data, bytes.data() + data_start + tensors[t].begin, n);
     }
   }
 };
@@ -11302,6 +11316,17 @@ class checkpoint {
     }
   }
 
+  // Strict (the default): a load needs the file's entries and the registered ones to be the same
+  // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
+  // their values and the file's tensors nobody registered are skipped; the last load lists both in
+  // missing_keys() and unexpected_keys(). An entry in both must still agree in dtype and size.
+  checkpoint& set_strict(bool strict) noexcept {
+    strict_ = strict;
+    return *this;
+  }
+  const std::vector<std::string>& missing_keys() const noexcept { return missing_; }
+  const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
+
   // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
   bool load(const std::filesystem::path& path) {
     try {
@@ -11343,7 +11368,7 @@ class checkpoint {
     // Each rank checks its own entries against the file as root read it; one that differs stops
     // every rank, before any tensor is written.
     std::vector<buffer_view> views;
-    std::vector<std::size_t> order;
+    std::vector<std::pair<std::size_t, std::size_t>> order;
     std::optional<detail::ckpt::failure> mismatch;
     try {
       views = checked_views();
@@ -11367,8 +11392,22 @@ class checkpoint {
                         " (its own error says more)",
                     "Register the same entries on every rank; every rank stops so that none waits forever");
     }
+    if (!strict_) {
+      // Not strict, ranks could pick different entries and then wait on different broadcasts:
+      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+      std::uint64_t signature = 14695981039346656037ull;
+      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+      const auto mine = static_cast<std::int64_t>(signature >> 1);
+      std::int64_t range[2] = {mine, -mine};
+      buffer_view range_view{range, 2, dtype::i64};
+      herd::allreduce(range_view, comm, reduce_op::min);
+      if (range[0] != -range[1]) {
+        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
+                      "Register the same entries on every rank");
+      }
+    }
     if (contents) contents->fill(order, views);
-    for (std::size_t i : order) herd::broadcast(views[i], comm, root);
+    for (const auto& pair : order) herd::broadcast(views[pair.second], comm, root);
     return true;
   }
 
@@ -11444,11 +11483,12 @@ class checkpoint {
     return out;
   }
 
-  // For each tensor of `file`, the index of the entry it fills. Raises naming every difference (up
-  // to eight) when the two sets of entries are not the same.
-  std::vector<std::size_t> match(const std::filesystem::path& path,
-                                 const std::vector<detail::safetensors::tensor_info>& file,
-                                 const std::vector<buffer_view>& views, const std::string& subject) const {
+  // Pairs of (a tensor of `file`, the entry it fills). Raises naming every difference (up to eight)
+  // when the two sets of entries are not the same, or (strict off) an entry of both differs;
+  // records the keys either side lacks.
+  std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
+                                                         const std::vector<detail::safetensors::tensor_info>& file,
+                                                         const std::vector<buffer_view>& views, const std::string& subject) {
     namespace st = detail::safetensors;
     const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
       const std::string count = std::to_string(st::elements(t.shape).value_or(0));
@@ -11457,30 +11497,46 @@ class checkpoint {
     const std::vector<st::tensor_info> registered = tensors(views);
     auto index = index_;  // the entries not yet found in the file
     std::vector<std::string> differences;
-    std::vector<std::size_t> order;
-    for (const st::tensor_info& t : file) {
+    std::vector<std::pair<std::size_t, std::size_t>> order;
+    bool unsupported = false;
+    missing_.clear();
+    unexpected_.clear();
+    for (std::size_t f = 0; f < file.size(); ++f) {
+      const st::tensor_info& t = file[f];
       const auto it = index.find(t.name);
       if (it == index.end()) {
-        differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+        if (strict_) differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+        else unexpected_.push_back(t.name);
         continue;
       }
       const st::tensor_info& mine = registered[it->second];
-      if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
+      if (!st::is_herd_dtype(t.dtype)) {
+        differences.push_back("unsupported dtype " + t.dtype + " in tensor " + st::json_string(t.name));
+        unsupported = true;
+      } else if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
         differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
                               describe(mine, entries_[it->second].value) + " here");
       }
-      order.push_back(it->second);
+      order.emplace_back(f, it->second);
       index.erase(it);
     }
     for (const auto& [name, i] : index) {
-      differences.push_back(st::json_string(name) + " is registered but not in the file");
+      if (strict_) differences.push_back(st::json_string(name) + " is registered but not in the file");
+      else missing_.push_back(name);
     }
     if (differences.empty()) return order;
+    missing_.clear();
+    unexpected_.clear();
     std::string what = path.string() + " does not match " + subject + ": ";
     for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
     if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
-    throw detail::ckpt::failure{what, "Register the same entries, with the same dtypes and sizes, as the program that "
-                                      "saved it, or load a checkpoint saved with these entries"};
+    std::string todo = "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
+                       "load a checkpoint saved with these entries";
+    if (unsupported) {
+      todo = "herd's dtypes are F16, BF16, F32, F64, I8, U8, I32 and I64: convert such a tensor to one of them before "
+             "saving, or leave it unregistered and load with set_strict(false) to skip it";
+    }
+    throw detail::ckpt::failure{what, todo};
   }
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
@@ -11512,12 +11568,94 @@ class checkpoint {
 
   std::vector<entry> entries_;
   std::map<std::string, std::size_t, std::less<>> index_;
+  bool strict_ = true;
+  std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #endif  // HERD_OPTIM_CHECKPOINT_HPP
+
+// ---- herd/optim/clip.hpp ----
+#ifndef HERD_OPTIM_CLIP_HPP
+#define HERD_OPTIM_CLIP_HPP
+// herd::clip_grad_norm: gradient clipping by the global 2-norm, as torch.nn.utils.clip_grad_norm_:
+//
+//   total = sqrt(sum of every gradient element squared)
+//   every gradient *= min(1, max_norm / (total + 1e-6))
+//
+// and the total is returned. Call it on gradients every rank holds whole and equal (after the
+// distributed optimizer's synchronize(), or mixed_precision's unscale()): each rank then computes
+// the same norm with no communication. Where each rank holds a different part (zero_optimizer's
+// shards), pass the communicator: the squared norms of the parts are summed across the ranks
+// with one scalar allreduce (as DeepSpeed does), so every rank clips by the norm of the whole.
+// The squares are summed in double; a norm that is inf or NaN (an overflow) is returned as it is
+// and the gradients scale by NaN or 0, as torch's do, for the step to be skipped.
+
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+inline double squared_norm(const std::vector<buffer_view>& grads) {
+  require_host_tensors(grads, "clip_grad_norm", "gradient");
+  double sum = 0;
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      const auto* p = static_cast<const T*>(g.data);
+      for (std::size_t i = 0; i < g.count; ++i) sum += to_double(p[i]) * to_double(p[i]);
+    });
+  }
+  return sum;
+}
+
+// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
+// f64 gradients get it in double.
+inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
+  const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (!std::is_integral_v<T>) {
+        auto* p = static_cast<T*>(g.data);
+        if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < g.count; ++i) p[i] *= coefficient;
+        } else {
+          const auto c = static_cast<float>(coefficient);
+          for (std::size_t i = 0; i < g.count; ++i) p[i] = static_cast<T>(static_cast<float>(p[i]) * c);
+        }
+      }
+    });
+  }
+  return total;
+}
+
+}  // namespace detail
+
+// Clips gradients every rank holds whole; returns their total norm.
+inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
+}
+
+HERD_CONFIG_NAMESPACE_BEGIN
+// Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
+// the whole, the same on every rank. A collective: every rank calls it.
+template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
+  double squares = detail::squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  allreduce(scalar, comm, reduce_op::sum);
+  return detail::clip_by(grads, max_norm, std::sqrt(squares));
+}
+HERD_CONFIG_NAMESPACE_END
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_CLIP_HPP
 
 // ---- herd/optim/compression.hpp ----
 #ifndef HERD_OPTIM_COMPRESSION_HPP
@@ -11574,7 +11712,9 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
-//   (for op avg), which keeps sums of many large gradients from overflowing in f16.
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16. When every
+//   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
+//   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
 //   round only accumulate the gradients locally, the k-th reduces the *sum* of the k passes (as
 //   Horovod, and as libtorch's own gradient accumulation: divide the loss by k for their mean)
@@ -11891,6 +12031,7 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP
 
+#include <algorithm>
 #include <bit>
 #include <atomic>
 #include <chrono>
@@ -11919,6 +12060,9 @@ struct optimizer_options {
   // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
+  // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
+  // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
+  bool broadcast_buffers = true;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
   // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
   // first agrees on which ranks are still training (one byte per rank). avg divides by the world
@@ -12397,9 +12541,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // scale_before_/scale_after_/wire_op_ for the options (gradient_predivide_factor).
   void set_scales() {
     const bool average = options_.op == reduce_op::avg;
-    const double f = options_.gradient_predivide_factor;
     // The average's divisor: the world size, or the ranks still training (uneven_inputs).
     const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? active_ranks_ : comm_.size();
+    // Every gradient 16-bit on the wire: the average is divided before the sum, as DDP does, so
+    // that no average within f16's range overflows in the sum (two ranks averaging 40000).
+    const bool narrow = !shapes_.empty() && std::all_of(shapes_.begin(), shapes_.end(), [&](const auto& shape) {
+      return size_of(wire_dtype(options_.compression, shape.second)) == 2;
+    });
+    const double f = narrow ? static_cast<double>(divisor) : options_.gradient_predivide_factor;
     const bool scaled = average && (f != 1.0 || divisor != comm_.size());
     scale_before_ = scaled ? 1.0 / f : 1.0;
     scale_after_ = scaled ? f / divisor : 1.0;
@@ -12842,17 +12991,31 @@ HERD_CONFIG_NAMESPACE_END
 //   ...forward in f16; backward from loss * scaler.scale()...
 //   opt.step();                                            // skipped on every rank when any overflowed
 //
+// To clip, as torch.cuda.amp's scaler.unscale_(opt) then clip_grad_norm_ then scaler.step(opt):
+//   opt.synchronize();                                     // the reduced gradients
+//   amp.unscale();                                         // into the f32 master gradients
+//   herd::clip_grad_norm(amp.master_grads(), 1.0);         // optim/clip.hpp
+//   opt.step();                                            // does not reduce or unscale again
+//
 // mixed_precision::step() reads the gradients after the reduction, unscales them into f32 master
 // gradients and checks them for inf and NaN: an overflow on any rank reaches every rank's reduced
 // gradients (inf + x = inf, inf - inf = NaN), and herd's reductions give every rank the same bits,
 // so every rank sees the same overflow and skips the same step, with no collective of its own.
 // Without one, the wrapped optimizer steps the f32 masters, which are copied back (rounded) into
 // the f16/bf16 parameters. f32 and f64 parameters are their own masters (their gradients are
-// unscaled in place). It steps what the distributed optimizer hands it, whose gradients are the
+// unscaled in place).
+//
+// A master belongs to its parameter while the parameter holds the master rounded: where a step
+// finds a parameter that no longer does (broadcast_parameters after construction, as Horovod's
+// order has it, or parameters loaded alone), the master is read again from the parameter, so
+// every rank steps from what the parameters hold. Masters restored with their parameters (a
+// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
 // same on every rank; zero_optimizer's shards differ, so the two do not combine.
 
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12867,21 +13030,25 @@ struct loss_scaler_options {
   double growth_factor = 2.0;      // after growth_interval steps without an overflow
   double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
   std::int64_t growth_interval = 2000;
+  double max_scale = 16777216.0;   // 2^24, apex's cap: growth stops there (GradScaler has none: pass inf)
 };
 
 class loss_scaler {
  public:
   explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
     if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
-      detail::raise({"loss_scaler"}, "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1)",
+        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
+      detail::raise({"loss_scaler"},
+                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
+                    "max scale >= initial scale)",
                     "Adjust loss_scaler_options");
     }
   }
 
   // Multiply the loss (or the gradient backward starts from) by this.
   double scale() const noexcept { return scale_; }
-  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it.
+  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it,
+  // up to max_scale (torch.cuda.amp.GradScaler's rule, with apex's cap).
   void update(bool overflow) noexcept {
     if (overflow) {
       scale_ *= options_.backoff_factor;
@@ -12890,7 +13057,7 @@ class loss_scaler {
       return;
     }
     if (++clean_steps_ == options_.growth_interval) {
-      scale_ *= options_.growth_factor;
+      scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
       clean_steps_ = 0;
     }
   }
@@ -12937,7 +13104,7 @@ template <class Inner> class mixed_precision {
       if (p.type == dtype::f16 || p.type == dtype::bf16) {
         master_.emplace_back(dtype::f32, p.count);
         master_grads_.emplace_back(dtype::f32, p.count);
-        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);
+        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);  // read again if p changes
         master_params.push_back(master_.back().view());
         master_grads.push_back(master_grads_.back().view());
       } else {
@@ -12952,24 +13119,40 @@ template <class Inner> class mixed_precision {
     inner_.emplace(make(std::move(master_params), std::move(master_grads)));
   }
 
-  // Unscales the gradients into the masters' and checks them; then steps the wrapped optimizer
-  // and copies the masters back, or skips the step. Either way the scaler learns of it.
-  void step() {
+  // Unscales the gradients into the master gradients and checks them for inf and NaN; returns
+  // whether it found any. Once per step: the next step() uses these master gradients as they are
+  // then (clipped, say) instead of unscaling again.
+  bool unscale() {
+    if (unscaled_) return overflow_;
     const double unscale = 1.0 / scaler_->scale();
-    bool overflow = false;
+    overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
       const buffer_view& g = master_grad_views_[i];
       detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow = overflow || detail::has_inf_or_nan(g);
+      overflow_ = overflow_ || detail::has_inf_or_nan(g);
     }
+    unscaled_ = true;
+    return overflow_;
+  }
+
+  // Unscales (unless unscale() did), then steps the wrapped optimizer and copies the masters back,
+  // or skips the step on an overflow. Either way the scaler learns of it.
+  void step() {
+    const bool overflow = unscale();
+    unscaled_ = false;
     skipped_ = overflow;
     scaler_->update(overflow);
     if (overflow) return;
+    refresh_masters();
     inner_->step();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
     }
   }
+
+  // The gradients the wrapped optimizer steps with: f32 masters' (the gradients themselves where
+  // the parameters are f32/f64). Unscaled after unscale().
+  const std::vector<buffer_view>& master_grads() const noexcept { return master_grad_views_; }
 
   // Whether the last step was skipped for an overflow.
   bool last_step_skipped() const noexcept { return skipped_; }
@@ -12987,12 +13170,32 @@ template <class Inner> class mixed_precision {
   }
 
  private:
+  // Reads again each master whose parameter no longer holds it rounded (see the top).
+  void refresh_masters() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (master_[i].count() == 0) continue;
+      visit(params_[i].type, [&](auto element) {
+        using T = decltype(element);
+        if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+          const auto* p = static_cast<const T*>(params_[i].data);
+          auto* m = static_cast<float*>(master_[i].data());
+          for (std::size_t j = 0; j < params_[i].count; ++j) {
+            const T rounded(m[j]);
+            if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) m[j] = static_cast<float>(p[j]);
+          }
+        }
+      });
+    }
+  }
+
   std::vector<buffer_view> params_, grads_;
   loss_scaler* scaler_;
   std::vector<host_tensor> master_, master_grads_;  // empty where the parameter is its own master
   std::vector<buffer_view> masters_, master_grad_views_;
   std::optional<Inner> inner_;
   bool skipped_ = false;
+  bool unscaled_ = false;  // unscale() ran since the last step()
+  bool overflow_ = false;  // what it found
 };
 
 template <class Make>
@@ -13137,6 +13340,10 @@ namespace herd {
 struct zero_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   compression wire = compression::none;
+  // Above 0: the reduced gradients are clipped to this global 2-norm before each step, as
+  // torch.nn.utils.clip_grad_norm_ on the whole; the shards' squared norms are summed across the
+  // ranks (one scalar allreduce, as DeepSpeed does), so every rank clips by the same norm.
+  double max_grad_norm = 0;
 };
 
 // Where this rank's shard lies in the flat parameter range.
@@ -13212,19 +13419,22 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
     const int p = comm.size();
     const std::size_t es = size_of(type_), ws = size_of(wire_);
-    // The gradients, flattened (cast for the wire), the padding zero.
+    // The gradients, flattened (cast for the wire), the padding zero. With compression the
+    // average is divided as the gradients are cast, before the f16/bf16 sum (as DDP does), so that
+    // no average within range overflows in the sum.
+    const double before = wire_ != type_ && options_.op == reduce_op::avg ? 1.0 / p : 1.0;
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
-      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);  // a plain copy without compression
+      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count, before);  // a plain copy without compression
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
-    // With compression the sum travels as f16/bf16 and the average is taken after the cast back.
     const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
     const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
     buffer_view mine = shard_grad_.view();
@@ -13235,9 +13445,10 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    if (wire_ != type_) {
-      const double scale = options_.op == reduce_op::avg ? 1.0 / p : 1.0;
-      detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank, scale);
+    if (wire_ != type_) detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank);
+    if (options_.max_grad_norm > 0) {
+      const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
+      grad_norm_ = clip_grad_norm({received}, options_.max_grad_norm, comm);  // the padding adds zeros
     }
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
@@ -13257,6 +13468,8 @@ template <class Inner, communicator C> class zero_optimizer {
 
   Inner& inner() noexcept { return *inner_; }
   const zero_shard& shard() const noexcept { return shard_; }
+  // The global gradient norm of the last step, with max_grad_norm (0 before).
+  double grad_norm() const noexcept { return grad_norm_; }
 
   // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
   template <class F> void visit_state(F&& f) {
@@ -13295,6 +13508,7 @@ template <class Inner, communicator C> class zero_optimizer {
   dtype wire_ = dtype::f32;
   zero_shard shard_;
   std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
+  double grad_norm_ = 0;
   host_tensor flat_;        // the flattened gradients, as they travel
   host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
   host_tensor grad_;        // ...cast back, with compression

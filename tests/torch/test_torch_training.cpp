@@ -96,7 +96,12 @@ HERD_MPI_TEST_CASE("broadcast_optimizer_state gives every rank the root's libtor
   herd::mpi_communicator comm;
   torch::set_num_threads(1);
   auto model = make_model(3);
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01 * (comm.rank() + 1)));
+  // Every hyperparameter differs by rank; the root's must reach every rank, not only its rate.
+  const double k = comm.rank();
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01 * (k + 1))
+                                                   .betas({0.9 - 0.01 * k, 0.999 - 0.001 * k})
+                                                   .eps(1e-8 * (k + 1))
+                                                   .weight_decay(0.1 * k));
   if (comm.rank() == 1) {  // only the root has stepped (as after loading a checkpoint there)
     for (int i = 0; i < 3; ++i) {
       adam.zero_grad();
@@ -106,7 +111,12 @@ HERD_MPI_TEST_CASE("broadcast_optimizer_state gives every rank the root's libtor
   }
   herd::broadcast_parameters(*model, comm, 1);
   herd::broadcast_optimizer_state(adam, comm, 1);
-  CHECK(adam.param_groups()[0].options().get_lr() == doctest::Approx(0.02));
+  const auto& o = static_cast<const torch::optim::AdamOptions&>(adam.param_groups()[0].options());
+  CHECK(o.lr() == 0.02);
+  CHECK(std::get<0>(o.betas()) == 0.9 - 0.01);
+  CHECK(std::get<1>(o.betas()) == 0.999 - 0.001);
+  CHECK(o.eps() == 2e-8);
+  CHECK(o.weight_decay() == 0.1);
   for (auto& p : model->parameters()) {
     auto& state = static_cast<torch::optim::AdamParamState&>(*adam.state().at(herd::detail::torch_state_key(p)));
     CHECK(state.step() == 3);
@@ -219,7 +229,8 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: gradient_as_bucket_view reduces in 
     CHECK(relative_difference(a, b) <= 1e-6);
   }
   CHECK(identical_on_all_ranks(b, comm));
-  // The gradients are tensors on their bucket's storage: neighbours in a bucket are adjacent.
+  // After a pass the gradients are tensors on their bucket's storage (neighbours in a bucket are
+  // adjacent), and again after zero_grad(true) set them to undefined, as DDP re-points them.
   auto model = make_model(3);
   herd::torch::DistributedDataParallel net(model, comm, in_buckets);
   auto params = model->parameters();
@@ -227,11 +238,16 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: gradient_as_bucket_view reduces in 
   for (const auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::dtype::f32);
   const auto layout = herd::bucket_layout(shapes, in_buckets);
   REQUIRE(layout.size() >= 2);
-  for (const auto& bucket : layout) {
-    for (std::size_t k = 0; k < bucket.members.size(); ++k) {
-      const auto& first = params[bucket.members.front()].grad();
-      REQUIRE(params[bucket.members[k]].grad().defined());
-      CHECK(static_cast<const float*>(first.data_ptr()) + bucket.offsets[k] == params[bucket.members[k]].grad().data_ptr());
+  for (bool to_none : {false, true}) {
+    INFO("after zero_grad(", to_none, ")");
+    model->zero_grad(to_none);
+    net.forward(torch::ones({2, 6})).sum().backward();
+    for (const auto& bucket : layout) {
+      for (std::size_t k = 0; k < bucket.members.size(); ++k) {
+        const auto& first = params[bucket.members.front()].grad();
+        REQUIRE(params[bucket.members[k]].grad().defined());
+        CHECK(static_cast<const float*>(first.data_ptr()) + bucket.offsets[k] == params[bucket.members[k]].grad().data_ptr());
+      }
     }
   }
 }
@@ -269,7 +285,8 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter without a gradient rais
   }
   INFO(message);
   CHECK(message.find("were not marked ready in this backward pass") != std::string::npos);
-  // With find_unused_parameters the same pass reduces zeros for `second`.
+  // With find_unused_parameters the same pass goes through; `second`, which no rank used, keeps
+  // its gradient undefined, as DDP leaves it.
   herd::optimizer_options unused;
   unused.find_unused_parameters = true;
   auto pair2 = torch::nn::Sequential(torch::nn::Linear(6, 3), torch::nn::Linear(6, 3));
@@ -278,5 +295,6 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter without a gradient rais
   pair2[0]->as<torch::nn::Linear>()->forward(torch::ones({1, 6}) * (comm.rank() + 1)).sum().backward();
   const float p = static_cast<float>(comm.size());
   CHECK(pair2->parameters()[0].grad()[0][0].item<float>() == doctest::Approx((p + 1) / 2));  // mean of r + 1
-  CHECK(pair2->parameters()[2].grad().abs().sum().item<float>() == 0.0f);
+  CHECK_FALSE(pair2->parameters()[2].grad().defined());
+  CHECK_FALSE(pair2->parameters()[3].grad().defined());
 }

@@ -442,7 +442,7 @@ TEST_CASE("checkpoint: a safetensors file from another writer loads by name") {
   herd::checkpoint mismatched;
   mismatched.add("odd", odd).add("grid", grid);
   const std::string message = error_of([&] { mismatched.load(path); });
-  CHECK(has(message, "\"odd\" differs: U16 tensor of 2 elements in the file, F16 tensor of 2 elements here"));
+  CHECK(has(message, "unsupported dtype U16 in tensor \"odd\""));  // a dtype herd lacks, named as such
   CHECK(has(message, "\"grid\" differs: F32 tensor of 6 elements in the file, F32 tensor of 5 elements here"));
 }
 
@@ -678,4 +678,57 @@ TEST_CASE("checkpoint keeps buffer_views by value and registers an optimizer's w
   fresh.step();
   CHECK(w2 == w);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: strict off loads the entries both sides have and lists the rest, on every rank") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "state.safetensors";
+  {
+    std::vector<float> a = {1, 2, 3};
+    std::vector<std::int64_t> counter = {42};
+    herd::checkpoint c;
+    c.add("a", a).add("num_batches_tracked", counter);
+    c.save(path);
+  }
+  std::vector<std::string> errors(3);
+  herd::local::run(3, [&](herd::local_communicator& comm) {
+    std::vector<float> a(3), extra(2, 5.0f);
+    herd::checkpoint c;
+    c.add("a", a).add("extra", extra).set_strict(false);
+    CHECK(c.load(path, comm, 1));
+    CHECK(a == std::vector<float>{1, 2, 3});
+    CHECK(extra == std::vector<float>{5, 5});
+    CHECK(c.missing_keys() == std::vector<std::string>{"extra"});
+    CHECK(c.unexpected_keys() == std::vector<std::string>{"num_batches_tracked"});
+    // Strict, the same registration is refused, naming both differences.
+    const std::string strict = error_of([&] { c.set_strict(true).load(path, comm); });
+    CHECK(has(strict, "\"num_batches_tracked\" is in the file but not registered"));
+    CHECK(has(strict, "\"extra\" is registered but not in the file"));
+    // Ranks that would load different entries are stopped, every one of them.
+    std::vector<float> b(3);
+    herd::checkpoint differs;
+    if (comm.rank() == 2) differs.add("b", b);
+    else differs.add("a", b);
+    differs.set_strict(false);
+    errors[static_cast<std::size_t>(comm.rank())] = error_of([&] { differs.load(path, comm); });
+  });
+  for (const auto& e : errors) CHECK(has(e, "the ranks' registered entries match different tensors"));
+}
+
+TEST_CASE("checkpoint: a registered entry of a safetensors dtype herd lacks is refused by name, not as damaged") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "complex.safetensors";
+  write_safetensors(path, R"({"z":{"dtype":"C64","shape":[2],"data_offsets":[0,16]},"ok":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})",
+                    std::vector<unsigned char>(20, 0));
+  std::vector<float> z(4), ok(1, 3.0f);
+  herd::checkpoint c;
+  c.add("z", z);
+  const std::string message = error_of([&] { c.load(path); });
+  CHECK(has(message, "unsupported dtype C64 in tensor \"z\""));
+  CHECK_FALSE(has(message, "damaged"));
+  herd::checkpoint partial;
+  partial.add("ok", ok).set_strict(false);
+  CHECK(partial.load(path));
+  CHECK(ok[0] == 0.0f);
+  CHECK(partial.unexpected_keys() == std::vector<std::string>{"z"});
 }

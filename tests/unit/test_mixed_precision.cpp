@@ -121,3 +121,46 @@ TEST_CASE("f32 masters keep the updates f16 cannot hold, equal an f32 optimizer,
     CHECK(state == 16 * 4 + 8 + 8 + 8 + 8);  // master, sgd's step count, the scaler's scale and counters
   });
 }
+
+TEST_CASE("masters follow broadcast_parameters after construction: every rank steps from rank 0's weights") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    // Each rank starts from its own weights, as each would from its own random initialization.
+    std::vector<std::vector<herd::half>> params = {std::vector<herd::half>(9, herd::half(0.5f * static_cast<float>(comm.rank() + 1)))};
+    std::vector<std::vector<herd::half>> grads = {std::vector<herd::half>(9, herd::half(64.0f))};
+    herd::loss_scaler scaler({.initial_scale = 256});
+    herd::mixed_precision amp(views_of(params), views_of(grads), scaler,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 0.5}); });
+    herd::distributed_optimizer opt(amp, views_of(grads), comm);
+    herd::broadcast_parameters(views_of(params), comm, 0);  // the README's order: after building the optimizers
+    opt.step();
+    INFO("rank ", comm.rank());
+    // 0.5 - 0.5 * 64 / 256 on every rank: rank 1's construction-time master (1.0) is not used.
+    for (const herd::half& p : params[0]) CHECK(static_cast<float>(p) == 0.375f);
+  });
+}
+
+TEST_CASE("loss_scaler stops growing at max_scale, 2^24 by default as apex's") {
+  herd::loss_scaler scaler({.initial_scale = 4194304.0, .growth_interval = 1});  // 2^22
+  for (int i = 0; i < 5; ++i) scaler.update(false);
+  CHECK(scaler.scale() == 16777216.0);
+  scaler.update(true);
+  CHECK(scaler.scale() == 8388608.0);
+  herd::loss_scaler uncapped({.initial_scale = 4194304.0, .growth_interval = 1, .max_scale = INFINITY});
+  for (int i = 0; i < 5; ++i) uncapped.update(false);
+  CHECK(uncapped.scale() == 134217728.0);
+  CHECK_THROWS_AS(herd::loss_scaler({.initial_scale = 1e9}), herd::error);  // above the default cap
+}
+
+TEST_CASE("unscale() then clipping the master gradients: step() steps with the clipped gradients, unscaled once") {
+  std::vector<std::vector<herd::half>> params = {std::vector<herd::half>(4, herd::half(0.0f))};
+  std::vector<std::vector<herd::half>> grads = {{herd::half(3 * 8.0f), herd::half(4 * 8.0f), herd::half(0.0f), herd::half(0.0f)}};
+  herd::loss_scaler scaler({.initial_scale = 8});
+  herd::mixed_precision amp(views_of(params), views_of(grads), scaler,
+                            [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); });
+  CHECK_FALSE(amp.unscale());
+  CHECK(herd::clip_grad_norm(amp.master_grads(), 1.0) == doctest::Approx(5.0));
+  amp.step();
+  CHECK(static_cast<float>(params[0][0]) == doctest::Approx(-0.6).epsilon(1e-3));  // -3/5, not -3 or -3/40
+  CHECK(static_cast<float>(params[0][1]) == doctest::Approx(-0.8).epsilon(1e-3));
+  CHECK(scaler.scale() == 8);
+}

@@ -140,3 +140,42 @@ TEST_CASE("zero_optimizer keeps only its shard's state, and refuses a checkpoint
     if (comm.rank() == 0) std::filesystem::remove_all(dir);
   });
 }
+
+TEST_CASE("zero_optimizer with fp16 on the wire divides before the sum: two ranks averaging 40000 get 40000, not inf") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> param(4, 0.0f), grad(4, 40000.0f);  // the f16 sum, 80000, is past f16's 65504
+    herd::zero_optimizer zero(herd::views(param), herd::views(grad), comm,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); },
+                              {.wire = herd::compression::fp16});
+    zero.step();
+    INFO("rank ", comm.rank());
+    for (float p : param) CHECK(p == -40000.0f);
+  });
+}
+
+TEST_CASE("zero_optimizer with max_grad_norm clips by the norm of the whole, as the unsharded optimizer after clip_grad_norm") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  for (int ranks : {1, 3}) {
+    herd::local::run(ranks, [&](herd::local_communicator& comm) {
+      auto make = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+        return herd::sgd(std::move(p), std::move(g), {.lr = 0.1, .momentum = 0.9});
+      };
+      model sharded(sizes), plain(sizes);
+      herd::zero_optimizer zero(sharded.param_views(), sharded.grad_views(), comm, make, {.max_grad_norm = 0.5});
+      auto inner = make(plain.param_views(), plain.grad_views());
+      herd::distributed_optimizer reference(inner, plain.grad_views(), comm);
+      for (int step = 0; step < 4; ++step) {
+        sharded.fill_grads(comm.rank(), step);
+        plain.fill_grads(comm.rank(), step);
+        zero.step();
+        reference.synchronize();
+        const double norm = herd::clip_grad_norm(plain.grad_views(), 0.5);
+        reference.step();
+        INFO("rank ", comm.rank(), " of ", ranks, ", step ", step);
+        CHECK(zero.grad_norm() == doctest::Approx(norm).epsilon(1e-6));
+        CHECK(norm > 0.5);  // the clipping acts
+      }
+      CHECK(largest_difference(sharded, plain) <= 1e-6);
+    });
+  }
+}

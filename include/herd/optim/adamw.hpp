@@ -70,16 +70,20 @@ class adamw {
         auto* v = static_cast<S*>(v_state.data());
         const double t = static_cast<double>(steps_);
         const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
+        // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
+        // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
         const auto b1 = static_cast<S>(options_.beta1);
         const auto b2 = static_cast<S>(options_.beta2);
+        const auto keep1 = static_cast<S>(1 - options_.beta1);
+        const auto keep2 = static_cast<S>(1 - options_.beta2);
         const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
         const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const auto eps = static_cast<S>(options_.eps);
         for (std::size_t j = 0; j < param.count; ++j) {
           const S gj = static_cast<S>(g[j]);
           const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = b1 * m[j] + (1 - b1) * gj;
-          v[j] = b2 * v[j] + (1 - b2) * gj * gj;
+          m[j] = b1 * m[j] + keep1 * gj;
+          v[j] = b2 * v[j] + keep2 * gj * gj;
           p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
         }
       }

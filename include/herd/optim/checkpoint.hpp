@@ -160,11 +160,12 @@ struct file_contents {
   std::vector<st::tensor_info> tensors;  // by offset
   std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
 
-  // Copies each tensor's data into views[order[i]] (as match() paired them).
-  void fill(const std::vector<std::size_t>& order, const std::vector<buffer_view>& views) const {
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const auto n = static_cast<std::size_t>(tensors[i].end - tensors[i].begin);
-      if (n != 0) std::memcpy(views[order[i]].data, bytes.data() + data_start + tensors[i].begin, n);
+  // Copies the data of each pair's tensor (by its index in `tensors`) into its view (as match()
+  // paired them).
+  void fill(const std::vector<std::pair<std::size_t, std::size_t>>& pairs, const std::vector<buffer_view>& views) const {
+    for (const auto& [t, v] : pairs) {
+      const auto n = static_cast<std::size_t>(tensors[t].end - tensors[t].begin);
+      if (n != 0) std::memcpy(views[v].data, bytes.data() + data_start + tensors[t].begin, n);
     }
   }
 };
@@ -309,6 +310,17 @@ class checkpoint {
     }
   }
 
+  // Strict (the default): a load needs the file's entries and the registered ones to be the same
+  // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
+  // their values and the file's tensors nobody registered are skipped; the last load lists both in
+  // missing_keys() and unexpected_keys(). An entry in both must still agree in dtype and size.
+  checkpoint& set_strict(bool strict) noexcept {
+    strict_ = strict;
+    return *this;
+  }
+  const std::vector<std::string>& missing_keys() const noexcept { return missing_; }
+  const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
+
   // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
   bool load(const std::filesystem::path& path) {
     try {
@@ -350,7 +362,7 @@ class checkpoint {
     // Each rank checks its own entries against the file as root read it; one that differs stops
     // every rank, before any tensor is written.
     std::vector<buffer_view> views;
-    std::vector<std::size_t> order;
+    std::vector<std::pair<std::size_t, std::size_t>> order;
     std::optional<detail::ckpt::failure> mismatch;
     try {
       views = checked_views();
@@ -374,8 +386,22 @@ class checkpoint {
                         " (its own error says more)",
                     "Register the same entries on every rank; every rank stops so that none waits forever");
     }
+    if (!strict_) {
+      // Not strict, ranks could pick different entries and then wait on different broadcasts:
+      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+      std::uint64_t signature = 14695981039346656037ull;
+      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+      const auto mine = static_cast<std::int64_t>(signature >> 1);
+      std::int64_t range[2] = {mine, -mine};
+      buffer_view range_view{range, 2, dtype::i64};
+      herd::allreduce(range_view, comm, reduce_op::min);
+      if (range[0] != -range[1]) {
+        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
+                      "Register the same entries on every rank");
+      }
+    }
     if (contents) contents->fill(order, views);
-    for (std::size_t i : order) herd::broadcast(views[i], comm, root);
+    for (const auto& pair : order) herd::broadcast(views[pair.second], comm, root);
     return true;
   }
 
@@ -451,11 +477,12 @@ class checkpoint {
     return out;
   }
 
-  // For each tensor of `file`, the index of the entry it fills. Raises naming every difference (up
-  // to eight) when the two sets of entries are not the same.
-  std::vector<std::size_t> match(const std::filesystem::path& path,
-                                 const std::vector<detail::safetensors::tensor_info>& file,
-                                 const std::vector<buffer_view>& views, const std::string& subject) const {
+  // Pairs of (a tensor of `file`, the entry it fills). Raises naming every difference (up to eight)
+  // when the two sets of entries are not the same, or (strict off) an entry of both differs;
+  // records the keys either side lacks.
+  std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
+                                                         const std::vector<detail::safetensors::tensor_info>& file,
+                                                         const std::vector<buffer_view>& views, const std::string& subject) {
     namespace st = detail::safetensors;
     const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
       const std::string count = std::to_string(st::elements(t.shape).value_or(0));
@@ -464,30 +491,46 @@ class checkpoint {
     const std::vector<st::tensor_info> registered = tensors(views);
     auto index = index_;  // the entries not yet found in the file
     std::vector<std::string> differences;
-    std::vector<std::size_t> order;
-    for (const st::tensor_info& t : file) {
+    std::vector<std::pair<std::size_t, std::size_t>> order;
+    bool unsupported = false;
+    missing_.clear();
+    unexpected_.clear();
+    for (std::size_t f = 0; f < file.size(); ++f) {
+      const st::tensor_info& t = file[f];
       const auto it = index.find(t.name);
       if (it == index.end()) {
-        differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+        if (strict_) differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+        else unexpected_.push_back(t.name);
         continue;
       }
       const st::tensor_info& mine = registered[it->second];
-      if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
+      if (!st::is_herd_dtype(t.dtype)) {
+        differences.push_back("unsupported dtype " + t.dtype + " in tensor " + st::json_string(t.name));
+        unsupported = true;
+      } else if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
         differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
                               describe(mine, entries_[it->second].value) + " here");
       }
-      order.push_back(it->second);
+      order.emplace_back(f, it->second);
       index.erase(it);
     }
     for (const auto& [name, i] : index) {
-      differences.push_back(st::json_string(name) + " is registered but not in the file");
+      if (strict_) differences.push_back(st::json_string(name) + " is registered but not in the file");
+      else missing_.push_back(name);
     }
     if (differences.empty()) return order;
+    missing_.clear();
+    unexpected_.clear();
     std::string what = path.string() + " does not match " + subject + ": ";
     for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
     if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
-    throw detail::ckpt::failure{what, "Register the same entries, with the same dtypes and sizes, as the program that "
-                                      "saved it, or load a checkpoint saved with these entries"};
+    std::string todo = "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
+                       "load a checkpoint saved with these entries";
+    if (unsupported) {
+      todo = "herd's dtypes are F16, BF16, F32, F64, I8, U8, I32 and I64: convert such a tensor to one of them before "
+             "saving, or leave it unregistered and load with set_strict(false) to skip it";
+    }
+    throw detail::ckpt::failure{what, todo};
   }
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
@@ -519,6 +562,8 @@ class checkpoint {
 
   std::vector<entry> entries_;
   std::map<std::string, std::size_t, std::less<>> index_;
+  bool strict_ = true;
+  std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
 
 HERD_CONFIG_NAMESPACE_END

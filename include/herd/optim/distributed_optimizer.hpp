@@ -18,7 +18,9 @@
 //   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
-//   (for op avg), which keeps sums of many large gradients from overflowing in f16.
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16. When every
+//   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
+//   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
 //   round only accumulate the gradients locally, the k-th reduces the *sum* of the k passes (as
 //   Horovod, and as libtorch's own gradient accumulation: divide the loss by k for their mean)
@@ -63,6 +65,7 @@
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <atomic>
 #include <chrono>
@@ -91,6 +94,9 @@ struct optimizer_options {
   // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
   // the ready order), so that each bucket's gradients stay back to back and reduce in place.
   bool gradient_as_bucket_view = false;
+  // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
+  // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
+  bool broadcast_buffers = true;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
   // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
   // first agrees on which ranks are still training (one byte per rank). avg divides by the world
@@ -569,9 +575,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // scale_before_/scale_after_/wire_op_ for the options (gradient_predivide_factor).
   void set_scales() {
     const bool average = options_.op == reduce_op::avg;
-    const double f = options_.gradient_predivide_factor;
     // The average's divisor: the world size, or the ranks still training (uneven_inputs).
     const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? active_ranks_ : comm_.size();
+    // Every gradient 16-bit on the wire: the average is divided before the sum, as DDP does, so
+    // that no average within f16's range overflows in the sum (two ranks averaging 40000).
+    const bool narrow = !shapes_.empty() && std::all_of(shapes_.begin(), shapes_.end(), [&](const auto& shape) {
+      return size_of(wire_dtype(options_.compression, shape.second)) == 2;
+    });
+    const double f = narrow ? static_cast<double>(divisor) : options_.gradient_predivide_factor;
     const bool scaled = average && (f != 1.0 || divisor != comm_.size());
     scale_before_ = scaled ? 1.0 / f : 1.0;
     scale_after_ = scaled ? f / divisor : 1.0;

@@ -11,13 +11,25 @@
 //   ...forward in f16; backward from loss * scaler.scale()...
 //   opt.step();                                            // skipped on every rank when any overflowed
 //
+// To clip, as torch.cuda.amp's scaler.unscale_(opt) then clip_grad_norm_ then scaler.step(opt):
+//   opt.synchronize();                                     // the reduced gradients
+//   amp.unscale();                                         // into the f32 master gradients
+//   herd::clip_grad_norm(amp.master_grads(), 1.0);         // optim/clip.hpp
+//   opt.step();                                            // does not reduce or unscale again
+//
 // mixed_precision::step() reads the gradients after the reduction, unscales them into f32 master
 // gradients and checks them for inf and NaN: an overflow on any rank reaches every rank's reduced
 // gradients (inf + x = inf, inf - inf = NaN), and herd's reductions give every rank the same bits,
 // so every rank sees the same overflow and skips the same step, with no collective of its own.
 // Without one, the wrapped optimizer steps the f32 masters, which are copied back (rounded) into
 // the f16/bf16 parameters. f32 and f64 parameters are their own masters (their gradients are
-// unscaled in place). It steps what the distributed optimizer hands it, whose gradients are the
+// unscaled in place).
+//
+// A master belongs to its parameter while the parameter holds the master rounded: where a step
+// finds a parameter that no longer does (broadcast_parameters after construction, as Horovod's
+// order has it, or parameters loaded alone), the master is read again from the parameter, so
+// every rank steps from what the parameters hold. Masters restored with their parameters (a
+// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
 // same on every rank; zero_optimizer's shards differ, so the two do not combine.
 
 #include <herd/optim/detail/host_ops.hpp>
@@ -25,7 +37,9 @@
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,21 +54,25 @@ struct loss_scaler_options {
   double growth_factor = 2.0;      // after growth_interval steps without an overflow
   double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
   std::int64_t growth_interval = 2000;
+  double max_scale = 16777216.0;   // 2^24, apex's cap: growth stops there (GradScaler has none: pass inf)
 };
 
 class loss_scaler {
  public:
   explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
     if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
-      detail::raise({"loss_scaler"}, "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1)",
+        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
+      detail::raise({"loss_scaler"},
+                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
+                    "max scale >= initial scale)",
                     "Adjust loss_scaler_options");
     }
   }
 
   // Multiply the loss (or the gradient backward starts from) by this.
   double scale() const noexcept { return scale_; }
-  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it.
+  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it,
+  // up to max_scale (torch.cuda.amp.GradScaler's rule, with apex's cap).
   void update(bool overflow) noexcept {
     if (overflow) {
       scale_ *= options_.backoff_factor;
@@ -63,7 +81,7 @@ class loss_scaler {
       return;
     }
     if (++clean_steps_ == options_.growth_interval) {
-      scale_ *= options_.growth_factor;
+      scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
       clean_steps_ = 0;
     }
   }
@@ -110,7 +128,7 @@ template <class Inner> class mixed_precision {
       if (p.type == dtype::f16 || p.type == dtype::bf16) {
         master_.emplace_back(dtype::f32, p.count);
         master_grads_.emplace_back(dtype::f32, p.count);
-        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);
+        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);  // read again if p changes
         master_params.push_back(master_.back().view());
         master_grads.push_back(master_grads_.back().view());
       } else {
@@ -125,24 +143,40 @@ template <class Inner> class mixed_precision {
     inner_.emplace(make(std::move(master_params), std::move(master_grads)));
   }
 
-  // Unscales the gradients into the masters' and checks them; then steps the wrapped optimizer
-  // and copies the masters back, or skips the step. Either way the scaler learns of it.
-  void step() {
+  // Unscales the gradients into the master gradients and checks them for inf and NaN; returns
+  // whether it found any. Once per step: the next step() uses these master gradients as they are
+  // then (clipped, say) instead of unscaling again.
+  bool unscale() {
+    if (unscaled_) return overflow_;
     const double unscale = 1.0 / scaler_->scale();
-    bool overflow = false;
+    overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
       const buffer_view& g = master_grad_views_[i];
       detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow = overflow || detail::has_inf_or_nan(g);
+      overflow_ = overflow_ || detail::has_inf_or_nan(g);
     }
+    unscaled_ = true;
+    return overflow_;
+  }
+
+  // Unscales (unless unscale() did), then steps the wrapped optimizer and copies the masters back,
+  // or skips the step on an overflow. Either way the scaler learns of it.
+  void step() {
+    const bool overflow = unscale();
+    unscaled_ = false;
     skipped_ = overflow;
     scaler_->update(overflow);
     if (overflow) return;
+    refresh_masters();
     inner_->step();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
     }
   }
+
+  // The gradients the wrapped optimizer steps with: f32 masters' (the gradients themselves where
+  // the parameters are f32/f64). Unscaled after unscale().
+  const std::vector<buffer_view>& master_grads() const noexcept { return master_grad_views_; }
 
   // Whether the last step was skipped for an overflow.
   bool last_step_skipped() const noexcept { return skipped_; }
@@ -160,12 +194,32 @@ template <class Inner> class mixed_precision {
   }
 
  private:
+  // Reads again each master whose parameter no longer holds it rounded (see the top).
+  void refresh_masters() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (master_[i].count() == 0) continue;
+      visit(params_[i].type, [&](auto element) {
+        using T = decltype(element);
+        if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+          const auto* p = static_cast<const T*>(params_[i].data);
+          auto* m = static_cast<float*>(master_[i].data());
+          for (std::size_t j = 0; j < params_[i].count; ++j) {
+            const T rounded(m[j]);
+            if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) m[j] = static_cast<float>(p[j]);
+          }
+        }
+      });
+    }
+  }
+
   std::vector<buffer_view> params_, grads_;
   loss_scaler* scaler_;
   std::vector<host_tensor> master_, master_grads_;  // empty where the parameter is its own master
   std::vector<buffer_view> masters_, master_grad_views_;
   std::optional<Inner> inner_;
   bool skipped_ = false;
+  bool unscaled_ = false;  // unscale() ran since the last step()
+  bool overflow_ = false;  // what it found
 };
 
 template <class Make>

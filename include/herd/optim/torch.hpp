@@ -28,6 +28,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace herd {
@@ -103,6 +105,27 @@ inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t
   }
 }
 
+// f(value) for each hyperparameter of `group` (a double& or bool&): all of SGD's, Adam's and
+// AdamW's options; the learning rate alone for another optimizer.
+template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::torch::optim::OptimizerParamGroup& group, F&& f) {
+  auto& o = group.options();
+  const auto adam_like = [&](auto& a) {
+    f(a.lr()), f(std::get<0>(a.betas())), f(std::get<1>(a.betas())), f(a.eps()), f(a.weight_decay()), f(a.amsgrad());
+  };
+  if (dynamic_cast<::torch::optim::SGD*>(&opt)) {
+    auto& s = static_cast<::torch::optim::SGDOptions&>(o);
+    f(s.lr()), f(s.momentum()), f(s.dampening()), f(s.weight_decay()), f(s.nesterov());
+  } else if (dynamic_cast<::torch::optim::Adam*>(&opt)) {
+    adam_like(static_cast<::torch::optim::AdamOptions&>(o));
+  } else if (dynamic_cast<::torch::optim::AdamW*>(&opt)) {
+    adam_like(static_cast<::torch::optim::AdamWOptions&>(o));
+  } else {
+    double lr = o.get_lr();
+    f(lr);
+    o.set_lr(lr);
+  }
+}
+
 }  // namespace detail
 
 HERD_CONFIG_NAMESPACE_BEGIN
@@ -115,8 +138,9 @@ template <communicator C> void broadcast_parameters(::torch::nn::Module& module,
   broadcast_parameters(views, comm, root);
 }
 
-// The learning rate of every parameter group and the state of every parameter (momentum
-// buffers for SGD; step, moments for Adam and AdamW) end equal to the root's. Ranks whose
+// Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
+// learning rate of another optimizer's) and the state of every parameter (momentum buffers for
+// SGD; step, moments for Adam and AdamW) end equal to the root's. Ranks whose
 // optimizer has not stepped yet get their state created first, as zeros: the state a first step
 // starts from (for SGD with dampening, a fresh libtorch SGD would instead copy the first gradient).
 template <class Optimizer, communicator C>
@@ -129,11 +153,17 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   for (at::Tensor* t : tensors) views.push_back(view_of(*t));
   detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
   std::vector<double> scalars;
-  for (auto& group : opt.param_groups()) scalars.push_back(group.options().get_lr());
+  for (auto& group : opt.param_groups()) {
+    detail::visit_hyperparameters(opt, group, [&](auto& value) { scalars.push_back(static_cast<double>(value)); });
+  }
   for (std::int64_t* s : steps) scalars.push_back(static_cast<double>(*s));
   broadcast_object(scalars, comm, root);
   std::size_t at = 0;
-  for (auto& group : opt.param_groups()) group.options().set_lr(scalars[at++]);
+  for (auto& group : opt.param_groups()) {
+    detail::visit_hyperparameters(opt, group, [&](auto& value) {
+      value = static_cast<std::remove_reference_t<decltype(value)>>(scalars[at++]);
+    });
+  }
   for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
   for (buffer_view v : views) broadcast(v, comm, root);
 }

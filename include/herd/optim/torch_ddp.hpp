@@ -22,11 +22,17 @@
 // rank. no_sync() skips the reduction while its guard lives: libtorch sums the gradients of
 // those passes in param.grad(), and the first backward after it reduces the sum.
 //
-// With options.gradient_as_bucket_view (DDP's), each param.grad() is made, at construction, a
-// tensor inside its bucket's storage (laid out by herd::bucket_layout, kept for the wrapper's
-// life): buckets reduce in place, without the copies in and out. As with DDP, keep those tensors:
-// zero them (libtorch's zero_grad() does), do not set them to undefined or replace them (herd then
-// packs again, correctly but with the copies).
+// As DDP (each checked against it by tests/parity, parity_ddp):
+// - forward() first broadcasts rank 0's buffers (BatchNorm's running statistics) when the last
+//   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
+// - With find_unused_parameters, a parameter no rank used in the pass keeps its gradient as it
+//   was (undefined stays undefined, so weight decay and momentum leave it alone); one that some
+//   rank used gets the average, zeros counted for the ranks that did not. One more allreduce, of
+//   a flag per parameter, finds them.
+// - With gradient_as_bucket_view, each param.grad() is a tensor inside its bucket's storage (laid
+//   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
+//   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
+//   copied into its place when it becomes ready and param.grad() points there again.
 //
 // On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
 // stream-ordered, with no host copy of the gradients.
@@ -45,6 +51,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -63,7 +70,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   DistributedDataParallel(Module module, C& comm, optimizer_options options = {})
       : module_(std::move(module)), state_(std::make_unique<state>(comm, options)) {
     if (options.backward_passes_per_step != 1) {
-      detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+      herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
                     "backward_passes_per_step is for herd::distributed_optimizer",
                     "Accumulate passes as with PyTorch's DDP: run them under no_sync(); libtorch sums their gradients");
     }
@@ -72,6 +79,8 @@ template <class Module, communicator C> class DistributedDataParallel {
     for (auto& p : module_->parameters()) {
       if (p.requires_grad()) state_->params.push_back(p);
     }
+    state_->used.assign(state_->params.size(), 0);
+    state_->created.assign(state_->params.size(), 0);
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
@@ -96,7 +105,16 @@ template <class Module, communicator C> class DistributedDataParallel {
 
   Module& module() noexcept { return module_; }
   auto operator->() { return &*module_; }
-  template <class... Args> auto forward(Args&&... args) { return module_->forward(std::forward<Args>(args)...); }
+  template <class... Args> auto forward(Args&&... args) {
+    state* s = state_.get();
+    if (s->sync_buffers_next && s->broadcast_buffers && s->comm->size() > 1) {
+      const ::torch::NoGradGuard no_grad;
+      for (auto& b : module_->buffers()) broadcast(b, *s->comm, 0);
+    }
+    // As DDP: the next forward syncs the buffers if this one is followed by a synchronized backward.
+    s->sync_buffers_next = ::torch::GradMode::is_enabled() && !s->no_sync;
+    return module_->forward(std::forward<Args>(args)...);
+  }
 
   // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
   class no_sync_guard {
@@ -127,29 +145,38 @@ template <class Module, communicator C> class DistributedDataParallel {
       void step() {}
     };
 
-    state(C& comm, const optimizer_options& options)
-        : opt(inner, gradient_source(), comm, options) {}
+    state(C& c, const optimizer_options& options)
+        : opt(inner, gradient_source(), c, options),
+          comm(&c),
+          broadcast_buffers(options.broadcast_buffers),
+          find_unused(options.find_unused_parameters) {}
 
     // The gradients as the optimizer reads those it was not told of (unused parameters): zeros
     // for a parameter that got none, as PyTorch's DDP reduces them.
     typename distributed_optimizer<nothing_to_step, C>::gradient_source gradient_source() {
       return [this] {
         std::vector<buffer_view> views;
-        for (auto& p : params) {
-          if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          at::Tensor& p = params[i];
+          if (!p.grad().defined()) {
+            const ::torch::NoGradGuard no_grad;
+            p.mutable_grad() = in_bucket.empty() ? ::torch::zeros_like(p) : in_bucket[i].zero_();
+            if (!created.empty()) created[i] = 1;
+          }
           views.push_back(view_of(p.mutable_grad()));
         }
         return views;
       };
     }
 
-    // Makes every gradient a tensor inside its bucket's storage (its current values kept). Not a
+    // Makes every defined gradient a tensor inside its bucket's storage (its current values kept). Not a
     // view in autograd's sense (zero_grad() detaches gradients in place, which views refuse): a
     // tensor on the bucket's storage at the gradient's offset.
     void place_gradients_in_buckets(const optimizer_options& options) {
       ::torch::NoGradGuard no_grad;
+      in_bucket.resize(params.size());
       std::vector<std::pair<std::size_t, dtype>> shapes;
-      for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), detail::torch_dtype(p));
+      for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
       for (const gradient_bucket& b : bucket_layout(shapes, options)) {
         const at::Tensor& first = params[b.members.front()];
         at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
@@ -157,10 +184,23 @@ template <class Module, communicator C> class DistributedDataParallel {
           at::Tensor& p = params[b.members[k]];
           at::Tensor g = ::torch::empty({0}, first.options());
           g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
-          if (p.grad().defined()) g.copy_(p.grad());
-          p.mutable_grad() = g;
+          if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
+            g.copy_(p.grad());
+            p.mutable_grad() = g;
+          }
+          in_bucket[b.members[k]] = g;
         }
       }
+    }
+
+    // With gradient_as_bucket_view: gradient i in its place in the bucket again, if it left it.
+    void repoint(std::size_t i) {
+      at::Tensor& g = params[i].mutable_grad();
+      if (in_bucket.empty() || (g.defined() && g.data_ptr() == in_bucket[i].data_ptr())) return;
+      const ::torch::NoGradGuard no_grad;
+      if (g.defined()) in_bucket[i].copy_(g);
+      else in_bucket[i].zero_();
+      g = in_bucket[i];
     }
 
     // The hook of parameter i's gradient accumulator: its gradient is final for this pass.
@@ -171,7 +211,9 @@ template <class Module, communicator C> class DistributedDataParallel {
         queued = true;
         ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
       }
+      used[i] = 1;
       try {
+        repoint(i);
         opt.mark_ready(i, view_of(params[i].mutable_grad()));
       } catch (...) {
         queued = false;
@@ -183,16 +225,45 @@ template <class Module, communicator C> class DistributedDataParallel {
     void finish() {
       std::lock_guard lock(mutex);
       queued = false;
+      if (!find_unused) {
+        opt.step();
+        return;
+      }
+      // The gradients this rank did not produce, as they were before the pass (undefined where the
+      // reduction had to create them), for those that no rank produced.
+      std::vector<std::pair<std::size_t, at::Tensor>> kept;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (used[i]) continue;
+        const at::Tensor& g = params[i].grad();
+        kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+      }
+      std::fill(created.begin(), created.end(), 0);
       opt.step();
+      std::vector<std::int32_t> anywhere(used.begin(), used.end());
+      std::fill(used.begin(), used.end(), 0);
+      allreduce(anywhere, *comm, reduce_op::max);
+      const ::torch::NoGradGuard no_grad;
+      for (auto& [i, g] : kept) {
+        if (anywhere[i]) continue;
+        if (!g.defined()) params[i].mutable_grad() = at::Tensor();
+        else params[i].mutable_grad().copy_(g);
+      }
     }
 
     std::vector<at::Tensor> params;
     nothing_to_step inner;
     distributed_optimizer<nothing_to_step, C> opt;
     std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks;
+    std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
+    std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
+    std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
+    C* comm = nullptr;
     std::mutex mutex;
     bool queued = false;
     bool no_sync = false;
+    bool broadcast_buffers = true;
+    bool find_unused = false;
+    bool sync_buffers_next = true;
   };
 
   Module module_;

@@ -26,6 +26,7 @@
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/optimizer_state.hpp>
@@ -46,6 +47,10 @@ namespace herd {
 struct zero_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   compression wire = compression::none;
+  // Above 0: the reduced gradients are clipped to this global 2-norm before each step, as
+  // torch.nn.utils.clip_grad_norm_ on the whole; the shards' squared norms are summed across the
+  // ranks (one scalar allreduce, as DeepSpeed does), so every rank clips by the same norm.
+  double max_grad_norm = 0;
 };
 
 // Where this rank's shard lies in the flat parameter range.
@@ -121,19 +126,22 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
     const int p = comm.size();
     const std::size_t es = size_of(type_), ws = size_of(wire_);
-    // The gradients, flattened (cast for the wire), the padding zero.
+    // The gradients, flattened (cast for the wire), the padding zero. With compression the
+    // average is divided as the gradients are cast, before the f16/bf16 sum (as DDP does), so that
+    // no average within range overflows in the sum.
+    const double before = wire_ != type_ && options_.op == reduce_op::avg ? 1.0 / p : 1.0;
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
-      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count);  // a plain copy without compression
+      detail::host_cast(flat + at * ws, wire_, g.data, type_, g.count, before);  // a plain copy without compression
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
-    // With compression the sum travels as f16/bf16 and the average is taken after the cast back.
     const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
     const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
     buffer_view mine = shard_grad_.view();
@@ -144,9 +152,10 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    if (wire_ != type_) {
-      const double scale = options_.op == reduce_op::avg ? 1.0 / p : 1.0;
-      detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank, scale);
+    if (wire_ != type_) detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank);
+    if (options_.max_grad_norm > 0) {
+      const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
+      grad_norm_ = clip_grad_norm({received}, options_.max_grad_norm, comm);  // the padding adds zeros
     }
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
@@ -166,6 +175,8 @@ template <class Inner, communicator C> class zero_optimizer {
 
   Inner& inner() noexcept { return *inner_; }
   const zero_shard& shard() const noexcept { return shard_; }
+  // The global gradient norm of the last step, with max_grad_norm (0 before).
+  double grad_norm() const noexcept { return grad_norm_; }
 
   // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
   template <class F> void visit_state(F&& f) {
@@ -204,6 +215,7 @@ template <class Inner, communicator C> class zero_optimizer {
   dtype wire_ = dtype::f32;
   zero_shard shard_;
   std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
+  double grad_norm_ = 0;
   host_tensor flat_;        // the flattened gradients, as they travel
   host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
   host_tensor grad_;        // ...cast back, with compression

@@ -66,11 +66,24 @@ template <communicator C> class exchange_over final : public batch_norm_exchange
 
 inline std::span<double> doubles(::torch::Tensor& t) { return {t.data_ptr<double>(), static_cast<std::size_t>(t.numel())}; }
 
+// `t` (N x C x *) viewed as N x C x S, S the product of the dimensions after C: written out, not
+// -1, so that a rank whose batch is empty (N = 0) still has its view and joins the exchanges.
+inline ::torch::Tensor as_ncs(const ::torch::Tensor& t) {
+  std::int64_t spatial = 1;
+  for (std::int64_t d = 2; d < t.dim(); ++d) spatial *= t.size(d);
+  return t.contiguous().view({t.size(0), t.size(1), spatial});
+}
+
 // The dimensions a channel's statistics run over in an N x C x S view.
 inline ::torch::IntArrayRef channel_dims() {
   static const std::int64_t dims[] = {0, 2};
   return dims;
 }
+
+// libtorch's custom autograd functions take no undefined tensor (libtorch 1.13 asks each input for
+// its device): an absent weight, bias or running statistic travels as an empty tensor instead.
+inline ::torch::Tensor or_empty(const ::torch::Tensor& t) { return t.defined() ? t : ::torch::empty({0}); }
+inline bool present(const ::torch::Tensor& t) { return t.defined() && t.numel() != 0; }
 
 // The autograd function: input N x C x *, weight and bias C; running statistics updated in place.
 struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_function> {
@@ -78,7 +91,7 @@ struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_fu
                                  ::torch::Tensor bias, ::torch::Tensor running_mean, ::torch::Tensor running_var,
                                  double eps, double momentum, batch_norm_exchange* exchange) {
     const auto c = input.size(1);
-    const ::torch::Tensor x = input.contiguous().view({input.size(0), c, -1}).to(::torch::kDouble);
+    const ::torch::Tensor x = as_ncs(input).to(::torch::kDouble);
     ::torch::Tensor sum = x.sum(channel_dims()).contiguous(), sum_sq = (x * x).sum(channel_dims()).contiguous();
     const batch_moments m = exchange->moments(doubles(sum), doubles(sum_sq), static_cast<double>(x.size(0) * x.size(2)));
     const auto options = ::torch::TensorOptions().dtype(::torch::kDouble);
@@ -86,15 +99,15 @@ struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_fu
     const ::torch::Tensor invstd = (var + eps).rsqrt();
     {
       const ::torch::NoGradGuard no_grad;
-      if (running_mean.defined()) running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype()), momentum);
-      if (running_var.defined()) {
+      if (present(running_mean)) running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype()), momentum);
+      if (present(running_var)) {
         running_var.mul_(1 - momentum).add_((var * (m.count / (m.count - 1))).to(running_var.dtype()), momentum);
       }
     }
     const ::torch::Tensor xhat = (x - mean.view({1, c, 1})) * invstd.view({1, c, 1});
     ::torch::Tensor y = xhat;
-    if (weight.defined()) y = y * weight.to(::torch::kDouble).view({1, c, 1});
-    if (bias.defined()) y = y + bias.to(::torch::kDouble).view({1, c, 1});
+    if (present(weight)) y = y * weight.to(::torch::kDouble).view({1, c, 1});
+    if (present(bias)) y = y + bias.to(::torch::kDouble).view({1, c, 1});
     ctx->save_for_backward({xhat, invstd, weight});
     ctx->saved_data["count"] = m.count;
     ctx->saved_data["exchange"] = reinterpret_cast<std::int64_t>(exchange);
@@ -112,17 +125,17 @@ struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_fu
     auto* exchange = reinterpret_cast<batch_norm_exchange*>(ctx->saved_data["exchange"].toInt());
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const auto c = xhat.size(1);
-    const ::torch::Tensor dy = grads[0].contiguous().view({xhat.size(0), c, -1}).to(::torch::kDouble);
+    const ::torch::Tensor dy = grads[0].contiguous().view(xhat.sizes()).to(::torch::kDouble);
     ::torch::Tensor sum_dy = dy.sum(channel_dims()).contiguous(), sum_dy_xhat = (dy * xhat).sum(channel_dims()).contiguous();
     const ::torch::Tensor grad_bias = sum_dy.clone(), grad_weight = sum_dy_xhat.clone();  // this rank's
     exchange->sums(doubles(sum_dy), doubles(sum_dy_xhat));
     ::torch::Tensor scale = invstd;
-    if (weight.defined()) scale = scale * weight.to(::torch::kDouble);
+    if (present(weight)) scale = scale * weight.to(::torch::kDouble);
     const ::torch::Tensor dx = scale.view({1, c, 1}) * (dy - (sum_dy / count).view({1, c, 1}) -
                                                         xhat * (sum_dy_xhat / count).view({1, c, 1}));
     const auto type = grads[0].dtype();
-    return {dx.to(type).view(shape), weight.defined() ? grad_weight.to(type) : ::torch::Tensor(),
-            weight.defined() ? grad_bias.to(type) : ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor(),
+    return {dx.to(type).view(shape), present(weight) ? grad_weight.to(type) : ::torch::Tensor(),
+            present(weight) ? grad_bias.to(type) : ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor(),
             ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor()};
   }
 };
@@ -156,18 +169,20 @@ class SyncBatchNormImpl : public ::torch::nn::Module {
                           "input of shape " + shape_text(input) + " for " + std::to_string(options.num_features()) + " channels",
                           "Pass N x C x ... tensors whose dimension 1 is the number of features");
     }
-    const bool use_batch = is_training() || !options.track_running_stats();
-    if (!use_batch) {
-      return ::torch::batch_norm(input, weight, bias, running_mean, running_var, false, 0.0, options.eps(), false);
+    // As torch.nn.SyncBatchNorm: statistics are synchronized in training only; eval() uses the
+    // running statistics, or, without them, this rank's own batch statistics, with no exchange.
+    if (!is_training()) {
+      const bool own_batch = !options.track_running_stats();
+      return ::torch::batch_norm(input, weight, bias, running_mean, running_var, own_batch, 0.0, options.eps(), false);
     }
     double momentum = options.momentum().value_or(0.0);
-    if (is_training() && options.track_running_stats()) {
+    if (options.track_running_stats()) {
       num_batches_tracked += 1;
       if (!options.momentum().has_value()) momentum = 1.0 / num_batches_tracked.item<double>();  // cumulative average
     }
-    ::torch::Tensor rm = is_training() ? running_mean : ::torch::Tensor();
-    ::torch::Tensor rv = is_training() ? running_var : ::torch::Tensor();
-    return detail::sync_batch_norm_function::apply(input, weight, bias, rm, rv, options.eps(), momentum, exchange_.get());
+    using detail::or_empty;
+    return detail::sync_batch_norm_function::apply(input, or_empty(weight), or_empty(bias), or_empty(running_mean),
+                                                   or_empty(running_var), options.eps(), momentum, exchange_.get());
   }
 
   ::torch::nn::BatchNormOptions options;

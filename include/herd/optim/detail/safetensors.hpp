@@ -56,11 +56,20 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
   return names[static_cast<std::size_t>(t)];
 }
 
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name it does not know.
+// Whether `name` is the safetensors name of one of herd's dtypes.
+inline bool is_herd_dtype(std::string_view name) noexcept {
+  for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
+    if (dtype_name(static_cast<dtype>(i)) == name) return true;
+  }
+  return false;
+}
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
 inline std::uint64_t element_bytes(std::string_view name) {
   constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
-      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8}};
+      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
+      {"C64", 8},  {"F8_E8M0", 1}};
   const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
   return it == std::end(sizes) ? 0 : it->second;
 }

@@ -1,0 +1,83 @@
+#ifndef HERD_OPTIM_CLIP_HPP
+#define HERD_OPTIM_CLIP_HPP
+// herd::clip_grad_norm: gradient clipping by the global 2-norm, as torch.nn.utils.clip_grad_norm_:
+//
+//   total = sqrt(sum of every gradient element squared)
+//   every gradient *= min(1, max_norm / (total + 1e-6))
+//
+// and the total is returned. Call it on gradients every rank holds whole and equal (after the
+// distributed optimizer's synchronize(), or mixed_precision's unscale()): each rank then computes
+// the same norm with no communication. Where each rank holds a different part (zero_optimizer's
+// shards), pass the communicator: the squared norms of the parts are summed across the ranks
+// with one scalar allreduce (as DeepSpeed does), so every rank clips by the norm of the whole.
+// The squares are summed in double; a norm that is inf or NaN (an overflow) is returned as it is
+// and the gradients scale by NaN or 0, as torch's do, for the step to be skipped.
+
+#include <herd/collectives/allreduce.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/optim/detail/host_ops.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+inline double squared_norm(const std::vector<buffer_view>& grads) {
+  require_host_tensors(grads, "clip_grad_norm", "gradient");
+  double sum = 0;
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      const auto* p = static_cast<const T*>(g.data);
+      for (std::size_t i = 0; i < g.count; ++i) sum += to_double(p[i]) * to_double(p[i]);
+    });
+  }
+  return sum;
+}
+
+// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
+// f64 gradients get it in double.
+inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
+  const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (!std::is_integral_v<T>) {
+        auto* p = static_cast<T*>(g.data);
+        if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < g.count; ++i) p[i] *= coefficient;
+        } else {
+          const auto c = static_cast<float>(coefficient);
+          for (std::size_t i = 0; i < g.count; ++i) p[i] = static_cast<T>(static_cast<float>(p[i]) * c);
+        }
+      }
+    });
+  }
+  return total;
+}
+
+}  // namespace detail
+
+// Clips gradients every rank holds whole; returns their total norm.
+inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
+}
+
+HERD_CONFIG_NAMESPACE_BEGIN
+// Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
+// the whole, the same on every rank. A collective: every rank calls it.
+template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
+  double squares = detail::squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  allreduce(scalar, comm, reduce_op::sum);
+  return detail::clip_by(grads, max_norm, std::sqrt(squares));
+}
+HERD_CONFIG_NAMESPACE_END
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_CLIP_HPP

@@ -1,0 +1,247 @@
+// herd's side of the host parity checks: parity_host CHECK DIR reads DIR/CHECK.safetensors, written
+// by reference.py (inputs from a fixed seed and PyTorch's results), computes the same with herd and
+// compares. It prints the largest difference and exits 0 when it is within the check's bound, 1
+// otherwise, 77 (skipped) when reference.py found no torch.
+
+#include <herd/herd.hpp>
+
+#include "parity.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace parity;
+namespace fs = std::filesystem;
+
+// Runs each case of an optimizer check: both dtypes, every step compared with torch.optim's.
+template <class Make> int optimizer_check(const char* check, const reference& ref, Make make) {
+  comparison cmp(0);
+  const auto cases = ref.get<std::int64_t>("cases")[0];
+  for (std::int64_t c = 0; c < cases; ++c) {
+    const auto options = ref.get<double>(std::to_string(c) + ".options");
+    const auto run = [&]<class T>(T, const char* dn) {
+      const std::string prefix = std::to_string(c) + "." + dn + ".";
+      std::vector<std::vector<T>> params, grads, torch, all_grads;
+      for (std::size_t k = 0; k < 2; ++k) {
+        params.push_back(ref.get<T>(prefix + "init." + std::to_string(k)));
+        all_grads.push_back(ref.get<T>(prefix + "grads." + std::to_string(k)));
+        torch.push_back(ref.get<T>(prefix + "torch." + std::to_string(k)));
+        grads.emplace_back(params.back().size());
+      }
+      auto opt = make(herd::views(params[0], params[1]), herd::views(grads[0], grads[1]), options);
+      const std::size_t steps = all_grads[0].size() / params[0].size();
+      for (std::size_t s = 0; s < steps; ++s) {
+        for (std::size_t k = 0; k < 2; ++k) std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(T));
+        opt.step();
+        for (std::size_t k = 0; k < 2; ++k) {
+          cmp.check(prefix + "param." + std::to_string(k) + " step " + std::to_string(s + 1), params[k].data(),
+                    torch[k].data() + s * params[k].size(), params[k].size());
+        }
+      }
+    };
+    run(float{}, "f32");
+    run(double{}, "f64");
+  }
+  return cmp.report(check);
+}
+
+int sgd(const reference& ref) {
+  return optimizer_check("parity_sgd", ref, [](auto params, auto grads, const std::vector<double>& o) {
+    return herd::sgd(std::move(params), std::move(grads),
+                     {.lr = o[0], .momentum = o[1], .dampening = o[2], .nesterov = o[3] != 0, .weight_decay = o[4]});
+  });
+}
+
+int adamw(const reference& ref) {
+  return optimizer_check("parity_adamw", ref, [](auto params, auto grads, const std::vector<double>& o) {
+    return herd::adamw(std::move(params), std::move(grads),
+                       {.lr = o[0], .beta1 = o[1], .beta2 = o[2], .eps = o[3], .weight_decay = o[4]});
+  });
+}
+
+// f16 parameters, f32 masters stepped by SGD, under the loss scaler: the scale before each step,
+// which steps are skipped, and the parameters, against GradScaler's rule (apex's cap in case 0).
+int loss_scaler(const reference& ref) {
+  comparison cmp(0);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    const auto o = ref.get<double>(prefix + "options");
+    const auto all_grads = ref.get<herd::half>(prefix + "grads");
+    const auto scales = ref.get<double>(prefix + "scales");
+    const auto torch = ref.get<herd::half>(prefix + "torch");
+    auto params = ref.get<herd::half>(prefix + "init");
+    std::vector<herd::half> grads(params.size());
+    herd::loss_scaler scaler({.initial_scale = o[0], .growth_interval = static_cast<std::int64_t>(o[1]), .max_scale = o[2]});
+    herd::mixed_precision amp(herd::views(params), herd::views(grads), scaler, [](auto p, auto g) {
+      return herd::sgd(std::move(p), std::move(g), {.lr = 0.1, .momentum = 0.9});
+    });
+    for (std::size_t s = 0; s + 1 < scales.size(); ++s) {
+      const double before = scaler.scale();
+      cmp.check(prefix + "scale before step " + std::to_string(s + 1), &before, &scales[s], 1);
+      std::memcpy(grads.data(), all_grads.data() + s * grads.size(), grads.size() * sizeof(herd::half));
+      amp.step();
+      cmp.check(prefix + "param step " + std::to_string(s + 1), params.data(), torch.data() + s * params.size(), params.size());
+    }
+    const double last = scaler.scale();
+    cmp.check(prefix + "final scale", &last, &scales.back(), 1);
+  }
+  return cmp.report("parity_loss_scaler");
+}
+
+// herd::clip_grad_norm against torch.nn.utils.clip_grad_norm_, which sums in f32 (herd in double):
+// within 1e-6 relative. On f32 gradients, and on f16 ones after mixed_precision::unscale().
+int clip_grad_norm(const reference& ref) {
+  comparison cmp(1e-6);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    std::vector<std::vector<float>> grads;
+    for (int k = 0; k < 3; ++k) grads.push_back(ref.get<float>(prefix + "grad." + std::to_string(k)));
+    const double total = herd::clip_grad_norm(herd::views(grads[0], grads[1], grads[2]), ref.get<double>(prefix + "max_norm")[0]);
+    cmp.check(prefix + "total", &total, ref.get<double>(prefix + "total").data(), 1);
+    for (std::size_t k = 0; k < 3; ++k) cmp.check(prefix + "grad." + std::to_string(k), grads[k], ref.get<float>(prefix + "torch." + std::to_string(k)));
+  }
+  std::vector<std::vector<herd::half>> params, grads;
+  for (int k = 0; k < 3; ++k) {
+    grads.push_back(ref.get<herd::half>("amp.grad." + std::to_string(k)));
+    params.emplace_back(grads.back().size());
+  }
+  herd::loss_scaler scaler({.initial_scale = 1024});
+  herd::mixed_precision amp(herd::views(params[0], params[1], params[2]), herd::views(grads[0], grads[1], grads[2]), scaler,
+                            [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g)); });
+  if (amp.unscale()) throw std::runtime_error("unscale() found an overflow in finite gradients");
+  const double total = herd::clip_grad_norm(amp.master_grads(), 2.0);
+  cmp.check("amp.total", &total, ref.get<double>("amp.total").data(), 1);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto& g = amp.master_grads()[k];
+    cmp.check("amp.grad." + std::to_string(k), static_cast<const float*>(g.data),
+              ref.get<float>("amp.torch." + std::to_string(k)).data(), g.count);
+  }
+  return cmp.report("parity_clip_grad_norm");
+}
+
+// The same clipping with each gradient split in contiguous parts across the ranks (as ZeRO's
+// shards): herd::clip_grad_norm with the communicator gives every rank the whole norm.
+int clip_grad_norm_sharded(const reference& ref) {
+  herd::mpi::environment mpi;
+  herd::mpi_communicator comm;
+  comparison cmp(1e-6);
+  for (int c = 0; c < 2; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    std::vector<std::vector<float>> parts, torch;
+    for (int k = 0; k < 3; ++k) {
+      const auto whole = ref.get<float>(prefix + "grad." + std::to_string(k));
+      const auto clipped = ref.get<float>(prefix + "torch." + std::to_string(k));
+      const std::size_t n = whole.size(), size = static_cast<std::size_t>(comm.size()), rank = static_cast<std::size_t>(comm.rank());
+      const std::size_t begin = n * rank / size, end = n * (rank + 1) / size;
+      parts.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(begin), whole.begin() + static_cast<std::ptrdiff_t>(end));
+      torch.emplace_back(clipped.begin() + static_cast<std::ptrdiff_t>(begin), clipped.begin() + static_cast<std::ptrdiff_t>(end));
+    }
+    const double total = herd::clip_grad_norm(herd::views(parts[0], parts[1], parts[2]), ref.get<double>(prefix + "max_norm")[0], comm);
+    cmp.check(prefix + "total", &total, ref.get<double>(prefix + "total").data(), 1);
+    for (std::size_t k = 0; k < 3; ++k) cmp.check(prefix + "part." + std::to_string(k), parts[k], torch[k]);
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  return cmp.report("parity_clip_grad_norm_sharded");
+}
+
+// A file written the way safetensors writes, holding every safetensors dtype and a BatchNorm2d's
+// state_dict: with strict off, herd's dtypes load bit for bit and the rest are reported as
+// unexpected; registered, a dtype herd lacks is refused by name (not as a damaged file).
+int safetensors(const std::filesystem::path& dir) {
+  comparison cmp(0);
+  const fs::path path = dir / "safetensors.safetensors";
+  const reference expect(dir / "safetensors_expect.safetensors");
+  std::size_t problems = 0;
+  const auto problem = [&](const std::string& what) {
+    std::printf("  %s\n", what.c_str());
+    ++problems;
+  };
+  std::vector<herd::half> f16(6);
+  std::vector<herd::bfloat16> bf16(6);
+  std::vector<float> f32(6), bn_weight(4), bn_bias(4), bn_mean(4), bn_var(4), absent(3, 7.0f);
+  std::vector<double> f64(6);
+  std::vector<std::int8_t> i8(6);
+  std::vector<std::uint8_t> u8(6);
+  std::vector<std::int32_t> i32(6);
+  std::vector<std::int64_t> i64(6);
+  herd::checkpoint state;
+  state.add("t.F16", f16).add("t.BF16", bf16).add("t.F32", f32).add("t.F64", f64).add("t.I8", i8).add("t.U8", u8);
+  state.add("t.I32", i32).add("t.I64", i64).add("bn.weight", bn_weight).add("bn.bias", bn_bias);
+  state.add("bn.running_mean", bn_mean).add("bn.running_var", bn_var).add("absent", absent);
+  state.set_strict(false);
+  if (!state.load(path)) problem("the file is missing");
+  const auto compare = [&](const std::string& name, const auto& loaded) {
+    std::vector<double> as_double;
+    for (const auto& x : loaded) as_double.push_back(herd::detail::to_double(x));
+    cmp.check(name, as_double, expect.get<double>(name));
+  };
+  compare("t.F16", f16), compare("t.BF16", bf16), compare("t.F32", f32), compare("t.F64", f64), compare("t.I8", i8);
+  compare("t.U8", u8), compare("t.I32", i32), compare("t.I64", i64), compare("bn.weight", bn_weight);
+  compare("bn.bias", bn_bias), compare("bn.running_mean", bn_mean), compare("bn.running_var", bn_var);
+  if (absent != std::vector<float>(3, 7.0f)) problem("the missing entry was written");
+  const std::vector<std::string> lacking = {"BOOL", "I16", "C64", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"};
+  std::vector<std::string> unexpected = {"bn.num_batches_tracked"};
+  for (const auto& d : lacking) unexpected.push_back("t." + d);
+  auto reported = state.unexpected_keys();
+  std::sort(reported.begin(), reported.end());
+  std::sort(unexpected.begin(), unexpected.end());
+  if (reported != unexpected) problem("unexpected_keys() is not the file's tensors of other dtypes and num_batches_tracked");
+  if (state.missing_keys() != std::vector<std::string>{"absent"}) problem("missing_keys() is not {absent}");
+  for (const auto& d : lacking) {
+    std::vector<float> into(6);
+    herd::checkpoint one;
+    one.add("t." + d, into).set_strict(false);
+    std::string message = "(none)";
+    try {
+      one.load(path);
+    } catch (const herd::error& e) {
+      message = e.what();
+    }
+    const std::string wanted = "unsupported dtype " + d + " in tensor \"t." + d + "\"";
+    if (message.find(wanted) == std::string::npos || message.find("damaged") != std::string::npos) {
+      problem("registering t." + d + " raised " + message + "; wanted " + wanted);
+    }
+  }
+  const int values = cmp.report("parity_safetensors");
+  std::printf("parity_safetensors: %zu problems with keys and errors\n", problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
+const std::map<std::string, std::function<int(const reference&)>> checks = {
+    {"sgd", sgd}, {"adamw", adamw}, {"loss_scaler", loss_scaler}, {"clip_grad_norm", clip_grad_norm},
+    {"clip_grad_norm_sharded", clip_grad_norm_sharded}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3 || !(checks.contains(argv[1]) || std::string(argv[1]) == "safetensors")) {
+    std::fprintf(stderr, "usage: parity_host CHECK DIR (CHECK one of:");
+    for (const auto& [name, _] : checks) std::fprintf(stderr, " %s", name.c_str());
+    std::fprintf(stderr, ")\n");
+    return 2;
+  }
+  const fs::path dir = argv[2];
+  if (fs::exists(dir / "torch_missing")) {
+    std::printf("skipped: %s", "reference.py found no torch\n");
+    return 77;
+  }
+  try {
+    const std::string check = argv[1];
+    if (check == "safetensors") return safetensors(dir);
+    const std::string file = check.starts_with("clip_grad_norm") ? "clip_grad_norm" : check;  // one reference, two checks
+    return checks.at(check)(reference(dir / (file + ".safetensors")));
+  } catch (const std::exception& e) {
+    std::printf("parity_%s: %s\n", argv[1], e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,230 @@
+// herd's side of the libtorch parity checks, run under mpiexec: parity_torch CHECK DIR reads
+// DIR/CHECK.safetensors (reference.py) and compares what herd's libtorch layers compute on each
+// rank's part of the batch with what PyTorch computed on the whole. Exits 0 when every rank is
+// within bounds, 1 otherwise, 77 (skipped) when reference.py found no torch.
+//
+// nn/torch.hpp comes before optim/torch_ddp.hpp on purpose: the two compile in either order.
+
+#include <torch/torch.h>
+
+#include <herd/nn/torch.hpp>
+#include <herd/optim/torch_ddp.hpp>
+#include <herd/herd.hpp>
+#include <herd/tensor/torch.hpp>
+
+#include "parity.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace parity;
+namespace fs = std::filesystem;
+
+::torch::Tensor tensor(const reference& ref, const std::string& name) {
+  auto values = ref.get<double>(name);
+  return ::torch::from_blob(values.data(), ref.shape(name), ::torch::kDouble).clone();
+}
+
+void check(comparison& cmp, const std::string& what, const ::torch::Tensor& herd, const ::torch::Tensor& torch) {
+  if (herd.sizes() != torch.sizes()) throw std::runtime_error(what + ": shapes differ");
+  const ::torch::Tensor a = herd.detach().to(::torch::kDouble).contiguous(), b = torch.detach().to(::torch::kDouble).contiguous();
+  cmp.check(what, a.data_ptr<double>(), b.data_ptr<double>(), static_cast<std::size_t>(a.numel()));
+}
+
+// herd::torch::SyncBatchNorm on this rank's part of each batch against BatchNorm2d on the whole
+// (f64): outputs and input gradients of this rank's part, weight and bias gradients summed over
+// the ranks, running statistics; then eval, which must not communicate.
+int sync_batch_norm(const reference& ref, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const auto world = comm.size(), rank = comm.rank();
+  const auto splits = ref.get<std::int64_t>("split." + std::to_string(world));
+  const auto part = [&](const ::torch::Tensor& t, std::size_t it) {
+    std::int64_t begin = 0;
+    for (int r = 0; r < rank; ++r) begin += splits[it * static_cast<std::size_t>(world) + static_cast<std::size_t>(r)];
+    return t.narrow(0, begin, splits[it * static_cast<std::size_t>(world) + static_cast<std::size_t>(rank)]);
+  };
+  const auto cases = ref.get<std::int64_t>("cases")[0];
+  for (std::int64_t c = 0; c < cases; ++c) {
+    const std::string p = std::to_string(c) + ".";
+    const auto o = ref.get<double>(p + "options");
+    const bool affine = o[0] != 0, track = o[1] != 0;
+    auto options = ::torch::nn::BatchNormOptions(3).affine(affine).track_running_stats(track);
+    options.momentum(o[2] < 0 ? c10::optional<double>() : c10::optional<double>(o[2]));
+    herd::torch::SyncBatchNorm bn(options, comm);
+    bn->to(::torch::kDouble);
+    if (affine) {
+      const ::torch::NoGradGuard no_grad;
+      bn->weight.copy_(tensor(ref, p + "weight"));
+      bn->bias.copy_(tensor(ref, p + "bias"));
+    }
+    bn->train();
+    for (std::size_t it = 0; it < 3; ++it) {
+      const std::string q = p + std::to_string(it) + ".";
+      const ::torch::Tensor x = part(tensor(ref, q + "x"), it).clone().requires_grad_();
+      const ::torch::Tensor y = bn(x);
+      (y * part(tensor(ref, q + "out_weight"), it)).sum().backward();
+      check(cmp, q + "y", y, part(tensor(ref, q + "y"), it));
+      check(cmp, q + "dx", x.grad(), part(tensor(ref, q + "dx"), it));
+      if (affine) {
+        ::torch::Tensor dweight = bn->weight.grad().clone(), dbias = bn->bias.grad().clone();
+        herd::allreduce(dweight, comm);  // each rank's contribution, as DDP would sum them
+        herd::allreduce(dbias, comm);
+        check(cmp, q + "dweight", dweight, tensor(ref, q + "dweight"));
+        check(cmp, q + "dbias", dbias, tensor(ref, q + "dbias"));
+        bn->weight.mutable_grad() = ::torch::Tensor();
+        bn->bias.mutable_grad() = ::torch::Tensor();
+      }
+      if (track) {
+        check(cmp, q + "running_mean", bn->running_mean, tensor(ref, q + "running_mean"));
+        check(cmp, q + "running_var", bn->running_var, tensor(ref, q + "running_var"));
+        const auto tracked = ref.get<std::int64_t>(q + "num_batches_tracked")[0];
+        if (bn->num_batches_tracked.item<std::int64_t>() != tracked) throw std::runtime_error(q + "num_batches_tracked differs");
+      }
+    }
+    // Eval on rank 0 alone: a SyncBatchNorm that communicated here would wait for the others.
+    bn->eval();
+    if (rank == 0) {
+      const ::torch::NoGradGuard no_grad;
+      const ::torch::Tensor x = part(tensor(ref, p + "eval.x"), 0);
+      check(cmp, p + "eval.y", bn(x), part(tensor(ref, p + "eval.y." + std::to_string(world)), 0));
+    }
+    herd::barrier(comm);
+  }
+  std::printf("rank %d of %d: ", rank, world);
+  return cmp.report("parity_sync_batch_norm");
+}
+
+// The model of reference.py's DDP scenarios, its parameters registered in the same order.
+struct NetImpl : ::torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", ::torch::nn::Linear(::torch::nn::LinearOptions(6, 8).bias(false)))),
+        bn(register_module("bn", ::torch::nn::BatchNorm1d(8))),
+        fc2(register_module("fc2", ::torch::nn::Linear(8, 4))),
+        extra(register_module("extra", ::torch::nn::Linear(8, 4))),
+        unused(register_module("unused", ::torch::nn::Linear(4, 4))) {}
+
+  ::torch::Tensor forward(const ::torch::Tensor& x, bool use_extra) {
+    const ::torch::Tensor h = ::torch::relu(bn(fc1(x)));
+    const ::torch::Tensor y = fc2(h);
+    return use_extra ? y + extra(h) : y;
+  }
+
+  ::torch::nn::Linear fc1;
+  ::torch::nn::BatchNorm1d bn;
+  ::torch::nn::Linear fc2, extra, unused;
+};
+
+::torch::Tensor any_tensor(const reference& ref, const std::string& name) {
+  if (name.ends_with("num_batches_tracked")) return ::torch::tensor(ref.get<std::int64_t>(name)[0]);
+  return tensor(ref, name);
+}
+
+// herd::torch::DistributedDataParallel against torch.nn.parallel.DistributedDataParallel (gloo)
+// at the same world size, on this rank's batches: which gradients are defined, their values after
+// each backward, and the parameters and buffers after each step of libtorch's SGD.
+int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const reference scenarios(dir / "ddp.safetensors");
+  const reference ref(dir / ("ddp." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
+  const auto table = scenarios.get<std::int64_t>("scenarios");
+  const auto shape = scenarios.get<std::int64_t>("shape");
+  ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());  // the model in f64, as reference.py's
+  std::size_t problems = 0;
+  for (std::size_t s = 0; s < table.size() / 5; ++s) {
+    const std::int64_t* o = &table[5 * s];
+    const std::string p0 = std::to_string(s) + ".";
+    auto model = std::make_shared<NetImpl>();
+    {
+      const ::torch::NoGradGuard no_grad;
+      for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+      for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+    }
+    herd::optimizer_options options{.bucket_bytes = o[1] != 0 ? static_cast<std::size_t>(o[1]) : herd::optimizer_options{}.bucket_bytes,
+                                    .find_unused_parameters = o[0] != 0,
+                                    .gradient_as_bucket_view = o[2] != 0};
+    if (o[1] != 0) options.first_bucket_bytes = static_cast<std::size_t>(o[1]);
+    herd::torch::DistributedDataParallel ddp(model, comm, options);
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      if (o[3] != 0) model->zero_grad(true);
+      else sgd.zero_grad();
+      for (std::int64_t k = 0; k < o[4]; ++k) {
+        const std::string q = p + std::to_string(k) + ".";
+        const auto pass = [&] {
+          ::torch::mse_loss(ddp.forward(tensor(ref, q + "x"), comm.rank() == 1), tensor(ref, q + "target")).backward();
+        };
+        if (k + 1 < o[4]) {
+          const auto guard = ddp.no_sync();
+          pass();
+        } else {
+          pass();
+        }
+      }
+      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        const auto& g = named[i].value().grad();
+        if (g.defined() != (defined[i] != 0)) {
+          if (problems++ < 4) {
+            std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
+                        g.defined() ? "defined" : "undefined", defined[i] ? "defined" : "undefined");
+          }
+        } else if (g.defined()) {
+          check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
+        }
+      }
+      sgd.step();
+      for (auto& item : model->named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
+      for (auto& item : model->named_buffers()) {
+        check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
+              any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
+      }
+    }
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  const int values = cmp.report("parity_ddp");
+  std::printf("rank %d of %d: parity_ddp: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  herd::mpi::environment mpi(argc, argv);
+  herd::mpi_communicator comm;
+  const std::string check = argc == 3 ? argv[1] : "";
+  if (check != "sync_batch_norm" && check != "ddp") {
+    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp DIR\n");
+    return 2;
+  }
+  const fs::path dir = argv[2];
+  if (fs::exists(dir / "torch_missing")) {
+    std::printf("skipped: reference.py found no torch\n");
+    return 77;
+  }
+  int failed = 0;
+  try {
+    failed = check == "ddp" ? ddp(dir, comm) : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
+  } catch (const std::exception& e) {
+    std::printf("rank %d: parity_%s: %s\n", comm.rank(), argv[1], e.what());
+    failed = 1;
+  }
+  // Every rank's verdict: a failure on one fails them all.
+  try {
+    std::vector<int> any = {failed};
+    herd::allreduce(any, comm, herd::reduce_op::max);
+    return any[0];
+  } catch (const std::exception& e) {
+    std::printf("rank %d: %s\n", comm.rank(), e.what());
+    return 1;
+  }
+}

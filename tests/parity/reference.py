@@ -1,0 +1,368 @@
+#!/usr/bin/python3
+"""PyTorch's results for herd's parity checks (tests/parity), written once per build.
+
+  reference.py OUTDIR
+
+For each check it writes OUTDIR/<check>.safetensors: the inputs (from a fixed seed) and what
+PyTorch computes from them; herd's parity programs compute the same from those inputs and compare.
+PyTorch runs its scalar CPU kernels (ATEN_CPU_CAPABILITY=default, set before torch is imported):
+its vectorized kernels fuse a + alpha * b into one FMA where the machine has one, so their last
+bit depends on the CPU; the scalar kernels round each operation, as herd does, and so can be
+compared bit for bit. Without torch it writes OUTDIR/torch_missing and the checks are skipped.
+
+The DDP check starts this script again once per rank (reference.py --ddp-rank all WORLD OUTDIR,
+with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set) for torch.distributed over gloo.
+"""
+import json
+import os
+import struct
+import sys
+
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+DDP_RANK = len(sys.argv) == 5 and sys.argv[1] == "--ddp-rank"
+out = sys.argv[-1]
+os.makedirs(out, exist_ok=True)
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    open(os.path.join(out, "torch_missing"), "w").write(f"torch is not importable: {e}\n")
+    print(f"parity: torch is not importable ({e}); the parity checks are skipped")
+    sys.exit(0)
+if os.path.exists(os.path.join(out, "torch_missing")) and not DDP_RANK:
+    os.remove(os.path.join(out, "torch_missing"))
+
+ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+             torch.bool: "BOOL", torch.complex64: "C64"}
+
+
+def save(check, tensors):
+    """A safetensors file (8-byte header length, JSON header, data), without the safetensors package.
+    A value may be (dtype name, bytes, shape) for a dtype this torch lacks."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        if isinstance(t, tuple):
+            dtype, blob, shape = t
+        else:
+            t = t.detach().contiguous().cpu()
+            bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else torch.view_as_real(t) if t.is_complex() else t
+            dtype, blob, shape = ST_DTYPES[t.dtype], bits.numpy().tobytes(), list(t.shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(out, check + ".safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+STEPS = 50
+SIZES = (37, 5)  # the second parameter starts at 0
+
+
+def optimizer_inputs(gen, dtype):
+    init = [torch.randn(SIZES[0], generator=gen, dtype=torch.float64).to(dtype), torch.zeros(SIZES[1], dtype=dtype)]
+    grads = [torch.randn(STEPS, n, generator=gen, dtype=torch.float64).to(dtype) for n in SIZES]
+    return init, grads
+
+
+def optimizer_check(check, cases, make):
+    """Each case's options, inputs and PyTorch's parameters after every one of STEPS steps."""
+    gen = torch.Generator().manual_seed(18)
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    for c, options in enumerate(cases):
+        tensors[f"{c}.options"] = torch.tensor(options, dtype=torch.float64)
+        for dtype, dn in ((torch.float32, "f32"), (torch.float64, "f64")):
+            init, grads = optimizer_inputs(gen, dtype)
+            params = [p.clone().requires_grad_() for p in init]
+            opt = make(params, options)
+            trajectory = [torch.empty(STEPS, n, dtype=dtype) for n in SIZES]
+            for s in range(STEPS):
+                for p, g in zip(params, grads):
+                    p.grad = g[s].clone()
+                opt.step()
+                for k, p in enumerate(params):
+                    trajectory[k][s] = p.detach()
+            for k in range(len(SIZES)):
+                tensors[f"{c}.{dn}.init.{k}"] = init[k]
+                tensors[f"{c}.{dn}.grads.{k}"] = grads[k]
+                tensors[f"{c}.{dn}.torch.{k}"] = trajectory[k]
+    save(check, tensors)
+
+
+def run_checks():
+    # [lr, momentum, dampening, nesterov, weight_decay]
+    optimizer_check("sgd", [[0.1, 0, 0, 0, 0], [0.05, 0.9, 0, 0, 0], [0.05, 0.9, 0.25, 0, 0.01], [0.02, 0.8, 0, 1, 0.05]],
+                    lambda ps, o: torch.optim.SGD(ps, lr=o[0], momentum=o[1], dampening=o[2], nesterov=bool(o[3]),
+                                                  weight_decay=o[4]))
+    # [lr, beta1, beta2, eps, weight_decay]
+    optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
+                    lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
+    loss_scaler_check()
+    clip_check()
+    safetensors_check()
+    sync_batch_norm_check()
+    ddp_check()
+
+
+def grad_scaler_update(scale, tracker, found_inf, growth, backoff, interval, cap):
+    """torch.cuda.amp.GradScaler's update (the _amp_update_scale_ kernel, which has no CPU
+    implementation in torch 1.13), transcribed: the scale is an f32 tensor there; a grown scale
+    that is not finite is not taken. apex's cap (max_loss_scale) on top where cap is finite."""
+    if found_inf:
+        return scale * np.float32(backoff), 0
+    if tracker + 1 == interval:
+        grown = np.float32(scale * np.float32(growth))
+        return (min(grown, np.float32(cap)) if np.isfinite(grown) else scale), 0
+    return scale, tracker + 1
+
+
+def loss_scaler_check():
+    """f16 parameters with f32 masters stepped by SGD, under the scaler: gradients scaled by the
+    current scale (some overflow by themselves, some runs of steps carry a planted inf or NaN);
+    unscaled as GradScaler.unscale_ does (times the f32 reciprocal of the scale)."""
+    gen = torch.Generator().manual_seed(24)
+    steps, n = 60, 23
+    # [initial scale, growth interval, cap, gradient size, share of planted overflows]: apex's cap
+    # reached and held; no cap (GradScaler) with scales that grow until gradients overflow by themselves.
+    cases = [[2.0 ** 20, 3, 2.0 ** 24, 1e-4, 0.03], [2.0 ** 16, 2, float("inf"), 3e-3, 0.12]]
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    for c, (initial, interval, cap, size, share) in enumerate(cases):
+        planted = torch.rand(steps, generator=gen) < share
+        planted[[5, 6, 7, 30, 31]] = True  # consecutive overflows
+        master = (torch.randn(n, generator=gen) * 0.5).half().float().requires_grad_()
+        param16 = master.detach().half()
+        tensors[f"{c}.init"] = param16
+        opt = torch.optim.SGD([master], lr=0.1, momentum=0.9)
+        scale, tracker = np.float32(initial), 0
+        grads16 = torch.empty(steps, n, dtype=torch.float16)
+        scales = torch.empty(steps + 1, dtype=torch.float64)
+        trajectory = torch.empty(steps, n, dtype=torch.float16)
+        scales[0] = float(scale)
+        for s in range(steps):
+            g = (torch.randn(n, generator=gen, dtype=torch.float64) * size * float(scale)).half()
+            if planted[s]:
+                g[s % n] = float("inf") if s % 2 else float("nan")
+            grads16[s] = g
+            inv_scale = torch.tensor([float(scale)], dtype=torch.float64).reciprocal().float()
+            master.grad = g.float() * inv_scale
+            found_inf = not bool(torch.isfinite(master.grad).all())
+            if not found_inf:
+                opt.step()
+                param16 = master.detach().half()
+            scale, tracker = grad_scaler_update(scale, tracker, found_inf, 2.0, 0.5, interval, cap)
+            scales[s + 1] = float(scale)
+            trajectory[s] = param16
+        tensors[f"{c}.options"] = torch.tensor([initial, interval, cap, size, share], dtype=torch.float64)
+        tensors[f"{c}.grads"] = grads16
+        tensors[f"{c}.scales"] = scales
+        tensors[f"{c}.torch"] = trajectory
+    save("loss_scaler", tensors)
+
+
+def clip_check():
+    """torch.nn.utils.clip_grad_norm_ on f32 gradients (a norm that clips, one that does not), and
+    on f16 gradients scaled by 2^10 after GradScaler's unscale_ (into f32)."""
+    gen = torch.Generator().manual_seed(25)
+    sizes = (37, 5, 64)
+    tensors = {}
+    for c, max_norm in enumerate((0.5, 1e3)):
+        grads = [torch.randn(n, generator=gen) for n in sizes]
+        params = [torch.zeros(n, requires_grad=True) for n in sizes]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        tensors[f"{c}.max_norm"] = torch.tensor([max_norm], dtype=torch.float64)
+        tensors[f"{c}.total"] = total.double().reshape(1)
+        for k, (p, g) in enumerate(zip(params, grads)):
+            tensors[f"{c}.grad.{k}"] = g
+            tensors[f"{c}.torch.{k}"] = p.grad
+    scale = 1024.0
+    grads16 = [(torch.randn(n, generator=gen) * scale).half() for n in sizes]
+    params = [torch.zeros(n, requires_grad=True) for n in sizes]
+    inv_scale = torch.tensor([scale], dtype=torch.float64).reciprocal().float()
+    for p, g in zip(params, grads16):
+        p.grad = g.float() * inv_scale
+    total = torch.nn.utils.clip_grad_norm_(params, 2.0)
+    tensors["amp.total"] = total.double().reshape(1)
+    for k, (p, g) in enumerate(zip(params, grads16)):
+        tensors[f"amp.grad.{k}"] = g
+        tensors[f"amp.torch.{k}"] = p.grad
+    save("clip_grad_norm", tensors)
+
+
+def safetensors_check():
+    """A file with a tensor of every dtype safetensors has (those this torch lacks written as raw
+    bytes) and a BatchNorm2d's state_dict (num_batches_tracked is I64); the values of herd's dtypes
+    again, as F64, in a second file."""
+    gen = torch.Generator().manual_seed(26)
+    values = torch.randn(6, generator=gen, dtype=torch.float64) * 3
+    tensors, expect = {}, {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+                  torch.int64):
+        t = values.to(dtype) if dtype.is_floating_point else (values * 10).to(dtype)
+        tensors["t." + ST_DTYPES[dtype]] = t
+        expect["t." + ST_DTYPES[dtype]] = t.double()
+    tensors["t.BOOL"] = values > 0
+    tensors["t.I16"] = (values * 100).to(torch.int16)
+    tensors["t.C64"] = torch.complex(values.float(), -values.float())
+    raw = bytes(range(48))
+    for name, size in (("U16", 2), ("U32", 4), ("U64", 8), ("F8_E4M3", 1), ("F8_E5M2", 1)):
+        tensors["t." + name] = (name, raw[: 6 * size], [6])
+    bn = torch.nn.BatchNorm2d(4)
+    bn.train()
+    bn(torch.randn(8, 4, 3, 3, generator=gen))
+    for name, t in bn.state_dict().items():
+        tensors["bn." + name] = t
+        if t.dtype == torch.float32:
+            expect["bn." + name] = t.double()
+    save("safetensors", tensors)
+    save("safetensors_expect", expect)
+
+
+
+# Each iteration's split of the global batch of 7 over 2 and 3 ranks; the second leaves a rank empty.
+SPLITS = {2: [[3, 4], [0, 7], [5, 2]], 3: [[2, 2, 3], [3, 0, 4], [1, 4, 2]]}
+
+
+def sync_batch_norm_check():
+    """BatchNorm2d over the whole batch (f64, so that the comparison sees the method, not f32 sums):
+    three training iterations (outputs, input gradients, weight and bias gradients, running
+    statistics), then eval: with running statistics on every rank's part, without them each part
+    on its own statistics (SyncBatchNorm syncs in training only)."""
+    gen = torch.Generator().manual_seed(27)
+    channels, n = 3, 7
+    # [affine, track_running_stats, momentum (-1: None)]
+    cases = [[1, 1, 0.1], [0, 1, 0.1], [1, 0, 0.1], [1, 1, -1], [0, 0, -1]]
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    for w, splits in SPLITS.items():
+        tensors[f"split.{w}"] = torch.tensor(splits, dtype=torch.int64)
+    for c, (affine, track, momentum) in enumerate(cases):
+        p = f"{c}."
+        bn = torch.nn.BatchNorm2d(channels, affine=bool(affine), track_running_stats=bool(track),
+                                  momentum=None if momentum < 0 else momentum).double()
+        tensors[p + "options"] = torch.tensor([affine, track, momentum], dtype=torch.float64)
+        if affine:
+            with torch.no_grad():
+                bn.weight.copy_(torch.rand(channels, generator=gen, dtype=torch.float64) + 0.5)
+                bn.bias.copy_(torch.randn(channels, generator=gen, dtype=torch.float64))
+            tensors[p + "weight"] = bn.weight.detach().clone()
+            tensors[p + "bias"] = bn.bias.detach().clone()
+        bn.train()
+        for it in range(3):
+            q = f"{p}{it}."
+            x = (torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64) * 2 + 1).requires_grad_()
+            out_weight = torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64)
+            y = bn(x)
+            (y * out_weight).sum().backward()
+            tensors[q + "x"], tensors[q + "out_weight"] = x.detach(), out_weight
+            tensors[q + "y"], tensors[q + "dx"] = y.detach(), x.grad
+            if affine:
+                tensors[q + "dweight"], tensors[q + "dbias"] = bn.weight.grad.clone(), bn.bias.grad.clone()
+                bn.weight.grad, bn.bias.grad = None, None
+            if track:
+                tensors[q + "running_mean"] = bn.running_mean.clone()
+                tensors[q + "running_var"] = bn.running_var.clone()
+                tensors[q + "num_batches_tracked"] = bn.num_batches_tracked.clone().reshape(1)
+        bn.eval()
+        x = torch.randn(n, channels, 4, 5, generator=gen, dtype=torch.float64)
+        tensors[p + "eval.x"] = x
+        with torch.no_grad():
+            for w, splits in SPLITS.items():
+                parts = torch.split(x, splits[0])
+                tensors[f"{p}eval.y.{w}"] = torch.cat([bn(part) for part in parts])
+    save("sync_batch_norm", tensors)
+
+
+# DDP: torch.nn.parallel.DistributedDataParallel (gloo) at 2 and 3 ranks, each rank a process of
+# this script; herd's libtorch DDP runs the same model (parity_torch.cpp builds it alike) on the
+# same batches. Each scenario: 3 iterations of SGD with momentum. The model has a BatchNorm (its
+# buffers broadcast from rank 0 at each forward), a layer only rank 1 uses and one no rank uses.
+# [find_unused_parameters, bucket bytes (0: DDP's default), gradient_as_bucket_view,
+#  zero_grad(set_to_none), backward passes per step (k - 1 under no_sync())]
+DDP_SCENARIOS = [[1, 0, 0, 0, 1], [1, 256, 1, 0, 1], [1, 256, 1, 1, 1], [1, 0, 0, 1, 2], [1, 256, 1, 0, 3]]
+DDP_ITERATIONS, DDP_BATCH = 3, 4
+
+
+def ddp_model():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(6, 8, bias=False)  # BatchNorm follows: a bias would get 0 up to rounding
+            self.bn = torch.nn.BatchNorm1d(8)
+            self.fc2 = torch.nn.Linear(8, 4)
+            self.extra = torch.nn.Linear(8, 4)   # used by rank 1 only
+            self.unused = torch.nn.Linear(4, 4)  # used by no rank
+
+        def forward(self, x, use_extra):
+            h = torch.relu(self.bn(self.fc1(x)))
+            y = self.fc2(h)
+            return y + self.extra(h) if use_extra else y
+
+    torch.manual_seed(30)
+    return Net().double()
+
+
+def ddp_rank(world):
+    import torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tensors = {}
+    for s, (unused, bucket, as_view, to_none, passes) in enumerate(DDP_SCENARIOS):
+        model = ddp_model()
+        names = [n for n, _ in model.named_parameters()]
+        for n, t in model.state_dict().items():
+            tensors[f"{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, find_unused_parameters=bool(unused), gradient_as_bucket_view=bool(as_view),
+            **({"bucket_cap_mb": bucket / 2 ** 20} if bucket else {}))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1000 * world + 10 * rank + s)
+        for it in range(DDP_ITERATIONS):
+            p = f"{s}.{it}."
+            opt.zero_grad(set_to_none=bool(to_none))
+            for k in range(passes):
+                x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                tensors[f"{p}{k}.x"], tensors[f"{p}{k}.target"] = x, target
+                if k + 1 < passes:
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(x, rank == 1), target).backward()
+                else:
+                    torch.nn.functional.mse_loss(ddp(x, rank == 1), target).backward()
+            params = dict(model.named_parameters())
+            tensors[p + "grad_defined"] = torch.tensor([params[n].grad is not None for n in names], dtype=torch.int64)
+            for n in names:
+                if params[n].grad is not None:
+                    tensors[f"{p}grad.{n}"] = params[n].grad.clone()
+            opt.step()
+            for n, t in model.state_dict().items():
+                tensors[f"{p}state.{n}"] = t.clone()
+    save(f"ddp.{world}.{rank}", tensors)
+    dist.destroy_process_group()
+
+
+def ddp_check():
+    import socket
+    import subprocess
+    for world in (2, 3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ranks = []
+        for rank in range(world):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+            ranks.append(subprocess.Popen([sys.executable, __file__, "--ddp-rank", "all", str(world), out], env=env))
+        if any(r.wait(timeout=120) != 0 for r in ranks):
+            sys.exit(f"parity: torch DDP at {world} ranks failed")
+    tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
+               "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
+    save("ddp", tensors)
+
+
+if DDP_RANK:
+    ddp_rank(int(sys.argv[3]))
+else:
+    run_checks()
