@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/checks.hpp"
+
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -31,9 +33,10 @@
 
 namespace fs = std::filesystem;
 
-namespace {
+using herd_test::error_of;
+using herd_test::has;
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+namespace {
 
 // A fresh directory under the system's temporary directory, removed with everything in it.
 struct scratch_directory {
@@ -150,16 +153,6 @@ void fix_checksum(std::vector<char>& file) {
   char digits[17];
   std::snprintf(digits, sizeof digits, "%016llx", static_cast<unsigned long long>(hash));
   std::memcpy(file.data() + at, digits, 16);
-}
-
-// The message of the herd::error that fn raises ("" if none).
-template <class Fn> std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const herd::error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Saves training_state(1) to `path` in a checkpoint of its own.

@@ -5,6 +5,7 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/reference.hpp"
 #include "../support/tiny_mlp.hpp"
 
@@ -17,6 +18,8 @@
 #include <cmath>
 #include <string>
 #include <vector>
+
+using herd_test::has;
 
 namespace {
 
@@ -38,8 +41,6 @@ struct recorder {
     }
   }
 };
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 
