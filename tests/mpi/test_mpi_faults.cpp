@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -272,4 +273,64 @@ HERD_MPI_TEST_CASE("the distributed optimizer: gradients that change on one rank
   CHECK(seconds_since(start) < 5);
   if (comm.rank() == 1) CHECK(has(message, "the gradients changed since the first step"));
   else CHECK(has(message, "rank 1 passed gradients that differ from those of the first step"));
+}
+
+HERD_MPI_TEST_CASE("a user's tag in herd's reserved range is refused; a collective's data cannot be taken", 2) {
+  herd::mpi_communicator comm;
+  const int peer = (comm.rank() + 1) % comm.size();
+  std::vector<float> v(16, 1.0f);
+  for (int tag : {herd::reserved_tag_base, herd::detail::data_tag(1), 32767}) {
+    const std::string send = error_of([&] { (void)comm.isend(v.data(), 64, peer, tag); });
+    const std::string receive = error_of([&] { (void)comm.irecv(v.data(), 64, peer, tag); });
+    INFO(send, " | ", receive);
+    CHECK(has(send, "herd::isend on rank " + std::to_string(comm.rank())));
+    CHECK(has(send, "tag " + std::to_string(tag) + " is in herd's reserved range [16384, 32767]"));
+    CHECK(has(receive, "herd::irecv on rank " + std::to_string(comm.rank())));
+    CHECK(has(receive, "Use a tag in [0, herd::reserved_tag_base) = [0, 16384)"));
+  }
+  std::vector<float> w = ramp(65536, comm.rank());
+  herd::allreduce(w, comm);
+  CHECK(w == ramp_sum(65536, comm.size()));
+}
+
+HERD_MPI_TEST_CASE("ring_segment_bytes = 0 set in code: an error at creation on every rank, not a crash later", 2) {
+  herd::comm_options zero;
+  zero.ring_segment_bytes = 0;
+  zero.allreduce_algorithm = herd::algorithm::ring;  // the broadcast's chain cuts the tensor into segments
+  const std::string message = error_of([&] {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, zero);
+    std::vector<float> v(100000, 1.0f);
+    herd::broadcast(v, comm, 0);
+  });
+  INFO(message);
+  CHECK(has(message, "herd::communicator on rank "));
+  CHECK(has(message, "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0"));
+}
+
+HERD_MPI_TEST_CASE("renew after an operation that completed on some ranks only: an error on every rank, naming each rank's last", 2) {
+  herd::mpi_communicator comm;
+  // Rank 0 fails allreduce #1 once it has sent and received all of it (its last wait of the
+  // agreement, which carries the data); the others complete #1 and fail in #2.
+  const int last_wait = 2 * static_cast<int>(std::ceil(std::log2(comm.size()))) - 1;
+  auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::after_wait(
+      comm, comm.rank() == 0 ? last_wait : -1, [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        throw herd::error("injected failure");
+      });
+  std::vector<std::int32_t> step{1};
+  const std::string first = error_of([&] {
+    herd::allreduce(step, faulty);
+    step = {2};
+    herd::allreduce(step, faulty);
+  });
+  INFO(first);
+  CHECK(has(first, comm.rank() == 0 ? "injected failure" : "rank 0 aborted its operation #1"));
+  const std::string renewal = error_of([&] { herd::mpi_communicator fresh = comm.renew(); });
+  INFO(renewal);
+  CHECK(has(renewal, "the ranks last completed different operations of the communicator they renew (rank 0: its "
+                     "creation (#0), rank 1: allreduce #1 (4 B i32)"));
+  herd::mpi_communicator fresh = comm.renew(comm.options(), herd::rolled_back);
+  step = {1};
+  herd::allreduce(step, fresh);
+  CHECK(step[0] == comm.size());
 }

@@ -610,50 +610,8 @@ class mpi_communicator {
   // Duplicates `comm`, so herd's messages never mix with the caller's own on it. Every rank of
   // `comm` creates its communicator together; the creation checks that all run the same wire
   // protocol (comm_options) and raises on every rank if any has a malformed HERD_* variable.
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) {
-    if (!mpi::is_initialized()) {
-      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
-                  "MPI_Init_thread) before any communicator.");
-    }
-    if (comm == MPI_COMM_NULL) {
-      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
-                  "leaves out). Create communicators only from one this rank belongs to.");
-    }
-    make_state(options);
-    int parent_rank = 0;
-    int parent_size = 1;
-    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
-    MPI_Comm copy = MPI_COMM_NULL;
-    MPI_Request pending = MPI_REQUEST_NULL;
-    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
-    {
-      // Watched like every wait: a rank that never comes to the creation is reported, not waited
-      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
-    }
-    adopt(copy);
-    try {
-      int world_rank = 0;
-      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
-      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-      detail::agree_creation(*this, runtime::defaults().problem);
-      join_node();
-    } catch (...) {
-      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
-      throw;
-    }
-  }
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {})
+      : mpi_communicator(comm, std::move(options), nullptr) {}
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
@@ -774,10 +732,18 @@ class mpi_communicator {
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
   // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  // The ranks must have completed the same operations of this one (the failed operation may have
+  // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
+  // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   mpi_communicator renew() const { return renew(options()); }
   mpi_communicator renew(const comm_options& options) const {
-    state();
-    return mpi_communicator(native(), options);
+    state().ops.drain();  // queued operations first: they decide which operation completed last
+    const detail::op_label last = s_->ops.last_completed();
+    return mpi_communicator(native(), options, &last);
+  }
+  mpi_communicator renew(const comm_options& options, rolled_back_t) const {
+    state().ops.drain();
+    return mpi_communicator(native(), options, nullptr);
   }
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
@@ -831,6 +797,53 @@ class mpi_communicator {
   }
 
  private:
+  // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
+  // renews (the creation checks that every rank's is the same), or null.
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    if (!mpi::is_initialized()) {
+      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
+                  "MPI_Init_thread) before any communicator.");
+    }
+    if (comm == MPI_COMM_NULL) {
+      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                  "leaves out). Create communicators only from one this rank belongs to.");
+    }
+    make_state(options);
+    int parent_rank = 0;
+    int parent_size = 1;
+    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_Request pending = MPI_REQUEST_NULL;
+    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
+    {
+      // Watched like every wait: a rank that never comes to the creation is reported, not waited
+      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+      detail::waiting watch(options);
+      int done = 0;
+      for (;;) {
+        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) break;
+        if (watch.tick()) {
+          detail::tend();
+          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
+        }
+        watch.pause();
+      }
+    }
+    adopt(copy);
+    try {
+      int world_rank = 0;
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
+      detail::agree_creation(*this, runtime::defaults().problem, renewed);
+      join_node();
+    } catch (...) {
+      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+      throw;
+    }
+  }
+
   struct adopt_tag {};
   mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
     make_state(options);
@@ -869,10 +882,6 @@ class mpi_communicator {
     if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
     auto body = [&] {
       const detail::error_site site{"communicator", rank(), size()};
-      if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {  // the same on every rank
-        detail::raise_agreed(site, "shm_slice_bytes " + std::to_string(o.shm_slice_bytes) + " is out of range",
-                             "Give comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) between 4096 and 1073741824");
-      }
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
         check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
@@ -1010,10 +1019,7 @@ class mpi_communicator {
     state();
     detail::check_peer(what, rank(), size(), peer);
     detail::check_buffer(what, rank(), size(), data, bytes);
-    if (tag < 0) {
-      detail::raise({what, rank(), size()}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
-                    "Use a tag in [0, herd::reserved_tag_base)");
-    }
+    detail::check_tag(what, rank(), size(), tag);
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
     request r;
     r.owner_ = s_.get();

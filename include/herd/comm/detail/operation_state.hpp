@@ -175,6 +175,14 @@ class operation_state {
     running_here() = this;
   }
   void end() noexcept { running_here() = outer_; }
+  // Whether this thread runs an operation of any communicator: only then may messages take tags
+  // at or above reserved_tag_base (an operation may send on another communicator: NCCL's control).
+  static bool any_running() noexcept { return running_here() != nullptr; }
+
+  // The last operation that completed without an error on this rank (the creation, #0, at first).
+  // Written by the thread that ran it; read once the queue is drained (renew()).
+  const op_label& last_completed() const noexcept { return last_completed_; }
+  void completed(const op_label& label) noexcept { last_completed_ = label; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -367,6 +375,7 @@ class operation_state {
   std::uint32_t track_ = trace::new_track();
   bool track_named_ = false;
   op_label current_;
+  op_label last_completed_{op_kind::create, 0};
   const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
 
