@@ -389,6 +389,53 @@ HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the com
 }
 
 namespace {
+bool fail_armed = false;
+void fail_once(std::uint64_t) {
+  if (!fail_armed) return;
+  fail_armed = false;
+  throw herd::error("injected failure in the node phase");
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("two simulated nodes: a rank failing in its node's phase stops every rank at once, named as the user numbers them", 4) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world % 2 != 0) return;
+  herd::comm_options o = with(herd::algorithm::hierarchical, small_slice, 2);
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 10;  // far longer than the test allows: the error must come from the abort
+  herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+  REQUIRE(comm.across_nodes() != nullptr);
+  std::vector<float> v(20000, 1.0f);
+  // Rank 0 fails at its first step in shared memory; the ranks of the other node finish their
+  // node's phase and wait for rank 0 (rank 2) or rank 1 (rank 3) in the ring across nodes.
+  if (comm.rank() == 0) {
+    fail_armed = true;
+    herd::detail::shm_step_hook() = fail_once;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { herd::allreduce(v, comm); });
+  herd::detail::shm_step_hook() = nullptr;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(message);
+  CHECK(seconds < 3);
+  const std::string r = std::to_string(comm.rank());
+  if (comm.rank() == 0) {
+    CHECK(has(message, "injected failure in the node phase"));
+  } else {
+    CHECK(has(message, "herd::allreduce on rank " + r + " of " + std::to_string(world) + ": "));
+    CHECK(has(message, "aborted"));
+    CHECK(has(message, "while rank " + r + " waits in allreduce #1 (78.1 KiB f32)"));
+  }
+  CHECK(!has(message, "The communicator is now aborted: create a new one on every rank (comm.renew()) to go on. The"));
+  herd::mpi_communicator fresh = comm.renew();
+  std::vector<float> w(20000, static_cast<float>(comm.rank() + 1));
+  herd::allreduce(w, fresh);
+  const auto p = static_cast<float>(world);
+  CHECK(w == std::vector<float>(20000, p * (p + 1) / 2));
+}
+
+namespace {
 struct step_counter {
   int steps = 0;
   void step() { ++steps; }

@@ -289,22 +289,32 @@ class mpi_state {
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
     std::lock_guard lock(notice_mutex);
+    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
                std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(rank) + " waits in " + label.str();
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
       if (q != rank && peer.aborted_at <= label.seq) {
-        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(peer.aborted_at) + " (" +
-               peer.reason + ") while rank " + std::to_string(rank) + " waits in " + label.str();
+        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
+        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     return {};
   }
+
+  // The hierarchical allreduce's communicator across nodes runs inside an operation of the
+  // communicator that made it (`outer`): its waits listen to that one's notices too (a rank that
+  // fails in the node phase tells only the outer one's peers), and its messages name ranks as the
+  // user knows them (outer_ranks[q]: the outer rank of rank q here).
+  mpi_state* outer = nullptr;
+  std::vector<int> outer_ranks;
+  int shown(int q) const { return outer != nullptr ? outer_ranks[static_cast<std::size_t>(q)] : q; }
 
   // --- Notices to the peers.
 
@@ -680,7 +690,7 @@ class mpi_communicator {
       if (watch.tick()) {
         detail::tend();
         if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
+        watch.watch(site(), waiting_text(r));
       }
       watch.pause();
     }
@@ -704,7 +714,11 @@ class mpi_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
-    state().poll_notices();
+    if (detail::mpi_state* outer = state().outer) {
+      outer->poll_notices();
+      if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
+    }
+    s_->poll_notices();
     if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
       detail::raise(site(), why, "");
     }
@@ -761,6 +775,10 @@ class mpi_communicator {
       if (o.receiving) MPI_Cancel(&o.handle);
     }
     s.notify_all(detail::mpi_notice::abort, seq, reason);
+    // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
+    // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
+    // its node's phase hears only this one) and before settling here.
+    if (across_ && !across_->operations().aborted()) across_->abort(reason);
     detail::waiting watch(s.ops.options());
     constexpr double grace_seconds = 5;
     double settled_at = 0;
@@ -975,6 +993,18 @@ class mpi_communicator {
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+        detail::mpi_state& a = *across_->s_;
+        a.outer_ranks.resize(static_cast<std::size_t>(a.size));
+        std::vector<int> here(a.outer_ranks.size());
+        for (int i = 0; i < a.size; ++i) here[static_cast<std::size_t>(i)] = i;
+        MPI_Group across_group = MPI_GROUP_NULL;
+        MPI_Group outer_group = MPI_GROUP_NULL;
+        MPI_Comm_group(a.comm, &across_group);
+        MPI_Comm_group(native(), &outer_group);
+        MPI_Group_translate_ranks(across_group, a.size, here.data(), outer_group, a.outer_ranks.data());
+        MPI_Group_free(&across_group);
+        MPI_Group_free(&outer_group);
+        a.outer = s_.get();
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
@@ -1004,7 +1034,18 @@ class mpi_communicator {
     detail::retire(std::move(s_));
   }
 
-  detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
+  // Across nodes, errors name the operation and the ranks of the communicator the user called.
+  detail::error_site site() const {
+    if (const detail::mpi_state* outer = s_->outer) return detail::site_of(s_->ops, "mpi_communicator", s_->shown(rank()), outer->size);
+    return detail::site_of(s_->ops, "mpi_communicator", rank(), size());
+  }
+  std::string waiting_text(const request& r) const {
+    if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
+      return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
+             " rank " + std::to_string(s_->shown(r.peer_));
+    }
+    return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
+  }
 
   detail::mpi_state& state() const {
     if (!s_) {

@@ -49,6 +49,7 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
   } catch (const error& e) {
     comm.abort(e.what());  // nothing here may fail before the abort: it settles what MPI still uses
     ops.end();
+    if (ops.nested()) throw;  // the outer operation's abort says what follows
     throw error(std::string(e.what()) +
                     " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
                 e.rank());

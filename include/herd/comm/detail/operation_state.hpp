@@ -175,6 +175,8 @@ class operation_state {
     running_here() = this;
   }
   void end() noexcept { running_here() = outer_; }
+  // Whether the running operation runs inside one of another communicator.
+  bool nested() const noexcept { return outer_ != nullptr; }
   // Whether this thread runs an operation of any communicator: only then may messages take tags
   // at or above reserved_tag_base (an operation may send on another communicator: NCCL's control).
   static bool any_running() noexcept { return running_here() != nullptr; }
