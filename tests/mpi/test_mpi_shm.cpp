@@ -9,6 +9,11 @@
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -386,6 +391,82 @@ HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the com
   herd::allreduce(w, fresh);
   const auto p = static_cast<float>(comm.size());
   CHECK(w == std::vector<float>(n, p * (p + 1) / 2));
+}
+
+namespace {
+// The entries of /dev/shm that a process `pid` named (herd's fallback names are "herd.<pid>....").
+std::vector<std::string> named_by(int pid) {
+  std::vector<std::string> found;
+  const std::string prefix = "herd." + std::to_string(pid) + ".";
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(dir)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
+    }
+    ::closedir(dir);
+  }
+  return found;
+}
+
+// A child that creates a segment, writes its name to `out` and waits to be killed.
+int creating_child(int out) {
+  const int pid = ::fork();
+  if (pid != 0) return pid;
+  std::string problem;
+  herd::detail::shm_segment segment = herd::detail::shm_segment::create(1 << 20, problem);
+  const std::string name = segment ? segment.name() : "";
+  (void)!::write(out, name.c_str(), name.size() + 1);
+  for (;;) ::pause();
+}
+
+// A child that opens the segment `name` and writes 1 (or 0) to `out`, then waits to be killed.
+int opening_child(const std::string& name, int out) {
+  const int pid = ::fork();
+  if (pid != 0) return pid;
+  std::string problem;
+  herd::detail::shm_segment segment = herd::detail::shm_segment::open(name, 1 << 20, problem);
+  const char ok = segment ? 1 : 0;
+  (void)!::write(out, &ok, 1);
+  for (;;) ::pause();
+}
+
+void kill_and_reap(int pid) {
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("a shared-memory segment leaves nothing in /dev/shm when its ranks are killed at any point", 1) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  // Killed: the creator right after creating (before any other rank opened it); the creator once
+  // another has it open; the opener, then the creator, before the name is released.
+  for (int point = 0; point < 3; ++point) {
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const int creator = creating_child(pipe_fds[1]);
+    char name[256] = {};
+    for (std::size_t got = 0; got == 0 || name[got - 1] != '\0';) {
+      const auto n = ::read(pipe_fds[0], name + got, sizeof name - 1 - got);
+      REQUIRE(n > 0);
+      got += static_cast<std::size_t>(n);
+    }
+    INFO("point ", point, ", segment ", name);
+    REQUIRE(name[0] != '\0');
+    int opener = -1;
+    if (point > 0) {
+      opener = opening_child(name, pipe_fds[1]);
+      char ok = 0;
+      REQUIRE(::read(pipe_fds[0], &ok, 1) == 1);
+      CHECK(ok == 1);
+    }
+    if (point == 2) kill_and_reap(opener);
+    kill_and_reap(creator);
+    if (point == 1) kill_and_reap(opener);
+    CHECK(named_by(creator).empty());
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+  }
 }
 
 namespace {

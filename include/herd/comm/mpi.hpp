@@ -831,16 +831,22 @@ class mpi_communicator {
     int parent_size = 1;
     check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
     check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
-    MPI_Comm copy = MPI_COMM_NULL;
-    MPI_Request pending = MPI_REQUEST_NULL;
-    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
-    {
+    // MPI writes the new communicator when the duplication completes, which may be after this
+    // rank gave up on it: the handle and the request live on the heap, and are left to MPI (a few
+    // bytes, on purpose) when the wait below raises.
+    struct pending_dup {
+      MPI_Comm copy = MPI_COMM_NULL;
+      MPI_Request request = MPI_REQUEST_NULL;
+    };
+    auto dup = std::make_unique<pending_dup>();
+    check(MPI_Comm_idup(comm, &dup->copy, &dup->request), "MPI_Comm_idup");
+    try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
       detail::waiting watch(options);
       int done = 0;
       for (;;) {
-        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) break;
         if (watch.tick()) {
           detail::tend();
@@ -848,7 +854,11 @@ class mpi_communicator {
         }
         watch.pause();
       }
+    } catch (...) {
+      (void)dup.release();
+      throw;
     }
+    const MPI_Comm copy = dup->copy;
     adopt(copy);
     try {
       int world_rank = 0;
@@ -951,7 +961,7 @@ class mpi_communicator {
       std::memset(mine.text, 0, sizeof mine.text);
       std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
       exchange_reports();
-      segment.unlink();
+      segment.release_name();
 
       std::string trouble;
       int nodes = 0;
