@@ -130,7 +130,9 @@ HERD_MPI_TEST_CASE("differing protocol options or a malformed HERD_ variable: an
 }
 
 HERD_MPI_TEST_CASE("a rank delayed mid-ring: all get the error, freed tensors do not crash a peer, renew is exact", 2) {
-  herd::mpi_communicator comm(MPI_COMM_WORLD, impatient(0.7));
+  // Rank 1 resumes after 2 s: within the others' shutdown time (1.5 s) plus the same again for
+  // settling their sends, past which an abort ends the job.
+  herd::mpi_communicator comm(MPI_COMM_WORLD, impatient(1.5));
   herd_test::faulty_communicator<herd::mpi_communicator> faulty(
       comm, comm.rank() == 1 ? 5 : -1, [] { std::this_thread::sleep_for(std::chrono::milliseconds(2000)); });
   const std::size_t n = std::size_t{4} << 20;  // 16 MiB: sends go by rendezvous, the peer reads this memory
@@ -141,7 +143,7 @@ HERD_MPI_TEST_CASE("a rank delayed mid-ring: all get the error, freed tensors do
   INFO(message);
   CHECK(has(message, "herd::allreduce on rank " + std::to_string(comm.rank())));
   if (comm.rank() == 1) CHECK(has(message, "aborted its operation #1"));  // told by the others, who gave up meanwhile
-  else CHECK((has(message, "has waited 0.7 s in allreduce #1 (16 MiB f32)") || has(message, "aborted its operation #1")));
+  else CHECK((has(message, "has waited 1.5 s in allreduce #1 (16 MiB f32)") || has(message, "aborted its operation #1")));
   CHECK(seconds_since(start) < 15);
   check_recovery(comm, 300000);
 }
@@ -152,14 +154,14 @@ HERD_MPI_TEST_CASE("a rank stopped by SIGSTOP mid-ring and resumed: every rank g
     MESSAGE("skipped: the ranks are not all on this node");
     return;
   }
-  herd::mpi_communicator comm(MPI_COMM_WORLD, impatient(1.0));
+  herd::mpi_communicator comm(MPI_COMM_WORLD, impatient(2.0));  // resumed within twice this: see above
   herd_test::faulty_communicator<herd::mpi_communicator> faulty(comm, comm.rank() == 1 ? 5 : -1,
                                                                  [] { ::kill(::getpid(), SIGSTOP); });
   std::thread resumer;
   if (comm.rank() == 0) {
     resumer = std::thread([pid = all[1]] {
       while (!stopped(pid)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the others give up meanwhile
+      std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // the others give up meanwhile
       ::kill(pid, SIGCONT);
     });
   }
@@ -171,7 +173,7 @@ HERD_MPI_TEST_CASE("a rank stopped by SIGSTOP mid-ring and resumed: every rank g
   if (comm.rank() == 1) {
     CHECK(has(message, "aborted its operation #1"));
   } else {
-    CHECK((has(message, "has waited 1.0 s in allreduce #1 (4 MiB f32)") || has(message, "aborted its operation #1")));
+    CHECK((has(message, "has waited 2.0 s in allreduce #1 (4 MiB f32)") || has(message, "aborted its operation #1")));
   }
   CHECK(seconds_since(start) < 20);
   check_recovery(comm, 100000);
@@ -333,4 +335,49 @@ HERD_MPI_TEST_CASE("renew after an operation that completed on some ranks only: 
   step = {1};
   herd::allreduce(step, fresh);
   CHECK(step[0] == comm.size());
+}
+
+HERD_MPI_TEST_CASE("an abort whose send a stalled peer does not take: bounded by the shutdown time, the buffer named as MPI's", 2) {
+  // With end_job_if_unsettled off, rank 0 raises within twice the shutdown time (the watchdog, then
+  // the settling), not when rank 1 resumes, and says that its send's buffer still belongs to MPI.
+  herd::comm_options o = impatient(0.5);
+  o.end_job_if_unsettled = false;
+  herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+  // Rank 1 stalls before it posts a receive for the data: rank 0's sends (256 KiB segments, past
+  // MPI's eager size) cannot complete until it does.
+  auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::before_receive(
+      comm, comm.rank() == 1 ? 0 : -1, [] { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); });
+  const std::size_t n = std::size_t{4} << 20;
+  std::vector<float> data = ramp(n, comm.rank());  // kept until rank 1 has taken it (check_recovery)
+  const auto start = clock_type::now();
+  const std::string message = error_of([&] { herd::allreduce(data, faulty); });
+  const double seconds = seconds_since(start);
+  INFO(message);
+  if (comm.rank() == 0) {
+    CHECK(seconds < 1.9);
+    CHECK(has(message, "has waited 0.5 s in allreduce #1 (16 MiB f32)"));
+    CHECK(has(message, "rank 0 could not settle allreduce #1 (16 MiB f32) within HERD_STALL_SHUTDOWN_TIME_SECONDS=0.5 s: rank 1 did not take what it sent"));
+    CHECK(has(message, "those buffers still belong to MPI"));
+  }
+  check_recovery(comm, 1000);
+}
+
+HERD_MPI_TEST_CASE("a rank that gives up on a peer that says nothing returns at once, without waiting for it", 2) {
+  herd::mpi_communicator comm(MPI_COMM_WORLD, impatient(0.5));
+  // Rank 1 stays away for 2 s: rank 0 gives up in the agreement (its own message went eagerly, so
+  // it has nothing to settle) and must not wait for rank 1's word on top of the shutdown time.
+  if (comm.rank() == 0) {
+    const auto start = clock_type::now();
+    std::vector<float> v(1000, 1.0f);
+    const std::string message = error_of([&] { herd::allreduce(v, comm); });
+    INFO(message);
+    CHECK(has(message, "has waited 0.5 s in allreduce #1 (3.91 KiB f32)"));
+    CHECK(seconds_since(start) < 1.2);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  }
+  herd::mpi_communicator fresh = comm.renew(herd::comm_options{});
+  std::vector<float> w = ramp(1000, comm.rank());
+  herd::allreduce(w, fresh);
+  CHECK(w == ramp_sum(1000, comm.size()));
 }

@@ -1,8 +1,9 @@
 #pragma once
 // A communicator that forwards everything to another one, except that before its n-th data send
 // (a message of a collective's data, not of its agreement) it runs a fault: a sleep, a SIGSTOP of
-// its own process; or, made with after_wait(), right after its n-th completed wait (any tag): an
-// exception once this rank has sent and received all an operation needs. For the fault-injection
+// its own process; made with before_receive(), before its n-th data receive is posted; or, made with
+// after_wait(), right after its n-th completed wait (any tag): an exception once this rank has sent
+// and received all an operation needs. For the fault-injection
 // tests.
 
 #include <herd/comm/communicator.hpp>
@@ -21,6 +22,14 @@ template <class C> class faulty_communicator {
   // `fault` runs before data send number `at` (0-based) of this rank, once.
   faulty_communicator(C& inner, int at, std::function<void()> fault)
       : inner_(&inner), at_(at), fault_(std::move(fault)) {}
+
+  // `fault` runs before data receive number `at` (0-based) of this rank is posted, once: what a peer
+  // sends meanwhile finds no receive.
+  static faulty_communicator before_receive(C& inner, int at, std::function<void()> fault) {
+    faulty_communicator f(inner, -1, std::move(fault));
+    f.receive_at_ = at;
+    return f;
+  }
 
   // `fault` runs after wait number `at` (0-based) of this rank returns, once.
   static faulty_communicator after_wait(C& inner, int at, std::function<void()> fault) {
@@ -44,7 +53,10 @@ template <class C> class faulty_communicator {
     }
     return inner_->isend(data, bytes, peer, tag);
   }
-  request irecv(void* data, std::size_t bytes, int peer, int tag) { return inner_->irecv(data, bytes, peer, tag); }
+  request irecv(void* data, std::size_t bytes, int peer, int tag) {
+    if (tag >= herd::detail::data_tag_base && data_receives_++ == receive_at_ && fault_) std::exchange(fault_, nullptr)();
+    return inner_->irecv(data, bytes, peer, tag);
+  }
   void wait(request& r) {
     inner_->wait(r);
     if (waits_++ == wait_at_ && fault_) std::exchange(fault_, nullptr)();
@@ -67,6 +79,8 @@ template <class C> class faulty_communicator {
   std::function<void()> fault_;
   int data_sends_ = 0;
   int wait_at_ = -1;
+  int receive_at_ = -1;
+  int data_receives_ = 0;
   int waits_ = 0;
 };
 

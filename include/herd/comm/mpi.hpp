@@ -7,10 +7,13 @@
 // - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
 //   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
 //   own receives, drains the messages its peers sent it in that operation (so that their sends
-//   complete), waits until its own sends are complete, says "done", and waits (a bounded time) for
-//   every peer's "done". Only then does the error reach the caller: MPI never reads or writes a
-//   buffer that the caller may free after catching it. (MPI cannot cancel a send once posted, so
-//   this is the only safe way: the receiver must take it.)
+//   complete), waits until its own sends are complete, says "done", and waits for the "done" of
+//   every peer that told of its own abort. Only then does the error reach the caller: MPI never
+//   reads or writes a buffer that the caller may free after catching it. (MPI cannot cancel a send
+//   once posted, so this is the only safe way: the receiver must take it.) All this takes at most
+//   the shutdown time; a send still pending then ends the job (MPI_Abort, naming the peer and the
+//   operation), or, with comm_options::end_job_if_unsettled off, is left to MPI and the error says
+//   its buffer still belongs to MPI.
 // - closed: the sender destroyed its communicator (returned from main, say) after issuing n
 //   operations. A rank waiting in operation n or later raises at once.
 
@@ -205,6 +208,7 @@ struct mpi_peer {
 struct mpi_orphan {
   MPI_Request handle = MPI_REQUEST_NULL;
   bool receiving = false;
+  int peer = -1;
 };
 
 // Everything an mpi_communicator owns, at an address that moves of the communicator keep.
@@ -273,6 +277,16 @@ class mpi_state {
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
       if (q != rank && !peer.done && peer.departed_at == never) return false;
+    }
+    return true;
+  }
+
+  // Whether every peer that told of its own abort has also settled it (or left).
+  bool answering_settled() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
     }
     return true;
   }
@@ -600,7 +614,7 @@ class mpi_communicator {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
       if (owner_ != nullptr && tag_ >= reserved_tag_base && owner_->ops.in_operation()) {
         try {
-          owner_->orphans.push_back({handle_, receiving_});
+          owner_->orphans.push_back({handle_, receiving_, peer_});
           handle_ = MPI_REQUEST_NULL;
           return;
         } catch (...) {
@@ -763,8 +777,9 @@ class mpi_communicator {
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
-  // cancel a send) and every peer has said it is done, or a few seconds after that for peers that
-  // do not answer (this process's later waits go on draining for them: detail::tend).
+  // cancel a send) and every peer that answered has said it is done (this process's later waits go
+  // on draining for the others: detail::tend). All within the shutdown time; past it, see
+  // give_up_settling.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
@@ -779,9 +794,11 @@ class mpi_communicator {
     // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
     // its node's phase hears only this one) and before settling here.
     if (across_ && !across_->operations().aborted()) across_->abort(reason);
+    // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
+    // they answer: one that told of its own abort is about to say "done"; one that said nothing
+    // (stalled, or not yet aware) is left to this process's later waits (detail::tend).
+    const double bound = s.ops.options().stall_shutdown_seconds;
     detail::waiting watch(s.ops.options());
-    constexpr double grace_seconds = 5;
-    double settled_at = 0;
     bool said_done = false;
     bool warned = false;
     for (;;) {
@@ -794,15 +811,17 @@ class mpi_communicator {
       if (!in_flight && !said_done) {
         s.notify_all(detail::mpi_notice::done, seq);
         said_done = true;
-        settled_at = watch.seconds();
       }
       s.poll_notices();
       s.drain_aborted();
       s.reap_outgoing();
       if (watch.tick()) detail::tend();
-      if (said_done && (s.all_settled() || watch.seconds() - settled_at > grace_seconds)) break;
-      if (!warned && !said_done && watch.seconds() > 60) {
-        // Never raises: the sends still in flight read memory the caller owns.
+      if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
+      if (!said_done && bound > 0 && watch.seconds() > bound) {
+        give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
+        break;
+      }
+      if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
         warned = true;
         std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
                              "an abort; its peers must take what it sent before it can return.\n",
@@ -813,6 +832,51 @@ class mpi_communicator {
     s.orphans.clear();
     if (!s.all_settled()) detail::add_unsettled(&s);
   }
+
+ private:
+  // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
+  // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
+  // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
+  // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
+  // error says that their buffers still belong to MPI.
+  static void give_up_settling(detail::mpi_state& s, std::string_view reason) noexcept {
+    try {
+      give_up_settling_or_throw(s, reason);
+    } catch (...) {  // out of memory for the words: the decision stands
+      if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    }
+    for (auto& o : s.orphans) {
+      if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
+    }
+  }
+  static void give_up_settling_or_throw(detail::mpi_state& s, std::string_view reason) {
+    std::string peers;
+    for (auto& o : s.orphans) {
+      if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
+      const std::string name = std::to_string(s.shown(o.peer));
+      if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
+    }
+    if (!peers.empty()) peers.resize(peers.size() - 2);
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
+    const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
+                             (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
+                             " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
+                             " did not take what it sent, and MPI cannot cancel a send";
+    if (s.ops.options().end_job_if_unsettled) {
+      std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
+                           "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
+                           "herd::error instead.)\n",
+                   what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
+      std::fflush(stderr);
+      MPI_Abort(s.comm, 1);
+    }
+    s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
+                         "takes them; do not free or reuse them before then.");
+    std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
+  }
+
+ public:
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it

@@ -51,7 +51,8 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
     ops.end();
     if (ops.nested()) throw;  // the outer operation's abort says what follows
     throw error(std::string(e.what()) +
-                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
+                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on." +
+                    ops.take_abort_note(),
                 e.rank());
   } catch (const std::exception& e) {
     comm.abort(e.what());

@@ -39,6 +39,10 @@ struct comm_options {
   algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
   std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
   int simulated_node_size = runtime::defaults().simulated_node_size;
+  // mpi_communicator: when an abort cannot settle its sends within stall_shutdown_seconds (a peer
+  // does not take them, and MPI cannot cancel a send), end the job with MPI_Abort (true), or raise
+  // herd::error saying that those buffers still belong to MPI (false).
+  bool end_job_if_unsettled = true;
 };
 
 // Tags at and above this value belong to herd; point-to-point calls of the user take tags in
@@ -213,6 +217,18 @@ class operation_state {
       }
     }
   }
+  // What an abort adds to the error it raises (that buffers still belong to MPI); taken once.
+  void set_abort_note(std::string note) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      abort_note_ = std::move(note);
+    } catch (...) {
+    }
+  }
+  std::string take_abort_note() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(abort_note_, {});
+  }
   [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
     raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
           "Its operations cannot go on; create a new communicator (comm.renew() on every rank) and continue with that");
@@ -384,6 +400,7 @@ class operation_state {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::string abort_reason_;
+  std::string abort_note_;
   std::uint64_t next_seq_ = 1;
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
