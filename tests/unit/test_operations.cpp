@@ -430,3 +430,41 @@ TEST_CASE("renew after an operation that completed on one rank and failed on the
   });
   for (const auto& m : messages) CHECK(m == "");
 }
+
+TEST_CASE("named operations: a skipped collective followed by one of the same shape is caught on every rank") {
+  // Rank 1 skips "grad.a". Unnamed, its "grad.b" would pass for rank 0's "grad.a" (same number,
+  // kind and shape) and the sums would mix; named, the agreement tells them apart.
+  const auto messages = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f), b(100, 2.0f);
+    if (comm.rank() == 0) {
+      herd::operation_name n("grad.a");
+      herd::allreduce(a, comm);
+    }
+    herd::operation_name n("grad.b");
+    herd::allreduce(b, comm);
+  });
+  for (const auto& m : messages) {
+    INFO(m);
+    CHECK(has(m, "the ranks are in different operations: rank 0 is in allreduce #1 \"grad.a\" (400 B f32), rank 1 in "
+                 "allreduce #1 \"grad.b\" (400 B f32)"));
+  }
+  // The same program, unnamed: what is not detected without names.
+  const auto unnamed = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f), b(100, 2.0f);
+    if (comm.rank() == 0) herd::allreduce(a, comm);
+    herd::allreduce(b, comm);
+  });
+  CHECK(unnamed[1] == "");
+  // Names nest and end with their scope; asynchronous operations take the name at submission.
+  const auto nested = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f);
+    herd::operation_name outer("outer");
+    herd::handle h;
+    {
+      herd::operation_name inner(comm.rank() == 0 ? "inner" : "other");
+      h = herd::allreduce_async(a, comm);
+    }
+    h.wait();
+  });
+  CHECK(has(nested[0], "rank 0 is in allreduce #1 \"inner\" (400 B f32), rank 1 in allreduce #1 \"other\" (400 B f32)"));
+}

@@ -69,6 +69,7 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
 
 // Runs body() as the next operation of comm, after every operation issued before it.
 template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
+  label.name_ = thread_op_name();
   comm.operations().run_blocking([&](std::uint64_t seq) {
     label.seq = seq;
     run_now(comm, label, body);
@@ -80,6 +81,7 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 // thread that runs it, so that the file holds them in order.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
+  label.name_ = thread_op_name();  // the submitting thread's, taken now
   const bool traced = trace::on();
   const std::int64_t submitted = traced ? trace::now_ns() : 0;
   return comm.operations().submit([&comm, label, traced, submitted, body = std::move(body)](std::uint64_t seq) mutable {

@@ -9,10 +9,12 @@
 #include <herd/runtime/env.hpp>
 #include <herd/runtime/timeline.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -120,16 +122,32 @@ inline std::string byte_text(std::uint64_t bytes) {
   return text;
 }
 
-// One operation, as messages name it: "allreduce #17 (4 MiB f32)".
+// An operation's name, given by its caller (herd::operation_name): at most 23 characters.
+struct op_name {
+  char text[24] = {};
+  bool empty() const noexcept { return text[0] == '\0'; }
+  bool operator==(const op_name& other) const noexcept { return std::strncmp(text, other.text, sizeof text) == 0; }
+};
+
+// The name the operations this thread issues now take (herd::operation_name sets it).
+inline op_name& thread_op_name() noexcept {
+  thread_local op_name current;
+  return current;
+}
+
+// One operation, as messages name it: "allreduce #17 (4 MiB f32)", or with a name
+// 'allreduce #17 "layer3.weight" (4 MiB f32)'.
 struct op_label {
   op_kind kind = op_kind::barrier;
   std::uint64_t seq = 0;
   std::uint64_t count = 0;  // elements, when typed
   dtype type = dtype::u8;
   bool typed = false;
+  op_name name_{};  // empty unless the caller named it
 
   std::string str() const {
     std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+    if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
     if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
     return text;
   }
@@ -411,4 +429,26 @@ class operation_state {
 };
 
 }  // namespace detail
+
+// Names the operations this thread issues while it lives, as Horovod's name= does: the agreement
+// then matches operations by name as well as by kind, number and shape, so that a rank that
+// skipped a collective is caught even when the next one has the same shape (without names, the
+// ranks' sequence numbers and shapes are all that is compared). Names of up to 23 characters
+// count; scopes nest, the inner one naming until it ends.
+//   { herd::operation_name n("grad.layer3"); herd::allreduce(g3, comm); }
+class operation_name {
+ public:
+  explicit operation_name(std::string_view name) noexcept : outer_(detail::thread_op_name()) {
+    detail::op_name& current = detail::thread_op_name();
+    current = {};
+    std::memcpy(current.text, name.data(), std::min(name.size(), sizeof current.text - 1));
+  }
+  operation_name(const operation_name&) = delete;
+  operation_name& operator=(const operation_name&) = delete;
+  ~operation_name() { detail::thread_op_name() = outer_; }
+
+ private:
+  detail::op_name outer_;
+};
+
 }  // namespace herd
