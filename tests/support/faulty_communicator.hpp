@@ -70,8 +70,9 @@ template <class C> class faulty_communicator {
   }
   faulty_communicator split(int, int) const { throw std::logic_error("faulty_communicator cannot split"); }
 
-  // Data sends made so far.
+  // Data sends and waits made so far.
   int data_sends() const { return data_sends_; }
+  int waits() const { return waits_; }
 
  private:
   C* inner_;

@@ -9,6 +9,7 @@
 #include <herd/collectives/broadcast.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/comm/local.hpp>
+#include <herd/runtime/elastic.hpp>
 #include <herd/tensor/std.hpp>
 
 #include "../support/faulty_communicator.hpp"
@@ -16,9 +17,12 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -467,4 +471,82 @@ TEST_CASE("named operations: a skipped collective followed by one of the same sh
     h.wait();
   });
   CHECK(has(nested[0], "rank 0 is in allreduce #1 \"inner\" (400 B f32), rank 1 in allreduce #1 \"other\" (400 B f32)"));
+}
+
+namespace {
+// A small training loop under run_elastic: 4096 parameters (16 KiB: the ring, with data messages),
+// a gradient of arbitrary floats that depends on the parameters, the step and the rank, averaged
+// across ranks, a commit every 4 steps. `fault` (if any) runs on `faulty_rank` before its data send
+// number `at`, or, with `after_wait`, after its wait number `at`. Returns every rank's final
+// parameters; `waits` gets rank 0's count of waits after each step.
+struct elastic_fault {
+  int rank = -1;
+  int at = -1;
+  bool after_wait = false;
+  std::function<void()> fault;
+};
+
+std::vector<std::vector<float>> train_elastic(int p, const elastic_fault& f, std::vector<int>* waits = nullptr) {
+  std::vector<std::vector<float>> finals(static_cast<std::size_t>(p));
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 0.4;
+  o.ring_segment_bytes = 4096;
+  herd::local::run(
+      p,
+      [&](herd::local_communicator& comm) {
+        std::vector<float> w(4096, 0.5f);
+        std::int64_t step = 0;
+        herd::elastic_state state;
+        state.track(w);
+        state.track(step);
+        const int rank = comm.rank();
+        using faulty_type = herd_test::faulty_communicator<herd::local_communicator>;
+        const int at = rank == f.rank ? f.at : -1;
+        faulty_type faulty = f.after_wait ? faulty_type::after_wait(comm, at, f.fault) : faulty_type(comm, at, f.fault);
+        int attempts = 0;
+        herd::run_elastic(comm, state, [&](herd::local_communicator&) {
+          ++attempts;
+          while (step < 24) {
+            std::vector<float> g(w.size());
+            for (std::size_t i = 0; i < g.size(); ++i) {
+              g[i] = std::sin(w[i] * static_cast<float>(rank + 1) + static_cast<float>(step) + 0.001f * static_cast<float>(i));
+            }
+            herd::allreduce(g, faulty, herd::reduce_op::avg);
+            for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
+            ++step;
+            if (step % 4 == 0) state.commit();
+            if (waits != nullptr && rank == 0) waits->push_back(faulty.waits());
+          }
+        });
+        if (f.fault) CHECK(attempts == 2);
+        finals[static_cast<std::size_t>(rank)] = w;
+      },
+      o);
+  return finals;
+}
+}  // namespace
+
+TEST_CASE("run_elastic: faults at random steps roll back to the last commit every rank holds; the same bits as without") {
+  for (int p : {2, 3}) {
+    std::vector<int> waits;
+    const auto clean = train_elastic(p, {}, &waits);
+    for (int r = 1; r < p; ++r) CHECK(clean[static_cast<std::size_t>(r)] == clean[0]);
+    std::mt19937 rng(20261126u + static_cast<unsigned>(p));
+    const int sends = 23 * 2 * (p - 1);  // data sends of rank 1 in the first 23 steps, at least
+    std::vector<elastic_fault> faults = {
+        // An exception inside a reduction, and a stall past the shutdown time (the others give up).
+        {1, std::uniform_int_distribution<int>(0, sends)(rng), false, [] { throw herd::error("injected failure"); }},
+        {1, std::uniform_int_distribution<int>(0, sends)(rng), false,
+         [] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); }},
+        // Rank 0 fails step 8's allreduce after its last wait: the others complete it and commit
+        // (#3) while rank 0 holds #2, so the ranks must agree to go back to #2.
+        {0, waits[7] - 1, true, [] { throw herd::error("injected failure after the last wait"); }},
+    };
+    for (const elastic_fault& f : faults) {
+      INFO("p=", p, " fault on rank ", f.rank, std::string(f.after_wait ? " after wait " : " before data send "), f.at);
+      const auto faulted = train_elastic(p, f);
+      for (int r = 0; r < p; ++r) CHECK(faulted[static_cast<std::size_t>(r)] == clean[0]);
+    }
+  }
 }

@@ -23,8 +23,8 @@
 namespace herd {
 
 // renew(options, herd::rolled_back): the caller has brought every rank back to one state (a
-// checkpoint, or herd::elastic_state's last commit), so the ranks' last operations on the old
-// communicator may differ.
+// checkpoint, or copies every rank took after the same step), so the ranks' last operations on the
+// old communicator may differ.
 struct rolled_back_t {
   explicit constexpr rolled_back_t() = default;
 };
@@ -142,8 +142,8 @@ inline void verify_renewal(const error_site& site, const std::vector<creation_re
                "the ranks last completed different operations of the communicator they renew (" + text +
                    "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
                    "would be in different steps and mix their data",
-               "Bring every rank back to one state first (herd::run_elastic restores the last commit every rank "
-               "holds; or load a checkpoint), then renew with comm.renew(options, herd::rolled_back)");
+               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
+               "same step), then renew with comm.renew(options, herd::rolled_back)");
 }
 
 }  // namespace detail
