@@ -4,7 +4,7 @@
 //   mpiexec -n 2 leave_early scope        rank 1's communicator is destroyed as main returns
 //   mpiexec -n 2 leave_early environment  rank 1's communicator outlives main; herd::mpi::environment's
 //                                         destructor (MPI_Finalize) tells the peers that it leaves
-//   mpiexec -n 2 leave_early stuck        rank 1 stalls for 10 s in the middle of a 16 MiB allreduce:
+//   mpiexec -n 2 leave_early stuck        rank 1 stalls for 4 s in the middle of a 16 MiB allreduce:
 //                                         rank 0 gives up after 0.5 s and cannot settle its sends
 //                                         (rank 1 does not take them), so 0.5 s later it ends the job
 //                                         with MPI_Abort, naming rank 1 and the operation on stderr
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     o.ring_segment_bytes = 256 << 10;
     herd::mpi_communicator comm(MPI_COMM_WORLD, o);
     auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::before_receive(
-        comm, comm.rank() == 1 ? 0 : -1, [] { std::this_thread::sleep_for(std::chrono::seconds(10)); });
+        comm, comm.rank() == 1 ? 0 : -1, [] { std::this_thread::sleep_for(std::chrono::seconds(4)); });
     std::vector<float> big(std::size_t{4} << 20, 1.0f);
     try {
       herd::allreduce(big, faulty);
