@@ -126,7 +126,8 @@ inline std::string byte_text(std::uint64_t bytes) {
 struct op_name {
   char text[24] = {};
   bool empty() const noexcept { return text[0] == '\0'; }
-  bool operator==(const op_name& other) const noexcept { return std::strncmp(text, other.text, sizeof text) == 0; }
+  // Names are zero-filled: comparing the bytes is comparing the names.
+  bool operator==(const op_name& other) const noexcept { return std::memcmp(text, other.text, sizeof text) == 0; }
 };
 
 // The name the operations this thread issues now take (herd::operation_name sets it).
