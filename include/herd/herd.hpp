@@ -52,6 +52,7 @@
 #include <herd/optim/sgd.hpp>
 #include <herd/optim/zero.hpp>
 
+#include <herd/runtime/elastic.hpp>
 #include <herd/runtime/env.hpp>
 #include <herd/runtime/timeline.hpp>
 

@@ -1211,7 +1211,6 @@ inline settings read_settings() {
   s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
   s.ring_segment_bytes = static_cast<std::size_t>(
       env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
-  if (s.ring_segment_bytes == 0) s.ring_segment_bytes = settings{}.ring_segment_bytes;
   s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
   s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
   s.fusion_threshold_bytes = static_cast<std::size_t>(
@@ -1636,10 +1635,12 @@ inline std::filesystem::path file() { return detail::trace::recorder::instance()
 
 #endif  // HERD_RUNTIME_TIMELINE_HPP
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -1666,6 +1667,10 @@ struct comm_options {
   algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
   std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
   int simulated_node_size = runtime::defaults().simulated_node_size;
+  // mpi_communicator: when an abort cannot settle its sends within stall_shutdown_seconds (a peer
+  // does not take them, and MPI cannot cancel a send), end the job with MPI_Abort (true), or raise
+  // herd::error saying that those buffers still belong to MPI (false).
+  bool end_job_if_unsettled = true;
 };
 
 // Tags at and above this value belong to herd; point-to-point calls of the user take tags in
@@ -1743,16 +1748,33 @@ inline std::string byte_text(std::uint64_t bytes) {
   return text;
 }
 
-// One operation, as messages name it: "allreduce #17 (4 MiB f32)".
+// An operation's name, given by its caller (herd::operation_name): at most 23 characters.
+struct op_name {
+  char text[24] = {};
+  bool empty() const noexcept { return text[0] == '\0'; }
+  // Names are zero-filled: comparing the bytes is comparing the names.
+  bool operator==(const op_name& other) const noexcept { return std::memcmp(text, other.text, sizeof text) == 0; }
+};
+
+// The name the operations this thread issues now take (herd::operation_name sets it).
+inline op_name& thread_op_name() noexcept {
+  thread_local op_name current;
+  return current;
+}
+
+// One operation, as messages name it: "allreduce #17 (4 MiB f32)", or with a name
+// 'allreduce #17 "layer3.weight" (4 MiB f32)'.
 struct op_label {
   op_kind kind = op_kind::barrier;
   std::uint64_t seq = 0;
   std::uint64_t count = 0;  // elements, when typed
   dtype type = dtype::u8;
   bool typed = false;
+  op_name name_{};  // empty unless the caller named it
 
   std::string str() const {
     std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+    if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
     if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
     return text;
   }
@@ -1802,6 +1824,16 @@ class operation_state {
     running_here() = this;
   }
   void end() noexcept { running_here() = outer_; }
+  // Whether the running operation runs inside one of another communicator.
+  bool nested() const noexcept { return outer_ != nullptr; }
+  // Whether this thread runs an operation of any communicator: only then may messages take tags
+  // at or above reserved_tag_base (an operation may send on another communicator: NCCL's control).
+  static bool any_running() noexcept { return running_here() != nullptr; }
+
+  // The last operation that completed without an error on this rank (the creation, #0, at first).
+  // Written by the thread that ran it; read once the queue is drained (renew()).
+  const op_label& last_completed() const noexcept { return last_completed_; }
+  void completed(const op_label& label) noexcept { last_completed_ = label; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -1829,6 +1861,18 @@ class operation_state {
       } catch (...) {
       }
     }
+  }
+  // What an abort adds to the error it raises (that buffers still belong to MPI); taken once.
+  void set_abort_note(std::string note) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      abort_note_ = std::move(note);
+    } catch (...) {
+    }
+  }
+  std::string take_abort_note() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(abort_note_, {});
   }
   [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
     raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
@@ -1994,12 +2038,14 @@ class operation_state {
   std::uint32_t track_ = trace::new_track();
   bool track_named_ = false;
   op_label current_;
+  op_label last_completed_{op_kind::create, 0};
   const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::string abort_reason_;
+  std::string abort_note_;
   std::uint64_t next_seq_ = 1;
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
@@ -2010,6 +2056,28 @@ class operation_state {
 };
 
 }  // namespace detail
+
+// Names the operations this thread issues while it lives, as Horovod's name= does: the agreement
+// then matches operations by name as well as by kind, number and shape, so that a rank that
+// skipped a collective is caught even when the next one has the same shape (without names, the
+// ranks' sequence numbers and shapes are all that is compared). Names of up to 23 characters
+// count; scopes nest, the inner one naming until it ends.
+//   { herd::operation_name n("grad.layer3"); herd::allreduce(g3, comm); }
+class operation_name {
+ public:
+  explicit operation_name(std::string_view name) noexcept : outer_(detail::thread_op_name()) {
+    detail::op_name& current = detail::thread_op_name();
+    current = {};
+    std::memcpy(current.text, name.data(), std::min(name.size(), sizeof current.text - 1));
+  }
+  operation_name(const operation_name&) = delete;
+  operation_name& operator=(const operation_name&) = delete;
+  ~operation_name() { detail::thread_op_name() = outer_; }
+
+ private:
+  detail::op_name outer_;
+};
+
 }  // namespace herd
 
 #endif  // HERD_COMM_DETAIL_OPERATION_STATE_HPP
@@ -2141,9 +2209,8 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 //
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
-// herd never lets a destructor hang on another rank. The segment is unlinked as soon as every
-// rank of the node has mapped it, so it vanishes with the last process that unmaps it, crashed
-// or not, and unmapping is local. Which ranks share a node is still MPI's answer
+// herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
+// it vanishes with the last process that unmaps it, crashed or not, and unmapping is local. Which ranks share a node is still MPI's answer
 // (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED on the communicator itself), never an
 // environment variable, so sub-communicators and process subsets work.
 //
@@ -2275,7 +2342,12 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 
 namespace herd::detail {
 
-// One POSIX shared-memory segment mapped into this process.
+// One shared-memory segment mapped into this process. It has no name in /dev/shm at any moment
+// where one could be left behind: the creating rank makes it anonymous (memfd_create) and keeps its
+// descriptor open while the other ranks of the node open it through /proc/<pid>/fd/<fd>; closing
+// that descriptor (release_name) then leaves only the mappings, which go with their processes,
+// killed or not. Where memfd_create is missing, a named POSIX segment is the fallback (unlinked at
+// the same point, so a rank killed before it leaves that name behind).
 class shm_segment {
  public:
   shm_segment() = default;
@@ -2287,44 +2359,56 @@ class shm_segment {
       bytes_ = std::exchange(other.bytes_, 0);
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
+      fd_ = std::exchange(other.fd_, -1);
     }
     return *this;
   }
   ~shm_segment() { reset(); }
 
-  // Creates a segment of `bytes` under a fresh name, with its memory reserved (so that a full
-  // /dev/shm is an error here, not a SIGBUS later). Empty, with `problem` set, on failure.
+  // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
+  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
+  // set, on failure.
   static shm_segment create(std::size_t bytes, std::string& problem) {
-    static std::atomic<unsigned> counter{0};
-    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const std::string name = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                             std::to_string(stamp % 1000000007ull);
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
-      return {};
-    }
     shm_segment s;
-    s.name_ = name;
-    s.linked_ = true;
+    int fd = -1;
+#if defined(MFD_CLOEXEC)
+    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (fd >= 0) {
+      s.fd_ = fd;
+      s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
+    }
+#endif
+    if (fd < 0) {
+      static std::atomic<unsigned> counter{0};
+      const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+      s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+                std::to_string(stamp % 1000000007ull);
+      fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
+        return {};
+      }
+      s.linked_ = true;
+    }
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      problem = "ftruncate of " + name + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+      problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
     } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
-      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory for " + name +
-                " failed: " + std::strerror(code) + " (is /dev/shm large enough?)";
+      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
+                " (is there that much memory, or room in /dev/shm?)";
     } else {
       s.map(fd, bytes, problem);
     }
-    ::close(fd);
+    if (s.fd_ < 0) ::close(fd);
     if (!problem.empty()) return {};
     return s;
   }
 
-  // Maps the segment another rank created.
+  // Maps the segment another rank of the node created (while it still holds its name).
   static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    const bool anonymous = name.rfind("/proc/", 0) == 0;
+    const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
-      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
       return {};
     }
     shm_segment s;
@@ -2334,8 +2418,11 @@ class shm_segment {
     return s;
   }
 
-  // Removes the name (the memory stays until the last process unmaps it).
-  void unlink() noexcept {
+  // Once every rank of the node has it open: removes the name (closes the descriptor others opened
+  // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
+  void release_name() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
     if (linked_) ::shm_unlink(name_.c_str());
     linked_ = false;
   }
@@ -2356,7 +2443,7 @@ class shm_segment {
   }
 
   void reset() noexcept {
-    unlink();
+    release_name();
     if (base_ != nullptr) ::munmap(base_, bytes_);
     base_ = nullptr;
     bytes_ = 0;
@@ -2365,7 +2452,8 @@ class shm_segment {
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
   std::string name_;
-  bool linked_ = false;
+  bool linked_ = false;  // a POSIX name to unlink
+  int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
 
 // Tests only: when set, called with each step's ticket before this process publishes it, to stall
@@ -2515,8 +2603,9 @@ struct signature {
   std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
   std::uint64_t slice_bytes = 0;    // wire protocol: the shared-memory pipeline's slice
   std::int64_t node_size = 0;       // wire protocol: HERD_SIMULATE_NODE_SIZE
+  op_name name{};                   // the caller's name for the operation (herd::operation_name), if any
 
-  op_label label() const { return {kind, seq, count, type, typed != 0}; }
+  op_label label() const { return {kind, seq, count, type, typed != 0, name}; }
 };
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
@@ -2721,7 +2810,8 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
     }
   }
   const bool numbers_differ = differs(all, [](const signature& s) { return s.seq; });
-  if (numbers_differ || differs(all, [](const signature& s) { return s.kind; })) {
+  const bool names_differ = differs(all, [](const signature& s) { return s.name; });
+  if (numbers_differ || names_differ || differs(all, [](const signature& s) { return s.kind; })) {
     std::string text;
     for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
       text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
@@ -2793,6 +2883,7 @@ inline signature signature_of(const operation_state& ops) {
   s.algo = ops.options().allreduce_algorithm;
   s.slice_bytes = ops.options().shm_slice_bytes;
   s.node_size = ops.options().simulated_node_size;
+  s.name = ops.current().name_;
   return s;
 }
 
@@ -2800,10 +2891,163 @@ inline signature signature_of(const operation_state& ops) {
 
 #endif  // HERD_COMM_DETAIL_AGREEMENT_HPP
 
+// ---- herd/comm/detail/failure.hpp ----
+#ifndef HERD_COMM_DETAIL_FAILURE_HPP
+#define HERD_COMM_DETAIL_FAILURE_HPP
+// What keeps a failure from turning into a wrong result later, common to every communicator:
+// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
+//   collective's data (or take a collective's data as its own);
+// - options: every number a communicator runs with is checked when it is created, whether it came
+//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
+//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
+// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
+//   up while another had already received all it needed and went on). renew() therefore compares
+//   each rank's last completed operation of the old communicator and raises on every rank if they
+//   differ: ranks that retried "the same step" from there would be in different steps, and the new
+//   communicator's agreement, whose sequence numbers start again, could not tell.
+
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace herd {
+
+// renew(options, herd::rolled_back): the caller has brought every rank back to one state (a
+// checkpoint, or copies every rank took after the same step), so the ranks' last operations on the
+// old communicator may differ.
+struct rolled_back_t {
+  explicit constexpr rolled_back_t() = default;
+};
+inline constexpr rolled_back_t rolled_back{};
+
+namespace detail {
+
+// Point-to-point calls of the user take tags in [0, reserved_tag_base); herd's operations send on
+// tags at and above it (control, notices, data of operation k).
+inline void check_tag(const char* operation, int rank, int size, int tag) {
+  if (tag < 0) {
+    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+  if (tag >= reserved_tag_base && !operation_state::any_running()) {
+    raise({operation, rank, size},
+          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
+              ", 32767], where collectives send their own messages (a message on it could be taken as a "
+              "collective's data)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+}
+
+// What is wrong with `o`, in words naming the option and its variable; empty when nothing is.
+inline std::string options_problem(const comm_options& o) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return std::string(text);
+  };
+  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
+  if (seconds_bad(o.stall_check_seconds)) {
+    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
+           "; give seconds between 0 (never warn) and 1e15";
+  }
+  if (seconds_bad(o.stall_shutdown_seconds)) {
+    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
+           number(o.stall_shutdown_seconds) + "; give seconds between 0 (never give up) and 1e15";
+  }
+  if (o.ring_segment_bytes == 0) {
+    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
+           "least 1 (the default is 1048576)";
+  }
+  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
+    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
+           "; give bytes between 4096 and 1073741824";
+  }
+  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
+    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
+           "; give a number of ranks between 0 (the real nodes) and 65536";
+  }
+  switch (o.allreduce_algorithm) {
+    case algorithm::automatic:
+    case algorithm::ring:
+    case algorithm::shared_memory:
+    case algorithm::hierarchical: break;
+    default:
+      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
+             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
+             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
+  }
+  return {};
+}
+
+// What a rank brings to a communicator's creation (the payload of operation #0): when it renews
+// one, that one's last completed operation; then, if it has one, its malformed setting in words.
+struct creation_report {
+  std::uint64_t last_seq = 0;
+  std::uint64_t last_count = 0;
+  op_kind last_kind = op_kind::create;
+  dtype last_type = dtype::u8;
+  std::uint8_t last_typed = 0;
+  std::uint8_t renewing = 0;
+  std::uint32_t unused = 0;
+  char problem[payload_max_bytes - 24] = {};
+
+  static constexpr std::size_t header_bytes = 24;
+
+  creation_report(const std::string& text, const op_label* renewed) {
+    if (renewed != nullptr) {
+      renewing = 1;
+      last_seq = renewed->seq;
+      last_count = renewed->count;
+      last_kind = renewed->kind;
+      last_type = renewed->type;
+      last_typed = renewed->typed ? 1 : 0;
+    }
+    std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
+  }
+  creation_report(const std::byte* payload, std::size_t bytes) {
+    std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
+    if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
+    problem[sizeof problem - 1] = '\0';
+  }
+  std::size_t bytes() const noexcept { return header_bytes + std::strlen(problem); }
+  op_label last() const { return {last_kind, last_seq, last_count, last_type, last_typed != 0}; }
+  std::string last_text() const {
+    return last_kind == op_kind::create ? "its creation (#0)" : last().str();
+  }
+};
+static_assert(offsetof(creation_report, problem) == creation_report::header_bytes);
+
+// Raises on every rank if ranks renewing a communicator last completed different operations of it.
+inline void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
+  if (reports.empty() || !reports[0].renewing) return;
+  bool differ = false;
+  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
+  if (!differ) return;
+  std::string text;
+  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
+    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
+  }
+  if (reports.size() > 16) text += ", ...";
+  raise_agreed(site,
+               "the ranks last completed different operations of the communicator they renew (" + text +
+                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
+                   "would be in different steps and mix their data",
+               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
+               "same step), then renew with comm.renew(options, herd::rolled_back)");
+}
+
+}  // namespace detail
+}  // namespace herd
+
+#endif  // HERD_COMM_DETAIL_FAILURE_HPP
+
 #include <exception>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace herd::detail {
 
@@ -2838,8 +3082,10 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
   } catch (const error& e) {
     comm.abort(e.what());  // nothing here may fail before the abort: it settles what MPI still uses
     ops.end();
+    if (ops.nested()) throw;  // the outer operation's abort says what follows
     throw error(std::string(e.what()) +
-                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
+                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on." +
+                    ops.take_abort_note(),
                 e.rank());
   } catch (const std::exception& e) {
     comm.abort(e.what());
@@ -2850,11 +3096,13 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
     ops.end();
     throw;
   }
+  ops.completed(label);
   ops.end();
 }
 
 // Runs body() as the next operation of comm, after every operation issued before it.
 template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
+  label.name_ = thread_op_name();
   comm.operations().run_blocking([&](std::uint64_t seq) {
     label.seq = seq;
     run_now(comm, label, body);
@@ -2866,6 +3114,7 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 // thread that runs it, so that the file holds them in order.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
+  label.name_ = thread_op_name();  // the submitting thread's, taken now
   const bool traced = trace::on();
   const std::int64_t submitted = traced ? trace::now_ns() : 0;
   return comm.operations().submit([&comm, label, traced, submitted, body = std::move(body)](std::uint64_t seq) mutable {
@@ -2909,25 +3158,30 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
 }
 
 // A new communicator's first operation (#0): all ranks check that they run the same wire
-// protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
-// raised on every rank, naming it.
-template <class C> void agree_creation(C& comm, const std::string& problem) {
+// protocol, that none has a malformed HERD_* variable (runtime::settings::problem) or option
+// (options_problem), which is raised on every rank, naming it, and, when they renew a
+// communicator (`renewed`: this rank's last completed operation of it), that they all completed
+// the same operations of the old one.
+template <class C> void agree_creation(C& comm, const std::string& env_problem, const op_label* renewed = nullptr) {
   trace::start_from_environment(trace::launcher_rank());
   op_label label{op_kind::create, 0};
   auto body = [&] {
     const error_site site{"communicator", comm.rank(), comm.size()};
-    const std::string text = problem.substr(0, payload_max_bytes);
-    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), text.data(), text.size());
+    const std::string problem = env_problem.empty() ? options_problem(comm.options()) : env_problem;
+    const creation_report mine(problem.substr(0, sizeof creation_report::problem - 1), renewed);
+    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), &mine, mine.bytes());
     if (!problem.empty()) raise_agreed(site, problem, "Every rank stops so that none waits forever");
+    std::vector<creation_report> reports;
+    reports.reserve(all.signatures.size());
     for (int r = 0; r < static_cast<int>(all.signatures.size()); ++r) {
-      const auto bytes = all.signatures[static_cast<std::size_t>(r)].payload_bytes;
-      if (bytes != 0) {
-        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " +
-                               std::string(reinterpret_cast<const char*>(all.payload(r)), bytes),
+      reports.emplace_back(all.payload(r), all.signatures[static_cast<std::size_t>(r)].payload_bytes);
+      if (reports.back().problem[0] != '\0') {
+        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " + reports.back().problem,
                      "Fix it on that rank; every rank stops so that none waits forever");
       }
     }
     if (!all.signatures.empty()) verify_identity(site, all.signatures);
+    verify_renewal(site, reports);
   };
   run_now(comm, label, body);
 }
@@ -3302,9 +3556,7 @@ class local_communicator {
   // Rank `rank` of the world `w`; local::run makes these. Creating one is an operation: all ranks
   // of `w` create theirs together.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, comm_options options = {})
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
-    detail::agree_creation(*this, runtime::defaults().problem);
-  }
+      : local_communicator(std::move(w), rank, options, nullptr) {}
 
   local_communicator(local_communicator&& other) noexcept { take(other); }
   local_communicator& operator=(local_communicator&& other) noexcept {
@@ -3415,10 +3667,18 @@ class local_communicator {
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  // The ranks must have completed the same operations of this one (the failed operation may have
+  // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
+  // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   local_communicator renew() const { return renew(options()); }
   local_communicator renew(const comm_options& options) const {
-    state();
-    return local_communicator(world_->renewed_world(rank_), rank_, options);
+    state().drain();  // queued operations first: they decide which operation completed last
+    const detail::op_label last = ops_->last_completed();
+    return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
+  }
+  local_communicator renew(const comm_options& options, rolled_back_t) const {
+    state().drain();
+    return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
   }
 
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
@@ -3434,6 +3694,12 @@ class local_communicator {
   }
 
  private:
+  // `renewed`: this rank's last completed operation of the communicator it renews, or null.
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
+                     const detail::op_label* renewed)
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+    detail::agree_creation(*this, runtime::defaults().problem, renewed);
+  }
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
@@ -3481,6 +3747,7 @@ class local_communicator {
   detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
     state();
     detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+    detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
     if (world_->failed()) fail_with_world();
     if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
     auto m = std::make_shared<detail::local::message>();
@@ -3958,10 +4225,13 @@ inline int multiprocessors(int device) {
 // - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
 //   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
 //   own receives, drains the messages its peers sent it in that operation (so that their sends
-//   complete), waits until its own sends are complete, says "done", and waits (a bounded time) for
-//   every peer's "done". Only then does the error reach the caller: MPI never reads or writes a
-//   buffer that the caller may free after catching it. (MPI cannot cancel a send once posted, so
-//   this is the only safe way: the receiver must take it.)
+//   complete), waits until its own sends are complete, says "done", and waits for the "done" of
+//   every peer that told of its own abort. Only then does the error reach the caller: MPI never
+//   reads or writes a buffer that the caller may free after catching it. (MPI cannot cancel a send
+//   once posted, so this is the only safe way: the receiver must take it.) All this takes at most
+//   the shutdown time; a send still pending then ends the job (MPI_Abort, naming the peer and the
+//   operation), or, with comm_options::end_job_if_unsettled off, is left to MPI and the error says
+//   its buffer still belongs to MPI.
 // - closed: the sender destroyed its communicator (returned from main, say) after issuing n
 //   operations. A rank waiting in operation n or later raises at once.
 
@@ -4151,6 +4421,7 @@ struct mpi_peer {
 struct mpi_orphan {
   MPI_Request handle = MPI_REQUEST_NULL;
   bool receiving = false;
+  int peer = -1;
 };
 
 // Everything an mpi_communicator owns, at an address that moves of the communicator keep.
@@ -4223,6 +4494,16 @@ class mpi_state {
     return true;
   }
 
+  // Whether every peer that told of its own abort has also settled it (or left).
+  bool answering_settled() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
+    }
+    return true;
+  }
+
   // Whether every peer has said it left: then no message can come any more.
   bool all_departed() {
     std::lock_guard lock(notice_mutex);
@@ -4235,22 +4516,32 @@ class mpi_state {
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
     std::lock_guard lock(notice_mutex);
+    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
                std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(rank) + " waits in " + label.str();
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
       if (q != rank && peer.aborted_at <= label.seq) {
-        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(peer.aborted_at) + " (" +
-               peer.reason + ") while rank " + std::to_string(rank) + " waits in " + label.str();
+        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
+        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     return {};
   }
+
+  // The hierarchical allreduce's communicator across nodes runs inside an operation of the
+  // communicator that made it (`outer`): its waits listen to that one's notices too (a rank that
+  // fails in the node phase tells only the outer one's peers), and its messages name ranks as the
+  // user knows them (outer_ranks[q]: the outer rank of rank q here).
+  mpi_state* outer = nullptr;
+  std::vector<int> outer_ranks;
+  int shown(int q) const { return outer != nullptr ? outer_ranks[static_cast<std::size_t>(q)] : q; }
 
   // --- Notices to the peers.
 
@@ -4536,7 +4827,7 @@ class mpi_communicator {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
       if (owner_ != nullptr && tag_ >= reserved_tag_base && owner_->ops.in_operation()) {
         try {
-          owner_->orphans.push_back({handle_, receiving_});
+          owner_->orphans.push_back({handle_, receiving_, peer_});
           handle_ = MPI_REQUEST_NULL;
           return;
         } catch (...) {
@@ -4556,50 +4847,8 @@ class mpi_communicator {
   // Duplicates `comm`, so herd's messages never mix with the caller's own on it. Every rank of
   // `comm` creates its communicator together; the creation checks that all run the same wire
   // protocol (comm_options) and raises on every rank if any has a malformed HERD_* variable.
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) {
-    if (!mpi::is_initialized()) {
-      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
-                  "MPI_Init_thread) before any communicator.");
-    }
-    if (comm == MPI_COMM_NULL) {
-      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
-                  "leaves out). Create communicators only from one this rank belongs to.");
-    }
-    make_state(options);
-    int parent_rank = 0;
-    int parent_size = 1;
-    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
-    MPI_Comm copy = MPI_COMM_NULL;
-    MPI_Request pending = MPI_REQUEST_NULL;
-    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
-    {
-      // Watched like every wait: a rank that never comes to the creation is reported, not waited
-      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
-    }
-    adopt(copy);
-    try {
-      int world_rank = 0;
-      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
-      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-      detail::agree_creation(*this, runtime::defaults().problem);
-      join_node();
-    } catch (...) {
-      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
-      throw;
-    }
-  }
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {})
+      : mpi_communicator(comm, std::move(options), nullptr) {}
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
@@ -4668,7 +4917,7 @@ class mpi_communicator {
       if (watch.tick()) {
         detail::tend();
         if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
+        watch.watch(site(), waiting_text(r));
       }
       watch.pause();
     }
@@ -4692,7 +4941,11 @@ class mpi_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
-    state().poll_notices();
+    if (detail::mpi_state* outer = state().outer) {
+      outer->poll_notices();
+      if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
+    }
+    s_->poll_notices();
     if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
       detail::raise(site(), why, "");
     }
@@ -4720,17 +4973,26 @@ class mpi_communicator {
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
   // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  // The ranks must have completed the same operations of this one (the failed operation may have
+  // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
+  // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   mpi_communicator renew() const { return renew(options()); }
   mpi_communicator renew(const comm_options& options) const {
-    state();
-    return mpi_communicator(native(), options);
+    state().ops.drain();  // queued operations first: they decide which operation completed last
+    const detail::op_label last = s_->ops.last_completed();
+    return mpi_communicator(native(), options, &last);
+  }
+  mpi_communicator renew(const comm_options& options, rolled_back_t) const {
+    state().ops.drain();
+    return mpi_communicator(native(), options, nullptr);
   }
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
-  // cancel a send) and every peer has said it is done, or a few seconds after that for peers that
-  // do not answer (this process's later waits go on draining for them: detail::tend).
+  // cancel a send) and every peer that answered has said it is done (this process's later waits go
+  // on draining for the others: detail::tend). All within the shutdown time; past it, see
+  // give_up_settling.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
@@ -4741,9 +5003,15 @@ class mpi_communicator {
       if (o.receiving) MPI_Cancel(&o.handle);
     }
     s.notify_all(detail::mpi_notice::abort, seq, reason);
+    // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
+    // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
+    // its node's phase hears only this one) and before settling here.
+    if (across_ && !across_->operations().aborted()) across_->abort(reason);
+    // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
+    // they answer: one that told of its own abort is about to say "done"; one that said nothing
+    // (stalled, or not yet aware) is left to this process's later waits (detail::tend).
+    const double bound = s.ops.options().stall_shutdown_seconds;
     detail::waiting watch(s.ops.options());
-    constexpr double grace_seconds = 5;
-    double settled_at = 0;
     bool said_done = false;
     bool warned = false;
     for (;;) {
@@ -4756,15 +5024,17 @@ class mpi_communicator {
       if (!in_flight && !said_done) {
         s.notify_all(detail::mpi_notice::done, seq);
         said_done = true;
-        settled_at = watch.seconds();
       }
       s.poll_notices();
       s.drain_aborted();
       s.reap_outgoing();
       if (watch.tick()) detail::tend();
-      if (said_done && (s.all_settled() || watch.seconds() - settled_at > grace_seconds)) break;
-      if (!warned && !said_done && watch.seconds() > 60) {
-        // Never raises: the sends still in flight read memory the caller owns.
+      if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
+      if (!said_done && bound > 0 && watch.seconds() > bound) {
+        give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
+        break;
+      }
+      if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
         warned = true;
         std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
                              "an abort; its peers must take what it sent before it can return.\n",
@@ -4777,6 +5047,108 @@ class mpi_communicator {
   }
 
  private:
+  // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
+  // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
+  // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
+  // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
+  // error says that their buffers still belong to MPI.
+  static void give_up_settling(detail::mpi_state& s, std::string_view reason) noexcept {
+    try {
+      give_up_settling_or_throw(s, reason);
+    } catch (...) {  // out of memory for the words: the decision stands
+      if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    }
+    for (auto& o : s.orphans) {
+      if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
+    }
+  }
+  static void give_up_settling_or_throw(detail::mpi_state& s, std::string_view reason) {
+    std::string peers;
+    for (auto& o : s.orphans) {
+      if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
+      const std::string name = std::to_string(s.shown(o.peer));
+      if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
+    }
+    if (!peers.empty()) peers.resize(peers.size() - 2);
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
+    const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
+                             (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
+                             " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
+                             " did not take what it sent, and MPI cannot cancel a send";
+    if (s.ops.options().end_job_if_unsettled) {
+      std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
+                           "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
+                           "herd::error instead.)\n",
+                   what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
+      std::fflush(stderr);
+      MPI_Abort(s.comm, 1);
+    }
+    s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
+                         "takes them; do not free or reuse them before then.");
+    std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
+  }
+
+ public:
+
+ private:
+  // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
+  // renews (the creation checks that every rank's is the same), or null.
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    if (!mpi::is_initialized()) {
+      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
+                  "MPI_Init_thread) before any communicator.");
+    }
+    if (comm == MPI_COMM_NULL) {
+      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                  "leaves out). Create communicators only from one this rank belongs to.");
+    }
+    make_state(options);
+    int parent_rank = 0;
+    int parent_size = 1;
+    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+    // MPI writes the new communicator when the duplication completes, which may be after this
+    // rank gave up on it: the handle and the request live on the heap, and are left to MPI (a few
+    // bytes, on purpose) when the wait below raises.
+    struct pending_dup {
+      MPI_Comm copy = MPI_COMM_NULL;
+      MPI_Request request = MPI_REQUEST_NULL;
+    };
+    auto dup = std::make_unique<pending_dup>();
+    check(MPI_Comm_idup(comm, &dup->copy, &dup->request), "MPI_Comm_idup");
+    try {
+      // Watched like every wait: a rank that never comes to the creation is reported, not waited
+      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+      detail::waiting watch(options);
+      int done = 0;
+      for (;;) {
+        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) break;
+        if (watch.tick()) {
+          detail::tend();
+          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
+        }
+        watch.pause();
+      }
+    } catch (...) {
+      (void)dup.release();
+      throw;
+    }
+    const MPI_Comm copy = dup->copy;
+    adopt(copy);
+    try {
+      int world_rank = 0;
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
+      detail::agree_creation(*this, runtime::defaults().problem, renewed);
+      join_node();
+    } catch (...) {
+      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+      throw;
+    }
+  }
+
   struct adopt_tag {};
   mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
     make_state(options);
@@ -4815,10 +5187,6 @@ class mpi_communicator {
     if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
     auto body = [&] {
       const detail::error_site site{"communicator", rank(), size()};
-      if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {  // the same on every rank
-        detail::raise_agreed(site, "shm_slice_bytes " + std::to_string(o.shm_slice_bytes) + " is out of range",
-                             "Give comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) between 4096 and 1073741824");
-      }
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
         check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
@@ -4870,7 +5238,7 @@ class mpi_communicator {
       std::memset(mine.text, 0, sizeof mine.text);
       std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
       exchange_reports();
-      segment.unlink();
+      segment.release_name();
 
       std::string trouble;
       int nodes = 0;
@@ -4912,6 +5280,18 @@ class mpi_communicator {
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+        detail::mpi_state& a = *across_->s_;
+        a.outer_ranks.resize(static_cast<std::size_t>(a.size));
+        std::vector<int> here(a.outer_ranks.size());
+        for (int i = 0; i < a.size; ++i) here[static_cast<std::size_t>(i)] = i;
+        MPI_Group across_group = MPI_GROUP_NULL;
+        MPI_Group outer_group = MPI_GROUP_NULL;
+        MPI_Comm_group(a.comm, &across_group);
+        MPI_Comm_group(native(), &outer_group);
+        MPI_Group_translate_ranks(across_group, a.size, here.data(), outer_group, a.outer_ranks.data());
+        MPI_Group_free(&across_group);
+        MPI_Group_free(&outer_group);
+        a.outer = s_.get();
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
@@ -4941,7 +5321,18 @@ class mpi_communicator {
     detail::retire(std::move(s_));
   }
 
-  detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
+  // Across nodes, errors name the operation and the ranks of the communicator the user called.
+  detail::error_site site() const {
+    if (const detail::mpi_state* outer = s_->outer) return detail::site_of(s_->ops, "mpi_communicator", s_->shown(rank()), outer->size);
+    return detail::site_of(s_->ops, "mpi_communicator", rank(), size());
+  }
+  std::string waiting_text(const request& r) const {
+    if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
+      return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
+             " rank " + std::to_string(s_->shown(r.peer_));
+    }
+    return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
+  }
 
   detail::mpi_state& state() const {
     if (!s_) {
@@ -4956,10 +5347,7 @@ class mpi_communicator {
     state();
     detail::check_peer(what, rank(), size(), peer);
     detail::check_buffer(what, rank(), size(), data, bytes);
-    if (tag < 0) {
-      detail::raise({what, rank(), size()}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
-                    "Use a tag in [0, herd::reserved_tag_base)");
-    }
+    detail::check_tag(what, rank(), size(), tag);
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
     request r;
     r.owner_ = s_.get();
@@ -5756,6 +6144,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   mine.algo = identity.algo;
   mine.slice_bytes = identity.slice_bytes;
   mine.node_size = identity.node_size;
+  mine.name = identity.name;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
   // Without argument checks a rank's own problem is not exchanged (its peers may not be in an
@@ -7765,8 +8154,8 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
 // ranks with index l allreduce that chunk across nodes with the ring (`across`); an allgather
 // through shared memory gives every rank of the node every chunk. avg sums all the way and
 // divides at the end.
-template <communicator C>
-void hierarchical_allreduce(C& comm, shm_node& node, C& across, dtype type, reduce_op op, const std::byte* in,
+template <communicator C, communicator A>
+void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, reduce_op op, const std::byte* in,
                             std::byte* out, std::size_t count) {
   const std::size_t es = size_of(type);
   const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
@@ -13526,5 +13915,133 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_OPTIM_ZERO_HPP
 
+
+// ---- herd/runtime/elastic.hpp ----
+#ifndef HERD_RUNTIME_ELASTIC_HPP
+#define HERD_RUNTIME_ELASTIC_HPP
+// Training that rolls back and goes on after a failure, as Horovod elastic's State and run do.
+//
+// A failure inside an operation aborts the communicator, and the ranks' outcomes of that operation
+// may differ (a rank that gave up may have sent all a peer needed, so the peer completed it): going
+// on from where each rank stands would mix their steps. So every rank goes back to one state. An
+// elastic_state references what a step changes (parameters, optimizer state, a sampler's position,
+// the step counter, any value of the loop) and keeps an in-memory copy of it at every commit();
+// run_elastic(comm, state, fn) calls fn(comm), and when it raises herd::error renews the
+// communicator, agrees with the other ranks on the last commit they all hold, writes it back on
+// every rank and calls fn again, which goes on from there.
+//
+// Every rank commits after the same steps. A rank can be at most one commit ahead of another (it
+// completed the operation the other failed in, and committed after it), so each keeps its last two
+// commits, and the ranks take the oldest last commit among them.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+
+class elastic_state {
+ public:
+  // What a rollback writes back: `bytes` at `data`, which must stay there while the state is used.
+  void track(void* data, std::size_t bytes) { regions_.push_back({static_cast<std::byte*>(data), bytes}); }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(T& value) {
+    track(&value, sizeof value);
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(std::vector<T>& values) {
+    track(values.data(), values.size() * sizeof(T));
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(std::span<T> values) {
+    track(values.data(), values.size_bytes());
+  }
+
+  // Copies everything tracked, as commit number commits() + 1.
+  void commit() {
+    const std::uint64_t id = commits_ + 1;
+    std::vector<std::byte>& copy = copies_[id % 2];
+    copy.resize(total_bytes());
+    std::size_t at = 0;
+    for (const region& r : regions_) {
+      if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
+      at += r.bytes;
+    }
+    ids_[id % 2] = id;
+    commits_ = id;
+  }
+
+  // The commits made so far (the last one's number).
+  std::uint64_t commits() const noexcept { return commits_; }
+
+  // Writes commit `id` back; it must be this rank's last or the one before.
+  void restore(std::uint64_t id) {
+    if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
+      throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) +
+                  ": it holds #" + std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
+                  ". Commit on every rank after the same steps, and track the same things before the first commit.");
+    }
+    const std::vector<std::byte>& copy = copies_[id % 2];
+    std::size_t at = 0;
+    for (const region& r : regions_) {
+      if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
+      at += r.bytes;
+    }
+    commits_ = id;
+  }
+
+ private:
+  struct region {
+    std::byte* data;
+    std::size_t bytes;
+  };
+  std::size_t total_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const region& r : regions_) n += r.bytes;
+    return n;
+  }
+
+  std::vector<region> regions_;
+  std::vector<std::byte> copies_[2];  // the commits with even and odd numbers
+  std::uint64_t ids_[2] = {0, 0};
+  std::uint64_t commits_ = 0;
+};
+
+// Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
+// failure inside an operation, a peer's abort), every rank renews `comm` (in place), agrees on the
+// last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
+// the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
+// raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
+// are exceptions that are not herd::error.
+template <communicator C, class Fn>
+void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
+  if (state.commits() == 0) state.commit();
+  for (int failures = 0;; ++failures) {
+    try {
+      fn(comm);
+      return;
+    } catch (const detail::agreed_error&) {
+      throw;
+    } catch (const error&) {
+      if (failures >= max_failures) throw;
+    }
+    comm = comm.renew(comm.options(), rolled_back);
+    std::vector<std::int64_t> last{static_cast<std::int64_t>(state.commits())};
+    allreduce(last, comm, reduce_op::min);
+    state.restore(static_cast<std::uint64_t>(last[0]));
+  }
+}
+
+}  // namespace herd
+
+#endif  // HERD_RUNTIME_ELASTIC_HPP
 
 #endif  // HERD_HERD_HPP

@@ -4,14 +4,21 @@
 //   mpiexec -n 2 leave_early scope        rank 1's communicator is destroyed as main returns
 //   mpiexec -n 2 leave_early environment  rank 1's communicator outlives main; herd::mpi::environment's
 //                                         destructor (MPI_Finalize) tells the peers that it leaves
+//   mpiexec -n 2 leave_early stuck        rank 1 stalls for 4 s in the middle of a 16 MiB allreduce:
+//                                         rank 0 gives up after 0.5 s and cannot settle its sends
+//                                         (rank 1 does not take them), so 0.5 s later it ends the job
+//                                         with MPI_Abort, naming rank 1 and the operation on stderr
 // Rank 0 prints "rank 0: <the error>" and exits 0 when it got the error within 10 s, 1 otherwise.
 
 #include <herd/herd.hpp>
+
+#include "../support/faulty_communicator.hpp"
 
 #include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -21,6 +28,22 @@ std::optional<herd::mpi_communicator> outliving;  // destroyed after MPI_Finaliz
 int main(int argc, char** argv) {
   herd::mpi::environment env(argc, argv);
   const std::string mode = argc > 1 ? argv[1] : "scope";
+  if (mode == "stuck") {
+    herd::comm_options o;
+    o.stall_check_seconds = 0;
+    o.stall_shutdown_seconds = 0.5;
+    o.ring_segment_bytes = 256 << 10;
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::before_receive(
+        comm, comm.rank() == 1 ? 0 : -1, [] { std::this_thread::sleep_for(std::chrono::seconds(4)); });
+    std::vector<float> big(std::size_t{4} << 20, 1.0f);
+    try {
+      herd::allreduce(big, faulty);
+    } catch (const herd::error& e) {
+      std::printf("rank %d: %s\n", comm.rank(), e.what());
+    }
+    return 1;  // MPI_Abort ends the job before: reaching here is a failure
+  }
   herd::mpi_communicator comm;
   std::vector<float> v(1000, 1.0f);
   herd::allreduce(v, comm);  // #1, with every rank

@@ -9,6 +9,11 @@
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -325,7 +330,7 @@ HERD_MPI_TEST_CASE("shared memory options: differing or impossible ones are an e
   });
   CHECK(has(slices, "HERD_SHM_SLICE_BYTES differs across ranks"));
   const std::string tiny = error_of([&] { herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::automatic, 1000)); });
-  CHECK(has(tiny, "shm_slice_bytes 1000 is out of range"));
+  CHECK(has(tiny, "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is 1000"));
   const std::string apart = error_of([&] {
     herd::mpi_communicator c(MPI_COMM_WORLD, with(herd::algorithm::shared_memory, small_slice, 1));
   });
@@ -381,11 +386,136 @@ HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the com
   CHECK(seconds < 10);
   const std::string later = error_of([&] { herd::allreduce(v, comm); });
   CHECK(has(later, "this communicator was aborted by an earlier error"));
-  herd::mpi_communicator fresh = comm.renew();
+  herd::comm_options patient = o;  // rank 1 may still be stalled: the others return without waiting for it
+  patient.stall_shutdown_seconds = 30;
+  herd::mpi_communicator fresh = comm.renew(patient);
   std::vector<float> w(n, static_cast<float>(comm.rank() + 1));
   herd::allreduce(w, fresh);
   const auto p = static_cast<float>(comm.size());
   CHECK(w == std::vector<float>(n, p * (p + 1) / 2));
+}
+
+namespace {
+// The entries of /dev/shm that a process `pid` named (herd's fallback names are "herd.<pid>....").
+std::vector<std::string> named_by(int pid) {
+  std::vector<std::string> found;
+  const std::string prefix = "herd." + std::to_string(pid) + ".";
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(dir)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
+    }
+    ::closedir(dir);
+  }
+  return found;
+}
+
+// A child that creates a segment, writes its name to `out` and waits to be killed.
+int creating_child(int out) {
+  const int pid = ::fork();
+  if (pid != 0) return pid;
+  std::string problem;
+  herd::detail::shm_segment segment = herd::detail::shm_segment::create(1 << 20, problem);
+  const std::string name = segment ? segment.name() : "";
+  (void)!::write(out, name.c_str(), name.size() + 1);
+  for (;;) ::pause();
+}
+
+// A child that opens the segment `name` and writes 1 (or 0) to `out`, then waits to be killed.
+int opening_child(const std::string& name, int out) {
+  const int pid = ::fork();
+  if (pid != 0) return pid;
+  std::string problem;
+  herd::detail::shm_segment segment = herd::detail::shm_segment::open(name, 1 << 20, problem);
+  const char ok = segment ? 1 : 0;
+  (void)!::write(out, &ok, 1);
+  for (;;) ::pause();
+}
+
+void kill_and_reap(int pid) {
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("a shared-memory segment leaves nothing in /dev/shm when its ranks are killed at any point", 1) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  // Killed: the creator right after creating (before any other rank opened it); the creator once
+  // another has it open; the opener, then the creator, before the name is released.
+  for (int point = 0; point < 3; ++point) {
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const int creator = creating_child(pipe_fds[1]);
+    char name[256] = {};
+    for (std::size_t got = 0; got == 0 || name[got - 1] != '\0';) {
+      const auto n = ::read(pipe_fds[0], name + got, sizeof name - 1 - got);
+      REQUIRE(n > 0);
+      got += static_cast<std::size_t>(n);
+    }
+    INFO("point ", point, ", segment ", name);
+    REQUIRE(name[0] != '\0');
+    int opener = -1;
+    if (point > 0) {
+      opener = opening_child(name, pipe_fds[1]);
+      char ok = 0;
+      REQUIRE(::read(pipe_fds[0], &ok, 1) == 1);
+      CHECK(ok == 1);
+    }
+    if (point == 2) kill_and_reap(opener);
+    kill_and_reap(creator);
+    if (point == 1) kill_and_reap(opener);
+    CHECK(named_by(creator).empty());
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+  }
+}
+
+namespace {
+bool fail_armed = false;
+void fail_once(std::uint64_t) {
+  if (!fail_armed) return;
+  fail_armed = false;
+  throw herd::error("injected failure in the node phase");
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("two simulated nodes: a rank failing in its node's phase stops every rank at once, named as the user numbers them", 4) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world % 2 != 0) return;
+  herd::comm_options o = with(herd::algorithm::hierarchical, small_slice, 2);
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 10;  // far longer than the test allows: the error must come from the abort
+  herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+  REQUIRE(comm.across_nodes() != nullptr);
+  std::vector<float> v(20000, 1.0f);
+  // Rank 0 fails at its first step in shared memory; the ranks of the other node finish their
+  // node's phase and wait for rank 0 (rank 2) or rank 1 (rank 3) in the ring across nodes.
+  if (comm.rank() == 0) {
+    fail_armed = true;
+    herd::detail::shm_step_hook() = fail_once;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { herd::allreduce(v, comm); });
+  herd::detail::shm_step_hook() = nullptr;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(message);
+  CHECK(seconds < 3);
+  const std::string r = std::to_string(comm.rank());
+  if (comm.rank() == 0) {
+    CHECK(has(message, "injected failure in the node phase"));
+  } else {
+    CHECK(has(message, "herd::allreduce on rank " + r + " of " + std::to_string(world) + ": "));
+    CHECK(has(message, "aborted"));
+    CHECK(has(message, "while rank " + r + " waits in allreduce #1 (78.1 KiB f32)"));
+  }
+  CHECK(!has(message, "The communicator is now aborted: create a new one on every rank (comm.renew()) to go on. The"));
+  herd::mpi_communicator fresh = comm.renew();
+  std::vector<float> w(20000, static_cast<float>(comm.rank() + 1));
+  herd::allreduce(w, fresh);
+  const auto p = static_cast<float>(world);
+  CHECK(w == std::vector<float>(20000, p * (p + 1) / 2));
 }
 
 namespace {

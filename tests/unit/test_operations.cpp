@@ -9,6 +9,7 @@
 #include <herd/collectives/broadcast.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/comm/local.hpp>
+#include <herd/runtime/elastic.hpp>
 #include <herd/tensor/std.hpp>
 
 #include "../support/faulty_communicator.hpp"
@@ -16,8 +17,12 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,4 +322,231 @@ TEST_CASE("the watchdog is on by default: a warning after 60 s, an error after 3
   const herd::runtime::settings s = herd::runtime::read_settings();
   CHECK(s.stall_check_seconds == 60);
   CHECK(s.stall_shutdown_seconds == 1800);
+}
+
+TEST_CASE("tags at or above reserved_tag_base are refused by isend and irecv, naming the range; collectives still run") {
+  const auto messages = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> v(4, 1.0f);
+    const int peer = 1 - comm.rank();
+    for (int tag : {herd::reserved_tag_base, herd::reserved_tag_base + 2, 32767, -1}) {
+      std::string refused;
+      try {
+        if (comm.rank() == 0) (void)comm.isend(v.data(), 16, peer, tag);
+        else (void)comm.irecv(v.data(), 16, peer, tag);
+      } catch (const herd::error& e) {
+        refused = e.what();
+      }
+      INFO("tag ", tag, ": ", refused);
+      CHECK(has(refused, comm.rank() == 0 ? "herd::isend on rank 0 of 2: tag " : "herd::irecv on rank 1 of 2: tag "));
+      if (tag >= 0) CHECK(has(refused, "is in herd's reserved range [16384, 32767]"));
+      CHECK(has(refused, "Use a tag in [0, herd::reserved_tag_base) = [0, 16384)"));
+    }
+    comm.sendrecv(v.data(), 16, peer, v.data(), 16, peer, herd::reserved_tag_base - 1);  // the last user tag
+    herd::allreduce(v, comm);
+    CHECK(v == std::vector<float>(4, 2.0f));
+  });
+  for (const auto& m : messages) CHECK(m == "");
+}
+
+TEST_CASE("every numeric option is checked at creation, from code or from the environment, on every rank") {
+  struct bad_option {
+    void (*spoil)(herd::comm_options&);
+    const char* words;
+  };
+  const bad_option cases[] = {
+      {[](herd::comm_options& o) { o.ring_segment_bytes = 0; }, "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0"},
+      {[](herd::comm_options& o) { o.stall_shutdown_seconds = -1; }, "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is -1"},
+      {[](herd::comm_options& o) { o.stall_check_seconds = std::numeric_limits<double>::quiet_NaN(); }, "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is nan"},
+      {[](herd::comm_options& o) { o.shm_slice_bytes = 100; }, "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is 100"},
+      {[](herd::comm_options& o) { o.simulated_node_size = -2; }, "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is -2"},
+      {[](herd::comm_options& o) { o.allreduce_algorithm = static_cast<herd::algorithm>(9); }, "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is 9"},
+  };
+  for (const bad_option& c : cases) {
+    // Every rank with the bad option: each raises it. Rank 1 alone (through renew): rank 0 names rank 1.
+    herd::comm_options spoilt;
+    c.spoil(spoilt);
+    std::string alone;
+    try {
+      herd::local::run(2, [](herd::local_communicator&) {}, spoilt);
+    } catch (const herd::error& e) {
+      alone = e.what();
+    }
+    INFO(alone);
+    CHECK(has(alone, "herd::communicator on rank "));
+    CHECK(has(alone, c.words));
+    const auto messages = errors_per_rank(2, [&](herd::local_communicator& comm) {
+      herd::comm_options mine;
+      if (comm.rank() == 1) mine = spoilt;
+      herd::local_communicator fresh = comm.renew(mine);
+    });
+    INFO(messages[0], " | ", messages[1]);
+    CHECK(has(messages[0], "rank 1 has a malformed setting: " + std::string(c.words)));
+    CHECK(has(messages[1], c.words));
+  }
+  // HERD_RING_SEGMENT_BYTES=0 is kept as the value, which the creation then refuses (it used to
+  // fall back to the default silently; a 0 set in code divided by zero in a broadcast).
+  ::setenv("HERD_RING_SEGMENT_BYTES", "0", 1);
+  const herd::runtime::settings s = herd::runtime::read_settings();
+  ::unsetenv("HERD_RING_SEGMENT_BYTES");
+  herd::comm_options from_environment;
+  from_environment.ring_segment_bytes = s.ring_segment_bytes;
+  const auto messages = errors_per_rank(2, [&](herd::local_communicator& comm) {
+    herd::local_communicator fresh = comm.renew(from_environment);
+    std::vector<float> v(1000, 1.0f);
+    herd::broadcast(v, fresh, 0);
+  });
+  for (const auto& m : messages) CHECK(has(m, "ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0"));
+}
+
+TEST_CASE("renew after an operation that completed on one rank and failed on the other raises on every rank, naming both") {
+  const auto messages = errors_per_rank(2, [](herd::local_communicator& comm) {
+    // Rank 0 fails operation #1 after it sent and received all of it (its second wait): rank 1 has
+    // all it needs, completes #1 and fails in #2, told of rank 0's abort.
+    auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+        comm, comm.rank() == 0 ? 1 : -1, [] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          throw herd::error("injected failure");
+        });
+    std::vector<std::int32_t> step{1};
+    std::string first;
+    try {
+      herd::allreduce(step, faulty);
+      step = {2};
+      herd::allreduce(step, faulty);
+    } catch (const herd::error& e) {
+      first = e.what();
+    }
+    CHECK(has(first, comm.rank() == 0 ? "injected failure" : "rank 0 aborted its operation #1"));
+    std::string renewal;
+    try {
+      herd::local_communicator fresh = comm.renew();
+    } catch (const herd::error& e) {
+      renewal = e.what();
+    }
+    INFO(renewal);
+    CHECK(has(renewal, "the ranks last completed different operations of the communicator they renew (rank 0: its "
+                       "creation (#0), rank 1: allreduce #1 (4 B i32))"));
+    // Brought back to one state, the ranks go on.
+    herd::local_communicator fresh = comm.renew(comm.options(), herd::rolled_back);
+    step = {1};
+    herd::allreduce(step, fresh);
+    CHECK(step[0] == 2);
+  });
+  for (const auto& m : messages) CHECK(m == "");
+}
+
+TEST_CASE("named operations: a skipped collective followed by one of the same shape is caught on every rank") {
+  // Rank 1 skips "grad.a". Unnamed, its "grad.b" would pass for rank 0's "grad.a" (same number,
+  // kind and shape) and the sums would mix; named, the agreement tells them apart.
+  const auto messages = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f), b(100, 2.0f);
+    if (comm.rank() == 0) {
+      herd::operation_name n("grad.a");
+      herd::allreduce(a, comm);
+    }
+    herd::operation_name n("grad.b");
+    herd::allreduce(b, comm);
+  });
+  for (const auto& m : messages) {
+    INFO(m);
+    CHECK(has(m, "the ranks are in different operations: rank 0 is in allreduce #1 \"grad.a\" (400 B f32), rank 1 in "
+                 "allreduce #1 \"grad.b\" (400 B f32)"));
+  }
+  // The same program, unnamed: what is not detected without names.
+  const auto unnamed = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f), b(100, 2.0f);
+    if (comm.rank() == 0) herd::allreduce(a, comm);
+    herd::allreduce(b, comm);
+  });
+  CHECK(unnamed[1] == "");
+  // Names nest and end with their scope; asynchronous operations take the name at submission.
+  const auto nested = errors_per_rank(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(100, 1.0f);
+    herd::operation_name outer("outer");
+    herd::handle h;
+    {
+      herd::operation_name inner(comm.rank() == 0 ? "inner" : "other");
+      h = herd::allreduce_async(a, comm);
+    }
+    h.wait();
+  });
+  CHECK(has(nested[0], "rank 0 is in allreduce #1 \"inner\" (400 B f32), rank 1 in allreduce #1 \"other\" (400 B f32)"));
+}
+
+namespace {
+// A small training loop under run_elastic: 4096 parameters (16 KiB: the ring, with data messages),
+// a gradient of arbitrary floats that depends on the parameters, the step and the rank, averaged
+// across ranks, a commit every 4 steps. `fault` (if any) runs on `faulty_rank` before its data send
+// number `at`, or, with `after_wait`, after its wait number `at`. Returns every rank's final
+// parameters; `waits` gets rank 0's count of waits after each step.
+struct elastic_fault {
+  int rank = -1;
+  int at = -1;
+  bool after_wait = false;
+  std::function<void()> fault;
+};
+
+std::vector<std::vector<float>> train_elastic(int p, const elastic_fault& f, std::vector<int>* waits = nullptr) {
+  std::vector<std::vector<float>> finals(static_cast<std::size_t>(p));
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 0.4;
+  o.ring_segment_bytes = 4096;
+  herd::local::run(
+      p,
+      [&](herd::local_communicator& comm) {
+        std::vector<float> w(4096, 0.5f);
+        std::int64_t step = 0;
+        herd::elastic_state state;
+        state.track(w);
+        state.track(step);
+        const int rank = comm.rank();
+        using faulty_type = herd_test::faulty_communicator<herd::local_communicator>;
+        const int at = rank == f.rank ? f.at : -1;
+        faulty_type faulty = f.after_wait ? faulty_type::after_wait(comm, at, f.fault) : faulty_type(comm, at, f.fault);
+        int attempts = 0;
+        herd::run_elastic(comm, state, [&](herd::local_communicator&) {
+          ++attempts;
+          while (step < 24) {
+            std::vector<float> g(w.size());
+            for (std::size_t i = 0; i < g.size(); ++i) {
+              g[i] = std::sin(w[i] * static_cast<float>(rank + 1) + static_cast<float>(step) + 0.001f * static_cast<float>(i));
+            }
+            herd::allreduce(g, faulty, herd::reduce_op::avg);
+            for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
+            ++step;
+            if (step % 4 == 0) state.commit();
+            if (waits != nullptr && rank == 0) waits->push_back(faulty.waits());
+          }
+        });
+        if (f.fault) CHECK(attempts == 2);
+        finals[static_cast<std::size_t>(rank)] = w;
+      },
+      o);
+  return finals;
+}
+}  // namespace
+
+TEST_CASE("run_elastic: faults at random steps roll back to the last commit every rank holds; the same bits as without") {
+  for (int p : {2, 3}) {
+    std::vector<int> waits;
+    const auto clean = train_elastic(p, {}, &waits);
+    for (int r = 1; r < p; ++r) CHECK(clean[static_cast<std::size_t>(r)] == clean[0]);
+    std::mt19937 rng(20261126u + static_cast<unsigned>(p));
+    const int sends = 23 * 2 * (p - 1);  // data sends of rank 1 in the first 23 steps, at least
+    std::vector<elastic_fault> faults = {
+        // An exception inside a reduction, and a stall past the shutdown time (the others give up).
+        {1, std::uniform_int_distribution<int>(0, sends)(rng), false, [] { throw herd::error("injected failure"); }},
+        {1, std::uniform_int_distribution<int>(0, sends)(rng), false,
+         [] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); }},
+        // Rank 0 fails step 8's allreduce after its last wait: the others complete it and commit
+        // (#3) while rank 0 holds #2, so the ranks must agree to go back to #2.
+        {0, waits[7] - 1, true, [] { throw herd::error("injected failure after the last wait"); }},
+    };
+    for (const elastic_fault& f : faults) {
+      INFO("p=", p, " fault on rank ", f.rank, std::string(f.after_wait ? " after wait " : " before data send "), f.at);
+      const auto faulted = train_elastic(p, f);
+      for (int r = 0; r < p; ++r) CHECK(faulted[static_cast<std::size_t>(r)] == clean[0]);
+    }
+  }
 }

@@ -37,6 +37,12 @@ staged_case draw_case(herd_test::rng& g) {
   return {type, op, p, n, segment};
 }
 
+// The staged collectives run inside an operation of their communicator, whose data tag (in herd's
+// reserved range, which isend/irecv refuse outside operations) they send on.
+template <class F> void as_operation(herd::local_communicator& comm, F&& body) {
+  herd::detail::run_operation(comm, {herd::detail::op_kind::allreduce}, body);
+}
+
 // What the staged collectives may hold: the window's slots of one segment, whatever the tensor.
 void check_bounded(const herd_test::emulated_device& device, std::size_t segment) {
   CHECK(device.host_bytes() <= herd::detail::staged_host_bytes(segment));
@@ -61,8 +67,10 @@ TEST_CASE("staged ring allreduce over an emulated device matches the reference")
         herd_test::emulated_device device(1000 + r);
         std::vector<T> in = inputs[r];
         std::vector<T>& out = in_place ? in : results[r];
-        herd::detail::staged_ring_allreduce(comm, device, type, op, reinterpret_cast<const std::byte*>(in.data()),
-                                            reinterpret_cast<std::byte*>(out.data()), n, segment);
+        as_operation(comm, [&] {
+          herd::detail::staged_ring_allreduce(comm, device, type, op, reinterpret_cast<const std::byte*>(in.data()),
+                                              reinterpret_cast<std::byte*>(out.data()), n, segment);
+        });
         if (in_place) results[r] = in;
         check_bounded(device, segment);
       });
@@ -93,9 +101,11 @@ TEST_CASE("staged ring reduce_scatter over an emulated device matches the refere
       herd::local::run(p, [&](herd::local_communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         herd_test::emulated_device device(2000 + r);
-        herd::detail::staged_ring_reduce_scatter(comm, device, type, op,
-                                                 reinterpret_cast<const std::byte*>(inputs[r].data()),
-                                                 reinterpret_cast<std::byte*>(results[r].data()), per_rank, segment);
+        as_operation(comm, [&] {
+          herd::detail::staged_ring_reduce_scatter(comm, device, type, op,
+                                                   reinterpret_cast<const std::byte*>(inputs[r].data()),
+                                                   reinterpret_cast<std::byte*>(results[r].data()), per_rank, segment);
+        });
         check_bounded(device, segment);
       });
       const auto full = herd_test::reference_reduce(inputs, op);
@@ -137,11 +147,15 @@ TEST_CASE("staged ring allgatherv and chain broadcast over an emulated device de
       std::vector<std::uint8_t> out(total, 0xee);
       std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]), counts[r],
                   out.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]));
-      herd::detail::staged_ring_allgather(comm, device, reinterpret_cast<std::byte*>(out.data()), 1, chunks, segment);
+      as_operation(comm, [&] {
+        herd::detail::staged_ring_allgather(comm, device, reinterpret_cast<std::byte*>(out.data()), 1, chunks, segment);
+      });
       gathered[r] = out;
       std::vector<std::uint8_t> data = static_cast<int>(r) == root ? message : std::vector<std::uint8_t>(broadcast_bytes, 0xee);
-      herd::detail::staged_chain_broadcast(comm, device, reinterpret_cast<std::byte*>(data.data()), data.size(), root,
-                                           segment);
+      as_operation(comm, [&] {
+        herd::detail::staged_chain_broadcast(comm, device, reinterpret_cast<std::byte*>(data.data()), data.size(), root,
+                                             segment);
+      });
       received[r] = data;
       check_bounded(device, segment);
     });

@@ -58,8 +58,8 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
 // ranks with index l allreduce that chunk across nodes with the ring (`across`); an allgather
 // through shared memory gives every rank of the node every chunk. avg sums all the way and
 // divides at the end.
-template <communicator C>
-void hierarchical_allreduce(C& comm, shm_node& node, C& across, dtype type, reduce_op op, const std::byte* in,
+template <communicator C, communicator A>
+void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, reduce_op op, const std::byte* in,
                             std::byte* out, std::size_t count) {
   const std::size_t es = size_of(type);
   const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;

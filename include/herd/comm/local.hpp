@@ -289,9 +289,7 @@ class local_communicator {
   // Rank `rank` of the world `w`; local::run makes these. Creating one is an operation: all ranks
   // of `w` create theirs together.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, comm_options options = {})
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
-    detail::agree_creation(*this, runtime::defaults().problem);
-  }
+      : local_communicator(std::move(w), rank, options, nullptr) {}
 
   local_communicator(local_communicator&& other) noexcept { take(other); }
   local_communicator& operator=(local_communicator&& other) noexcept {
@@ -402,10 +400,18 @@ class local_communicator {
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  // The ranks must have completed the same operations of this one (the failed operation may have
+  // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
+  // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   local_communicator renew() const { return renew(options()); }
   local_communicator renew(const comm_options& options) const {
-    state();
-    return local_communicator(world_->renewed_world(rank_), rank_, options);
+    state().drain();  // queued operations first: they decide which operation completed last
+    const detail::op_label last = ops_->last_completed();
+    return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
+  }
+  local_communicator renew(const comm_options& options, rolled_back_t) const {
+    state().drain();
+    return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
   }
 
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
@@ -421,6 +427,12 @@ class local_communicator {
   }
 
  private:
+  // `renewed`: this rank's last completed operation of the communicator it renews, or null.
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
+                     const detail::op_label* renewed)
+      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+    detail::agree_creation(*this, runtime::defaults().problem, renewed);
+  }
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
@@ -468,6 +480,7 @@ class local_communicator {
   detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
     state();
     detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+    detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
     if (world_->failed()) fail_with_world();
     if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
     auto m = std::make_shared<detail::local::message>();

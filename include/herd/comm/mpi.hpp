@@ -8,10 +8,13 @@
 // - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
 //   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
 //   own receives, drains the messages its peers sent it in that operation (so that their sends
-//   complete), waits until its own sends are complete, says "done", and waits (a bounded time) for
-//   every peer's "done". Only then does the error reach the caller: MPI never reads or writes a
-//   buffer that the caller may free after catching it. (MPI cannot cancel a send once posted, so
-//   this is the only safe way: the receiver must take it.)
+//   complete), waits until its own sends are complete, says "done", and waits for the "done" of
+//   every peer that told of its own abort. Only then does the error reach the caller: MPI never
+//   reads or writes a buffer that the caller may free after catching it. (MPI cannot cancel a send
+//   once posted, so this is the only safe way: the receiver must take it.) All this takes at most
+//   the shutdown time; a send still pending then ends the job (MPI_Abort, naming the peer and the
+//   operation), or, with comm_options::end_job_if_unsettled off, is left to MPI and the error says
+//   its buffer still belongs to MPI.
 // - closed: the sender destroyed its communicator (returned from main, say) after issuing n
 //   operations. A rank waiting in operation n or later raises at once.
 
@@ -206,6 +209,7 @@ struct mpi_peer {
 struct mpi_orphan {
   MPI_Request handle = MPI_REQUEST_NULL;
   bool receiving = false;
+  int peer = -1;
 };
 
 // Everything an mpi_communicator owns, at an address that moves of the communicator keep.
@@ -278,6 +282,16 @@ class mpi_state {
     return true;
   }
 
+  // Whether every peer that told of its own abort has also settled it (or left).
+  bool answering_settled() {
+    std::lock_guard lock(notice_mutex);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
+    }
+    return true;
+  }
+
   // Whether every peer has said it left: then no message can come any more.
   bool all_departed() {
     std::lock_guard lock(notice_mutex);
@@ -290,22 +304,32 @@ class mpi_state {
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
     std::lock_guard lock(notice_mutex);
+    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
     for (int q = 0; q < size; ++q) {
       if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
+        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
                std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(rank) + " waits in " + label.str();
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
       if (q != rank && peer.aborted_at <= label.seq) {
-        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(peer.aborted_at) + " (" +
-               peer.reason + ") while rank " + std::to_string(rank) + " waits in " + label.str();
+        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
+        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
+               std::to_string(shown(rank)) + " waits in " + in;
       }
     }
     return {};
   }
+
+  // The hierarchical allreduce's communicator across nodes runs inside an operation of the
+  // communicator that made it (`outer`): its waits listen to that one's notices too (a rank that
+  // fails in the node phase tells only the outer one's peers), and its messages name ranks as the
+  // user knows them (outer_ranks[q]: the outer rank of rank q here).
+  mpi_state* outer = nullptr;
+  std::vector<int> outer_ranks;
+  int shown(int q) const { return outer != nullptr ? outer_ranks[static_cast<std::size_t>(q)] : q; }
 
   // --- Notices to the peers.
 
@@ -591,7 +615,7 @@ class mpi_communicator {
       if (handle_ == MPI_REQUEST_NULL || !mpi::is_initialized()) return;
       if (owner_ != nullptr && tag_ >= reserved_tag_base && owner_->ops.in_operation()) {
         try {
-          owner_->orphans.push_back({handle_, receiving_});
+          owner_->orphans.push_back({handle_, receiving_, peer_});
           handle_ = MPI_REQUEST_NULL;
           return;
         } catch (...) {
@@ -611,50 +635,8 @@ class mpi_communicator {
   // Duplicates `comm`, so herd's messages never mix with the caller's own on it. Every rank of
   // `comm` creates its communicator together; the creation checks that all run the same wire
   // protocol (comm_options) and raises on every rank if any has a malformed HERD_* variable.
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {}) {
-    if (!mpi::is_initialized()) {
-      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
-                  "MPI_Init_thread) before any communicator.");
-    }
-    if (comm == MPI_COMM_NULL) {
-      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
-                  "leaves out). Create communicators only from one this rank belongs to.");
-    }
-    make_state(options);
-    int parent_rank = 0;
-    int parent_size = 1;
-    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
-    MPI_Comm copy = MPI_COMM_NULL;
-    MPI_Request pending = MPI_REQUEST_NULL;
-    check(MPI_Comm_idup(comm, &copy, &pending), "MPI_Comm_idup");
-    {
-      // Watched like every wait: a rank that never comes to the creation is reported, not waited
-      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
-    }
-    adopt(copy);
-    try {
-      int world_rank = 0;
-      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
-      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-      detail::agree_creation(*this, runtime::defaults().problem);
-      join_node();
-    } catch (...) {
-      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
-      throw;
-    }
-  }
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options options = {})
+      : mpi_communicator(comm, std::move(options), nullptr) {}
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
@@ -723,7 +705,7 @@ class mpi_communicator {
       if (watch.tick()) {
         detail::tend();
         if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_));
+        watch.watch(site(), waiting_text(r));
       }
       watch.pause();
     }
@@ -747,7 +729,11 @@ class mpi_communicator {
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
   void check_peers() {
-    state().poll_notices();
+    if (detail::mpi_state* outer = state().outer) {
+      outer->poll_notices();
+      if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
+    }
+    s_->poll_notices();
     if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
       detail::raise(site(), why, "");
     }
@@ -775,17 +761,26 @@ class mpi_communicator {
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an abort
   // (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
+  // The ranks must have completed the same operations of this one (the failed operation may have
+  // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
+  // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   mpi_communicator renew() const { return renew(options()); }
   mpi_communicator renew(const comm_options& options) const {
-    state();
-    return mpi_communicator(native(), options);
+    state().ops.drain();  // queued operations first: they decide which operation completed last
+    const detail::op_label last = s_->ops.last_completed();
+    return mpi_communicator(native(), options, &last);
+  }
+  mpi_communicator renew(const comm_options& options, rolled_back_t) const {
+    state().ops.drain();
+    return mpi_communicator(native(), options, nullptr);
   }
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
-  // cancel a send) and every peer has said it is done, or a few seconds after that for peers that
-  // do not answer (this process's later waits go on draining for them: detail::tend).
+  // cancel a send) and every peer that answered has said it is done (this process's later waits go
+  // on draining for the others: detail::tend). All within the shutdown time; past it, see
+  // give_up_settling.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
@@ -796,9 +791,15 @@ class mpi_communicator {
       if (o.receiving) MPI_Cancel(&o.handle);
     }
     s.notify_all(detail::mpi_notice::abort, seq, reason);
+    // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
+    // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
+    // its node's phase hears only this one) and before settling here.
+    if (across_ && !across_->operations().aborted()) across_->abort(reason);
+    // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
+    // they answer: one that told of its own abort is about to say "done"; one that said nothing
+    // (stalled, or not yet aware) is left to this process's later waits (detail::tend).
+    const double bound = s.ops.options().stall_shutdown_seconds;
     detail::waiting watch(s.ops.options());
-    constexpr double grace_seconds = 5;
-    double settled_at = 0;
     bool said_done = false;
     bool warned = false;
     for (;;) {
@@ -811,15 +812,17 @@ class mpi_communicator {
       if (!in_flight && !said_done) {
         s.notify_all(detail::mpi_notice::done, seq);
         said_done = true;
-        settled_at = watch.seconds();
       }
       s.poll_notices();
       s.drain_aborted();
       s.reap_outgoing();
       if (watch.tick()) detail::tend();
-      if (said_done && (s.all_settled() || watch.seconds() - settled_at > grace_seconds)) break;
-      if (!warned && !said_done && watch.seconds() > 60) {
-        // Never raises: the sends still in flight read memory the caller owns.
+      if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
+      if (!said_done && bound > 0 && watch.seconds() > bound) {
+        give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
+        break;
+      }
+      if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
         warned = true;
         std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
                              "an abort; its peers must take what it sent before it can return.\n",
@@ -832,6 +835,108 @@ class mpi_communicator {
   }
 
  private:
+  // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
+  // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
+  // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
+  // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
+  // error says that their buffers still belong to MPI.
+  static void give_up_settling(detail::mpi_state& s, std::string_view reason) noexcept {
+    try {
+      give_up_settling_or_throw(s, reason);
+    } catch (...) {  // out of memory for the words: the decision stands
+      if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    }
+    for (auto& o : s.orphans) {
+      if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
+    }
+  }
+  static void give_up_settling_or_throw(detail::mpi_state& s, std::string_view reason) {
+    std::string peers;
+    for (auto& o : s.orphans) {
+      if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
+      const std::string name = std::to_string(s.shown(o.peer));
+      if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
+    }
+    if (!peers.empty()) peers.resize(peers.size() - 2);
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
+    const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
+                             (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
+                             " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
+                             " did not take what it sent, and MPI cannot cancel a send";
+    if (s.ops.options().end_job_if_unsettled) {
+      std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
+                           "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
+                           "herd::error instead.)\n",
+                   what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
+      std::fflush(stderr);
+      MPI_Abort(s.comm, 1);
+    }
+    s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
+                         "takes them; do not free or reuse them before then.");
+    std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
+  }
+
+ public:
+
+ private:
+  // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
+  // renews (the creation checks that every rank's is the same), or null.
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    if (!mpi::is_initialized()) {
+      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
+                  "MPI_Init_thread) before any communicator.");
+    }
+    if (comm == MPI_COMM_NULL) {
+      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                  "leaves out). Create communicators only from one this rank belongs to.");
+    }
+    make_state(options);
+    int parent_rank = 0;
+    int parent_size = 1;
+    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+    // MPI writes the new communicator when the duplication completes, which may be after this
+    // rank gave up on it: the handle and the request live on the heap, and are left to MPI (a few
+    // bytes, on purpose) when the wait below raises.
+    struct pending_dup {
+      MPI_Comm copy = MPI_COMM_NULL;
+      MPI_Request request = MPI_REQUEST_NULL;
+    };
+    auto dup = std::make_unique<pending_dup>();
+    check(MPI_Comm_idup(comm, &dup->copy, &dup->request), "MPI_Comm_idup");
+    try {
+      // Watched like every wait: a rank that never comes to the creation is reported, not waited
+      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+      detail::waiting watch(options);
+      int done = 0;
+      for (;;) {
+        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) break;
+        if (watch.tick()) {
+          detail::tend();
+          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
+        }
+        watch.pause();
+      }
+    } catch (...) {
+      (void)dup.release();
+      throw;
+    }
+    const MPI_Comm copy = dup->copy;
+    adopt(copy);
+    try {
+      int world_rank = 0;
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
+      detail::agree_creation(*this, runtime::defaults().problem, renewed);
+      join_node();
+    } catch (...) {
+      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+      throw;
+    }
+  }
+
   struct adopt_tag {};
   mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
     make_state(options);
@@ -870,10 +975,6 @@ class mpi_communicator {
     if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
     auto body = [&] {
       const detail::error_site site{"communicator", rank(), size()};
-      if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {  // the same on every rank
-        detail::raise_agreed(site, "shm_slice_bytes " + std::to_string(o.shm_slice_bytes) + " is out of range",
-                             "Give comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) between 4096 and 1073741824");
-      }
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
         check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
@@ -925,7 +1026,7 @@ class mpi_communicator {
       std::memset(mine.text, 0, sizeof mine.text);
       std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
       exchange_reports();
-      segment.unlink();
+      segment.release_name();
 
       std::string trouble;
       int nodes = 0;
@@ -967,6 +1068,18 @@ class mpi_communicator {
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+        detail::mpi_state& a = *across_->s_;
+        a.outer_ranks.resize(static_cast<std::size_t>(a.size));
+        std::vector<int> here(a.outer_ranks.size());
+        for (int i = 0; i < a.size; ++i) here[static_cast<std::size_t>(i)] = i;
+        MPI_Group across_group = MPI_GROUP_NULL;
+        MPI_Group outer_group = MPI_GROUP_NULL;
+        MPI_Comm_group(a.comm, &across_group);
+        MPI_Comm_group(native(), &outer_group);
+        MPI_Group_translate_ranks(across_group, a.size, here.data(), outer_group, a.outer_ranks.data());
+        MPI_Group_free(&across_group);
+        MPI_Group_free(&outer_group);
+        a.outer = s_.get();
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
@@ -996,7 +1109,18 @@ class mpi_communicator {
     detail::retire(std::move(s_));
   }
 
-  detail::error_site site() const { return detail::site_of(s_->ops, "mpi_communicator", rank(), size()); }
+  // Across nodes, errors name the operation and the ranks of the communicator the user called.
+  detail::error_site site() const {
+    if (const detail::mpi_state* outer = s_->outer) return detail::site_of(s_->ops, "mpi_communicator", s_->shown(rank()), outer->size);
+    return detail::site_of(s_->ops, "mpi_communicator", rank(), size());
+  }
+  std::string waiting_text(const request& r) const {
+    if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
+      return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
+             " rank " + std::to_string(s_->shown(r.peer_));
+    }
+    return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
+  }
 
   detail::mpi_state& state() const {
     if (!s_) {
@@ -1011,10 +1135,7 @@ class mpi_communicator {
     state();
     detail::check_peer(what, rank(), size(), peer);
     detail::check_buffer(what, rank(), size(), data, bytes);
-    if (tag < 0) {
-      detail::raise({what, rank(), size()}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
-                    "Use a tag in [0, herd::reserved_tag_base)");
-    }
+    detail::check_tag(what, rank(), size(), tag);
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
     request r;
     r.owner_ = s_.get();

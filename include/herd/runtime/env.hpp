@@ -105,7 +105,6 @@ inline settings read_settings() {
   s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
   s.ring_segment_bytes = static_cast<std::size_t>(
       env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
-  if (s.ring_segment_bytes == 0) s.ring_segment_bytes = settings{}.ring_segment_bytes;
   s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
   s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
   s.fusion_threshold_bytes = static_cast<std::size_t>(

@@ -211,6 +211,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   mine.algo = identity.algo;
   mine.slice_bytes = identity.slice_bytes;
   mine.node_size = identity.node_size;
+  mine.name = identity.name;
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
   // Without argument checks a rank's own problem is not exchanged (its peers may not be in an

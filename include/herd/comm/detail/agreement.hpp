@@ -56,8 +56,9 @@ struct signature {
   std::uint64_t segment_bytes = 0;  // wire protocol: the ring's segment
   std::uint64_t slice_bytes = 0;    // wire protocol: the shared-memory pipeline's slice
   std::int64_t node_size = 0;       // wire protocol: HERD_SIMULATE_NODE_SIZE
+  op_name name{};                   // the caller's name for the operation (herd::operation_name), if any
 
-  op_label label() const { return {kind, seq, count, type, typed != 0}; }
+  op_label label() const { return {kind, seq, count, type, typed != 0, name}; }
 };
 
 // Up to this many bytes of data may travel with a signature. Every rank posts receive buffers
@@ -262,7 +263,8 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
     }
   }
   const bool numbers_differ = differs(all, [](const signature& s) { return s.seq; });
-  if (numbers_differ || differs(all, [](const signature& s) { return s.kind; })) {
+  const bool names_differ = differs(all, [](const signature& s) { return s.name; });
+  if (numbers_differ || names_differ || differs(all, [](const signature& s) { return s.kind; })) {
     std::string text;
     for (std::size_t i = 0; i < all.size() && i < 16; ++i) {
       text += (i == 0 ? "rank 0 is in " : ", rank " + std::to_string(i) + " in ") + all[i].label().str();
@@ -334,6 +336,7 @@ inline signature signature_of(const operation_state& ops) {
   s.algo = ops.options().allreduce_algorithm;
   s.slice_bytes = ops.options().shm_slice_bytes;
   s.node_size = ops.options().simulated_node_size;
+  s.name = ops.current().name_;
   return s;
 }
 

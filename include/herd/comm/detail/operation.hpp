@@ -7,6 +7,7 @@
 // peers before the error reaches the caller.
 
 #include <herd/comm/detail/agreement.hpp>
+#include <herd/comm/detail/failure.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/core/error.hpp>
 
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace herd::detail {
 
@@ -48,8 +50,10 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
   } catch (const error& e) {
     comm.abort(e.what());  // nothing here may fail before the abort: it settles what MPI still uses
     ops.end();
+    if (ops.nested()) throw;  // the outer operation's abort says what follows
     throw error(std::string(e.what()) +
-                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on.",
+                    " The communicator is now aborted: create a new one on every rank (comm.renew()) to go on." +
+                    ops.take_abort_note(),
                 e.rank());
   } catch (const std::exception& e) {
     comm.abort(e.what());
@@ -60,11 +64,13 @@ template <class C, class Body> void run_now(C& comm, const op_label& label, Body
     ops.end();
     throw;
   }
+  ops.completed(label);
   ops.end();
 }
 
 // Runs body() as the next operation of comm, after every operation issued before it.
 template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
+  label.name_ = thread_op_name();
   comm.operations().run_blocking([&](std::uint64_t seq) {
     label.seq = seq;
     run_now(comm, label, body);
@@ -76,6 +82,7 @@ template <class C, class Body> void run_operation(C& comm, op_label label, Body&
 // thread that runs it, so that the file holds them in order.
 template <class C, class Body>
 std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body body) {
+  label.name_ = thread_op_name();  // the submitting thread's, taken now
   const bool traced = trace::on();
   const std::int64_t submitted = traced ? trace::now_ns() : 0;
   return comm.operations().submit([&comm, label, traced, submitted, body = std::move(body)](std::uint64_t seq) mutable {
@@ -119,25 +126,30 @@ template <class C> exchanged agree_identity(C& comm, const void* payload = nullp
 }
 
 // A new communicator's first operation (#0): all ranks check that they run the same wire
-// protocol, and that none has a malformed HERD_* variable (runtime::settings::problem), which is
-// raised on every rank, naming it.
-template <class C> void agree_creation(C& comm, const std::string& problem) {
+// protocol, that none has a malformed HERD_* variable (runtime::settings::problem) or option
+// (options_problem), which is raised on every rank, naming it, and, when they renew a
+// communicator (`renewed`: this rank's last completed operation of it), that they all completed
+// the same operations of the old one.
+template <class C> void agree_creation(C& comm, const std::string& env_problem, const op_label* renewed = nullptr) {
   trace::start_from_environment(trace::launcher_rank());
   op_label label{op_kind::create, 0};
   auto body = [&] {
     const error_site site{"communicator", comm.rank(), comm.size()};
-    const std::string text = problem.substr(0, payload_max_bytes);
-    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), text.data(), text.size());
+    const std::string problem = env_problem.empty() ? options_problem(comm.options()) : env_problem;
+    const creation_report mine(problem.substr(0, sizeof creation_report::problem - 1), renewed);
+    exchanged all = comm.size() == 1 ? exchanged{} : exchange(comm, signature_of(comm.operations()), &mine, mine.bytes());
     if (!problem.empty()) raise_agreed(site, problem, "Every rank stops so that none waits forever");
+    std::vector<creation_report> reports;
+    reports.reserve(all.signatures.size());
     for (int r = 0; r < static_cast<int>(all.signatures.size()); ++r) {
-      const auto bytes = all.signatures[static_cast<std::size_t>(r)].payload_bytes;
-      if (bytes != 0) {
-        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " +
-                               std::string(reinterpret_cast<const char*>(all.payload(r)), bytes),
+      reports.emplace_back(all.payload(r), all.signatures[static_cast<std::size_t>(r)].payload_bytes);
+      if (reports.back().problem[0] != '\0') {
+        raise_agreed(site, "rank " + std::to_string(r) + " has a malformed setting: " + reports.back().problem,
                      "Fix it on that rank; every rank stops so that none waits forever");
       }
     }
     if (!all.signatures.empty()) verify_identity(site, all.signatures);
+    verify_renewal(site, reports);
   };
   run_now(comm, label, body);
 }

@@ -10,10 +10,12 @@
 #include <herd/runtime/env.hpp>
 #include <herd/runtime/timeline.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -40,6 +42,10 @@ struct comm_options {
   algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
   std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
   int simulated_node_size = runtime::defaults().simulated_node_size;
+  // mpi_communicator: when an abort cannot settle its sends within stall_shutdown_seconds (a peer
+  // does not take them, and MPI cannot cancel a send), end the job with MPI_Abort (true), or raise
+  // herd::error saying that those buffers still belong to MPI (false).
+  bool end_job_if_unsettled = true;
 };
 
 // Tags at and above this value belong to herd; point-to-point calls of the user take tags in
@@ -117,16 +123,33 @@ inline std::string byte_text(std::uint64_t bytes) {
   return text;
 }
 
-// One operation, as messages name it: "allreduce #17 (4 MiB f32)".
+// An operation's name, given by its caller (herd::operation_name): at most 23 characters.
+struct op_name {
+  char text[24] = {};
+  bool empty() const noexcept { return text[0] == '\0'; }
+  // Names are zero-filled: comparing the bytes is comparing the names.
+  bool operator==(const op_name& other) const noexcept { return std::memcmp(text, other.text, sizeof text) == 0; }
+};
+
+// The name the operations this thread issues now take (herd::operation_name sets it).
+inline op_name& thread_op_name() noexcept {
+  thread_local op_name current;
+  return current;
+}
+
+// One operation, as messages name it: "allreduce #17 (4 MiB f32)", or with a name
+// 'allreduce #17 "layer3.weight" (4 MiB f32)'.
 struct op_label {
   op_kind kind = op_kind::barrier;
   std::uint64_t seq = 0;
   std::uint64_t count = 0;  // elements, when typed
   dtype type = dtype::u8;
   bool typed = false;
+  op_name name_{};  // empty unless the caller named it
 
   std::string str() const {
     std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+    if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
     if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
     return text;
   }
@@ -176,6 +199,16 @@ class operation_state {
     running_here() = this;
   }
   void end() noexcept { running_here() = outer_; }
+  // Whether the running operation runs inside one of another communicator.
+  bool nested() const noexcept { return outer_ != nullptr; }
+  // Whether this thread runs an operation of any communicator: only then may messages take tags
+  // at or above reserved_tag_base (an operation may send on another communicator: NCCL's control).
+  static bool any_running() noexcept { return running_here() != nullptr; }
+
+  // The last operation that completed without an error on this rank (the creation, #0, at first).
+  // Written by the thread that ran it; read once the queue is drained (renew()).
+  const op_label& last_completed() const noexcept { return last_completed_; }
+  void completed(const op_label& label) noexcept { last_completed_ = label; }
 
   // Operations issued so far (the next sequence number).
   std::uint64_t issued() const {
@@ -203,6 +236,18 @@ class operation_state {
       } catch (...) {
       }
     }
+  }
+  // What an abort adds to the error it raises (that buffers still belong to MPI); taken once.
+  void set_abort_note(std::string note) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      abort_note_ = std::move(note);
+    } catch (...) {
+    }
+  }
+  std::string take_abort_note() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(abort_note_, {});
   }
   [[noreturn]] void raise_aborted(const char* operation, int rank, int size) const {
     raise({operation, rank, size}, "this communicator was aborted by an earlier error: " + abort_reason(),
@@ -368,12 +413,14 @@ class operation_state {
   std::uint32_t track_ = trace::new_track();
   bool track_named_ = false;
   op_label current_;
+  op_label last_completed_{op_kind::create, 0};
   const operation_state* outer_ = nullptr;
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::string abort_reason_;
+  std::string abort_note_;
   std::uint64_t next_seq_ = 1;
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
@@ -384,6 +431,28 @@ class operation_state {
 };
 
 }  // namespace detail
+
+// Names the operations this thread issues while it lives, as Horovod's name= does: the agreement
+// then matches operations by name as well as by kind, number and shape, so that a rank that
+// skipped a collective is caught even when the next one has the same shape (without names, the
+// ranks' sequence numbers and shapes are all that is compared). Names of up to 23 characters
+// count; scopes nest, the inner one naming until it ends.
+//   { herd::operation_name n("grad.layer3"); herd::allreduce(g3, comm); }
+class operation_name {
+ public:
+  explicit operation_name(std::string_view name) noexcept : outer_(detail::thread_op_name()) {
+    detail::op_name& current = detail::thread_op_name();
+    current = {};
+    std::memcpy(current.text, name.data(), std::min(name.size(), sizeof current.text - 1));
+  }
+  operation_name(const operation_name&) = delete;
+  operation_name& operator=(const operation_name&) = delete;
+  ~operation_name() { detail::thread_op_name() = outer_; }
+
+ private:
+  detail::op_name outer_;
+};
+
 }  // namespace herd
 
 #endif  // HERD_COMM_DETAIL_OPERATION_STATE_HPP

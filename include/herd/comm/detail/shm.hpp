@@ -16,9 +16,8 @@
 //
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
-// herd never lets a destructor hang on another rank. The segment is unlinked as soon as every
-// rank of the node has mapped it, so it vanishes with the last process that unmaps it, crashed
-// or not, and unmapping is local. Which ranks share a node is still MPI's answer
+// herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
+// it vanishes with the last process that unmaps it, crashed or not, and unmapping is local. Which ranks share a node is still MPI's answer
 // (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED on the communicator itself), never an
 // environment variable, so sub-communicators and process subsets work.
 //
@@ -49,7 +48,12 @@
 
 namespace herd::detail {
 
-// One POSIX shared-memory segment mapped into this process.
+// One shared-memory segment mapped into this process. It has no name in /dev/shm at any moment
+// where one could be left behind: the creating rank makes it anonymous (memfd_create) and keeps its
+// descriptor open while the other ranks of the node open it through /proc/<pid>/fd/<fd>; closing
+// that descriptor (release_name) then leaves only the mappings, which go with their processes,
+// killed or not. Where memfd_create is missing, a named POSIX segment is the fallback (unlinked at
+// the same point, so a rank killed before it leaves that name behind).
 class shm_segment {
  public:
   shm_segment() = default;
@@ -61,44 +65,56 @@ class shm_segment {
       bytes_ = std::exchange(other.bytes_, 0);
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
+      fd_ = std::exchange(other.fd_, -1);
     }
     return *this;
   }
   ~shm_segment() { reset(); }
 
-  // Creates a segment of `bytes` under a fresh name, with its memory reserved (so that a full
-  // /dev/shm is an error here, not a SIGBUS later). Empty, with `problem` set, on failure.
+  // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
+  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
+  // set, on failure.
   static shm_segment create(std::size_t bytes, std::string& problem) {
-    static std::atomic<unsigned> counter{0};
-    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const std::string name = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                             std::to_string(stamp % 1000000007ull);
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
-      return {};
-    }
     shm_segment s;
-    s.name_ = name;
-    s.linked_ = true;
+    int fd = -1;
+#if defined(MFD_CLOEXEC)
+    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (fd >= 0) {
+      s.fd_ = fd;
+      s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
+    }
+#endif
+    if (fd < 0) {
+      static std::atomic<unsigned> counter{0};
+      const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+      s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+                std::to_string(stamp % 1000000007ull);
+      fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
+        return {};
+      }
+      s.linked_ = true;
+    }
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      problem = "ftruncate of " + name + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+      problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
     } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
-      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory for " + name +
-                " failed: " + std::strerror(code) + " (is /dev/shm large enough?)";
+      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
+                " (is there that much memory, or room in /dev/shm?)";
     } else {
       s.map(fd, bytes, problem);
     }
-    ::close(fd);
+    if (s.fd_ < 0) ::close(fd);
     if (!problem.empty()) return {};
     return s;
   }
 
-  // Maps the segment another rank created.
+  // Maps the segment another rank of the node created (while it still holds its name).
   static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    const bool anonymous = name.rfind("/proc/", 0) == 0;
+    const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
-      problem = "shm_open(" + name + ") failed: " + std::strerror(errno);
+      problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
       return {};
     }
     shm_segment s;
@@ -108,8 +124,11 @@ class shm_segment {
     return s;
   }
 
-  // Removes the name (the memory stays until the last process unmaps it).
-  void unlink() noexcept {
+  // Once every rank of the node has it open: removes the name (closes the descriptor others opened
+  // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
+  void release_name() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
     if (linked_) ::shm_unlink(name_.c_str());
     linked_ = false;
   }
@@ -130,7 +149,7 @@ class shm_segment {
   }
 
   void reset() noexcept {
-    unlink();
+    release_name();
     if (base_ != nullptr) ::munmap(base_, bytes_);
     base_ = nullptr;
     bytes_ = 0;
@@ -139,7 +158,8 @@ class shm_segment {
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
   std::string name_;
-  bool linked_ = false;
+  bool linked_ = false;  // a POSIX name to unlink
+  int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
 
 // Tests only: when set, called with each step's ticket before this process publishes it, to stall

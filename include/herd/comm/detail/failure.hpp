@@ -1,0 +1,153 @@
+#ifndef HERD_COMM_DETAIL_FAILURE_HPP
+#define HERD_COMM_DETAIL_FAILURE_HPP
+// What keeps a failure from turning into a wrong result later, common to every communicator:
+// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
+//   collective's data (or take a collective's data as its own);
+// - options: every number a communicator runs with is checked when it is created, whether it came
+//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
+//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
+// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
+//   up while another had already received all it needed and went on). renew() therefore compares
+//   each rank's last completed operation of the old communicator and raises on every rank if they
+//   differ: ranks that retried "the same step" from there would be in different steps, and the new
+//   communicator's agreement, whose sequence numbers start again, could not tell.
+
+#include <herd/comm/detail/agreement.hpp>
+#include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/error.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace herd {
+
+// renew(options, herd::rolled_back): the caller has brought every rank back to one state (a
+// checkpoint, or copies every rank took after the same step), so the ranks' last operations on the
+// old communicator may differ.
+struct rolled_back_t {
+  explicit constexpr rolled_back_t() = default;
+};
+inline constexpr rolled_back_t rolled_back{};
+
+namespace detail {
+
+// Point-to-point calls of the user take tags in [0, reserved_tag_base); herd's operations send on
+// tags at and above it (control, notices, data of operation k).
+inline void check_tag(const char* operation, int rank, int size, int tag) {
+  if (tag < 0) {
+    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+  if (tag >= reserved_tag_base && !operation_state::any_running()) {
+    raise({operation, rank, size},
+          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
+              ", 32767], where collectives send their own messages (a message on it could be taken as a "
+              "collective's data)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+}
+
+// What is wrong with `o`, in words naming the option and its variable; empty when nothing is.
+inline std::string options_problem(const comm_options& o) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return std::string(text);
+  };
+  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
+  if (seconds_bad(o.stall_check_seconds)) {
+    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
+           "; give seconds between 0 (never warn) and 1e15";
+  }
+  if (seconds_bad(o.stall_shutdown_seconds)) {
+    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
+           number(o.stall_shutdown_seconds) + "; give seconds between 0 (never give up) and 1e15";
+  }
+  if (o.ring_segment_bytes == 0) {
+    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
+           "least 1 (the default is 1048576)";
+  }
+  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
+    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
+           "; give bytes between 4096 and 1073741824";
+  }
+  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
+    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
+           "; give a number of ranks between 0 (the real nodes) and 65536";
+  }
+  switch (o.allreduce_algorithm) {
+    case algorithm::automatic:
+    case algorithm::ring:
+    case algorithm::shared_memory:
+    case algorithm::hierarchical: break;
+    default:
+      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
+             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
+             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
+  }
+  return {};
+}
+
+// What a rank brings to a communicator's creation (the payload of operation #0): when it renews
+// one, that one's last completed operation; then, if it has one, its malformed setting in words.
+struct creation_report {
+  std::uint64_t last_seq = 0;
+  std::uint64_t last_count = 0;
+  op_kind last_kind = op_kind::create;
+  dtype last_type = dtype::u8;
+  std::uint8_t last_typed = 0;
+  std::uint8_t renewing = 0;
+  std::uint32_t unused = 0;
+  char problem[payload_max_bytes - 24] = {};
+
+  static constexpr std::size_t header_bytes = 24;
+
+  creation_report(const std::string& text, const op_label* renewed) {
+    if (renewed != nullptr) {
+      renewing = 1;
+      last_seq = renewed->seq;
+      last_count = renewed->count;
+      last_kind = renewed->kind;
+      last_type = renewed->type;
+      last_typed = renewed->typed ? 1 : 0;
+    }
+    std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
+  }
+  creation_report(const std::byte* payload, std::size_t bytes) {
+    std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
+    if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
+    problem[sizeof problem - 1] = '\0';
+  }
+  std::size_t bytes() const noexcept { return header_bytes + std::strlen(problem); }
+  op_label last() const { return {last_kind, last_seq, last_count, last_type, last_typed != 0}; }
+  std::string last_text() const {
+    return last_kind == op_kind::create ? "its creation (#0)" : last().str();
+  }
+};
+static_assert(offsetof(creation_report, problem) == creation_report::header_bytes);
+
+// Raises on every rank if ranks renewing a communicator last completed different operations of it.
+inline void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
+  if (reports.empty() || !reports[0].renewing) return;
+  bool differ = false;
+  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
+  if (!differ) return;
+  std::string text;
+  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
+    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
+  }
+  if (reports.size() > 16) text += ", ...";
+  raise_agreed(site,
+               "the ranks last completed different operations of the communicator they renew (" + text +
+                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
+                   "would be in different steps and mix their data",
+               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
+               "same step), then renew with comm.renew(options, herd::rolled_back)");
+}
+
+}  // namespace detail
+}  // namespace herd
+
+#endif  // HERD_COMM_DETAIL_FAILURE_HPP

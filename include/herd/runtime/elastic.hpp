@@ -1,0 +1,132 @@
+#ifndef HERD_RUNTIME_ELASTIC_HPP
+#define HERD_RUNTIME_ELASTIC_HPP
+// Training that rolls back and goes on after a failure, as Horovod elastic's State and run do.
+//
+// A failure inside an operation aborts the communicator, and the ranks' outcomes of that operation
+// may differ (a rank that gave up may have sent all a peer needed, so the peer completed it): going
+// on from where each rank stands would mix their steps. So every rank goes back to one state. An
+// elastic_state references what a step changes (parameters, optimizer state, a sampler's position,
+// the step counter, any value of the loop) and keeps an in-memory copy of it at every commit();
+// run_elastic(comm, state, fn) calls fn(comm), and when it raises herd::error renews the
+// communicator, agrees with the other ranks on the last commit they all hold, writes it back on
+// every rank and calls fn again, which goes on from there.
+//
+// Every rank commits after the same steps. A rank can be at most one commit ahead of another (it
+// completed the operation the other failed in, and committed after it), so each keeps its last two
+// commits, and the ranks take the oldest last commit among them.
+
+#include <herd/collectives/allreduce.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/agreement.hpp>
+#include <herd/comm/detail/failure.hpp>
+#include <herd/core/error.hpp>
+#include <herd/tensor/std.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+
+class elastic_state {
+ public:
+  // What a rollback writes back: `bytes` at `data`, which must stay there while the state is used.
+  void track(void* data, std::size_t bytes) { regions_.push_back({static_cast<std::byte*>(data), bytes}); }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(T& value) {
+    track(&value, sizeof value);
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(std::vector<T>& values) {
+    track(values.data(), values.size() * sizeof(T));
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void track(std::span<T> values) {
+    track(values.data(), values.size_bytes());
+  }
+
+  // Copies everything tracked, as commit number commits() + 1.
+  void commit() {
+    const std::uint64_t id = commits_ + 1;
+    std::vector<std::byte>& copy = copies_[id % 2];
+    copy.resize(total_bytes());
+    std::size_t at = 0;
+    for (const region& r : regions_) {
+      if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
+      at += r.bytes;
+    }
+    ids_[id % 2] = id;
+    commits_ = id;
+  }
+
+  // The commits made so far (the last one's number).
+  std::uint64_t commits() const noexcept { return commits_; }
+
+  // Writes commit `id` back; it must be this rank's last or the one before.
+  void restore(std::uint64_t id) {
+    if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
+      throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) +
+                  ": it holds #" + std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
+                  ". Commit on every rank after the same steps, and track the same things before the first commit.");
+    }
+    const std::vector<std::byte>& copy = copies_[id % 2];
+    std::size_t at = 0;
+    for (const region& r : regions_) {
+      if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
+      at += r.bytes;
+    }
+    commits_ = id;
+  }
+
+ private:
+  struct region {
+    std::byte* data;
+    std::size_t bytes;
+  };
+  std::size_t total_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const region& r : regions_) n += r.bytes;
+    return n;
+  }
+
+  std::vector<region> regions_;
+  std::vector<std::byte> copies_[2];  // the commits with even and odd numbers
+  std::uint64_t ids_[2] = {0, 0};
+  std::uint64_t commits_ = 0;
+};
+
+// Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
+// failure inside an operation, a peer's abort), every rank renews `comm` (in place), agrees on the
+// last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
+// the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
+// raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
+// are exceptions that are not herd::error.
+template <communicator C, class Fn>
+void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
+  if (state.commits() == 0) state.commit();
+  for (int failures = 0;; ++failures) {
+    try {
+      fn(comm);
+      return;
+    } catch (const detail::agreed_error&) {
+      throw;
+    } catch (const error&) {
+      if (failures >= max_failures) throw;
+    }
+    comm = comm.renew(comm.options(), rolled_back);
+    std::vector<std::int64_t> last{static_cast<std::int64_t>(state.commits())};
+    allreduce(last, comm, reduce_op::min);
+    state.restore(static_cast<std::uint64_t>(last[0]));
+  }
+}
+
+}  // namespace herd
+
+#endif  // HERD_RUNTIME_ELASTIC_HPP
