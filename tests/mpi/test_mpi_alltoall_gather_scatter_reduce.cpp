@@ -4,6 +4,7 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 #include "../support/mpi_world.hpp"
@@ -17,6 +18,7 @@
 
 namespace {
 
+using herd_test::has;
 using herd_test::rng;
 using herd_test::values;
 using herd_test::world;
@@ -35,8 +37,6 @@ std::vector<std::size_t> counts_of(std::uint64_t seed, int p, std::size_t limit)
   for (auto& c : counts) c = g.below(4) == 0 ? 0 : g.below(limit);
   return counts;
 }
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 
 #include <chrono>
@@ -9,9 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+using herd_test::has;
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+namespace {
 
 // Runs fn, expecting herd::error; returns its message, and checks it came quickly.
 template <class Fn> std::string error_of(Fn fn) {

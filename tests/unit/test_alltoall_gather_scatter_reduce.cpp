@@ -12,6 +12,7 @@
 #include <herd/tensor/std.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/local_errors.hpp"
 #include "../support/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+using herd_test::check_all;
 using herd_test::has;
 using herd_test::ops_for;
 using herd_test::outcome;
@@ -203,31 +205,9 @@ template <class T> void alltoall_case(rng& g, int p, outcome& out) {
   }
 }
 
-// Runs fn on p ranks; returns the message of the herd::error each rank raised ("" for none).
-template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn) {
-  std::vector<std::string> messages(static_cast<std::size_t>(p));
-  const auto start = std::chrono::steady_clock::now();
-  herd::local::run(p, [&](herd::local_communicator& comm) {
-    try {
-      fn(comm);
-    } catch (const herd::error& e) {
-      messages[static_cast<std::size_t>(comm.rank())] = e.what();
-    }
-    // The communicator is still usable.
-    std::vector<int> one{1};
-    herd::allreduce(one, comm);
-    CHECK(one[0] == comm.size());
-  });
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
-  return messages;
-}
-
-void check_all(const std::vector<std::string>& messages, const std::vector<std::string>& parts) {
-  for (std::size_t r = 0; r < messages.size(); ++r) {
-    INFO("rank ", r, ": ", messages[r]);
-    CHECK(has(messages[r], "on rank " + std::to_string(r)));
-    for (const auto& part : parts) CHECK(has(messages[r], part));
-  }
+// Errors an agreement raises, after which the communicator still reduces.
+template <class Fn> std::vector<std::string> errors_then_usable(int p, Fn fn) {
+  return herd_test::agreed_errors_per_rank(p, fn, {.names_the_rank = false, .then_usable = true});
 }
 
 struct splits_limit {
@@ -296,19 +276,19 @@ TEST_CASE("alltoallv with the splits exchanged pairwise, as beyond the ranks the
 }
 
 TEST_CASE("gather, scatter and reduce: roots, counts and dtypes that differ across ranks") {
-  check_all(errors_per_rank(3,
+  check_all(errors_then_usable(3,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(2), all(6);
                               herd::gather(in, all, comm, comm.rank() == 2 ? 1 : 0);
                             }),
             {"herd::gather", "the root differs across ranks (rank 0: 0, rank 1: 0, rank 2: 1)"});
-  check_all(errors_per_rank(3,
+  check_all(errors_then_usable(3,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(comm.rank() == 1 ? 3 : 2), all(6);
                               herd::gather(in, all, comm, 0);
                             }),
             {"the element count differs across ranks (rank 0: 2, rank 1: 3, rank 2: 2)"});
-  check_all(errors_per_rank(2,
+  check_all(errors_then_usable(2,
                             [](herd::local_communicator& comm) {
                               const std::vector<std::size_t> counts =
                                   comm.rank() == 0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{2, 1};
@@ -316,7 +296,7 @@ TEST_CASE("gather, scatter and reduce: roots, counts and dtypes that differ acro
                               herd::gatherv(in, all, counts, comm, 1);
                             }),
             {"herd::gatherv", "the per-rank counts differ across ranks"});
-  check_all(errors_per_rank(2,
+  check_all(errors_then_usable(2,
                             [](herd::local_communicator& comm) {
                               std::vector<double> all(4);
                               if (comm.rank() == 1) {
@@ -328,7 +308,7 @@ TEST_CASE("gather, scatter and reduce: roots, counts and dtypes that differ acro
                               }
                             }),
             {"herd::scatter", "the dtype differs across ranks (rank 0: f64, rank 1: f32)"});
-  check_all(errors_per_rank(3,
+  check_all(errors_then_usable(3,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(4), sum(4);
                               herd::reduce(v, sum, comm, comm.rank() == 0 ? herd::reduce_op::sum : herd::reduce_op::max, 0);
@@ -337,7 +317,7 @@ TEST_CASE("gather, scatter and reduce: roots, counts and dtypes that differ acro
 }
 
 TEST_CASE("gather, scatter and reduce: a bad argument on one rank") {
-  const auto out_of_range = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto out_of_range = errors_then_usable(3, [](herd::local_communicator& comm) {
     std::vector<int> all(6), mine(2);
     herd::scatter(all, mine, comm, comm.rank() == 1 ? 3 : 0);
   });
@@ -345,14 +325,14 @@ TEST_CASE("gather, scatter and reduce: a bad argument on one rank") {
   CHECK(has(out_of_range[0], "rank 1 passed a root out of range"));
   CHECK(has(out_of_range[2], "rank 1 passed a root out of range"));
 
-  const auto short_output = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto short_output = errors_then_usable(3, [](herd::local_communicator& comm) {
     std::vector<float> in(2), all(5);
     herd::gather(in, all, comm, 2);
   });
   CHECK(has(short_output[2], "the output tensor has 5 elements but 6 are needed (the input's elements times the ranks)"));
   CHECK(has(short_output[0], "rank 2 passed a tensor of the wrong size"));
 
-  const auto wrong_list = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto wrong_list = errors_then_usable(3, [](herd::local_communicator& comm) {
     std::vector<float> in(1), all(3);
     const std::vector<std::size_t> counts(comm.rank() == 0 ? 2 : 3, 1);
     herd::gatherv(in, all, counts, comm, 1);
@@ -360,7 +340,7 @@ TEST_CASE("gather, scatter and reduce: a bad argument on one rank") {
   CHECK(has(wrong_list[0], "the list of per-rank counts has 2 entries for 3 ranks"));
   CHECK(has(wrong_list[1], "rank 0 passed a list of per-rank counts (splits) with one entry too many or too few"));
 
-  const auto device = errors_per_rank(2, [](herd::local_communicator& comm) {
+  const auto device = errors_then_usable(2, [](herd::local_communicator& comm) {
     std::vector<float> v(4), sum(4);
     const herd::const_buffer_view in(v.data(), 4, herd::dtype::f32, comm.rank() == 1 ? herd::device::cuda(0) : herd::device::cpu());
     herd::reduce(in, sum, comm, herd::reduce_op::sum, 0);
@@ -368,7 +348,7 @@ TEST_CASE("gather, scatter and reduce: a bad argument on one rank") {
   CHECK(has(device[1], "the input tensor lives on cuda:0, but herd::reduce moves host memory only"));
   CHECK(has(device[0], "rank 1 passed a tensor on a device the communicator cannot reach"));
 
-  check_all(errors_per_rank(2,
+  check_all(errors_then_usable(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(4), sum(4);
                               herd::reduce(v, sum, comm, herd::reduce_op::bor, 1);
@@ -392,7 +372,7 @@ TEST_CASE("alltoall(v): splits that do not add up or match, and blocks that do n
   for (int limit : {std::numeric_limits<int>::max(), 0}) {
     const splits_limit path(limit);
     INFO("splits pairwise: ", limit == 0);
-    const auto mismatch = errors_per_rank(3, [](herd::local_communicator& comm) {
+    const auto mismatch = errors_then_usable(3, [](herd::local_communicator& comm) {
       // Every rank sends one element to every rank, but rank 1 expects two from rank 2.
       std::vector<int> in(3), out(comm.rank() == 1 ? 4 : 3);
       const std::vector<std::size_t> send(3, 1);
@@ -409,25 +389,25 @@ TEST_CASE("alltoall(v): splits that do not add up or match, and blocks that do n
       CHECK(has(mismatch[0], "rank 1 passed receive splits that differ from what the other ranks send it"));
     }
   }
-  const auto short_list = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto short_list = errors_then_usable(3, [](herd::local_communicator& comm) {
     std::vector<int> in(3), out(3);
     const std::vector<std::size_t> send(comm.rank() == 2 ? 4 : 3, 1);
     herd::alltoallv(in, out, send, std::vector<std::size_t>(3, 1), comm);
   });
   CHECK(has(short_list[2], "the list of send splits has 4 entries for 3 ranks"));
   CHECK(has(short_list[0], "rank 2 passed a list of per-rank counts (splits) with one entry too many or too few"));
-  const auto sum = errors_per_rank(2, [](herd::local_communicator& comm) {
+  const auto sum = errors_then_usable(2, [](herd::local_communicator& comm) {
     std::vector<int> in(3), out(4);
     const std::vector<std::size_t> splits{2, 2};
     herd::alltoallv(in, out, splits, splits, comm);
   });
   CHECK(has(sum[0], "the input tensor has 3 elements but 4 are needed (the sum of the send splits)"));
-  const auto uneven = errors_per_rank(2, [](herd::local_communicator& comm) {
+  const auto uneven = errors_then_usable(2, [](herd::local_communicator& comm) {
     std::vector<float> in(5), out(5);
     herd::alltoall(in, out, comm);
   });
   CHECK(has(uneven[1], "the input's 5 elements do not split into 2 equal blocks"));
-  const auto overlap = errors_per_rank(2, [](herd::local_communicator& comm) {
+  const auto overlap = errors_then_usable(2, [](herd::local_communicator& comm) {
     std::vector<float> v(4);
     herd::alltoall(v, v, comm);
   });

@@ -10,42 +10,18 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/local_errors.hpp"
+
 #include <chrono>
 #include <string>
 #include <vector>
 
-namespace {
-
-// Runs fn on p ranks; returns the message of the herd::error each rank raised ("" for none).
-template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn) {
-  std::vector<std::string> messages(static_cast<std::size_t>(p));
-  const auto start = std::chrono::steady_clock::now();
-  herd::local::run(p, [&](herd::local_communicator& comm) {
-    try {
-      fn(comm);
-    } catch (const herd::error& e) {
-      messages[static_cast<std::size_t>(comm.rank())] = e.what();
-      CHECK(e.rank() == comm.rank());
-    }
-  });
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
-  return messages;
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-void check_all(const std::vector<std::string>& messages, const std::vector<std::string>& parts) {
-  for (std::size_t r = 0; r < messages.size(); ++r) {
-    INFO("rank ", r, ": ", messages[r]);
-    CHECK(has(messages[r], "on rank " + std::to_string(r)));
-    for (const auto& part : parts) CHECK(has(messages[r], part));
-  }
-}
-
-}  // namespace
+using herd_test::agreed_errors_per_rank;
+using herd_test::check_all;
+using herd_test::has;
 
 TEST_CASE("null data with a non-zero count on one rank") {
-  const auto messages = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto messages = agreed_errors_per_rank(3, [](herd::local_communicator& comm) {
     std::vector<float> v(10, 1.0f);
     herd::buffer_view view{v.data(), v.size(), herd::dtype::f32};
     if (comm.rank() == 1) view.data = nullptr;
@@ -61,20 +37,20 @@ TEST_CASE("null data with a non-zero count on one rank") {
 }
 
 TEST_CASE("a reduce_op the dtype does not support, an invalid dtype, an invalid op") {
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(4);
                               herd::allreduce(v, comm, herd::reduce_op::band);
                             }),
             {"reduce_op::band is not defined on dtype f32", "integer dtypes only"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(4);
                               herd::buffer_view view{v.data(), 4, static_cast<herd::dtype>(99)};
                               herd::allreduce(view, comm);
                             }),
             {"invalid dtype (value 99)"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<int> v(4);
                               herd::allreduce(v, comm, static_cast<herd::reduce_op>(42));
@@ -83,7 +59,7 @@ TEST_CASE("a reduce_op the dtype does not support, an invalid dtype, an invalid 
 }
 
 TEST_CASE("overlapping input and output buffers") {
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<double> buffer(20);
                               herd::const_buffer_view in(buffer.data(), 10, herd::dtype::f64);
@@ -91,7 +67,7 @@ TEST_CASE("overlapping input and output buffers") {
                               herd::allreduce(in, out, comm);
                             }),
             {"the input and output buffers overlap", "in place"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<int> buffer(8);
                               herd::buffer_view out{buffer.data() + 4, 4, herd::dtype::i32};
@@ -99,7 +75,7 @@ TEST_CASE("overlapping input and output buffers") {
                             }),
             {"the input and output buffers overlap"});
   // allgather may alias its output's own slot only, not another one.
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> all(8);
                               const std::size_t wrong_slot = comm.rank() == 0 ? 4 : 0;
@@ -109,7 +85,7 @@ TEST_CASE("overlapping input and output buffers") {
 }
 
 TEST_CASE("a device tensor handed to a host-only communicator") {
-  const auto messages = errors_per_rank(2, [](herd::local_communicator& comm) {
+  const auto messages = agreed_errors_per_rank(2, [](herd::local_communicator& comm) {
     std::vector<float> v(4);
     herd::buffer_view view{v.data(), 4, herd::dtype::f32, comm.rank() == 0 ? herd::device::cuda(0) : herd::device::cpu()};
     herd::allreduce(view, comm);
@@ -121,14 +97,14 @@ TEST_CASE("a device tensor handed to a host-only communicator") {
 }
 
 TEST_CASE("element count, dtype or op that differ across ranks") {
-  check_all(errors_per_rank(4,
+  check_all(agreed_errors_per_rank(4,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(comm.rank() == 3 ? 7 : 8);
                               herd::allreduce(v, comm);
                             }),
             {"the element count differs across ranks (rank 0: 8, rank 1: 8, rank 2: 8, rank 3: 7)",
              "same number of elements"});
-  check_all(errors_per_rank(3,
+  check_all(agreed_errors_per_rank(3,
                             [](herd::local_communicator& comm) {
                               if (comm.rank() == 0) {
                                 std::vector<double> v(8);
@@ -139,7 +115,7 @@ TEST_CASE("element count, dtype or op that differ across ranks") {
                               }
                             }),
             {"the dtype differs across ranks (rank 0: f64, rank 1: f32, rank 2: f32)"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(8);
                               herd::allreduce(v, comm, comm.rank() == 0 ? herd::reduce_op::sum : herd::reduce_op::avg);
@@ -148,7 +124,7 @@ TEST_CASE("element count, dtype or op that differ across ranks") {
 }
 
 TEST_CASE("ranks calling different collectives") {
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> v(8);
                               if (comm.rank() == 0) herd::allreduce(v, comm);
@@ -158,13 +134,13 @@ TEST_CASE("ranks calling different collectives") {
 }
 
 TEST_CASE("broadcast roots out of range or differing") {
-  const auto out_of_range = errors_per_rank(3, [](herd::local_communicator& comm) {
+  const auto out_of_range = agreed_errors_per_rank(3, [](herd::local_communicator& comm) {
     std::vector<int> v(3);
     herd::broadcast(v, comm, comm.rank() == 2 ? 3 : 0);
   });
   CHECK(has(out_of_range[2], "root 3 is out of range"));
   CHECK(has(out_of_range[0], "rank 2 passed a root out of range"));
-  check_all(errors_per_rank(3,
+  check_all(agreed_errors_per_rank(3,
                             [](herd::local_communicator& comm) {
                               std::vector<int> v(3);
                               herd::broadcast(v, comm, comm.rank() == 2 ? 1 : 0);
@@ -173,21 +149,21 @@ TEST_CASE("broadcast roots out of range or differing") {
 }
 
 TEST_CASE("outputs of the wrong size and allgatherv counts that disagree") {
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(4);
                               std::vector<float> out(7);
                               herd::allgather(in, out, comm);
                             }),
             {"the output tensor has 7 elements but 8 are needed"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(6);
                               std::vector<float> out(4);
                               herd::reduce_scatter(in, out, comm);
                             }),
             {"the input tensor has 6 elements but 8 are needed"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(3);
                               std::vector<float> out(5);
@@ -196,7 +172,7 @@ TEST_CASE("outputs of the wrong size and allgatherv counts that disagree") {
                               herd::allgatherv(in, out, counts, comm);
                             }),
             {"the per-rank counts differ across ranks"});
-  check_all(errors_per_rank(2,
+  check_all(agreed_errors_per_rank(2,
                             [](herd::local_communicator& comm) {
                               std::vector<float> in(3);
                               std::vector<float> out(3);

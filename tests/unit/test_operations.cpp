@@ -12,6 +12,7 @@
 #include <herd/runtime/elastic.hpp>
 #include <herd/tensor/std.hpp>
 
+#include "../support/local_errors.hpp"
 #include "../support/faulty_communicator.hpp"
 
 #include <doctest/doctest.h>
@@ -27,29 +28,14 @@
 #include <thread>
 #include <vector>
 
-namespace {
+using herd_test::errors_per_rank;
+using herd_test::has;
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+namespace {
 
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
-}
-
-// Runs fn on p ranks; returns each rank's herd::error message ("" for none).
-template <class Fn> std::vector<std::string> errors_per_rank(int p, Fn fn, herd::comm_options options = {}) {
-  std::vector<std::string> messages(static_cast<std::size_t>(p));
-  herd::local::run(
-      p,
-      [&](herd::local_communicator& comm) {
-        try {
-          fn(comm);
-        } catch (const herd::error& e) {
-          messages[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
-      },
-      options);
-  return messages;
 }
 
 // Integer-valued floats: every order of summation gives the same bits.
