@@ -54,7 +54,7 @@ cp "$work/herd_include.cpp" "$work/herd_include.cu"
 python3 -c '
 import re, sys
 text = open("README.md").read()
-block = re.search(r"## Adapt your tensor type[^\n]*\n\n```cpp\n(.*?)```", text, re.S).group(1)
+block = re.search(r"## Quickstart[^\n]*\n\n```cpp\n(.*?)```", text, re.S).group(1)
 open(sys.argv[1], "w").write(block)' "$work/quickstart.cpp"
 cp "$work/quickstart.cpp" "$work/quickstart.cu"
 

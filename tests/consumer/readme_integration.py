@@ -27,9 +27,9 @@ def blocks(readme):
     found = {}
     for match in re.finditer(r"<!-- integration: (\w+) -->\n```(\w+)\n(.*?)```", readme, re.S):
         found[match.group(1)] = (match.group(2), match.group(3))
-    quickstart = re.search(r"## Adapt your tensor type[^\n]*\n\n```cpp\n(.*?)```", readme, re.S)
+    quickstart = re.search(r"## Quickstart[^\n]*\n\n```cpp\n(.*?)```", readme, re.S)
     if not quickstart:
-        sys.exit("readme_integration: README.md has no quickstart block under '## Adapt your tensor type'")
+        sys.exit("readme_integration: README.md has no quickstart block under '## Quickstart'")
     return found, quickstart.group(1)
 
 

@@ -401,7 +401,7 @@ TEST_CASE("bucket plans pad their members' offsets so that packing keeps the vec
     std::vector<std::pair<std::size_t, herd::dtype>> shapes;
     for (int i = 0; i < 20; ++i) shapes.emplace_back(g.below(3) == 0 ? g.below(5) : g.below(700), herd::all_dtypes[g.below(8)]);
     const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(shapes.size()),
-                                                      256, 1024);
+                                                      256, 1024, herd::detail::member_alignment(herd::device::cuda(0)));
     for (const auto& b : plan.buckets) {
       const std::size_t es = herd::size_of(b.type);
       alignas(16) static std::byte bucket[16 * 1024];
@@ -421,7 +421,7 @@ TEST_CASE("bucket plans pad their members' offsets so that packing keeps the vec
   alignas(16) static float second[1000];
   for (std::size_t i = 0; i < 1000; ++i) second[i] = static_cast<float>(i);
   const std::vector<std::pair<std::size_t, herd::dtype>> shapes = {{1000, herd::dtype::f32}, {3, herd::dtype::f32}};
-  const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(2), 1 << 20, 1 << 20);
+  const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(2), 1 << 20, 1 << 20, 16);
   REQUIRE(plan.buckets.size() == 1);
   const auto& b = plan.buckets[0];
   alignas(16) static float packed[2048];

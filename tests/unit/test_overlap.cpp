@@ -26,7 +26,7 @@ TEST_CASE("bucket plan: reverse order, the first bucket small, a cap for the res
   using herd::dtype;
   const std::vector<std::pair<std::size_t, dtype>> shapes = {
       {100, dtype::f32}, {300, dtype::f32}, {10, dtype::f64}, {1000, dtype::f32}, {50, dtype::f32}, {20, dtype::f64}};
-  const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(6), 256, 2000);
+  const auto plan = herd::detail::bucket_plan::make(shapes, herd::detail::bucket_plan::reverse_order(6), 256, 2000, 16);
   // Reverse order: 5 (f64, 160 B) opens the first f64 bucket; 4 (f32, 200 B) the first f32 bucket,
   // which 3 (4000 B) closes past its 256 B; 2 (f64) joins the f64 bucket (240 B: still open); 1 and
   // 0 fill a new f32 bucket (1600 B, under the 2000 B cap).

@@ -186,9 +186,11 @@ TEST_CASE("a staged allreduce that progresses for longer than the shutdown time 
         herd_test::emulated_device device(4000 + r, std::chrono::milliseconds(2));
         const auto start = std::chrono::steady_clock::now();
         try {
-          herd::detail::staged_ring_allreduce(comm, device, herd::dtype::f32, herd::reduce_op::sum,
-                                              reinterpret_cast<const std::byte*>(data.data()),
-                                              reinterpret_cast<std::byte*>(data.data()), n, segment);
+          as_operation(comm, [&] {
+            herd::detail::staged_ring_allreduce(comm, device, herd::dtype::f32, herd::reduce_op::sum,
+                                                reinterpret_cast<const std::byte*>(data.data()),
+                                                reinterpret_cast<std::byte*>(data.data()), n, segment);
+          });
         } catch (const herd::error& e) {
           errors[r] = e.what();
           device.finish();

@@ -113,10 +113,12 @@ using gradient_bucket = detail::bucket_plan::bucket;
 // Where to put the gradients so that they live inside their buckets (gradient_as_bucket_view):
 // `shapes[i]` = (elements, dtype) of gradient i, in the order the optimizer is given them. Allocate
 // one buffer of `count` elements per bucket and make gradient members[k] the view at offsets[k].
+// `where`: the gradients' device (on a GPU, members start 16 bytes aligned).
 inline std::vector<gradient_bucket> bucket_layout(const std::vector<std::pair<std::size_t, dtype>>& shapes,
-                                                  const optimizer_options& options = {}) {
+                                                  const optimizer_options& options = {}, device where = device::cpu()) {
   return detail::bucket_plan::make(shapes, detail::bucket_plan::reverse_order(shapes.size()),
-                                   options.first_bucket_bytes, options.bucket_bytes)
+                                   options.first_bucket_bytes, options.bucket_bytes,
+                                   detail::member_alignment(where))
       .buckets;
 }
 
@@ -662,7 +664,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   }
 
   void make_plan(const std::vector<std::size_t>& order) {
-    plan_ = detail::bucket_plan::make(shapes_, order, options_.first_bucket_bytes, options_.bucket_bytes);
+    plan_ = detail::bucket_plan::make(shapes_, order, options_.first_bucket_bytes, options_.bucket_bytes,
+                                      detail::member_alignment(device_));
     buckets_.clear();
     buckets_.resize(plan_.buckets.size());
   }

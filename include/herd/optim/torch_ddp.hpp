@@ -177,7 +177,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       in_bucket.resize(params.size());
       std::vector<std::pair<std::size_t, dtype>> shapes;
       for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-      for (const gradient_bucket& b : bucket_layout(shapes, options)) {
+      for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
         const at::Tensor& first = params[b.members.front()];
         at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
         for (std::size_t k = 0; k < b.members.size(); ++k) {

@@ -8,13 +8,17 @@
 // rest. A gradient larger than the cap fills a bucket alone. Buckets are numbered in the order
 // of their first gradient, and launched in that order on every rank.
 //
-// Each member starts at a multiple of 16 bytes of the bucket (the gap before it is padding,
-// reduced along with the rest and never read back): the kernels that pack and unpack move 16-byte
-// vectors only where both sides are aligned alike, so one odd-sized gradient would otherwise send
-// every later member of its bucket down the element-by-element path.
+// On a GPU each member starts at a multiple of 16 bytes of the bucket (the gap before it is
+// padding, reduced along with the rest and never read back): the kernels that pack and unpack move
+// 16-byte vectors only where both sides are aligned alike, so one odd-sized gradient would
+// otherwise send every later member of its bucket down the element-by-element path. Host buckets
+// are not padded: their elements are the gradients' back to back, so a rank that reduces a bucket
+// straight from its gradients (shared memory, no packing) and one that packed it agree on its size.
 
+#include <herd/core/device.hpp>
 #include <herd/core/dtype.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -23,9 +27,12 @@
 
 namespace herd::detail {
 
-// Where a member may start: elements of `type` in 16 bytes (the widest vector access).
-inline std::size_t padded_offset(std::size_t count, dtype type) {
-  const std::size_t step = 16 / size_of(type);
+// The alignment of a bucket's members, in bytes: the widest vector access on a GPU, none on the host.
+inline std::size_t member_alignment(device where) { return where.is_cuda() ? 16 : 1; }
+
+// Where a member may start after `count` elements of `type`: a multiple of `align_bytes`.
+inline std::size_t padded_offset(std::size_t count, dtype type, std::size_t align_bytes) {
+  const std::size_t step = std::max<std::size_t>(1, align_bytes / size_of(type));
   return (count + step - 1) / step * step;
 }
 
@@ -41,9 +48,10 @@ struct bucket_plan {
   std::vector<std::size_t> bucket_of;  // gradient index -> its bucket
   std::vector<std::size_t> slot_of;    // gradient index -> its position in bucket.members
 
-  // `shapes[i]` = (elements, dtype) of gradient i; `order`: a permutation of the gradient indices.
+  // `shapes[i]` = (elements, dtype) of gradient i; `order`: a permutation of the gradient indices;
+  // members start at multiples of `align_bytes` (member_alignment of where the gradients live).
   static bucket_plan make(std::span<const std::pair<std::size_t, dtype>> shapes, std::span<const std::size_t> order,
-                          std::size_t first_bucket_bytes, std::size_t bucket_bytes) {
+                          std::size_t first_bucket_bytes, std::size_t bucket_bytes, std::size_t align_bytes) {
     bucket_plan plan;
     plan.bucket_of.assign(shapes.size(), 0);
     plan.slot_of.assign(shapes.size(), 0);
@@ -70,7 +78,7 @@ struct bucket_plan {
       plan.bucket_of[i] = it->index;
       plan.slot_of[i] = b.members.size();
       b.members.push_back(i);
-      b.offsets.push_back(padded_offset(b.count, type));
+      b.offsets.push_back(padded_offset(b.count, type, align_bytes));
       b.count = b.offsets.back() + count;
       if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
     }
