@@ -96,7 +96,7 @@ for spec in "${cases[@]}"; do
   for ((i = 0; i < runs; i++)); do samples+=("$(time_one "$compiler" "$flags" "$source")"); done
   medians+=("$(printf '%s\n' "${samples[@]}" | median)")
 done
-value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; }
+value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; return 0; }
 eigen=$(value_of "<Eigen/Dense>")
 herd_gxx=$(value_of "herd include-only")
 printf '| case | median s | / <Eigen/Dense> |\n|---|---:|---:|\n'
