@@ -7,6 +7,7 @@
 
 #include <herd/runtime/elastic.hpp>
 
+#include "../support/elastic_training.hpp"
 #include "../support/faulty_communicator.hpp"
 #include "../support/mpi_test.hpp"
 
@@ -396,26 +397,9 @@ std::vector<float> train_elastic(int on, int at, std::function<void()> fault, st
   herd::mpi_communicator comm(MPI_COMM_WORLD, o);
   std::vector<float> w(4096, 0.5f);
   std::int64_t step = 0;
-  herd::elastic_state state;
-  state.track(w);
-  state.track(step);
   const int rank = comm.rank();
   auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::after_wait(comm, rank == on ? at : -1, fault);
-  int attempts = 0;
-  herd::run_elastic(comm, state, [&](herd::mpi_communicator&) {
-    ++attempts;
-    while (step < 16) {
-      std::vector<float> g(w.size());
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] = std::sin(w[i] * static_cast<float>(rank + 1) + static_cast<float>(step) + 0.001f * static_cast<float>(i));
-      }
-      herd::allreduce(g, faulty, herd::reduce_op::avg);
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
-      ++step;
-      if (step % 4 == 0) state.commit();
-      if (waits != nullptr) waits->push_back(faulty.waits());
-    }
-  });
+  const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 16, waits);
   if (fault) CHECK(attempts == 2);
   return w;
 }

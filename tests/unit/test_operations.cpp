@@ -13,6 +13,7 @@
 #include <herd/tensor/std.hpp>
 
 #include "../support/local_errors.hpp"
+#include "../support/elastic_training.hpp"
 #include "../support/faulty_communicator.hpp"
 
 #include <doctest/doctest.h>
@@ -483,28 +484,11 @@ std::vector<std::vector<float>> train_elastic(int p, const elastic_fault& f, std
       [&](herd::local_communicator& comm) {
         std::vector<float> w(4096, 0.5f);
         std::int64_t step = 0;
-        herd::elastic_state state;
-        state.track(w);
-        state.track(step);
         const int rank = comm.rank();
         using faulty_type = herd_test::faulty_communicator<herd::local_communicator>;
         const int at = rank == f.rank ? f.at : -1;
         faulty_type faulty = f.after_wait ? faulty_type::after_wait(comm, at, f.fault) : faulty_type(comm, at, f.fault);
-        int attempts = 0;
-        herd::run_elastic(comm, state, [&](herd::local_communicator&) {
-          ++attempts;
-          while (step < 24) {
-            std::vector<float> g(w.size());
-            for (std::size_t i = 0; i < g.size(); ++i) {
-              g[i] = std::sin(w[i] * static_cast<float>(rank + 1) + static_cast<float>(step) + 0.001f * static_cast<float>(i));
-            }
-            herd::allreduce(g, faulty, herd::reduce_op::avg);
-            for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
-            ++step;
-            if (step % 4 == 0) state.commit();
-            if (waits != nullptr && rank == 0) waits->push_back(faulty.waits());
-          }
-        });
+        const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 24, rank == 0 ? waits : nullptr);
         if (f.fault) CHECK(attempts == 2);
         finals[static_cast<std::size_t>(rank)] = w;
       },
