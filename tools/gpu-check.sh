@@ -107,6 +107,13 @@ if [[ -z "${NCCL_HOME:-}" ]] && ! compgen -G "/usr/local/cuda/include/nccl.h" >/
   wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   [[ -n "$wheel" && -e "$wheel/include/nccl.h" ]] && export NCCL_HOME="$wheel"
 fi
+if [[ -z "${NCCL_HOME:-}" ]] && ! compgen -G "/usr/local/cuda/include/nccl.h" >/dev/null; then
+  # Another wheel layout (nvidia/cu13/...): look for the header in python3's site folders.
+  sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+  # shellcheck disable=SC2086
+  found=$(find $sites -name nccl.h -path '*include*' 2>/dev/null | head -1)
+  [[ -n "$found" ]] && export NCCL_HOME="$(dirname "$(dirname "$found")")"
+fi
 [[ -n "${NCCL_HOME:-}" ]] && export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
 nccl_header=${NCCL_HOME:+$NCCL_HOME/include/nccl.h}
 nccl_header=${nccl_header:-/usr/local/cuda/include/nccl.h}
@@ -222,7 +229,9 @@ run examples device_tensor 1 device_tensor "$mpiexec" -n 2 @
 for n in 1 2; do run examples "train_gpu_np$n" 1 train_gpu "$mpiexec" -n $n @ --data "$data" --epochs 2; done
 if command -v compute-sanitizer >/dev/null; then
   if (($(left) >= 120)); then
-    run tests memcheck 1 gpu_tests "$mpiexec" -n 1 compute-sanitizer --tool memcheck --error-exitcode 1 @
+    # API errors are not reported: NCCL's set-up probes for kernel images of other architectures
+    # and each probe's error (cudaErrorNoKernelImageForDevice, handled by NCCL) would count as one.
+    run tests memcheck 1 gpu_tests "$mpiexec" -n 1 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 @
   else
     note "memcheck" "skipped: $(left) s left of the budget, fewer than 120"
   fi

@@ -312,6 +312,32 @@ HERD_HOST_DEVICE inline std::uint16_t to_bfloat16_bits(float f) noexcept {
 #endif
 }
 
+// The hardware's conversions without the NaN check, for values that cannot be NaN (the kernels'
+// vectors that hold no NaN and no infinity). On the host they model the GPU, NaNs included: its
+// cvt gives the canonical NaN (0x7fff, 0x7fffffff in f32) whatever the payload, so that a host
+// test sees a NaN that reached this path.
+HERD_HOST_DEVICE inline std::uint16_t unchecked_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_half{}(f);
+#else
+  return f != f ? std::uint16_t{0x7fffu} : float_to_half_bits(f);
+#endif
+}
+HERD_HOST_DEVICE inline float unchecked_half_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_half{}(h);
+#else
+  return (h & 0x7fffu) > 0x7c00u ? bits_float(0x7fffffffu) : half_bits_to_float(h);
+#endif
+}
+HERD_HOST_DEVICE inline std::uint16_t unchecked_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_bfloat16{}(f);
+#else
+  return f != f ? std::uint16_t{0x7fffu} : float_to_bfloat16_bits(f);
+#endif
+}
+
 }  // namespace detail
 
 // IEEE 754 binary16. Layout-compatible with CUDA's __half.
@@ -6974,6 +7000,42 @@ HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_
 
 namespace herd::cuda::detail {
 
+// 16-bit floats in a vector whose elements are all numbers (no NaN, no infinity) skip the NaN
+// check of each conversion (core/half.hpp): two such numbers sum, multiply and average in f32 to
+// a number or an infinity, never a NaN, so the hardware's conversions give the checked ones'
+// bits. A vector holding a NaN or an infinity takes the checked path element by element. Without
+// this the checks' software fallbacks, inlined for every lane, make the f16 average
+// compute-bound on an H100.
+template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>;
+
+template <class T> HERD_HOST_DEVICE bool is_number(T x) {
+  return (x.bits & 0x7fffu) < (std::is_same_v<T, herd::half> ? 0x7c00u : 0x7f80u);  // exponent not all ones
+}
+template <class T> HERD_HOST_DEVICE float unchecked_widen(T x) {
+  if constexpr (std::is_same_v<T, herd::half>) return herd::detail::unchecked_half_to_float(x.bits);
+  else return herd::detail::bfloat16_bits_to_float(x.bits);  // a shift: no check to skip
+}
+template <class T> HERD_HOST_DEVICE T unchecked_narrow(float f) {
+  if constexpr (std::is_same_v<T, herd::half>) return T::from_bits(herd::detail::unchecked_half_bits(f));
+  else return T::from_bits(herd::detail::unchecked_bfloat16_bits(f));
+}
+template <class T, reduce_op Op> HERD_HOST_DEVICE T combine_numbers(T a, T b) {
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) return unchecked_narrow<T>(unchecked_widen(a) + unchecked_widen(b));
+  else if constexpr (Op == reduce_op::prod) return unchecked_narrow<T>(unchecked_widen(a) * unchecked_widen(b));
+  else return combine<Op>{}(a, b);  // min, max: a comparison, nothing converted back
+}
+
+// avg's division by the rank count: by a power of two it is a multiplication by the exact
+// reciprocal, which rounds the same and costs one instruction where a division costs about ten.
+template <class C> struct rank_divisor {
+  int ranks;
+  C reciprocal;
+  bool exact;
+  HERD_HOST_DEVICE explicit rank_divisor(int n)
+      : ranks(n), reciprocal(n > 0 ? C(1) / static_cast<C>(n) : C(0)), exact(n > 0 && (n & (n - 1)) == 0) {}
+  HERD_HOST_DEVICE C operator()(C x) const { return exact ? x * reciprocal : x / static_cast<C>(ranks); }
+};
+
 // out[i] = a[i] ∘ b[i] (divided by avg_ranks when non-zero); out may be a or b.
 template <class T> struct reduce_args {
   T* out;
@@ -6987,6 +7049,7 @@ template <class T, reduce_op Op>
 HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread, std::size_t threads) {
   constexpr std::size_t V = 16 / sizeof(T);
   const combine<Op> f;
+  const rank_divisor<float> divide(p.avg_ranks);  // used by the 16-bit vectors only
   auto one = [&](T x, T y) {
     const T r = f(x, y);
     return p.avg_ranks > 0 ? finalize_avg(r, p.avg_ranks) : r;
@@ -7001,6 +7064,18 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
     const auto x = load_lanes<T, V>(p.a + at);
     const auto y = load_lanes<T, V>(p.b + at);
     lanes<T, V> r;
+    if constexpr (is_16bit_float<T>) {
+      bool numbers = true;
+      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
+      if (numbers) {
+        for (std::size_t j = 0; j < V; ++j) {
+          const T c = combine_numbers<T, Op>(x.v[j], y.v[j]);
+          r.v[j] = p.avg_ranks > 0 ? unchecked_narrow<T>(divide(unchecked_widen(c))) : c;
+        }
+        store_lanes<T, V>(p.out + at, r);
+        continue;
+      }
+    }
     for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j], y.v[j]);
     store_lanes<T, V>(p.out + at, r);
   }
@@ -7067,10 +7142,19 @@ template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, st
   if (head > p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = p.in[i];
   const std::size_t words = (p.n - head) / W;
-  for (std::size_t w = thread; w < words; w += threads) {
-    store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w),
-                         load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)));
+  auto from = [&](std::size_t w) { return load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)); };
+  auto to = [&](std::size_t w, const lanes<Word, V>& x) { store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w), x); };
+  // Four loads in flight before the first store: the compiler cannot reorder them past stores
+  // that might alias, and one load at a time leaves most of a GPU's memory bandwidth idle.
+  std::size_t w = thread;
+  for (; w + 3 * threads < words; w += 4 * threads) {
+    const auto x0 = from(w), x1 = from(w + threads), x2 = from(w + 2 * threads), x3 = from(w + 3 * threads);
+    to(w, x0);
+    to(w + threads, x1);
+    to(w + 2 * threads, x2);
+    to(w + 3 * threads, x3);
   }
+  for (; w < words; w += threads) to(w, from(w));
   for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
@@ -7321,13 +7405,18 @@ class batched_copy {
     std::size_t count;  // elements
   };
 
+  // Work per block: 16 elements per thread when casting, and 64 KiB (256 bytes a thread, four
+  // 16-byte words in flight at a time) when copying bytes. Blocks of 4 KiB left an H100 at 0.4-0.6
+  // of a device copy from 64 MiB: each block's table search and start cost more than its copy.
   static constexpr std::uint64_t elements_per_block = 4096;
+  static constexpr std::uint64_t bytes_per_block = 65536;
 
   // out_type(in * scale) for every item; same dtype and scale 1 copies bytes.
   void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
     if (items.empty()) return;
     const bool bytes = out_type == in_type && scale == 1.0;
     const std::uint64_t per_element = bytes ? size_of(in_type) : 1;
+    const std::uint64_t per_block = bytes ? bytes_per_block : elements_per_block;
     std::vector<detail::batch_entry> table;
     table.reserve(items.size());
     std::uint64_t blocks = 0;
@@ -7338,15 +7427,14 @@ class batched_copy {
       }
       const std::uint64_t count = it.count * per_element;
       table.push_back({it.in, it.out, count, blocks});
-      blocks += detail::batch_blocks(count, elements_per_block);
+      blocks += detail::batch_blocks(count, per_block);
     }
     if (blocks == 0) return;
     if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
     const device_guard on(device_of(stream));
     slot& turn = slots_[next_];
     next_ = (next_ + 1) % slots_.size();
-    const detail::batch_args args{upload(turn, table, stream), static_cast<std::uint32_t>(table.size()),
-                                  elements_per_block, scale};
+    const detail::batch_args args{upload(turn, table, stream), static_cast<std::uint32_t>(table.size()), per_block, scale};
     const auto grid = static_cast<unsigned>(blocks);
     if (bytes) {
       kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);

@@ -109,6 +109,65 @@ TEST_CASE("the reduce kernel body equals the host reduction for every dtype x op
   }
 }
 
+// 16-bit vectors whose elements are all numbers skip the conversions' NaN checks; the host models
+// the hardware's conversions there (a NaN's payload lost), so a NaN or an infinity (inf + -inf
+// makes a NaN) let into that path gives other bits than the host reduction. Averages over 2, 4
+// and 8 ranks multiply by the reciprocal; over 3 they divide: both must round as the division.
+TEST_CASE("16-bit vectors with a NaN or an infinity in any lane keep the checked conversions, and averages round as a division") {
+  herd_test::rng g(81);
+  for (auto type : {herd::dtype::f16, herd::dtype::bf16}) {
+    herd::visit(type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (is_16bit_float<T>) {
+        const bool is_half = type == herd::dtype::f16;
+        const std::uint16_t specials[] = {
+            static_cast<std::uint16_t>(is_half ? 0x7d23u : 0x7f91u),  // a NaN with a payload
+            static_cast<std::uint16_t>(is_half ? 0xfe01u : 0xffc1u),  // a negative quiet NaN with a payload
+            static_cast<std::uint16_t>(is_half ? 0x7c00u : 0x7f80u),  // +inf
+            static_cast<std::uint16_t>(is_half ? 0xfc00u : 0xff80u),  // -inf
+        };
+        for (auto op : {herd::reduce_op::sum, herd::reduce_op::avg, herd::reduce_op::prod, herd::reduce_op::min,
+                        herd::reduce_op::max}) {
+          for (int ranks : {2, 3, 4, 8}) {
+            if (op != herd::reduce_op::avg && ranks != 2) continue;
+            const int avg = op == herd::reduce_op::avg ? ranks : 0;
+            alignas(16) T a[256], b[256], out[256], want[256];
+            for (std::size_t i = 0; i < 256; ++i) {
+              a[i] = T(static_cast<float>(g.between(-60000, 60000)) / 7.0f);
+              b[i] = T(static_cast<float>(g.between(-60000, 60000)) / 7.0f);
+            }
+            // One special in some vectors, in a or b, at a random lane; +inf against -inf in one.
+            for (std::size_t v = 0; v < 32; v += 2) {
+              T* side = g.below(2) == 0 ? a : b;
+              side[v * 8 + g.below(8)] = T::from_bits(specials[g.below(4)]);
+            }
+            a[8 * 31 + 5] = T::from_bits(specials[2]);
+            b[8 * 31 + 5] = T::from_bits(specials[3]);
+            herd::detail::host_reduce(type, op, want, a, b, 256, avg);
+            run_reduce<T>(op, {out, a, b, 256, avg}, 7);
+            INFO(herd::name(type), " ", herd::name(op), " over ", ranks, " ranks");
+            CHECK(std::memcmp(out, want, sizeof out) == 0);
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("avg's rank divisor rounds as a division for every rank count") {
+  herd_test::rng g(82);
+  for (int ranks = 1; ranks <= 16; ++ranks) {
+    const rank_divisor<float> divide(ranks);
+    std::size_t differ = 0;
+    for (int i = 0; i < 20000; ++i) {
+      const float x = static_cast<float>(g.between(-1000000, 1000000)) / static_cast<float>(1 + g.below(997));
+      differ += herd::detail::float_bits(divide(x)) != herd::detail::float_bits(x / static_cast<float>(ranks));
+    }
+    INFO(ranks, " ranks");
+    CHECK(differ == 0);
+  }
+}
+
 // Pointers that share a misalignment within an element never reach a 16-byte boundary together
 // (a GPU refuses such pointers at launch; the bodies must still never issue a misaligned vector
 // access, which the emulated loads and stores would report). Sizes above a vector's elements.

@@ -154,6 +154,32 @@ HERD_HOST_DEVICE inline std::uint16_t to_bfloat16_bits(float f) noexcept {
 #endif
 }
 
+// The hardware's conversions without the NaN check, for values that cannot be NaN (the kernels'
+// vectors that hold no NaN and no infinity). On the host they model the GPU, NaNs included: its
+// cvt gives the canonical NaN (0x7fff, 0x7fffffff in f32) whatever the payload, so that a host
+// test sees a NaN that reached this path.
+HERD_HOST_DEVICE inline std::uint16_t unchecked_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_half{}(f);
+#else
+  return f != f ? std::uint16_t{0x7fffu} : float_to_half_bits(f);
+#endif
+}
+HERD_HOST_DEVICE inline float unchecked_half_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_half{}(h);
+#else
+  return (h & 0x7fffu) > 0x7c00u ? bits_float(0x7fffffffu) : half_bits_to_float(h);
+#endif
+}
+HERD_HOST_DEVICE inline std::uint16_t unchecked_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return device_bfloat16{}(f);
+#else
+  return f != f ? std::uint16_t{0x7fffu} : float_to_bfloat16_bits(f);
+#endif
+}
+
 }  // namespace detail
 
 // IEEE 754 binary16. Layout-compatible with CUDA's __half.

@@ -8,6 +8,7 @@
 
 #include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
+#include <herd/core/half.hpp>
 #include <herd/core/reduce_op.hpp>
 #include <herd/cuda/detail/vector_access.hpp>
 
@@ -15,6 +16,42 @@
 #include <type_traits>
 
 namespace herd::cuda::detail {
+
+// 16-bit floats in a vector whose elements are all numbers (no NaN, no infinity) skip the NaN
+// check of each conversion (core/half.hpp): two such numbers sum, multiply and average in f32 to
+// a number or an infinity, never a NaN, so the hardware's conversions give the checked ones'
+// bits. A vector holding a NaN or an infinity takes the checked path element by element. Without
+// this the checks' software fallbacks, inlined for every lane, make the f16 average
+// compute-bound on an H100.
+template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>;
+
+template <class T> HERD_HOST_DEVICE bool is_number(T x) {
+  return (x.bits & 0x7fffu) < (std::is_same_v<T, herd::half> ? 0x7c00u : 0x7f80u);  // exponent not all ones
+}
+template <class T> HERD_HOST_DEVICE float unchecked_widen(T x) {
+  if constexpr (std::is_same_v<T, herd::half>) return herd::detail::unchecked_half_to_float(x.bits);
+  else return herd::detail::bfloat16_bits_to_float(x.bits);  // a shift: no check to skip
+}
+template <class T> HERD_HOST_DEVICE T unchecked_narrow(float f) {
+  if constexpr (std::is_same_v<T, herd::half>) return T::from_bits(herd::detail::unchecked_half_bits(f));
+  else return T::from_bits(herd::detail::unchecked_bfloat16_bits(f));
+}
+template <class T, reduce_op Op> HERD_HOST_DEVICE T combine_numbers(T a, T b) {
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) return unchecked_narrow<T>(unchecked_widen(a) + unchecked_widen(b));
+  else if constexpr (Op == reduce_op::prod) return unchecked_narrow<T>(unchecked_widen(a) * unchecked_widen(b));
+  else return combine<Op>{}(a, b);  // min, max: a comparison, nothing converted back
+}
+
+// avg's division by the rank count: by a power of two it is a multiplication by the exact
+// reciprocal, which rounds the same and costs one instruction where a division costs about ten.
+template <class C> struct rank_divisor {
+  int ranks;
+  C reciprocal;
+  bool exact;
+  HERD_HOST_DEVICE explicit rank_divisor(int n)
+      : ranks(n), reciprocal(n > 0 ? C(1) / static_cast<C>(n) : C(0)), exact(n > 0 && (n & (n - 1)) == 0) {}
+  HERD_HOST_DEVICE C operator()(C x) const { return exact ? x * reciprocal : x / static_cast<C>(ranks); }
+};
 
 // out[i] = a[i] ∘ b[i] (divided by avg_ranks when non-zero); out may be a or b.
 template <class T> struct reduce_args {
@@ -29,6 +66,7 @@ template <class T, reduce_op Op>
 HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread, std::size_t threads) {
   constexpr std::size_t V = 16 / sizeof(T);
   const combine<Op> f;
+  const rank_divisor<float> divide(p.avg_ranks);  // used by the 16-bit vectors only
   auto one = [&](T x, T y) {
     const T r = f(x, y);
     return p.avg_ranks > 0 ? finalize_avg(r, p.avg_ranks) : r;
@@ -43,6 +81,18 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
     const auto x = load_lanes<T, V>(p.a + at);
     const auto y = load_lanes<T, V>(p.b + at);
     lanes<T, V> r;
+    if constexpr (is_16bit_float<T>) {
+      bool numbers = true;
+      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
+      if (numbers) {
+        for (std::size_t j = 0; j < V; ++j) {
+          const T c = combine_numbers<T, Op>(x.v[j], y.v[j]);
+          r.v[j] = p.avg_ranks > 0 ? unchecked_narrow<T>(divide(unchecked_widen(c))) : c;
+        }
+        store_lanes<T, V>(p.out + at, r);
+        continue;
+      }
+    }
     for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j], y.v[j]);
     store_lanes<T, V>(p.out + at, r);
   }
@@ -109,10 +159,19 @@ template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, st
   if (head > p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = p.in[i];
   const std::size_t words = (p.n - head) / W;
-  for (std::size_t w = thread; w < words; w += threads) {
-    store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w),
-                         load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)));
+  auto from = [&](std::size_t w) { return load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)); };
+  auto to = [&](std::size_t w, const lanes<Word, V>& x) { store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w), x); };
+  // Four loads in flight before the first store: the compiler cannot reorder them past stores
+  // that might alias, and one load at a time leaves most of a GPU's memory bandwidth idle.
+  std::size_t w = thread;
+  for (; w + 3 * threads < words; w += 4 * threads) {
+    const auto x0 = from(w), x1 = from(w + threads), x2 = from(w + 2 * threads), x3 = from(w + 3 * threads);
+    to(w, x0);
+    to(w + threads, x1);
+    to(w + 2 * threads, x2);
+    to(w + 3 * threads, x3);
   }
+  for (; w < words; w += threads) to(w, from(w));
   for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
