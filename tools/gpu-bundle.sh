@@ -21,6 +21,6 @@ if ! apt-get download "${packages[@]}" 2>/dev/null; then
   $sudo apt-get update -qq
   apt-get download "${packages[@]}"
 fi
-# The commit the bundle was made at, for the check's env.txt (the GPU machine gets no .git).
+# The commit the bundle was made at, for the check's env.txt (run this again after a commit).
 git -C .. rev-parse HEAD >commit.txt 2>/dev/null || true
 echo "herd: $(ls ./*.deb | wc -l) packages, $(du -sh . | cut -f1) in $(pwd)"

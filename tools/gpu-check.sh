@@ -126,7 +126,8 @@ if nvidia-smi -L >/dev/null 2>&1; then
 fi
 {
   echo "date:        $(date -u '+%F %T UTC')"
-  echo "commit:      $(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$bundle/commit.txt" 2>/dev/null || echo unknown)"
+  # The bundle's record first: a copy of the checkout may carry a .git older than its files.
+  echo "commit:      $(cat "$bundle/commit.txt" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
   echo "host:        $(hostname), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
   echo "os:          $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r)"
   echo "glibc:       $(getconf GNU_LIBC_VERSION 2>/dev/null)"
