@@ -5,9 +5,10 @@
 // Buffers of 4 KiB to --max-mib (x4 steps). Bandwidth counts the bytes each operation must read
 // and write (a copy of N bytes moves 2N; out = a + b moves 3N). The ratio is the kernel's
 // bandwidth over the copy's at the same size: the copy is the device's practical limit. Targets,
-// at 16 MiB and above: >= 0.90 for f32 reductions, scale and casts, >= 0.80 for the 16-bit reductions, >= 0.85 for the batched pack/unpack
-// of 1000 tensors of mixed sizes. Times are medians of 7 timed batches (CUDA events) after a
-// warm-up. Inputs are varied values (not a constant), and before each operation is timed its
+// at 64 MiB and above: >= 0.90 for f32 reductions, scale and casts, >= 0.80 for the 16-bit
+// reductions, >= 0.85 for the batched pack/unpack of 1000 tensors of mixed sizes. (Below 64 MiB a
+// copy's traffic is partly served by an H100's 50 MB L2, which three-buffer kernels cannot match.)
+// Times are medians of 7 timed batches (CUDA events) after a warm-up. Inputs are varied values (not a constant), and before each operation is timed its
 // result is checked, bit for bit, against herd's host functions on the same inputs (whole up to
 // 64 MiB); a wrong result ends the run with status 1. Without a CUDA device it says so and exits
 // with 77.
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
         {"cast f32 -> f16", 1.5 * N, 0.90,
          [&] { herd::cuda::cast(out, herd::dtype::f16, a, herd::dtype::f32, n, 1.0, nullptr); }, out, bytes / 2,
          [&](auto x, auto, auto r) { herd::detail::host_cast(r, herd::dtype::f16, x, herd::dtype::f32, n); }},
-        {"cast f16 -> f32", 1.5 * N, 0.90,
+        {"cast f16 -> f32", 0.75 * N, 0.90,  // N/4 bytes read, N/2 written
          [&] { herd::cuda::cast(out, herd::dtype::f32, a, herd::dtype::f16, n / 2, 1.0, nullptr); }, out, bytes,
          [&](auto x, auto, auto r) { herd::detail::host_cast(r, herd::dtype::f32, x, herd::dtype::f16, n / 2); }},
         {"batched pack, " + std::to_string(pack.size()) + " tensors", packed, 0.85,
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
     const double copy_gbs = 2.0 * N / copy_ms / 1e6;
     std::printf("%-44s %12zu %10.2f %10.1f %8.2f %8s\n", "cudaMemcpy device to device", bytes, copy_ms * 1e3, copy_gbs,
                 1.0, "");
-    const bool judge = bytes >= (std::size_t{16} << 20);
+    const bool judge = bytes >= (std::size_t{64} << 20);
     for (const auto& r : rows) {
       // Fresh inputs, a zeroed output, one run checked; then the timing.
       HERD_CUDA_CHECK(cudaMemcpy(a, a0, bytes, cudaMemcpyDeviceToDevice));
@@ -195,6 +196,6 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("results: %s (checked up to %zu MiB)\n", wrong == 0 ? "all right" : "WRONG (see above)", checked_bytes >> 20);
-  std::printf("summary: %d kernel runs at >= 16 MiB judged, %d below target, %d wrong\n", judged, missed, wrong);
+  std::printf("summary: %d kernel runs at >= 64 MiB judged, %d below target, %d wrong\n", judged, missed, wrong);
   return wrong == 0 ? 0 : 1;
 }

@@ -15,15 +15,15 @@
 # Each run has its own timeout (RUN_SECONDS, default 150) and HERD_STALL_SHUTDOWN_TIME_SECONDS=60,
 # so one hang costs one run. A run whose target CMake did not create (train_gpu needs cuBLAS and
 # zlib) or that would overrun the whole budget (BUDGET_SECONDS, default 420) is skipped and said.
-# Expected times on 16 cores and one H100 (estimates from the 2-core build machine, scaled):
-#   unpack the bundle, configure       ~30 s
-#   build (8 nvcc TUs, sm_90 only)     ~120 s
-#   CUDA host tests                    ~10 s
-#   GPU suite, 1 + 2 + 3 processes     ~60 s
-#   kernel benchmark, twice            ~40 s
-#   collective benchmark, 1 + 2 procs  ~60 s
-#   device_tensor, train_gpu 1 + 2     ~60 s (2 epochs each)
-#   compute-sanitizer memcheck, GPU suite at 1 process: only if ~120 s are left
+# Times measured on 16 cores and one H100 (2026-11-26; the whole check 158-190 s):
+#   unpack the bundle, configure       10 s
+#   build (6 targets, sm_90 only)      63-80 s
+#   CUDA host tests                    3 s
+#   GPU suite, 1 + 2 + 3 processes     24-27 s
+#   kernel benchmark, twice            13-18 s
+#   collective benchmark, 1 + 2 procs  14-15 s
+#   device_tensor, train_gpu 1 + 2     4-5 s (2 epochs each)
+#   compute-sanitizer memcheck, GPU suite at 1 process: 26-29 s, only if 120 s of the budget are left
 #
 # Self-contained: where .gpu-bundle/ holds the Debian packages tools/gpu-bundle.sh fetched (MPICH,
 # doctest, zlib's header, Fashion-MNIST), they are unpacked into the build folder (dpkg -x, or ar
