@@ -32,7 +32,8 @@
 # toolkit (/usr/local/cuda/bin is put on PATH), CMake, and NCCL (NCCL_HOME, the toolkit's, or the
 # nvidia-nccl wheel of the machine's python3).
 #   OUT_DIR=/some/folder tools/gpu-check.sh       # CUDA_ARCHITECTURES=90 (H100, H200) unless set
-# Also read: BUILD_DIR (build-gpu), GPU_BUNDLE (.gpu-bundle), CMAKE_ARGS, BUDGET_SECONDS, RUN_SECONDS.
+# Also read: BUILD_DIR (build-gpu), GPU_BUNDLE (.gpu-bundle), CMAKE_ARGS, BUDGET_SECONDS, RUN_SECONDS,
+# TARGETS (a subset of the targets above, to rerun a part: TARGETS=train_gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
@@ -162,6 +163,7 @@ binary() {  # binary TARGET: its path, if it was built
   [[ -n "$found" ]] && echo "$found"
 }
 wanted=(cuda_host_tests gpu_tests cuda_kernels gpu_collectives device_tensor train_gpu)
+[[ -n "${TARGETS:-}" ]] && read -ra wanted <<<"$TARGETS"  # a subset, to rerun a part; the rest is skipped and said
 known=$(cmake --build "$build" --target help 2>/dev/null)
 targets=()
 for t in "${wanted[@]}"; do

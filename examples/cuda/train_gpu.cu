@@ -13,6 +13,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -167,6 +168,7 @@ int train(Comm& comm, herd::mpi_communicator& world, int device, const std::stri
   double accuracy = 0;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto started = std::chrono::steady_clock::now();
     for (std::span<const std::size_t> b : sampler.batches(static_cast<std::size_t>(batch), true)) {
       const int n = static_cast<int>(b.size());
       HERD_CUDA_CHECK(cudaMemcpy(picks, b.data(), b.size_bytes(), cudaMemcpyHostToDevice));
@@ -184,6 +186,8 @@ int train(Comm& comm, herd::mpi_communicator& world, int device, const std::stri
       HERD_CUDA_CHECK(cudaGetLastError());
       opt.step();  // herd averages gw1, gb1, gw2, gb2 across ranks, then gpu_sgd steps
     }
+    HERD_CUDA_CHECK(cudaDeviceSynchronize());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     // Test accuracy: each rank scores its slice; the counts are summed.
     herd::distributed_sampler shard = herd::distributed_sampler::for_evaluation(test_set.labels.size(), world);
     std::vector<std::int64_t> counts = {0, 0};
@@ -201,7 +205,7 @@ int train(Comm& comm, herd::mpi_communicator& world, int device, const std::stri
     }
     herd::allreduce(counts, world);
     accuracy = static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
-    if (world.rank() == 0) std::printf("epoch %d: test accuracy %.4f\n", epoch + 1, accuracy);
+    if (world.rank() == 0) std::printf("epoch %d: %.2f s of training, test accuracy %.4f\n", epoch + 1, seconds, accuracy);
   }
   if (world.rank() == 0) std::printf("final test accuracy: %.4f\n", accuracy);
   cublasDestroy(blas);
