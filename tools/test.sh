@@ -5,9 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh --with-torch --with-openmpi
+# Every build below on every core (the workflow preset's build too, which takes no -j).
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 cmake --preset default
-cmake --build --preset default -j "$(nproc)"
-ctest --test-dir build --output-on-failure --no-tests=error "$@"
+cmake --build --preset default
+# -j: compile checks and one-process tests run two at a time; tests of several ranks (PROCESSORS)
+# run alone.
+ctest --test-dir build --output-on-failure --no-tests=error -j "$(nproc)" "$@"
 if command -v mpicxx.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null; then
   cmake --workflow --preset openmpi
 else

@@ -7323,7 +7323,11 @@ inline void require_element_aligned(const char* operation, const void* p, dtype 
                       "and every framework's tensors do)");
 }
 
-inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
+// The launchers are templates of an unused parameter so that a translation unit compiles the kernels
+// (every dtype x op of them) only when it calls one: a file that includes herd and launches
+// nothing compiles no device code.
+template <class = void>
+void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
                    cudaStream_t stream) {
   if (n == 0) return;
   if (!supports(type, op)) {
@@ -7356,7 +7360,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 }
 
 // data = data / ranks: herd's avg of values summed elsewhere.
-inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
+template <class = void> void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
   require_element_aligned("cuda::finalize_avg", data, type);
   const int device = device_of(stream);  // the stream may be a communicator's, on another device than the current one
@@ -7370,7 +7374,8 @@ inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaS
 }
 
 // out = out_type(in * scale). Same dtype and scale 1 is a plain copy.
-inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
+template <class = void>
+void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
                  cudaStream_t stream) {
   if (n == 0) return;
   if (out_type == in_type && scale == 1.0) {
@@ -7412,7 +7417,7 @@ class batched_copy {
   static constexpr std::uint64_t bytes_per_block = 65536;
 
   // out_type(in * scale) for every item; same dtype and scale 1 copies bytes.
-  void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
+  template <class = void> void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
     if (items.empty()) return;
     const bool bytes = out_type == in_type && scale == 1.0;
     const std::uint64_t per_element = bytes ? size_of(in_type) : 1;
@@ -7532,6 +7537,7 @@ class stream_stage {
   void copy(void* to, const void* from, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   }
+  template <class = void>  // a template, as cuda::reduce: no kernel is compiled unless it is called
   void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
     cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
   }
@@ -12448,6 +12454,7 @@ class device_mover {
     return {fusion_.get(count * size_of(type)), count, type, device::cuda(device_)};
   }
 
+  template <class = void>  // templates, as the kernels' launchers: compiled only where called
   void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
     const cuda::device_guard on(device_);
 #if HERD_WITH_CUDA_KERNELS
@@ -12468,6 +12475,7 @@ class device_mover {
     return {accumulators_[index]->get(count * size_of(type)), count, type, device::cuda(device_)};
   }
 
+  template <class = void>
   void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
 #if HERD_WITH_CUDA_KERNELS
     const cuda::device_guard on(device_);
@@ -12481,6 +12489,7 @@ class device_mover {
 #endif
   }
 
+  template <class = void>
   void fold(const buffer_view& grad, const buffer_view& acc) {
 #if HERD_WITH_CUDA_KERNELS
     const cuda::device_guard on(device_);

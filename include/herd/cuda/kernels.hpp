@@ -113,7 +113,11 @@ inline void require_element_aligned(const char* operation, const void* p, dtype 
                       "and every framework's tensors do)");
 }
 
-inline void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
+// The launchers are templates of an unused parameter so that a translation unit compiles the kernels
+// (every dtype x op of them) only when it calls one: a file that includes herd and launches
+// nothing compiles no device code.
+template <class = void>
+void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks,
                    cudaStream_t stream) {
   if (n == 0) return;
   if (!supports(type, op)) {
@@ -146,7 +150,7 @@ inline void reduce(dtype type, reduce_op op, void* out, const void* a, const voi
 }
 
 // data = data / ranks: herd's avg of values summed elsewhere.
-inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
+template <class = void> void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaStream_t stream) {
   if (n == 0 || ranks == 1) return;
   require_element_aligned("cuda::finalize_avg", data, type);
   const int device = device_of(stream);  // the stream may be a communicator's, on another device than the current one
@@ -160,7 +164,8 @@ inline void finalize_avg(dtype type, void* data, std::size_t n, int ranks, cudaS
 }
 
 // out = out_type(in * scale). Same dtype and scale 1 is a plain copy.
-inline void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
+template <class = void>
+void cast(void* out, dtype out_type, const void* in, dtype in_type, std::size_t n, double scale,
                  cudaStream_t stream) {
   if (n == 0) return;
   if (out_type == in_type && scale == 1.0) {
@@ -202,7 +207,7 @@ class batched_copy {
   static constexpr std::uint64_t bytes_per_block = 65536;
 
   // out_type(in * scale) for every item; same dtype and scale 1 copies bytes.
-  void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
+  template <class = void> void run(std::span<const item> items, dtype out_type, dtype in_type, double scale, cudaStream_t stream) {
     if (items.empty()) return;
     const bool bytes = out_type == in_type && scale == 1.0;
     const std::uint64_t per_element = bytes ? size_of(in_type) : 1;

@@ -43,6 +43,7 @@ class stream_stage {
   void copy(void* to, const void* from, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   }
+  template <class = void>  // a template, as cuda::reduce: no kernel is compiled unless it is called
   void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
     cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
   }

@@ -117,6 +117,7 @@ class device_mover {
     return {fusion_.get(count * size_of(type)), count, type, device::cuda(device_)};
   }
 
+  template <class = void>  // templates, as the kernels' launchers: compiled only where called
   void move(std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
     const cuda::device_guard on(device_);
 #if HERD_WITH_CUDA_KERNELS
@@ -137,6 +138,7 @@ class device_mover {
     return {accumulators_[index]->get(count * size_of(type)), count, type, device::cuda(device_)};
   }
 
+  template <class = void>
   void accumulate(const buffer_view& acc, const buffer_view& grad, bool first) {
 #if HERD_WITH_CUDA_KERNELS
     const cuda::device_guard on(device_);
@@ -150,6 +152,7 @@ class device_mover {
 #endif
   }
 
+  template <class = void>
   void fold(const buffer_view& grad, const buffer_view& acc) {
 #if HERD_WITH_CUDA_KERNELS
     const cuda::device_guard on(device_);
