@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
 }
 EOF
 cp "$work/herd_include.cpp" "$work/herd_include.cu"
+printf '#define HERD_IMPLEMENTATION\n#include <herd/herd.hpp>\n' >"$work/implementation.cpp"
 # The README's quickstart, as printed there.
 python3 -c '
 import re, sys
@@ -65,6 +66,8 @@ cases=(
   "<torch/torch.h>|$cxx|$torch_flags|$work/torch.cpp|/usr/include/torch/csrc/api/include/torch/torch.h"
   "herd include-only|$cxx|-I$include $mpi_flags|$work/herd_include.cpp|"
   "one allreduce|$cxx|-I$include $mpi_flags|$work/one_allreduce.cpp|"
+  "one allreduce, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags -DHERD_SEPARATE_COMPILATION|$work/one_allreduce.cpp|"
+  "its implementation file (once per program)|$cxx|-I$include $mpi_flags|$work/implementation.cpp|"
   "README quickstart|$cxx|-I$include $mpi_flags|$work/quickstart.cpp|"
   "fashion_mnist training loop|$cxx|-I$include $mpi_flags $eigen_flags|$root/examples/fashion_mnist/main.cpp|/usr/include/eigen3/Eigen/Dense"
   "nvcc: herd include-only|$nvcc|-I$include $mpi_flags|$work/herd_include.cu|$nvcc"

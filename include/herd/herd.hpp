@@ -34,6 +34,7 @@
 #include <herd/collectives/reduce.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/collectives/scatter.hpp>
+#include <herd/collectives/separate_compilation.hpp>
 
 #include <herd/data/distributed_sampler.hpp>
 

@@ -1,0 +1,31 @@
+# Fails unless the object files compiled with HERD_SEPARATE_COMPILATION leave every entry point of
+# the engine that <herd/collectives/separate_compilation.hpp> declares extern to the linker: each
+# must appear as undefined (called, not compiled there) and none as defined. A declaration
+# missing from that header would let the compiler instantiate the function in these files (and
+# inline it, so that it would not even appear as defined): it would then not appear as undefined.
+#   cmake -DNM=<nm> -DOBJECTS=<a.o|b.o> -P check_no_engine.cmake
+string(REPLACE "|" ";" objects "${OBJECTS}")
+set(all "")
+foreach(object IN LISTS objects)
+  execute_process(COMMAND ${NM} -C ${object} OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${NM} failed on ${object}")
+  endif()
+  string(APPEND all "${symbols}")
+endforeach()
+set(problems "")
+foreach(entry IN ITEMS run_collective prepare_allreduce run_allreduce prepare_grouped_allreduce run_grouped_allreduce
+                       prepare_broadcast run_broadcast prepare_allgatherv run_allgatherv run_reduce_scatter
+                       prepare_gatherv run_gatherv prepare_scatterv run_scatterv prepare_reduce run_reduce)
+  if(NOT all MATCHES "\n *U [^\n]*[:]${entry}<herd::mpi_communicator>")
+    list(APPEND problems "${entry}<mpi_communicator> is not left to the linker (no undefined reference)")
+  endif()
+  if(all MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*[:]${entry}<herd::mpi_communicator>")
+    list(APPEND problems "${entry}<mpi_communicator> is defined in a file that should only call it")
+  endif()
+endforeach()
+if(problems)
+  list(JOIN problems "\n  " lines)
+  message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
+endif()
+message(STATUS "the engine's 16 entry points are left to the implementation file")
