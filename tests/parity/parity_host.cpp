@@ -1,7 +1,8 @@
-// herd's side of the host parity checks: parity_host CHECK DIR reads DIR/CHECK.safetensors, written
-// by reference.py (inputs from a fixed seed and PyTorch's results), computes the same with herd and
-// compares. It prints the largest difference and exits 0 when it is within the check's bound, 1
-// otherwise, 77 (skipped) when reference.py found no torch.
+// herd's side of the host parity checks: parity_host CHECK DIR reads DIR/CHECK.safetensors (or, for
+// a check on several ranks, each rank's own file), written by reference.py (inputs from a fixed
+// seed and PyTorch's results), computes the same with herd and compares. It prints the largest
+// difference and exits 0 when it is within the check's bound, 1 otherwise, 77 (skipped) when
+// reference.py found no torch.
 
 #include <herd/herd.hpp>
 
@@ -154,6 +155,68 @@ int clip_grad_norm_sharded(const reference& ref) {
   return cmp.report("parity_clip_grad_norm_sharded");
 }
 
+// herd::zero_optimizer over real MPI ranks against torch.distributed.optim.ZeroRedundancyOptimizer
+// (gloo) at the same world size, each rank on its own gradients (reference.py's zero.WORLD.RANK
+// file). PyTorch's ranks average them with a gloo sum and a division, herd's reduce-scatter with a
+// sum and the same division, and reference.py made every sum exact, so the averages agree bit for
+// bit whatever order each side adds in. What is left is the same elementwise SGD or AdamW
+// arithmetic on every element, whichever rank owns it (herd cuts the flat parameters into equal
+// shards, PyTorch gives each rank whole parameters; neither changes a value): every step's
+// parameters must be bit-identical to PyTorch's, on every rank.
+int zero(const fs::path& dir) {
+  herd::mpi::environment mpi;
+  herd::mpi_communicator comm;
+  const reference ref(dir / ("zero." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
+  int failed = 0;
+  const auto cases = ref.get<std::int64_t>("cases")[0];
+  for (std::int64_t c = 0; c < cases; ++c) {
+    const std::string prefix = std::to_string(c) + ".";
+    const auto o = ref.get<double>(prefix + "options");
+    comparison cmp(0);
+    const auto run = [&](auto make) {
+      std::vector<std::vector<float>> params, grads, all_grads, torch;
+      for (std::size_t k = 0; ref.contains(prefix + "init." + std::to_string(k)); ++k) {
+        params.push_back(ref.get<float>(prefix + "init." + std::to_string(k)));
+        all_grads.push_back(ref.get<float>(prefix + "grads." + std::to_string(k)));
+        torch.push_back(ref.get<float>(prefix + "torch." + std::to_string(k)));
+        grads.emplace_back(params.back().size());
+      }
+      std::vector<herd::buffer_view> param_views, grad_views;
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        param_views.push_back(herd::view_of(params[k]));
+        grad_views.push_back(herd::view_of(grads[k]));
+      }
+      herd::zero_optimizer opt(param_views, grad_views, comm, make);
+      const std::size_t steps = all_grads[0].size() / params[0].size();
+      for (std::size_t s = 0; s < steps; ++s) {
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(float));
+        }
+        opt.step();
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          cmp.check(prefix + "param." + std::to_string(k) + " step " + std::to_string(s + 1), params[k].data(),
+                    torch[k].data() + s * params[k].size(), params[k].size());
+        }
+      }
+    };
+    if (o[0] == 0) {
+      run([&](auto p, auto g) {
+        return herd::sgd(std::move(p), std::move(g),
+                         {.lr = o[1], .momentum = o[2], .dampening = o[3], .nesterov = o[4] != 0, .weight_decay = o[5]});
+      });
+    } else {
+      run([&](auto p, auto g) {
+        return herd::adamw(std::move(p), std::move(g), {.lr = o[1], .beta1 = o[2], .beta2 = o[3], .eps = o[4], .weight_decay = o[5]});
+      });
+    }
+    char name[96];  // one printf per line: the ranks' lines do not interleave
+    std::snprintf(name, sizeof name, "rank %d of %d: parity_zero case %lld (%s, lr %g)", comm.rank(), comm.size(),
+                  static_cast<long long>(c), o[0] == 0 ? "SGD" : "AdamW", o[1]);
+    failed |= cmp.report(name);
+  }
+  return failed;
+}
+
 // A file written the way safetensors writes, holding every safetensors dtype and a BatchNorm2d's
 // state_dict: with strict off, herd's dtypes load bit for bit and the rest are reported as
 // unexpected; registered, a dtype herd lacks is refused by name (not as a damaged file).
@@ -220,13 +283,16 @@ int safetensors(const std::filesystem::path& dir) {
 const std::map<std::string, std::function<int(const reference&)>> checks = {
     {"sgd", sgd}, {"adamw", adamw}, {"loss_scaler", loss_scaler}, {"clip_grad_norm", clip_grad_norm},
     {"clip_grad_norm_sharded", clip_grad_norm_sharded}};
+// Checks that read more than one file, or a file chosen by rank: given the folder.
+const std::map<std::string, std::function<int(const fs::path&)>> folder_checks = {{"safetensors", safetensors}, {"zero", zero}};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || !(checks.contains(argv[1]) || std::string(argv[1]) == "safetensors")) {
+  if (argc != 3 || !(checks.contains(argv[1]) || folder_checks.contains(argv[1]))) {
     std::fprintf(stderr, "usage: parity_host CHECK DIR (CHECK one of:");
     for (const auto& [name, _] : checks) std::fprintf(stderr, " %s", name.c_str());
+    for (const auto& [name, _] : folder_checks) std::fprintf(stderr, " %s", name.c_str());
     std::fprintf(stderr, ")\n");
     return 2;
   }
@@ -237,7 +303,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string check = argv[1];
-    if (check == "safetensors") return safetensors(dir);
+    if (folder_checks.contains(check)) return folder_checks.at(check)(dir);
     const std::string file = check.starts_with("clip_grad_norm") ? "clip_grad_norm" : check;  // one reference, two checks
     return checks.at(check)(reference(dir / (file + ".safetensors")));
   } catch (const std::exception& e) {

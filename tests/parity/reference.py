@@ -10,8 +10,9 @@ its vectorized kernels fuse a + alpha * b into one FMA where the machine has one
 bit depends on the CPU; the scalar kernels round each operation, as herd does, and so can be
 compared bit for bit. Without torch it writes OUTDIR/torch_missing and the checks are skipped.
 
-The DDP check starts this script again once per rank (reference.py --ddp-rank all WORLD OUTDIR,
-with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set) for torch.distributed over gloo.
+The DDP and ZeRO checks start this script again once per rank (reference.py --rank all WORLD
+OUTDIR, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set) for torch.distributed over gloo;
+each rank process runs both checks' parts, as starting one costs more than they do.
 """
 import json
 import os
@@ -19,7 +20,7 @@ import struct
 import sys
 
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
-DDP_RANK = len(sys.argv) == 5 and sys.argv[1] == "--ddp-rank"
+RANK_PROCESS = len(sys.argv) == 5 and sys.argv[1] == "--rank"
 out = sys.argv[-1]
 os.makedirs(out, exist_ok=True)
 try:
@@ -29,7 +30,7 @@ except ImportError as e:
     open(os.path.join(out, "torch_missing"), "w").write(f"torch is not importable: {e}\n")
     print(f"parity: torch is not importable ({e}); the parity checks are skipped")
     sys.exit(0)
-if os.path.exists(os.path.join(out, "torch_missing")) and not DDP_RANK:
+if os.path.exists(os.path.join(out, "torch_missing")) and not RANK_PROCESS:
     os.remove(os.path.join(out, "torch_missing"))
 
 ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -103,7 +104,7 @@ def run_checks():
     clip_check()
     safetensors_check()
     sync_batch_norm_check()
-    ddp_check()
+    distributed_checks()
 
 
 def grad_scaler_update(scale, tracker, found_inf, growth, backoff, interval, cap):
@@ -304,10 +305,7 @@ def ddp_model():
     return Net().double()
 
 
-def ddp_rank(world):
-    import torch.distributed as dist
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def ddp_rank(rank, world):
     tensors = {}
     for s, (unused, bucket, as_view, to_none, passes) in enumerate(DDP_SCENARIOS):
         model = ddp_model()
@@ -340,10 +338,86 @@ def ddp_rank(world):
             for n, t in model.state_dict().items():
                 tensors[f"{p}state.{n}"] = t.clone()
     save(f"ddp.{world}.{rank}", tensors)
+
+
+# ZeRO-1: torch.distributed.optim.ZeroRedundancyOptimizer (gloo) at 2 and 3 ranks; herd's
+# zero_optimizer runs under mpiexec on the same inputs. Each rank has its own gradients at each
+# step; the ranks average them (a sum over gloo, then a division by the ranks, as herd's avg does)
+# before each step. The parameters have uneven sizes, so that herd's equal flat shards cut through
+# parameters (at 2 ranks: 25 and 24 elements; at 3: 17, 17 and 15) while PyTorch assigns whole
+# parameters to ranks; the second one starts at 0.
+ZERO_SIZES = (23, 7, 1, 13, 5)
+ZERO_STEPS = 20
+# [0 (SGD), lr, momentum, dampening, nesterov, weight_decay] or [1 (AdamW), lr, beta1, beta2, eps, weight_decay]
+ZERO_CASES = [[0, 0.05, 0.9, 0, 0, 0.01], [0, 0.02, 0.8, 0, 1, 0.05], [1, 1e-3, 0.9, 0.999, 1e-8, 1e-2],
+              [1, 0.01, 0.8, 0.95, 1e-6, 0.1]]
+
+
+def zero_inputs(world, case):
+    """f32 initial parameters, and each rank's gradients at each step ([rank, step, element]).
+    Each element's values over the ranks lie on a grid of 2^-21 of the largest of them: every
+    partial sum of up to 3 of them is then exact in f32, so the average's bits do not depend on the
+    order in which gloo or herd add (only the final division rounds)."""
+    gen = torch.Generator().manual_seed(1000 * world + case)
+    init = [torch.zeros(n) if k == 1 else torch.randn(n, generator=gen, dtype=torch.float64).float()
+            for k, n in enumerate(ZERO_SIZES)]
+    grads = []
+    for n in ZERO_SIZES:
+        g = torch.randn(world, ZERO_STEPS, n, generator=gen, dtype=torch.float64)
+        quantum = torch.exp2(torch.ceil(torch.log2(g.abs().amax(0))) - 21)
+        grads.append((torch.round(g / quantum) * quantum).float())
+    return init, grads
+
+
+def zero_rank(rank, world):
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    tensors = {"cases": torch.tensor([len(ZERO_CASES)], dtype=torch.int64)}
+    for c, (kind, *o) in enumerate(ZERO_CASES):
+        init, grads = zero_inputs(world, c)
+        params = [p.clone().requires_grad_() for p in init]
+        if kind == 0:
+            opt = ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=o[0], momentum=o[1], dampening=o[2],
+                                          nesterov=bool(o[3]), weight_decay=o[4])
+        else:
+            opt = ZeroRedundancyOptimizer(params, torch.optim.AdamW, lr=o[0], betas=(o[1], o[2]), eps=o[3],
+                                          weight_decay=o[4])
+        trajectory = [torch.empty(ZERO_STEPS, n) for n in ZERO_SIZES]
+        for s in range(ZERO_STEPS):
+            flat = torch.cat([g[rank, s] for g in grads])
+            dist.all_reduce(flat)
+            flat.div_(world)
+            for p, g in zip(params, flat.split(ZERO_SIZES)):
+                p.grad = g.clone()
+            opt.step()
+            for k, p in enumerate(params):
+                trajectory[k][s] = p.detach()
+        tensors[f"{c}.options"] = torch.tensor([kind, *o], dtype=torch.float64)
+        for k in range(len(ZERO_SIZES)):
+            tensors[f"{c}.init.{k}"] = init[k]
+            tensors[f"{c}.grads.{k}"] = grads[k][rank]
+            tensors[f"{c}.torch.{k}"] = trajectory[k]
+    save(f"zero.{world}.{rank}", tensors)
+
+
+def distributed_rank(world):
+    import torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ddp_rank(rank, world)
+    zero_rank(rank, world)
     dist.destroy_process_group()
+    # ZeroRedundancyOptimizer broadcasts parameters that have Python objects, and the process group
+    # outlives destroy_process_group here: a gloo worker that drops the last work's tensors after the
+    # interpreter has begun to finalize needs the GIL, and a thread that takes it then is ended by
+    # force, which aborts the process ("terminate called without an active exception"), now and
+    # then. The files are written and closed: leave without finalizing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def ddp_check():
+def distributed_checks():
     import socket
     import subprocess
     for world in (2, 3):
@@ -354,15 +428,15 @@ def ddp_check():
         for rank in range(world):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                        WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-            ranks.append(subprocess.Popen([sys.executable, __file__, "--ddp-rank", "all", str(world), out], env=env))
+            ranks.append(subprocess.Popen([sys.executable, __file__, "--rank", "all", str(world), out], env=env))
         if any(r.wait(timeout=120) != 0 for r in ranks):
-            sys.exit(f"parity: torch DDP at {world} ranks failed")
+            sys.exit(f"parity: torch DDP or ZeroRedundancyOptimizer at {world} ranks failed")
     tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
                "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
     save("ddp", tensors)
 
 
-if DDP_RANK:
-    ddp_rank(int(sys.argv[3]))
+if RANK_PROCESS:
+    distributed_rank(int(sys.argv[3]))
 else:
     run_checks()
