@@ -50,6 +50,7 @@
 #include <herd/optim/metrics.hpp>
 #include <herd/optim/mixed_precision.hpp>
 #include <herd/optim/optimizer_state.hpp>
+#include <herd/optim/parameters.hpp>
 #include <herd/optim/sgd.hpp>
 #include <herd/optim/zero.hpp>
 

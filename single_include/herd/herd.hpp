@@ -11066,6 +11066,35 @@ constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::
 
 #endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP
 
+// ---- herd/optim/parameters.hpp ----
+#ifndef HERD_OPTIM_PARAMETERS_HPP
+#define HERD_OPTIM_PARAMETERS_HPP
+// herd::parameters: a model's parameters and their gradients, listed once and handed to every part
+// of the training layer that needs them, instead of the same herd::views(...) written out for each:
+//
+//   herd::parameters params{herd::views(w, b), herd::views(grad_w, grad_b)};
+//   herd::sgd sgd(params, {.lr = 0.01, .momentum = 0.9});
+//   herd::distributed_optimizer opt(sgd, params, comm);   // reduces params.gradients
+//   herd::broadcast_parameters(params, comm, 0);          // sends params.values
+//
+// Both lists are views: the tensors stay the caller's, and must outlive the objects given them.
+// Where gradients move between steps (libtorch's zero_grad, a reallocating library), pass the
+// distributed optimizer a gradient_source instead.
+
+
+#include <vector>
+
+namespace herd {
+
+struct parameters {
+  std::vector<buffer_view> values;     // what the optimizer updates
+  std::vector<buffer_view> gradients;  // their gradients, in the same order
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_PARAMETERS_HPP
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -11092,6 +11121,7 @@ class adamw {
       exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
     }
   }
+  explicit adamw(const parameters& p, adamw_options options = {}) : adamw(p.values, p.gradients, options) {}
 
   void step() {
     ++steps_;
@@ -11161,7 +11191,7 @@ class adamw {
 // Making every rank start from the same state, as Horovod's broadcast_parameters,
 // broadcast_optimizer_state and broadcast_object do.
 //
-//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step
+//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step (or a herd::parameters)
 //   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
 //   herd::broadcast_object(epoch, comm, 0);                    // collectives/object.hpp: values, strings, vectors
 //
@@ -11287,6 +11317,11 @@ HERD_CONFIG_NAMESPACE_BEGIN
 template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
   detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
   for (buffer_view p : params) broadcast(p, comm, root);
+}
+
+// The values of a parameters list (its gradients stay as they are).
+template <communicator C> void broadcast_parameters(const parameters& params, C& comm, int root = 0) {
+  broadcast_parameters(params.values, comm, root);
 }
 
 template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
@@ -12712,6 +12747,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   distributed_optimizer(Optimizer& inner, std::vector<buffer_view> gradients, C& comm, optimizer_options options = {})
       : distributed_optimizer(inner, gradient_source([g = std::move(gradients)] { return g; }), comm, options) {}
 
+  // The gradients of a parameters list (optim/parameters.hpp).
+  distributed_optimizer(Optimizer& inner, const parameters& params, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, params.gradients, comm, options) {}
+
   distributed_optimizer(Optimizer& inner, gradient_source gradients, C& comm, optimizer_options options = {})
       : inner_(inner), gradients_(std::move(gradients)), comm_(comm), options_(options) {
     const detail::error_site site{"distributed_optimizer", comm.rank(), comm.size()};
@@ -13847,6 +13886,7 @@ class sgd {
     }
     for (const auto& p : params_) momentum_.emplace_back(detail::state_dtype(p.type), options_.momentum != 0 ? p.count : 0);
   }
+  explicit sgd(const parameters& p, sgd_options options = {}) : sgd(p.values, p.gradients, options) {}
 
   void step() {
     for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], momentum_[i]);

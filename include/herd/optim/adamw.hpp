@@ -10,6 +10,7 @@
 // Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype.
 
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/parameters.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
@@ -39,6 +40,7 @@ class adamw {
       exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
     }
   }
+  explicit adamw(const parameters& p, adamw_options options = {}) : adamw(p.values, p.gradients, options) {}
 
   void step() {
     ++steps_;

@@ -3,7 +3,7 @@
 // Making every rank start from the same state, as Horovod's broadcast_parameters,
 // broadcast_optimizer_state and broadcast_object do.
 //
-//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step
+//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step (or a herd::parameters)
 //   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
 //   herd::broadcast_object(epoch, comm, 0);                    // collectives/object.hpp: values, strings, vectors
 //
@@ -15,6 +15,7 @@
 #include <herd/core/config.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
 #include <herd/optim/optimizer_state.hpp>
+#include <herd/optim/parameters.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <vector>
@@ -25,6 +26,11 @@ HERD_CONFIG_NAMESPACE_BEGIN
 template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
   detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
   for (buffer_view p : params) broadcast(p, comm, root);
+}
+
+// The values of a parameters list (its gradients stay as they are).
+template <communicator C> void broadcast_parameters(const parameters& params, C& comm, int root = 0) {
+  broadcast_parameters(params.values, comm, root);
 }
 
 template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {

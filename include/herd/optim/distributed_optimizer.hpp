@@ -60,6 +60,7 @@
 #include <herd/optim/detail/gradient_movers.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
+#include <herd/optim/parameters.hpp>
 #include <herd/runtime/env.hpp>
 #include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -146,6 +147,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
 
   distributed_optimizer(Optimizer& inner, std::vector<buffer_view> gradients, C& comm, optimizer_options options = {})
       : distributed_optimizer(inner, gradient_source([g = std::move(gradients)] { return g; }), comm, options) {}
+
+  // The gradients of a parameters list (optim/parameters.hpp).
+  distributed_optimizer(Optimizer& inner, const parameters& params, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, params.gradients, comm, options) {}
 
   distributed_optimizer(Optimizer& inner, gradient_source gradients, C& comm, optimizer_options options = {})
       : inner_(inner), gradients_(std::move(gradients)), comm_(comm), options_(options) {

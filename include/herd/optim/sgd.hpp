@@ -11,6 +11,7 @@
 // Arithmetic runs in f32 (f64 for f64 parameters); the momentum buffers are kept in that dtype.
 
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/parameters.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
 
@@ -39,6 +40,7 @@ class sgd {
     }
     for (const auto& p : params_) momentum_.emplace_back(detail::state_dtype(p.type), options_.momentum != 0 ? p.count : 0);
   }
+  explicit sgd(const parameters& p, sgd_options options = {}) : sgd(p.values, p.gradients, options) {}
 
   void step() {
     for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], momentum_[i]);
