@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,6 +156,52 @@ HERD_MPI_TEST_CASE("shared memory: ranks of one node find it; forced ring does n
   CHECK(w.shm.node_part() == nullptr);
   CHECK(w.ring.shared_node() == nullptr);
   if (w.size > 1) CHECK(w.shm.shared_node()->slice_bytes() == small_slice);
+}
+
+// A node whose segment cannot be made (here: node rank 0 may not grow a file past 64 KiB, so
+// sizing the segment fails with EFBIG) falls back to MPI messages, and every rank says so on its
+// own stderr, naming itself and the rank that failed; the allreduce is still exact.
+HERD_MPI_TEST_CASE("shared memory that cannot be made: every rank warns that it falls back, and stays exact", 2) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fflush(stderr);
+  char path[] = "/tmp/herd-fallback-XXXXXX";
+  const int capture = ::mkstemp(path);
+  REQUIRE(capture >= 0);
+  ::unlink(path);
+  const int saved_stderr = ::dup(2);
+  ::dup2(capture, 2);
+  rlimit before{};
+  ::getrlimit(RLIMIT_FSIZE, &before);
+  void (*old_handler)(int) = SIG_DFL;
+  if (world_rank == 0) {
+    old_handler = ::signal(SIGXFSZ, SIG_IGN);  // an oversized ftruncate then fails with EFBIG instead of a signal
+    rlimit small = before;
+    small.rlim_cur = 64 * 1024;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+  }
+  std::string warned;
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD);
+    if (world_rank == 0) {
+      ::setrlimit(RLIMIT_FSIZE, &before);
+      ::signal(SIGXFSZ, old_handler);
+    }
+    std::fflush(stderr);
+    ::dup2(saved_stderr, 2);
+    ::close(saved_stderr);
+    char text[4096] = {};
+    const ssize_t got = ::pread(capture, text, sizeof text - 1, 0);
+    ::close(capture);
+    warned.assign(text, got > 0 ? static_cast<std::size_t>(got) : 0);
+    INFO(warned);
+    CHECK(comm.shared_node() == nullptr);
+    CHECK(has(warned, "herd warning (rank " + std::to_string(world_rank) + " of " + std::to_string(comm.size()) + ")"));
+    CHECK(has(warned, "rank 0 could not share memory with its node"));
+    std::vector<float> v(10000, static_cast<float>(world_rank + 1));
+    herd::allreduce(v, comm);
+    CHECK(v.back() == static_cast<float>(comm.size() * (comm.size() + 1) / 2));
+  }
 }
 
 HERD_MPI_TEST_CASE("shared memory allreduce: the ring's bits and MPI's, on every rank, every dtype and op", 1) {

@@ -1053,9 +1053,9 @@ class mpi_communicator {
         if (o.allreduce_algorithm != algorithm::automatic) {
           detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
         }
-        if (rank() == 0) {
-          std::fprintf(stderr, "herd warning: %s; this communicator moves data with MPI messages only.\n", trouble.c_str());
-        }
+        // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
+        std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",
+                     rank(), size(), trouble.c_str());
         return;
       }
       if (node_size > 1) {
