@@ -1,6 +1,9 @@
 // ZeRO-1 (zero_optimizer) against the unsharded distributed optimizer wrapping the same optimizer:
 // the same parameters after several steps (within 1e-6), at 1-4 ranks, with parameter counts
 // that W does not divide and shards that are empty; each rank keeping only its shard's state.
+// With a loss scaler: an overflow that one rank's gradients carry skips the step on every rank and
+// backs every scale off alike, growth is alike too, and finite scaled gradients step exactly as
+// the unscaled ones do without a scaler.
 
 #include <herd/herd.hpp>
 
@@ -8,7 +11,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <unistd.h>
 #include <string>
@@ -37,11 +43,12 @@ struct model {
     for (auto& p : grads) v.push_back(herd::view_of(p));
     return v;
   }
-  // Gradients of step s on rank r: different on every rank and step.
-  void fill_grads(int rank, int step) {
+  // Gradients of step s on rank r: different on every rank and step; times `scale`, as backward
+  // from a scaled loss gives them.
+  void fill_grads(int rank, int step, double scale = 1.0) {
     herd_test::rng g(1000 * static_cast<std::uint64_t>(rank) + static_cast<std::uint64_t>(step));
     for (auto& t : grads)
-      for (auto& x : t) x = static_cast<float>(g.unit() - 0.5);
+      for (auto& x : t) x = static_cast<float>(g.unit() - 0.5) * static_cast<float>(scale);
   }
 };
 
@@ -58,6 +65,27 @@ std::size_t state_bytes(auto& opt) {
   herd::visit_optimizer_state(opt, [&](const auto&, herd::buffer_view v) { bytes += v.bytes(); });
   return bytes;
 }
+
+// The wrapped optimizer's state, as bytes.
+std::vector<std::byte> state_of(auto& opt) {
+  std::vector<std::byte> bytes;
+  herd::visit_optimizer_state(opt, [&](const auto&, herd::buffer_view v) {
+    const auto* p = static_cast<const std::byte*>(v.data);
+    bytes.insert(bytes.end(), p, p + v.bytes());
+  });
+  return bytes;
+}
+
+// Whether rank 0's scale is this rank's, bit for bit.
+bool same_scale_everywhere(double scale, herd::local_communicator& comm) {
+  std::vector<double> first{scale};
+  herd::broadcast(first, comm, 0);
+  return std::memcmp(&first[0], &scale, sizeof scale) == 0;
+}
+
+auto make_momentum_sgd = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+  return herd::sgd(std::move(p), std::move(g), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+};
 
 template <class MakeInner> void compare_with_unsharded(int ranks, const std::vector<std::size_t>& sizes, MakeInner make_inner,
                                                         herd::compression wire = herd::compression::none) {
@@ -178,4 +206,123 @@ TEST_CASE("zero_optimizer with max_grad_norm clips by the norm of the whole, as 
       CHECK(largest_difference(sharded, plain) <= 1e-6);
     });
   }
+}
+
+TEST_CASE("zero_optimizer with a loss scaler: an inf or NaN in one rank's gradients skips the step on every rank and halves every scale") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  for (double clip : {0.0, 1.0}) {  // the overflow agreed alone, and in the norm's allreduce
+    for (int ranks = 1; ranks <= 3; ++ranks) {
+      herd::local::run(ranks, [&](herd::local_communicator& comm) {
+        herd::loss_scaler scaler({.initial_scale = 1024.0, .growth_interval = 1000});
+        model m(sizes);
+        herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make_momentum_sgd, {.max_grad_norm = clip, .scaler = &scaler});
+        m.fill_grads(comm.rank(), 0, scaler.scale());
+        zero.step();  // a clean step first, so that there is momentum to keep
+        REQUIRE_FALSE(zero.last_step_skipped());
+        int step = 1;
+        for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+          const auto params_before = m.params;
+          const auto state_before = state_of(zero.inner());
+          const double scale_before = scaler.scale();
+          m.fill_grads(comm.rank(), step++, scaler.scale());
+          // Element 0 lies in rank 0's shard: the last rank's overflow reaches only rank 0's reduced shard.
+          if (comm.rank() == ranks - 1) m.grads[0][0] = bad;
+          zero.step();
+          INFO("rank ", comm.rank(), " of ", ranks, ", max_grad_norm ", clip, ", gradient ", bad);
+          CHECK(zero.last_step_skipped());
+          CHECK(m.params == params_before);
+          CHECK(state_of(zero.inner()) == state_before);
+          CHECK(scaler.scale() == scale_before / 2);
+          CHECK(same_scale_everywhere(scaler.scale(), comm));
+        }
+        CHECK(scaler.skipped_steps() == 2);
+        const auto params_before = m.params;
+        m.fill_grads(comm.rank(), step, scaler.scale());
+        zero.step();  // clean again: it steps
+        CHECK_FALSE(zero.last_step_skipped());
+        CHECK(m.params != params_before);
+        CHECK(scaler.scale() == 256.0);
+      });
+    }
+  }
+}
+
+TEST_CASE("zero_optimizer with a loss scaler grows the scale after growth_interval clean steps, alike on every rank, up to max_scale") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  for (int ranks = 1; ranks <= 3; ++ranks) {
+    herd::local::run(ranks, [&](herd::local_communicator& comm) {
+      herd::loss_scaler scaler({.initial_scale = 256.0, .growth_interval = 3, .max_scale = 2048.0});
+      model m(sizes);
+      herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make_momentum_sgd, {.scaler = &scaler});
+      // Two clean steps, an overflow on the last rank only (the count starts again), then clean
+      // steps: x2 after each third, until the cap.
+      const std::vector<double> expected = {256, 256, 128, 128, 128, 256, 256, 256, 512, 512, 512, 1024, 1024, 1024, 2048, 2048, 2048, 2048};
+      std::vector<double> scales;
+      for (int step = 0; step < static_cast<int>(expected.size()); ++step) {
+        m.fill_grads(comm.rank(), step, scaler.scale());
+        if (step == 2 && comm.rank() == ranks - 1) m.grads[0][0] = std::numeric_limits<float>::infinity();
+        zero.step();
+        scales.push_back(scaler.scale());
+        INFO("rank ", comm.rank(), " of ", ranks, ", step ", step);
+        CHECK(same_scale_everywhere(scaler.scale(), comm));
+      }
+      INFO("rank ", comm.rank(), " of ", ranks);
+      CHECK(scales == expected);
+      CHECK(scaler.skipped_steps() == 1);
+    });
+  }
+}
+
+TEST_CASE("zero_optimizer with a loss scaler and finite gradients equals zero_optimizer without one on the unscaled gradients, bit for bit") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  auto make_adamw = [](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+    return herd::adamw(std::move(p), std::move(g), {.lr = 0.01, .weight_decay = 0.1});
+  };
+  auto compare = [&](auto make, double clip) {
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      herd::local::run(ranks, [&](herd::local_communicator& comm) {
+        // Powers of two, growing during the run: scaling and unscaling are exact.
+        herd::loss_scaler scaler({.initial_scale = 1024.0, .growth_interval = 2});
+        model scaled(sizes), plain(sizes);
+        herd::zero_optimizer with(scaled.param_views(), scaled.grad_views(), comm, make, {.max_grad_norm = clip, .scaler = &scaler});
+        herd::zero_optimizer without(plain.param_views(), plain.grad_views(), comm, make, {.max_grad_norm = clip});
+        for (int step = 0; step < 6; ++step) {
+          scaled.fill_grads(comm.rank(), step, scaler.scale());
+          plain.fill_grads(comm.rank(), step);
+          with.step();
+          without.step();
+          CHECK_FALSE(with.last_step_skipped());
+        }
+        INFO("rank ", comm.rank(), " of ", ranks, ", max_grad_norm ", clip);
+        CHECK(scaler.scale() == 8192.0);
+        CHECK(scaled.params == plain.params);
+        CHECK(state_of(with.inner()) == state_of(without.inner()));
+        CHECK(with.grad_norm() == without.grad_norm());
+      });
+    }
+  };
+  compare(make_momentum_sgd, 0.0);
+  compare(make_adamw, 0.0);
+  compare(make_adamw, 0.5);
+}
+
+TEST_CASE("zero_optimizer with a loss scaler and fp16 on the wire: a scaled sum past f16's range skips, the smaller scale steps unscaled") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    herd::loss_scaler scaler({.initial_scale = 4.0});
+    std::vector<float> param(4, 0.0f), grad(4);
+    herd::zero_optimizer zero(herd::views(param), herd::views(grad), comm,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); },
+                              {.wire = herd::compression::fp16, .scaler = &scaler});
+    // 30000 scaled by 4, halved before the sum: 60000 + 60000 is past f16's 65504.
+    std::fill(grad.begin(), grad.end(), 30000.0f * static_cast<float>(scaler.scale()));
+    zero.step();
+    INFO("rank ", comm.rank());
+    CHECK(zero.last_step_skipped());
+    CHECK(scaler.scale() == 2.0);
+    for (float p : param) CHECK(p == 0.0f);
+    std::fill(grad.begin(), grad.end(), 30000.0f * static_cast<float>(scaler.scale()));  // 30000 + 30000 fits
+    zero.step();
+    CHECK_FALSE(zero.last_step_skipped());
+    for (float p : param) CHECK(p == -30000.0f);
+  });
 }

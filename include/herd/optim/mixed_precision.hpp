@@ -30,7 +30,8 @@
 // order has it, or parameters loaded alone), the master is read again from the parameter, so
 // every rank steps from what the parameters hold. Masters restored with their parameters (a
 // checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
-// same on every rank; zero_optimizer's shards differ, so the two do not combine.
+// same on every rank; zero_optimizer's shards differ, so the two do not combine: zero_optimizer
+// takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/optimizer_state.hpp>
