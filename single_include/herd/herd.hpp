@@ -13651,7 +13651,8 @@ HERD_CONFIG_NAMESPACE_END
 // order has it, or parameters loaded alone), the master is read again from the parameter, so
 // every rank steps from what the parameters hold. Masters restored with their parameters (a
 // checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
-// same on every rank; zero_optimizer's shards differ, so the two do not combine.
+// same on every rank; zero_optimizer's shards differ, so the two do not combine: zero_optimizer
+// takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 
 #include <algorithm>
@@ -13966,9 +13967,18 @@ class sgd {
 // it is per rank (each rank saves its own file) and loads back at the same world size; a layout
 // that differs (another world size, rank or parameter count) makes the next step raise
 // herd::error on every rank.
+//
+// With a loss scaler (zero_options::scaler, the one mixed_precision takes), backward starts from
+// loss * scaler.scale() and each step divides the reduced shard by the scale and looks in it for
+// inf and NaN. An overflow reaches only the rank whose shard holds the element, so the ranks
+// agree on it with one scalar allreduce (the one max_grad_norm's norm travels in, when clipping:
+// an inf or NaN anywhere makes the summed squares inf or NaN, as DeepSpeed reads them). On an
+// overflow every rank skips the step (no parameter or state changes, no allgather) and every
+// scaler backs off alike, so the ranks' scales never part.
 
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -13986,6 +13996,10 @@ struct zero_options {
   // torch.nn.utils.clip_grad_norm_ on the whole; the shards' squared norms are summed across the
   // ranks (one scalar allreduce, as DeepSpeed does), so every rank clips by the same norm.
   double max_grad_norm = 0;
+  // Dynamic loss scaling: the gradients arrive multiplied by scaler->scale(); each step unscales
+  // them, skips on an inf or NaN on any rank and updates the scaler (the same on every rank).
+  // Not owned: it must outlive the optimizer.
+  loss_scaler* scaler = nullptr;
 };
 
 // Where this rank's shard lies in the flat parameter range.
@@ -14061,6 +14075,15 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
+      if (options_.scaler != nullptr) {
+        // Its shard is the gradients themselves: they are unscaled in place, as GradScaler's unscale_.
+        bool overflow = false;
+        for (const buffer_view& g : grads_) {
+          detail::host_cast(g.data, g.type, g.data, g.type, g.count, 1.0 / options_.scaler->scale());
+          overflow = overflow || detail::has_inf_or_nan(g);
+        }
+        if (skip(overflow)) return;
+      }
       if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
@@ -14087,10 +14110,26 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    if (wire_ != type_) detail::host_cast(grad_.data(), type_, shard_grad_.data(), wire_, shard_.per_rank);
+    // The unscaling rides on the cast back where there is one.
+    const double unscale = options_.scaler != nullptr ? 1.0 / options_.scaler->scale() : 1.0;
+    const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
+    if (wire_ != type_) detail::host_cast(received.data, type_, shard_grad_.data(), wire_, shard_.per_rank, unscale);
+    else if (unscale != 1.0) detail::host_cast(received.data, type_, received.data, type_, shard_.per_rank, unscale);
     if (options_.max_grad_norm > 0) {
-      const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
-      grad_norm_ = clip_grad_norm({received}, options_.max_grad_norm, comm);  // the padding adds zeros
+      // One scalar allreduce serves the norm and, with a scaler, the overflow agreement; the
+      // padding adds zeros.
+      double squares = detail::squared_norm({received});
+      buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+      allreduce(scalar, comm, reduce_op::sum);
+      grad_norm_ = std::sqrt(squares);
+      if (options_.scaler != nullptr && skip(!std::isfinite(squares))) return;
+      detail::clip_by({received}, options_.max_grad_norm, grad_norm_);
+    } else if (options_.scaler != nullptr) {
+      // Only the rank holding an overflowed element sees it: the skip is decided by all of them.
+      double overflow = detail::has_inf_or_nan(received) ? 1.0 : 0.0;
+      buffer_view flag{&overflow, 1, dtype::f64, device::cpu()};
+      allreduce(flag, comm, reduce_op::max);
+      if (skip(overflow != 0)) return;
     }
     inner_->step();
     // This rank's updated parameters to everyone: packed, gathered, unpacked.
@@ -14112,11 +14151,17 @@ template <class Inner, communicator C> class zero_optimizer {
   const zero_shard& shard() const noexcept { return shard_; }
   // The global gradient norm of the last step, with max_grad_norm (0 before).
   double grad_norm() const noexcept { return grad_norm_; }
+  // Whether the last step was skipped for an overflow (with a scaler); the same on every rank.
+  bool last_step_skipped() const noexcept { return skipped_; }
 
-  // This rank's state: the wrapped optimizer's, for its shard, and the layout it belongs to.
+  // This rank's state: the wrapped optimizer's, for its shard, the layout it belongs to, and the
+  // scaler's (the same on every rank), so that a checkpoint resumes the scale too.
   template <class F> void visit_state(F&& f) {
     f(std::string("zero.layout"), buffer_view{layout_, 3, dtype::i64, device::cpu()});
     visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("shard." + std::string(name), v); });
+    if (options_.scaler != nullptr) {
+      options_.scaler->visit_state([&](const auto& name, buffer_view v) { f("scaler." + std::string(name), v); });
+    }
   }
 
  private:
@@ -14128,6 +14173,13 @@ template <class Inner, communicator C> class zero_optimizer {
       if (a < b) f(p, a - at, a, b - a);
       at += p.count;
     }
+  }
+
+  // Tells the scaler how the step went; true: it is skipped. `overflow` is agreed by every rank.
+  bool skip(bool overflow) {
+    skipped_ = overflow;
+    options_.scaler->update(overflow);
+    return overflow;
   }
 
   // A loaded checkpoint overwrote the layout: it must be the one this optimizer was made for.
@@ -14151,6 +14203,7 @@ template <class Inner, communicator C> class zero_optimizer {
   zero_shard shard_;
   std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
   double grad_norm_ = 0;
+  bool skipped_ = false;
   host_tensor flat_;        // the flattened gradients, as they travel
   host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
   host_tensor grad_;        // ...cast back, with compression
