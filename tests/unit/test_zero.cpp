@@ -247,6 +247,45 @@ TEST_CASE("zero_optimizer with a loss scaler: an inf or NaN in one rank's gradie
   }
 }
 
+// A checkpoint of a zero_optimizer with a loss scaler holds the scaler's state: a scaler that
+// backed off and counted its steps comes back from the file as it was, on every rank.
+TEST_CASE("zero_optimizer with a loss scaler: a checkpoint restores the scale and its counters") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  herd::local::run(2, [&](herd::local_communicator& comm) {
+    herd::loss_scaler scaler({.initial_scale = 1024.0, .growth_interval = 1000});
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make_momentum_sgd, {.scaler = &scaler});
+    m.fill_grads(comm.rank(), 0, scaler.scale());
+    zero.step();
+    m.fill_grads(comm.rank(), 1, scaler.scale());
+    if (comm.rank() == 1) m.grads[0][0] = std::numeric_limits<float>::infinity();
+    zero.step();  // skipped: 512, one clean step then one skipped
+    REQUIRE(scaler.scale() == 512.0);
+    const auto dir = std::filesystem::temp_directory_path() / ("herd_zero_scaler_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const auto mine = dir / ("shard" + std::to_string(comm.rank()));
+    herd::checkpoint saved;
+    saved.add_optimizer_state("opt.", zero);
+    saved.save(mine);
+    // Steps that move the scaler on, then the checkpoint back.
+    for (int step = 2; step < 5; ++step) {
+      m.fill_grads(comm.rank(), step, scaler.scale());
+      if (comm.rank() == 0 && step == 3) m.grads[1][0] = std::numeric_limits<float>::quiet_NaN();
+      zero.step();
+    }
+    REQUIRE(scaler.scale() == 256.0);
+    herd::checkpoint restored;
+    restored.add_optimizer_state("opt.", zero);
+    herd::barrier(comm);
+    CHECK(restored.load(mine));
+    INFO("rank ", comm.rank());
+    CHECK(scaler.scale() == 512.0);
+    CHECK(scaler.skipped_steps() == 1);
+    herd::barrier(comm);
+    if (comm.rank() == 0) std::filesystem::remove_all(dir);
+  });
+}
+
 TEST_CASE("zero_optimizer with a loss scaler grows the scale after growth_interval clean steps, alike on every rank, up to max_scale") {
   const std::vector<std::size_t> sizes = {37, 1, 251};
   for (int ranks = 1; ranks <= 3; ++ranks) {
