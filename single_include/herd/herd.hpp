@@ -166,6 +166,7 @@ struct device {
 
 
 #include <cstdint>
+#include <type_traits>
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -369,6 +370,11 @@ struct bfloat16 {
     return h;
   }
 };
+
+namespace detail {
+// half or bfloat16: stored in 16 bits, computed in float.
+template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+}  // namespace detail
 
 }  // namespace herd
 
@@ -7006,8 +7012,6 @@ namespace herd::cuda::detail {
 // bits. A vector holding a NaN or an infinity takes the checked path element by element. Without
 // this the checks' software fallbacks, inlined for every lane, make the f16 average
 // compute-bound on an H100.
-template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>;
-
 template <class T> HERD_HOST_DEVICE bool is_number(T x) {
   return (x.bits & 0x7fffu) < (std::is_same_v<T, herd::half> ? 0x7c00u : 0x7f80u);  // exponent not all ones
 }
@@ -7064,7 +7068,7 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
     const auto x = load_lanes<T, V>(p.a + at);
     const auto y = load_lanes<T, V>(p.b + at);
     lanes<T, V> r;
-    if constexpr (is_16bit_float<T>) {
+    if constexpr (herd::detail::is_16bit_float<T>) {
       bool numbers = true;
       for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
       if (numbers) {
@@ -10946,12 +10950,12 @@ HERD_CONFIG_NAMESPACE_END
 namespace herd::detail {
 
 template <class T> inline double to_double(T x) noexcept {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(x));
+  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
   else return static_cast<double>(x);
 }
 
 template <class T> inline T from_double(double x) noexcept {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return T(x);
+  if constexpr (is_16bit_float<T>) return T(x);
   else return static_cast<T>(x);
 }
 
@@ -11145,7 +11149,7 @@ class adamw {
   void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const {
     visit(param.type, [&](auto element) {
       using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
         using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
         auto* p = static_cast<T*>(param.data);
         const auto* g = static_cast<const T*>(grad.data);
@@ -13818,7 +13822,7 @@ template <class Inner> class mixed_precision {
       if (master_[i].count() == 0) continue;
       visit(params_[i].type, [&](auto element) {
         using T = decltype(element);
-        if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+        if constexpr (detail::is_16bit_float<T>) {
           const auto* p = static_cast<const T*>(params_[i].data);
           auto* m = static_cast<float*>(master_[i].data());
           for (std::size_t j = 0; j < params_[i].count; ++j) {
@@ -13908,7 +13912,7 @@ class sgd {
   void update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const {
     visit(param.type, [&](auto element) {
       using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
         using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
         auto* p = static_cast<T*>(param.data);
         const auto* g = static_cast<const T*>(grad.data);

@@ -118,7 +118,7 @@ TEST_CASE("16-bit vectors with a NaN or an infinity in any lane keep the checked
   for (auto type : {herd::dtype::f16, herd::dtype::bf16}) {
     herd::visit(type, [&](auto element) {
       using T = decltype(element);
-      if constexpr (is_16bit_float<T>) {
+      if constexpr (herd::detail::is_16bit_float<T>) {
         const bool is_half = type == herd::dtype::f16;
         const std::uint16_t specials[] = {
             static_cast<std::uint16_t>(is_half ? 0x7d23u : 0x7f91u),  // a NaN with a payload

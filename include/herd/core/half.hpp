@@ -8,6 +8,7 @@
 #include <herd/core/config.hpp>
 
 #include <cstdint>
+#include <type_traits>
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -211,6 +212,11 @@ struct bfloat16 {
     return h;
   }
 };
+
+namespace detail {
+// half or bfloat16: stored in 16 bits, computed in float.
+template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+}  // namespace detail
 
 }  // namespace herd
 

@@ -201,7 +201,7 @@ template <class Inner> class mixed_precision {
       if (master_[i].count() == 0) continue;
       visit(params_[i].type, [&](auto element) {
         using T = decltype(element);
-        if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+        if constexpr (detail::is_16bit_float<T>) {
           const auto* p = static_cast<const T*>(params_[i].data);
           auto* m = static_cast<float*>(master_[i].data());
           for (std::size_t j = 0; j < params_[i].count; ++j) {

@@ -61,7 +61,7 @@ class sgd {
   void update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const {
     visit(param.type, [&](auto element) {
       using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
         using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
         auto* p = static_cast<T*>(param.data);
         const auto* g = static_cast<const T*>(grad.data);

@@ -23,8 +23,6 @@ namespace herd::cuda::detail {
 // bits. A vector holding a NaN or an infinity takes the checked path element by element. Without
 // this the checks' software fallbacks, inlined for every lane, make the f16 average
 // compute-bound on an H100.
-template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, herd::half> || std::is_same_v<T, herd::bfloat16>;
-
 template <class T> HERD_HOST_DEVICE bool is_number(T x) {
   return (x.bits & 0x7fffu) < (std::is_same_v<T, herd::half> ? 0x7c00u : 0x7f80u);  // exponent not all ones
 }
@@ -81,7 +79,7 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
     const auto x = load_lanes<T, V>(p.a + at);
     const auto y = load_lanes<T, V>(p.b + at);
     lanes<T, V> r;
-    if constexpr (is_16bit_float<T>) {
+    if constexpr (herd::detail::is_16bit_float<T>) {
       bool numbers = true;
       for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
       if (numbers) {

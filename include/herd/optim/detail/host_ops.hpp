@@ -16,12 +16,12 @@
 namespace herd::detail {
 
 template <class T> inline double to_double(T x) noexcept {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(x));
+  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
   else return static_cast<double>(x);
 }
 
 template <class T> inline T from_double(double x) noexcept {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return T(x);
+  if constexpr (is_16bit_float<T>) return T(x);
   else return static_cast<T>(x);
 }
 
