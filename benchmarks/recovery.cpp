@@ -16,11 +16,11 @@
 
 #include <herd/herd.hpp>
 
+#include "../tests/support/elastic_training.hpp"
 #include "../tests/support/faulty_communicator.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -41,37 +41,21 @@ struct outcome {
   int attempts = 0;
 };
 
-// 16 steps of training under run_elastic; `fault` runs on the last rank after its wait number `at`.
+// 16 steps of training under run_elastic (the elastic tests' loop); `fault` runs on the last rank
+// after its wait number `at`.
 outcome train(herd::comm_options options, int at, std::function<void()> fault) {
   herd::mpi_communicator comm(MPI_COMM_WORLD, options);
-  const int rank = comm.rank();
-  const bool faulty_rank = rank == comm.size() - 1;
   outcome out;
   out.w.assign(std::size_t{1} << 16, 0.5f);
   std::int64_t step = 0;
-  herd::elastic_state state;
-  state.track(out.w);
-  state.track(step);
   auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::after_wait(
-      comm, faulty_rank ? at : -1, [&] {
+      comm, comm.rank() == comm.size() - 1 ? at : -1, [&] {
         out.fault_at = seconds(clock_type::now());
         fault();
       });
   const auto started = clock_type::now();
-  herd::run_elastic(comm, state, [&](herd::mpi_communicator&) {
-    ++out.attempts;
-    const bool retry = out.attempts > 1;
-    while (step < 16) {
-      std::vector<float> g(out.w.size());
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] = std::sin(out.w[i] * static_cast<float>(rank + 1) + static_cast<float>(step) + 0.001f * static_cast<float>(i));
-      }
-      herd::allreduce(g, faulty, herd::reduce_op::avg);
-      for (std::size_t i = 0; i < out.w.size(); ++i) out.w[i] -= 0.1f * g[i];
-      ++step;
-      if (retry && out.recovered_at == 0) out.recovered_at = seconds(clock_type::now());
-      if (step % 4 == 0) state.commit();
-    }
+  out.attempts = herd_test::train_elastic_steps(comm, faulty, out.w, step, 16, [&](int attempt) {
+    if (attempt > 1 && out.recovered_at == 0) out.recovered_at = seconds(clock_type::now());
   });
   out.step_seconds = std::chrono::duration<double>(clock_type::now() - started).count() / 16;
   return out;

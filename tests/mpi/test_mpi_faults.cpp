@@ -399,7 +399,9 @@ std::vector<float> train_elastic(int on, int at, std::function<void()> fault, st
   std::int64_t step = 0;
   const int rank = comm.rank();
   auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::after_wait(comm, rank == on ? at : -1, fault);
-  const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 16, waits);
+  const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 16, [&](int) {
+    if (waits != nullptr) waits->push_back(faulty.waits());
+  });
   if (fault) CHECK(attempts == 2);
   return w;
 }

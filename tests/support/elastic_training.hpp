@@ -10,16 +10,18 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace herd_test {
 
 // Trains `w` from `step` to `steps` under run_elastic on `comm`, reducing through `faulty` (a
-// faulty_communicator over comm); `waits`, when given, gets faulty's count of waits after each
-// step. Returns how many times run_elastic called the training function.
+// faulty_communicator over comm); `after_step`, when given, is called after each step with the
+// number of the current attempt (1, then 2 after a rollback...). Returns how many times
+// run_elastic called the training function. Also the loop of benchmarks/recovery.cpp.
 template <class C, class Faulty>
 int train_elastic_steps(C& comm, Faulty& faulty, std::vector<float>& w, std::int64_t& step, std::int64_t steps,
-                        std::vector<int>* waits) {
+                        const std::function<void(int attempt)>& after_step = {}) {
   herd::elastic_state state;
   state.track(w);
   state.track(step);
@@ -36,7 +38,7 @@ int train_elastic_steps(C& comm, Faulty& faulty, std::vector<float>& w, std::int
       for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
       ++step;
       if (step % 4 == 0) state.commit();
-      if (waits != nullptr) waits->push_back(faulty.waits());
+      if (after_step) after_step(attempts);
     }
   });
   return attempts;

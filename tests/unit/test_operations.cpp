@@ -488,7 +488,9 @@ std::vector<std::vector<float>> train_elastic(int p, const elastic_fault& f, std
         using faulty_type = herd_test::faulty_communicator<herd::local_communicator>;
         const int at = rank == f.rank ? f.at : -1;
         faulty_type faulty = f.after_wait ? faulty_type::after_wait(comm, at, f.fault) : faulty_type(comm, at, f.fault);
-        const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 24, rank == 0 ? waits : nullptr);
+        const int attempts = herd_test::train_elastic_steps(comm, faulty, w, step, 24, [&](int) {
+          if (rank == 0 && waits != nullptr) waits->push_back(faulty.waits());
+        });
         if (f.fault) CHECK(attempts == 2);
         finals[static_cast<std::size_t>(rank)] = w;
       },
