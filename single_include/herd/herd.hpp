@@ -2251,6 +2251,38 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // raises at once.
 
 
+// ---- herd/comm/detail/fault_hooks.hpp ----
+#ifndef HERD_COMM_DETAIL_FAULT_HOOKS_HPP
+#define HERD_COMM_DETAIL_FAULT_HOOKS_HPP
+// Tests only: two points where a test can make this process misbehave in the middle of an
+// operation (stall, throw), on every path herd has. Unset (the default) they cost one load and one
+// predictable branch. Not for production use: nothing else in herd sets them.
+// - shm_step_hook: called with each step's ticket before this process publishes it in a node's
+//   shared memory (an agreement's header or a slice of data).
+// - post_hook: called before an mpi_communicator posts a message on one of herd's own tags (an
+//   agreement's exchange, or an operation's data), with the tag and whether it is a receive; on the
+//   thread that runs the operation (the progress thread for asynchronous ones).
+
+#include <cstdint>
+
+namespace herd::detail {
+
+using shm_hook = void (*)(std::uint64_t ticket);
+inline shm_hook& shm_step_hook() noexcept {
+  static shm_hook hook = nullptr;
+  return hook;
+}
+
+using message_hook = void (*)(int tag, bool receiving);
+inline message_hook& post_hook() noexcept {
+  static message_hook hook = nullptr;
+  return hook;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_FAULT_HOOKS_HPP
+
 // ---- herd/comm/detail/watchdog.hpp ----
 #ifndef HERD_COMM_DETAIL_WATCHDOG_HPP
 #define HERD_COMM_DETAIL_WATCHDOG_HPP
@@ -2487,14 +2519,6 @@ class shm_segment {
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
-
-// Tests only: when set, called with each step's ticket before this process publishes it, to stall
-// a rank in the middle of a collective.
-using shm_hook = void (*)(std::uint64_t ticket);
-inline shm_hook& shm_step_hook() noexcept {
-  static shm_hook hook = nullptr;
-  return hook;
-}
 
 // Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
 inline constexpr std::size_t shm_header_bytes = 256;
@@ -5381,6 +5405,7 @@ class mpi_communicator {
     detail::check_buffer(what, rank(), size(), data, bytes);
     detail::check_tag(what, rank(), size(), tag);
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
+    if (detail::message_hook hook = detail::post_hook(); hook != nullptr && tag >= reserved_tag_base) hook(tag, receiving);
     request r;
     r.owner_ = s_.get();
     r.peer_ = peer;

@@ -19,6 +19,7 @@
 //   operations. A rank waiting in operation n or later raises at once.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/split.hpp>
@@ -1137,6 +1138,7 @@ class mpi_communicator {
     detail::check_buffer(what, rank(), size(), data, bytes);
     detail::check_tag(what, rank(), size(), tag);
     if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
+    if (detail::message_hook hook = detail::post_hook(); hook != nullptr && tag >= reserved_tag_base) hook(tag, receiving);
     request r;
     r.owner_ = s_.get();
     r.peer_ = peer;

@@ -25,6 +25,7 @@
 // then sleep; the watchdog names the rank waited for; a peer's abort or departure (MPI notices)
 // raises at once.
 
+#include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 #include <herd/core/error.hpp>
@@ -161,14 +162,6 @@ class shm_segment {
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
-
-// Tests only: when set, called with each step's ticket before this process publishes it, to stall
-// a rank in the middle of a collective.
-using shm_hook = void (*)(std::uint64_t ticket);
-inline shm_hook& shm_step_hook() noexcept {
-  static shm_hook hook = nullptr;
-  return hook;
-}
 
 // Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
 inline constexpr std::size_t shm_header_bytes = 256;
