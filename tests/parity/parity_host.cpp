@@ -280,7 +280,39 @@ int safetensors(const std::filesystem::path& dir) {
   return values == 0 && problems == 0 ? 0 : 1;
 }
 
+// herd::distributed_sampler against torch.utils.data.DistributedSampler: the same indices on every
+// rank without shuffling (padding with the first indices, or dropping the tail); with shuffling,
+// the same number per rank (herd's order comes from its own generator, not torch's randperm).
+int sampler(const reference& ref) {
+  const std::vector<std::int64_t> cases = ref.get<std::int64_t>("cases");
+  std::size_t compared = 0, wrong = 0;
+  for (std::size_t c = 0; c < cases.size() / 3; ++c) {
+    const auto n = static_cast<std::size_t>(cases[3 * c]);
+    const int w = static_cast<int>(cases[3 * c + 1]);
+    const bool drop_last = cases[3 * c + 2] != 0;
+    for (int r = 0; r < w; ++r) {
+      for (int shuffle = 0; shuffle < 2; ++shuffle) {
+        const std::string name = std::to_string(c) + "." + std::to_string(r) + "." + std::to_string(shuffle);
+        const std::vector<std::int64_t> torch = ref.get<std::int64_t>(name);
+        const std::vector<std::size_t> mine =
+            herd::distributed_sampler(n, w, r, {.shuffle = shuffle != 0, .seed = 5, .drop_last = drop_last}).indices();
+        const bool same = shuffle != 0 ? mine.size() == torch.size()
+                                       : std::equal(mine.begin(), mine.end(), torch.begin(), torch.end(),
+                                                    [](std::size_t a, std::int64_t b) { return static_cast<std::int64_t>(a) == b; });
+        ++compared;
+        if (!same && wrong++ == 0) {
+          std::printf("  first difference: %zu samples, %d ranks, drop_last %d, rank %d, shuffle %d: herd %zu indices, torch %zu\n", n, w,
+                      drop_last ? 1 : 0, r, shuffle, mine.size(), torch.size());
+        }
+      }
+    }
+  }
+  std::printf("parity_sampler: %zu rank orders compared, %zu differ\n", compared, wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
 const std::map<std::string, std::function<int(const reference&)>> checks = {
+    {"sampler", sampler},
     {"sgd", sgd}, {"adamw", adamw}, {"loss_scaler", loss_scaler}, {"clip_grad_norm", clip_grad_norm},
     {"clip_grad_norm_sharded", clip_grad_norm_sharded}};
 // Checks that read more than one file, or a file chosen by rank: given the folder.

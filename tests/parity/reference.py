@@ -92,6 +92,22 @@ def optimizer_check(check, cases, make):
     save(check, tensors)
 
 
+# (dataset size, ranks, drop_last): sizes that divide, that do not, and smaller than the world.
+SAMPLER_CASES = [(n, w, d) for n in (1, 5, 10, 11, 64, 101) for w in (1, 2, 3, 4, 7) for d in (0, 1)]
+
+
+def sampler_check():
+    """DistributedSampler's indices for every rank of every case, in order, without and with shuffling."""
+    from torch.utils.data import DistributedSampler
+    tensors = {"cases": torch.tensor(SAMPLER_CASES, dtype=torch.int64)}
+    for c, (n, w, d) in enumerate(SAMPLER_CASES):
+        for r in range(w):
+            for shuffle in (0, 1):
+                s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=bool(shuffle), drop_last=bool(d), seed=5)
+                tensors[f"{c}.{r}.{shuffle}"] = torch.tensor(list(s), dtype=torch.int64)
+    save("sampler", tensors)
+
+
 def run_checks():
     # [lr, momentum, dampening, nesterov, weight_decay]
     optimizer_check("sgd", [[0.1, 0, 0, 0, 0], [0.05, 0.9, 0, 0, 0], [0.05, 0.9, 0.25, 0, 0.01], [0.02, 0.8, 0, 1, 0.05]],
@@ -101,6 +117,7 @@ def run_checks():
     optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
                     lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
     loss_scaler_check()
+    sampler_check()
     clip_check()
     safetensors_check()
     sync_batch_norm_check()
