@@ -5,7 +5,7 @@
 //   checkpoint_interop read PATH    loads PATH and expects generation 1
 
 #include <herd/core/half.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/tensor/std.hpp>
 
 #include <cstdint>

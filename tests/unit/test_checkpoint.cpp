@@ -5,7 +5,7 @@
 
 #include <herd/comm/local.hpp>
 #include <herd/core/half.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/optim/sgd.hpp>
 #include <herd/tensor/std.hpp>
 
