@@ -18,6 +18,7 @@
 #include <herd/checkpoint/detail/file.hpp>
 #include <herd/checkpoint/detail/on_root.hpp>
 #include <herd/checkpoint/detail/safetensors.hpp>
+#include <herd/checkpoint/detail/sharded.hpp>
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/barrier.hpp>
 #include <herd/collectives/broadcast.hpp>
@@ -27,10 +28,12 @@
 #include <herd/core/error.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/tensor/buffer_view.hpp>
+#include <herd/tensor/host_tensor.hpp>
 #include <herd/tensor/traits.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -70,8 +73,18 @@ class checkpoint {
   }
 
   // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
+  // State split over the ranks (zero_optimizer's) is saved whole: save(path, comm) gathers it to
+  // the root, and each rank loads its own part of the file, whatever the world size that saved it.
   template <class Optimizer> checkpoint& add_optimizer_state(const std::string& prefix, Optimizer& opt) {
-    visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
+    if constexpr (sharded_optimizer_state<Optimizer>) {
+      opt.visit_sharded_state([&](const auto& name, const sharded_view& s) {
+        if (s.replicated) return void(add(prefix + std::string(name), s.part));
+        insert("checkpoint::add_optimizer_state",
+               {prefix + std::string(name), false, [v = s.part] { return v; }, {}, s.offset, s.count, true});
+      });
+    } else {
+      visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
+    }
     return *this;
   }
 
@@ -84,10 +97,21 @@ class checkpoint {
                   {std::move(name), true, [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; }, {}});
   }
 
-  // Writes the file from this process alone (no communicator involved).
+  // Writes the file from this process alone (no communicator involved); state split over several
+  // ranks needs save(path, comm).
   void save(const std::filesystem::path& path) const {
     try {
-      write(path);
+      const std::vector<buffer_view> views = checked_views();
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].split && views[i].count != entries_[i].whole) {
+          throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
+                                          " is split over the ranks, and this rank holds " +
+                                          std::to_string(views[i].count) + " of its " +
+                                          std::to_string(entries_[i].whole) + " elements",
+                                      "Save with save(path, comm), which gathers it whole"};
+        }
+      }
+      write(path, views);
     } catch (const detail::ckpt::failure& f) {
       detail::raise({"checkpoint::save"}, f.what, f.todo);
     }
@@ -110,7 +134,11 @@ class checkpoint {
       const auto file = detail::ckpt::read_file(path);
       if (!file) return false;
       const std::vector<buffer_view> views = checked_views();
-      file->fill(match(path, file->tensors, views, "the registered entries"), views);
+      for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
+        const entry& e = entries_[v];
+        const std::size_t skip = e.split ? e.offset * size_of(views[v].type) : 0;
+        if (views[v].count != 0) std::memcpy(views[v].data, file->data(t) + skip, views[v].bytes());
+      }
       return true;
     } catch (const detail::ckpt::failure& f) {
       detail::raise({"checkpoint::load"}, f.what, f.todo);
@@ -118,12 +146,55 @@ class checkpoint {
   }
 
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
-  // could not write it.
+  // could not write it. Tensors split over the ranks are gathered to root first.
   template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
     if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
     const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
+    if (root < 0 || root >= site.size) {
+      detail::raise(site, "root " + std::to_string(root) + " is out of range",
+                    "Pass a root in [0, " + std::to_string(site.size) + ")");
+    }
+    // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
+    // enters a gather that another might skip.
+    std::vector<buffer_view> views;
+    std::optional<detail::ckpt::failure> fault;
+    try {
+      views = checked_views();
+    } catch (const detail::ckpt::failure& f) {
+      fault = f;
+    }
+    std::uint64_t signature = 14695981039346656037ull;
+    for (const entry& e : entries_) {
+      if (!e.split) continue;
+      signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
+      signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
+    }
+    const auto mine = static_cast<std::int64_t>(signature >> 1);
+    std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
+    buffer_view agreed_view{agreed, 3, dtype::i64};
+    herd::allreduce(agreed_view, comm, reduce_op::min);
+    if (fault) detail::raise(site, fault->what, fault->todo);
+    if (agreed[0] != comm.size()) {
+      detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
+                    "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
+    }
+    if (agreed[1] != -agreed[2]) {
+      detail::raise(site, "the ranks registered different state split over the ranks",
+                    "Register the same optimizers, over the same parameters, on every rank");
+    }
+    std::vector<host_tensor> gathered;
+    try {
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        const entry& e = entries_[i];
+        if (!e.split) continue;
+        gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
+        views[i] = gathered.back().view();
+      }
+    } catch (const detail::ckpt::failure& f) {  // alike on every rank
+      detail::raise(site, f.what, f.todo);
+    }
     detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
-      write(path);
+      write(path, views);
       return std::string("o");
     });
     herd::barrier(comm);
@@ -183,8 +254,17 @@ class checkpoint {
                       "Register the same entries on every rank");
       }
     }
-    if (contents) contents->fill(order, views);
-    for (const auto& pair : order) herd::broadcast(views[pair.second], comm, root);
+    // Root copies each tensor out of the file and sends it; a split one goes whole to every rank,
+    // which keeps its own part.
+    for (const auto& [t, v] : order) {
+      const entry& e = entries_[v];
+      if (e.split) {
+        detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
+        continue;
+      }
+      if (contents && views[v].count != 0) std::memcpy(views[v].data, contents->data(t), views[v].bytes());
+      herd::broadcast(views[v], comm, root);
+    }
     return true;
   }
 
@@ -194,6 +274,11 @@ class checkpoint {
     bool value;
     std::function<buffer_view()> view;
     std::vector<std::uint64_t> shape;  // empty: [its element count]
+    // Split over the ranks: view() is elements [offset, offset + its count) of a tensor of
+    // `whole` elements, which the file holds.
+    std::size_t offset = 0;
+    std::size_t whole = 0;
+    bool split = false;
   };
 
   // What is wrong with an entry's memory as it is now, if anything.
@@ -210,6 +295,11 @@ class checkpoint {
       return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
                    "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
                "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
+    }
+    if (e.split && (v.count > e.whole || e.offset > e.whole - v.count)) {
+      return {{what + " is elements [" + std::to_string(e.offset) + ", " + std::to_string(e.offset + v.count) +
+                   ") of a split tensor of " + std::to_string(e.whole) + " elements, past its end",
+               "Fix the optimizer's visit_sharded_state"}};
     }
     if (!e.shape.empty() && detail::safetensors::elements(e.shape) != v.count) {
       return {{what + " has " + std::to_string(v.count) + " elements, which do not fill its shape [" + dims + "]",
@@ -255,7 +345,7 @@ class checkpoint {
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       const entry& e = entries_[i];
       out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
-      if (e.shape.empty()) out.back().shape = {views[i].count};
+      if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
     }
     return out;
   }
@@ -318,8 +408,8 @@ class checkpoint {
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
   // aligned to its element size, as the data section is to 8 bytes.
-  void write(const std::filesystem::path& path) const {
-    const std::vector<buffer_view> views = checked_views();
+  // `views`: each entry's memory, checked (a split entry's: the whole, gathered).
+  void write(const std::filesystem::path& path, const std::vector<buffer_view>& views) const {
     const std::vector<detail::safetensors::tensor_info> all = tensors(views);
     std::vector<detail::safetensors::tensor_info> in_order;
     std::vector<buffer_view> data;

@@ -135,13 +135,9 @@ struct file_contents {
   std::vector<st::tensor_info> tensors;  // by offset
   std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
 
-  // Copies the data of each pair's tensor (by its index in `tensors`) into its view (as match()
-  // paired them).
-  void fill(const std::vector<std::pair<std::size_t, std::size_t>>& pairs, const std::vector<buffer_view>& views) const {
-    for (const auto& [t, v] : pairs) {
-      const auto n = static_cast<std::size_t>(tensors[t].end - tensors[t].begin);
-      if (n != 0) std::memcpy(views[v].data, bytes.data() + data_start + tensors[t].begin, n);
-    }
+  // The bytes of tensors[t].
+  const std::byte* data(std::size_t t) const {
+    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
   }
 };
 
