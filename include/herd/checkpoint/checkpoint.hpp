@@ -16,6 +16,7 @@
 // memory is saved; POSIX only (fsync, rename).
 
 #include <herd/checkpoint/detail/file.hpp>
+#include <herd/checkpoint/detail/layout.hpp>
 #include <herd/checkpoint/detail/on_root.hpp>
 #include <herd/checkpoint/detail/safetensors.hpp>
 #include <herd/checkpoint/detail/sharded.hpp>
@@ -60,11 +61,15 @@ class checkpoint {
  public:
   // Any adapted tensor in host memory, saved with `shape` (row-major) so that PyTorch gets it back
   // in its real shape, or with shape [its element count] when none is given. A file's entry loads
-  // into it when dtypes and element counts agree, whatever the entry's shape.
+  // into it when dtypes and element counts agree, whatever the entry's shape. A column-major
+  // tensor (an Eigen matrix, an Armadillo Mat) is written in the row-major order of its own shape
+  // and read back the same way (checkpoint/detail/layout.hpp): saved with {rows, cols}, element
+  // (i, j) is t[i][j] in PyTorch; another shape reshapes that order, as torch.reshape would.
   template <class T> checkpoint& add(std::string name, T& tensor, const std::vector<std::size_t>& shape = {}) {
     detail::require_writable_tensor<T>();
-    return insert("checkpoint::add",
-                  {std::move(name), false, [&tensor] { return view_of(tensor); }, {shape.begin(), shape.end()}});
+    return insert("checkpoint::add", {std::move(name), false, [&tensor] { return view_of(tensor); },
+                                      {shape.begin(), shape.end()}, 0, 0, false,
+                                      [&tensor] { return detail::column_major_shape_of(tensor); }});
   }
 
   // A view kept by value: memory described rather than owned by a tensor object.
@@ -136,8 +141,7 @@ class checkpoint {
       const std::vector<buffer_view> views = checked_views();
       for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
         const entry& e = entries_[v];
-        const std::size_t skip = e.split ? e.offset * size_of(views[v].type) : 0;
-        if (views[v].count != 0) std::memcpy(views[v].data, file->data(t) + skip, views[v].bytes());
+        copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
       }
       return true;
     } catch (const detail::ckpt::failure& f) {
@@ -262,7 +266,7 @@ class checkpoint {
         detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
         continue;
       }
-      if (contents && views[v].count != 0) std::memcpy(views[v].data, contents->data(t), views[v].bytes());
+      if (contents) copy_in(e, views[v], contents->data(t));
       herd::broadcast(views[v], comm, root);
     }
     return true;
@@ -279,6 +283,8 @@ class checkpoint {
     std::size_t offset = 0;
     std::size_t whole = 0;
     bool split = false;
+    // Its shape when its memory is column-major, now (a matrix may be resized between saves).
+    std::function<std::vector<std::size_t>()> column_major = {};
   };
 
   // What is wrong with an entry's memory as it is now, if anything.
@@ -295,6 +301,20 @@ class checkpoint {
       return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
                    "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
                "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
+    }
+    if (const std::vector<std::size_t> shape = e.column_major ? e.column_major() : std::vector<std::size_t>{};
+        !shape.empty()) {
+      std::size_t count = 1;
+      std::string cm;
+      for (std::size_t d : shape) {
+        count *= d;
+        cm += (cm.empty() ? "" : ", ") + std::to_string(d);
+      }
+      if (count != v.count) {
+        return {{what + " has " + std::to_string(v.count) + " elements, but its adapter gives it the column-major "
+                     "shape [" + cm + "]",
+                 "Fix its tensor_traits' column_major_shape"}};
+      }
     }
     if (e.split && (v.count > e.whole || e.offset > e.whole - v.count)) {
       return {{what + " is elements [" + std::to_string(e.offset) + ", " + std::to_string(e.offset + v.count) +
@@ -321,6 +341,17 @@ class checkpoint {
     index_.emplace(e.name, entries_.size());
     entries_.push_back(std::move(e));
     return *this;
+  }
+
+  // Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
+  static void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
+    if (view.count == 0) return;
+    if (e.column_major) {
+      if (const std::vector<std::size_t> shape = e.column_major(); detail::ckpt::reorders(shape)) {
+        return detail::ckpt::reorder(view.data, from, shape, size_of(view.type), false);
+      }
+    }
+    std::memcpy(view.data, from, view.bytes());
   }
 
   // Each entry's memory as it is now, checked.
@@ -409,7 +440,16 @@ class checkpoint {
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
   // aligned to its element size, as the data section is to 8 bytes.
   // `views`: each entry's memory, checked (a split entry's: the whole, gathered).
-  void write(const std::filesystem::path& path, const std::vector<buffer_view>& views) const {
+  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
+    std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (!entries_[i].column_major) continue;
+      const std::vector<std::size_t> shape = entries_[i].column_major();
+      if (!detail::ckpt::reorders(shape)) continue;
+      host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
+      detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
+      views[i] = copy.view();
+    }
     const std::vector<detail::safetensors::tensor_info> all = tensors(views);
     std::vector<detail::safetensors::tensor_info> in_order;
     std::vector<buffer_view> data;
