@@ -15,8 +15,10 @@
 // registered tensor; a file without herd's metadata gets every check but the checksum. Only host
 // memory is saved; POSIX only (fsync, rename).
 
+#include <herd/checkpoint/detail/entry.hpp>
 #include <herd/checkpoint/detail/file.hpp>
 #include <herd/checkpoint/detail/layout.hpp>
+#include <herd/checkpoint/detail/match.hpp>
 #include <herd/checkpoint/detail/on_root.hpp>
 #include <herd/checkpoint/detail/safetensors.hpp>
 #include <herd/checkpoint/detail/sharded.hpp>
@@ -141,7 +143,7 @@ class checkpoint {
       const std::vector<buffer_view> views = checked_views();
       for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
         const entry& e = entries_[v];
-        copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
+        detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
       }
       return true;
     } catch (const detail::ckpt::failure& f) {
@@ -266,67 +268,14 @@ class checkpoint {
         detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
         continue;
       }
-      if (contents) copy_in(e, views[v], contents->data(t));
+      if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
       herd::broadcast(views[v], comm, root);
     }
     return true;
   }
 
  private:
-  struct entry {
-    std::string name;
-    bool value;
-    std::function<buffer_view()> view;
-    std::vector<std::uint64_t> shape;  // empty: [its element count]
-    // Split over the ranks: view() is elements [offset, offset + its count) of a tensor of
-    // `whole` elements, which the file holds.
-    std::size_t offset = 0;
-    std::size_t whole = 0;
-    bool split = false;
-    // Its shape when its memory is column-major, now (a matrix may be resized between saves).
-    std::function<std::vector<std::size_t>()> column_major = {};
-  };
-
-  // What is wrong with an entry's memory as it is now, if anything.
-  static std::optional<detail::ckpt::failure> fault(const entry& e, const buffer_view& v) {
-    const std::string what = "the tensor " + detail::safetensors::json_string(e.name);
-    std::string dims;
-    for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-    if (!v.device.is_cpu()) {
-      return {{what + " lives on " + v.device.str() + "; a checkpoint saves host memory only",
-               "Copy it into a host tensor and register that"}};
-    }
-    if (!is_valid(v.type) || v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) ||
-        (v.data == nullptr && v.count != 0)) {
-      return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
-                   "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
-               "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
-    }
-    if (const std::vector<std::size_t> shape = e.column_major ? e.column_major() : std::vector<std::size_t>{};
-        !shape.empty()) {
-      std::size_t count = 1;
-      std::string cm;
-      for (std::size_t d : shape) {
-        count *= d;
-        cm += (cm.empty() ? "" : ", ") + std::to_string(d);
-      }
-      if (count != v.count) {
-        return {{what + " has " + std::to_string(v.count) + " elements, but its adapter gives it the column-major "
-                     "shape [" + cm + "]",
-                 "Fix its tensor_traits' column_major_shape"}};
-      }
-    }
-    if (e.split && (v.count > e.whole || e.offset > e.whole - v.count)) {
-      return {{what + " is elements [" + std::to_string(e.offset) + ", " + std::to_string(e.offset + v.count) +
-                   ") of a split tensor of " + std::to_string(e.whole) + " elements, past its end",
-               "Fix the optimizer's visit_sharded_state"}};
-    }
-    if (!e.shape.empty() && detail::safetensors::elements(e.shape) != v.count) {
-      return {{what + " has " + std::to_string(v.count) + " elements, which do not fill its shape [" + dims + "]",
-               "Give it a shape whose product is its element count"}};
-    }
-    return std::nullopt;
-  }
+  using entry = detail::ckpt::entry;
 
   checkpoint& insert(std::string_view operation, entry e) {
     const std::string name = detail::safetensors::json_string(e.name);
@@ -337,21 +286,10 @@ class checkpoint {
     if (index_.contains(e.name)) {
       detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
     }
-    if (const auto f = fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
+    if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
     index_.emplace(e.name, entries_.size());
     entries_.push_back(std::move(e));
     return *this;
-  }
-
-  // Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
-  static void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
-    if (view.count == 0) return;
-    if (e.column_major) {
-      if (const std::vector<std::size_t> shape = e.column_major(); detail::ckpt::reorders(shape)) {
-        return detail::ckpt::reorder(view.data, from, shape, size_of(view.type), false);
-      }
-    }
-    std::memcpy(view.data, from, view.bytes());
   }
 
   // Each entry's memory as it is now, checked.
@@ -381,60 +319,12 @@ class checkpoint {
     return out;
   }
 
-  // Pairs of (a tensor of `file`, the entry it fills). Raises naming every difference (up to eight)
-  // when the two sets of entries are not the same, or (strict off) an entry of both differs;
-  // records the keys either side lacks.
+  // Pairs of (a tensor of `file`, the entry it fills), or a failure naming the differences;
+  // records the keys either side lacks (strict off).
   std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
                                                          const std::vector<detail::safetensors::tensor_info>& file,
                                                          const std::vector<buffer_view>& views, const std::string& subject) {
-    namespace st = detail::safetensors;
-    const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
-      const std::string count = std::to_string(st::elements(t.shape).value_or(0));
-      return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
-    };
-    const std::vector<st::tensor_info> registered = tensors(views);
-    auto index = index_;  // the entries not yet found in the file
-    std::vector<std::string> differences;
-    std::vector<std::pair<std::size_t, std::size_t>> order;
-    bool unsupported = false;
-    missing_.clear();
-    unexpected_.clear();
-    for (std::size_t f = 0; f < file.size(); ++f) {
-      const st::tensor_info& t = file[f];
-      const auto it = index.find(t.name);
-      if (it == index.end()) {
-        if (strict_) differences.push_back(st::json_string(t.name) + " is in the file but not registered");
-        else unexpected_.push_back(t.name);
-        continue;
-      }
-      const st::tensor_info& mine = registered[it->second];
-      if (!st::is_herd_dtype(t.dtype)) {
-        differences.push_back("unsupported dtype " + t.dtype + " in tensor " + st::json_string(t.name));
-        unsupported = true;
-      } else if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
-        differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
-                              describe(mine, entries_[it->second].value) + " here");
-      }
-      order.emplace_back(f, it->second);
-      index.erase(it);
-    }
-    for (const auto& [name, i] : index) {
-      if (strict_) differences.push_back(st::json_string(name) + " is registered but not in the file");
-      else missing_.push_back(name);
-    }
-    if (differences.empty()) return order;
-    missing_.clear();
-    unexpected_.clear();
-    std::string what = path.string() + " does not match " + subject + ": ";
-    for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
-    if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
-    std::string todo = "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
-                       "load a checkpoint saved with these entries";
-    if (unsupported) {
-      todo = "herd's dtypes are F16, BF16, F32, F64, I8, U8, I32 and I64: convert such a tensor to one of them before "
-             "saving, or leave it unregistered and load with set_strict(false) to skip it";
-    }
-    throw detail::ckpt::failure{what, todo};
+    return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
   }
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
