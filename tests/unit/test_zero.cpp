@@ -292,6 +292,13 @@ TEST_CASE("zero_optimizer's state saved without a communicator is refused where 
     CHECK(state_of(zero) != before);
     CHECK(state.load(file));  // each rank reads the file itself and keeps its part
     CHECK(state_of(zero) == before);
+    // A second optimizer's state registered on rank 1 alone: every rank refuses to save, none
+    // waits in a gather the others skip.
+    model other(sizes);
+    herd::zero_optimizer extra(other.param_views(), other.grad_views(), comm, make_momentum_sgd);
+    if (comm.rank() == 1) state.add_optimizer_state("extra.", extra);
+    CHECK_THROWS_WITH_AS(state.save(file, comm), doctest::Contains("the ranks registered different state split over the ranks"),
+                         herd::error);
     herd::barrier(comm);
     if (comm.rank() == 0) std::filesystem::remove(file);
   });
