@@ -10,7 +10,7 @@
 #include "mlp.hpp"
 
 #include <herd/herd.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 
 #include <Eigen/Core>
 #include <mpi.h>

@@ -24,6 +24,8 @@
 #include <herd/comm/mpi.hpp>
 #endif
 
+#include <herd/checkpoint/checkpoint.hpp>
+
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/alltoall.hpp>
@@ -42,7 +44,6 @@
 
 #include <herd/optim/adamw.hpp>
 #include <herd/optim/broadcast.hpp>
-#include <herd/optim/checkpoint.hpp>
 #include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/distributed_optimizer.hpp>

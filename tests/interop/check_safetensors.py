@@ -7,7 +7,9 @@ PROGRAM (checkpoint_interop.cpp) writes WORK_DIR/herd.safetensors; this script r
 safetensors.torch and safetensors' numpy API and checks every value bit for bit, and herd's
 metadata and checksum; then it writes WORK_DIR/torch.safetensors with safetensors.torch.save_file
 and PROGRAM loads that into herd tensors by name and checks it. The values are generation k of
-formulas that PROGRAM computes too.
+formulas that PROGRAM computes too. Where PROGRAM was built with Eigen, the file also holds
+"eigen" (a column-major Eigen::MatrixXf) and "eigen.row_major", 3x2 with M(i, j) = 10 i + j + 100 k:
+Python must read t[i][j] == M(i, j), and herd must load PyTorch's [3, 2] tensor as that matrix.
 
 Exits 77 (skipped) when torch or numpy cannot be imported, or safetensors can be neither imported
 nor fetched: when it is missing, its wheel is fetched from PyPI once (pip download, any pip on the
@@ -65,9 +67,15 @@ def import_safetensors(folder):
         skip(f"cannot import safetensors ({e}); fetching it from PyPI failed: {'; '.join(problems) or 'no pip'}")
 
 
-def expected(k, np, torch):
+def matrix(k, torch):
+    """Generation k of checkpoint_interop.cpp's Eigen matrices: t[i][j] = 10 i + j + 100 k."""
+    return torch.tensor([[10.0 * i + j + 100 * k for j in range(2)] for i in range(3)], dtype=torch.float32)
+
+
+def expected(k, np, torch, eigen=False):
     """Generation k of the values checkpoint_interop.cpp writes and checks."""
     j = np.arange
+    matrices = {"eigen": matrix(k, torch), "eigen.row_major": matrix(k, torch)} if eigen else {}
     special = np.array([0x80000000, 0x7F800000, 0xFF800000, 0x00000001, 0x7FC00001, 0x7F7FFFFF], np.uint32)
     return {
         "f32": torch.from_numpy((j(6) * 0.75 - 2.5 + k).astype(np.float32).reshape(2, 3)),
@@ -82,6 +90,7 @@ def expected(k, np, torch):
         "empty": torch.zeros(0, 3, dtype=torch.float32),
         "scale": torch.tensor([0.125 * (k + 1)], dtype=torch.float64),
         "step": torch.tensor(list((123456789 + k).to_bytes(8, "little")), dtype=torch.uint8),
+        **matrices,
     }
 
 
@@ -118,8 +127,16 @@ def main():
     # herd -> Python
     herd_path = os.path.join(work, "herd.safetensors")
     subprocess.run([program, "write", herd_path], check=True)
-    want = expected(0, np, torch)
     got = st_torch.load_file(herd_path)
+    eigen = "eigen" in got
+    want = expected(0, np, torch, eigen)
+    if eigen:  # said element by element, as the reason this entry exists
+        t = got["eigen"]
+        for i in range(3):
+            for j in range(2):
+                check(t.shape == (3, 2) and t[i][j].item() == 10 * i + j,
+                      f"eigen: t[{i}][{j}] is {t[i][j].item() if t.shape == (3, 2) else list(t.shape)}, "
+                      f"herd's M({i}, {j}) is {10 * i + j}")
     check(sorted(got) == sorted(want), f"names: {sorted(got)}")
     for name, w in want.items():
         g = got.get(name)
@@ -148,7 +165,7 @@ def main():
 
     # PyTorch -> herd: real shapes, a scalar where herd wrote one element
     torch_path = os.path.join(work, "torch.safetensors")
-    tensors = expected(1, np, torch)
+    tensors = expected(1, np, torch, eigen)
     tensors["scale"] = tensors["scale"].reshape(())
     st_torch.save_file(tensors, torch_path, metadata={"format": "pt"})
     loaded = subprocess.run([program, "read", torch_path])
@@ -157,7 +174,8 @@ def main():
     for failure in failures:
         print(f"checkpoint_python_interop: {failure}", file=sys.stderr)
     print(f"checkpoint_python_interop: safetensors {safetensors.__version__}, torch {torch.__version__}: "
-          f"{'FAILED' if failures else 'herd -> Python and PyTorch -> herd bit for bit'}")
+          f"{'FAILED' if failures else 'herd -> Python and PyTorch -> herd bit for bit'}"
+          f"{', Eigen matrices included' if eigen else ', without Eigen'}")
     sys.exit(1 if failures else 0)
 
 

@@ -1,12 +1,19 @@
 // The C++ half of check_safetensors.py: writes a herd checkpoint of several dtypes and shapes, or
 // loads a safetensors file that PyTorch wrote into herd tensors by name and checks every value bit
-// for bit. The values are generation k of formulas the script computes too.
+// for bit. The values are generation k of formulas the script computes too. Built with Eigen
+// (HERD_INTEROP_EIGEN), it adds a 3x2 Eigen::MatrixXf (column-major) and a row-major one, M(i, j)
+// = 10 i + j + 100 k, saved with shape {3, 2}: Python must find t[i][j] == M(i, j).
 //   checkpoint_interop write PATH   saves generation 0
 //   checkpoint_interop read PATH    loads PATH and expects generation 1
 
 #include <herd/core/half.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/tensor/std.hpp>
+
+#if defined(HERD_INTEROP_EIGEN)
+#include <Eigen/Core>
+#include <herd/tensor/eigen.hpp>
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +34,10 @@ struct state {
   std::vector<std::uint8_t> u8;
   std::vector<std::int8_t> i8;
   std::int64_t step = 0;
+#if defined(HERD_INTEROP_EIGEN)
+  Eigen::MatrixXf eigen{3, 2};
+  Eigen::Matrix<float, 3, 2, Eigen::RowMajor> eigen_row_major;
+#endif
 
   explicit state(int k) {
     const auto g = static_cast<double>(k);
@@ -46,12 +57,40 @@ struct state {
     for (int j = 0; j < 4; ++j) i8.push_back(static_cast<std::int8_t>(j * -30 + 5 + k));
     scale = {0.125 * (k + 1)};
     step = 123456789 + k;
+#if defined(HERD_INTEROP_EIGEN)
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 2; ++j) eigen(i, j) = eigen_row_major(i, j) = static_cast<float>(10 * i + j + 100 * k);
+#endif
   }
 
   void register_into(herd::checkpoint& c) {
     c.add("f32", f32, {2, 3}).add("f32.special", special).add("f64", f64).add("f16", f16, {3, 2, 2});
     c.add("bf16", bf16).add("i32", i32, {2, 2}).add("i64", i64).add("u8", u8).add("i8", i8);
     c.add("empty", empty, {0, 3}).add("scale", scale).add_value("step", step);
+#if defined(HERD_INTEROP_EIGEN)
+    c.add("eigen", eigen, {3, 2}).add("eigen.row_major", eigen_row_major, {3, 2});
+#endif
+  }
+
+  // Whether the matrices hold want's values, element by element.
+  bool same_matrices(const state& want) const {
+#if defined(HERD_INTEROP_EIGEN)
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        if (eigen(i, j) != want.eigen(i, j) || eigen_row_major(i, j) != want.eigen_row_major(i, j)) {
+          std::fprintf(stderr, "checkpoint_interop: \"eigen\"(%d, %d) is %g (row-major %g), PyTorch saved t[%d][%d] = %g\n",
+                       i, j, static_cast<double>(eigen(i, j)), static_cast<double>(eigen_row_major(i, j)), i, j,
+                       static_cast<double>(want.eigen(i, j)));
+          ok = false;
+        }
+      }
+    }
+    return ok;
+#else
+    (void)want;
+    return true;
+#endif
   }
 };
 
@@ -89,7 +128,7 @@ int main(int argc, char** argv) {
                     same("bf16", got.bf16, want.bf16) & same("i32", got.i32, want.i32) &
                     same("i64", got.i64, want.i64) & same("u8", got.u8, want.u8) & same("i8", got.i8, want.i8) &
                     same("empty", got.empty, want.empty) & same("scale", got.scale, want.scale) &
-                    same("step", std::vector<std::int64_t>{got.step}, {want.step});
+                    same("step", std::vector<std::int64_t>{got.step}, {want.step}) & got.same_matrices(want);
     std::printf("checkpoint_interop: %s loaded into herd tensors by name%s\n", argv[2], ok ? ", every bit as saved" : "");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -1,7 +1,7 @@
 // xtensor's containers and views as herd tensors (herd/tensor/xtensor.hpp) on MPI ranks:
 // allreduce of either layout, fixed shapes, adaptors, a row view and a transposed view in place;
 // broadcast and allgather; a view with gaps refused on every rank; the distributed optimizer over
-// xtensor gradients.
+// xtensor gradients; a checkpoint of a column-major array and a transposed view in row-major order.
 
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xarray.hpp>
@@ -15,7 +15,10 @@
 
 #include "../support/mpi_test.hpp"
 
+#include <unistd.h>
+
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -118,4 +121,41 @@ HERD_MPI_TEST_CASE("the distributed optimizer over xtensor parameters and gradie
   CHECK(w(7, 2) == -mean);
   CHECK(w(0, 0) == -mean);
   CHECK(b(7) == -2 * mean);
+}
+
+// A checkpoint writes a column-major array, and a transposed view of a row-major one, in
+// row-major order of their own shape: (i, j) is t[i][j] in the file, as PyTorch reads it.
+HERD_MPI_TEST_CASE("xtensor of either layout in a checkpoint: (i, j) is t[i][j] in the file", 1) {
+  herd::mpi_communicator comm;
+  xt::xtensor<float, 2, xt::layout_type::column_major> column_major({3, 2});
+  xt::xtensor<float, 2> row_major({2, 3});
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t j = 0; j < 2; ++j) {
+      column_major(i, j) = static_cast<float>(10 * i + j);
+      row_major(j, i) = static_cast<float>(10 * i + j);  // its transpose is the same 3x2 matrix
+    }
+  }
+  auto transposed = xt::transpose(row_major);
+  std::string path = "herd_xtensor_checkpoint_" + std::to_string(::getpid()) + ".safetensors";
+  herd::broadcast_object(path, comm, 0);  // rank 0's name on every rank
+  herd::checkpoint out;
+  out.add("column_major", column_major, {3, 2}).add("transposed", transposed, {3, 2});
+  out.save(path, comm);
+
+  std::vector<float> a(6), b(6);
+  herd::checkpoint flat;
+  flat.add("column_major", a).add("transposed", b);
+  REQUIRE(flat.load(path, comm));
+  CHECK(a == std::vector<float>{0, 1, 10, 11, 20, 21});
+  CHECK(b == a);
+
+  xt::xtensor<float, 2, xt::layout_type::column_major> back = xt::zeros<float>({3, 2});
+  herd::checkpoint in;
+  in.add("column_major", back).add("transposed", transposed);
+  row_major.fill(-1.0f);
+  REQUIRE(in.load(path, comm));
+  CHECK(back == column_major);
+  CHECK(row_major(1, 2) == 21.0f);
+  herd::barrier(comm);
+  if (comm.rank() == 0) std::remove(path.c_str());
 }

@@ -2,7 +2,7 @@
 // What both parity programs share: reading reference.py's files and comparing with PyTorch's values.
 
 #include <herd/core/dtype.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 
 #include <algorithm>

@@ -1,11 +1,11 @@
 // herd::checkpoint: round trips through safetensors files, files from other writers loaded by
 // name, damaged, malformed and mismatching files refused before anything is written, a writer
-// killed mid-save leaving the previous checkpoint loadable, and the communicator variants on
-// threads (root's values everywhere, errors on every rank).
+// killed mid-save leaving the previous checkpoint loadable, the communicator variants on threads
+// (root's values everywhere, errors on every rank), and column-major tensors in row-major order.
 
 #include <herd/comm/local.hpp>
 #include <herd/core/half.hpp>
-#include <herd/optim/checkpoint.hpp>
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/optim/sgd.hpp>
 #include <herd/tensor/std.hpp>
 
@@ -388,6 +388,76 @@ TEST_CASE("checkpoint: a tensor saved with a shape keeps it, and loads into tens
   transposed.add("matrix", other, {3, 2}).add("none", empty, {5, 0});
   CHECK(transposed.load(path));
   CHECK(other == matrix);
+}
+
+namespace {
+
+// A tensor stored column by column, as Eigen's and Armadillo's matrices are: (i, j) at i + j * rows.
+struct column_major_matrix {
+  std::size_t rows, cols;
+  std::vector<float> data;
+  column_major_matrix(std::size_t r, std::size_t c) : rows(r), cols(c), data(r * c, -1.0f) {}
+  float& at(std::size_t i, std::size_t j) { return data[i + j * rows]; }
+};
+
+}  // namespace
+
+template <> struct herd::tensor_traits<column_major_matrix> {
+  static void* data(column_major_matrix& m) { return m.data.data(); }
+  static const void* data(const column_major_matrix& m) { return m.data.data(); }
+  static std::size_t size(const column_major_matrix& m) { return m.data.size(); }
+  static herd::dtype dtype(const column_major_matrix&) { return herd::dtype::f32; }
+  static herd::device device(const column_major_matrix&) { return herd::device::cpu(); }
+  static std::vector<std::size_t> column_major_shape(const column_major_matrix& m) { return {m.rows, m.cols}; }
+};
+
+TEST_CASE("checkpoint: a column-major tensor is written in row-major order, so that (i, j) is t[i][j] in the file") {
+  scratch_directory dir;
+  const fs::path path = dir.path / "column_major.safetensors";
+  column_major_matrix m(3, 2);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 2; ++j) m.at(i, j) = static_cast<float>(10 * i + j);
+  herd::checkpoint out;
+  out.add("m", m, {3, 2});
+  out.save(path);
+  // What a row-major reader (PyTorch, numpy, herd into a std::vector) finds: M(0,0), M(0,1), M(1,0), ...
+  std::vector<float> row_major(6);
+  herd::checkpoint flat;
+  flat.add("m", row_major);
+  REQUIRE(flat.load(path));
+  CHECK(row_major == std::vector<float>{0, 1, 10, 11, 20, 21});
+  // Back into a column-major matrix: the same matrix, also when the root sends it to other ranks.
+  column_major_matrix back(3, 2);
+  herd::checkpoint in;
+  in.add("m", back);
+  REQUIRE(in.load(path));
+  CHECK(back.data == m.data);
+  herd::local::run(2, [&](herd::local_communicator& comm) {
+    column_major_matrix mine(3, 2);
+    herd::checkpoint c;
+    c.add("m", mine, {3, 2});
+    REQUIRE(c.load(path, comm));
+    CHECK(mine.data == m.data);
+    c.save(dir.path / "again.safetensors", comm);
+  });
+  CHECK(read_bytes(dir.path / "again.safetensors") == read_bytes(path));
+}
+
+TEST_CASE("checkpoint: reordering a column-major tensor of three dimensions") {
+  // A 2x3x4 tensor, (i, j, k) at i + 2j + 6k in memory, 100i + 10j + k in value.
+  std::vector<int> column_major(24), row_major(24), back(24);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) column_major[static_cast<std::size_t>(i + 2 * j + 6 * k)] = 100 * i + 10 * j + k;
+  herd::detail::ckpt::reorder(row_major.data(), column_major.data(), {2, 3, 4}, sizeof(int), true);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) CHECK(row_major[static_cast<std::size_t>(12 * i + 4 * j + k)] == 100 * i + 10 * j + k);
+  herd::detail::ckpt::reorder(back.data(), row_major.data(), {2, 3, 4}, sizeof(int), false);
+  CHECK(back == column_major);
+  CHECK_FALSE(herd::detail::ckpt::reorders({5, 1}));
+  CHECK_FALSE(herd::detail::ckpt::reorders({1, 1, 7}));
+  CHECK(herd::detail::ckpt::reorders({2, 2}));
 }
 
 TEST_CASE("checkpoint: a safetensors file from another writer loads by name") {

@@ -3,7 +3,8 @@
 // that W does not divide and shards that are empty; each rank keeping only its shard's state.
 // With a loss scaler: an overflow that one rank's gradients carry skips the step on every rank and
 // backs every scale off alike, growth is alike too, and finite scaled gradients step exactly as
-// the unscaled ones do without a scaler.
+// the unscaled ones do without a scaler. Its checkpoint is one file of the whole state, the
+// unsharded optimizer's byte for byte, that resumes at any world size bit for bit.
 
 #include <herd/herd.hpp>
 
@@ -16,6 +17,8 @@
 #include <cstring>
 #include <limits>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <unistd.h>
 #include <string>
 #include <vector>
@@ -133,7 +136,7 @@ TEST_CASE("zero_optimizer with AdamW equals the unsharded optimizer, also with f
   compare_with_unsharded(3, {101, 7, 33}, make, herd::compression::fp16);
 }
 
-TEST_CASE("zero_optimizer keeps only its shard's state, and refuses a checkpoint of another layout") {
+TEST_CASE("zero_optimizer keeps only its shard's state, and refuses state written into it for another layout") {
   const std::vector<std::size_t> sizes = {1000, 24};  // 1024 elements
   herd::local::run(4, [&](herd::local_communicator& comm) {
     model m(sizes);
@@ -148,24 +151,156 @@ TEST_CASE("zero_optimizer keeps only its shard's state, and refuses a checkpoint
     CHECK(state_bytes(whole) == 1024 * 8 + 8);
 
     m.fill_grads(comm.rank(), 0);
-    zero.step();
-    const auto dir = std::filesystem::temp_directory_path() / ("herd_zero_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    const auto mine = dir / ("shard" + std::to_string(comm.rank()));
-    herd::checkpoint saved;
-    saved.add_optimizer_state("opt.", zero);
-    saved.save(mine);
-    // Each rank's own file restores; rank 1 loading rank 2's makes the next step raise on every rank.
-    herd::checkpoint restored;
-    restored.add_optimizer_state("opt.", zero);
-    herd::barrier(comm);
-    CHECK(restored.load(mine));
     CHECK_NOTHROW(zero.step());
+    // Rank 2's shard layout written into rank 1 (as copying shards between ranks by hand would)
+    // makes the next step raise on every rank.
+    if (comm.rank() == 1) {
+      herd::visit_optimizer_state(zero, [](const auto& name, herd::buffer_view v) {
+        if (std::string(name) == "zero.layout") static_cast<std::int64_t*>(v.data)[1] = 2;
+      });
+    }
     herd::barrier(comm);
-    CHECK(restored.load(comm.rank() == 1 ? dir / "shard2" : mine));
     const char* expected = comm.rank() == 1 ? "loaded from a shard of rank 2 of 4 ranks" : "rank 1 passed optimizer state of another shard layout";
     CHECK_THROWS_WITH_AS(zero.step(), doctest::Contains(expected), herd::error);
-    if (comm.rank() == 0) std::filesystem::remove_all(dir);
+  });
+}
+
+namespace {
+
+// Gradients of step s on rank 0, zeros elsewhere, summed: every world size reduces them to rank
+// 0's exactly, so runs at different world sizes can be compared bit for bit.
+void rank0_grads(model& m, int rank, int step) {
+  if (rank == 0) m.fill_grads(0, step);
+  else
+    for (auto& g : m.grads) std::fill(g.begin(), g.end(), 0.0f);
+}
+
+// The parameters and the optimizer's state of a run, as one checkpoint.
+herd::checkpoint run_state(model& m, auto& opt) {
+  herd::checkpoint state;
+  for (std::size_t i = 0; i < m.params.size(); ++i) state.add("param." + std::to_string(i), m.params[i]);
+  state.add_optimizer_state("opt.", opt);
+  return state;
+}
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Saves at 2 ranks after `k` steps, loads at 1, 3 and 4 ranks and takes `more` steps: the
+// parameters and the whole state (the final checkpoint file, byte for byte) equal those of `k +
+// more` uninterrupted steps at that world size. The file is the unsharded optimizer's, byte for
+// byte, and each loads the other's.
+template <class Make> void resume_at_other_world_sizes(Make make) {
+  const std::vector<std::size_t> sizes = {37, 1, 251};  // shards cut through parameters at 2-4 ranks
+  const int k = 3, more = 4;
+  const herd::zero_options sum{.op = herd::reduce_op::sum};
+  const auto dir = std::filesystem::temp_directory_path() / ("herd_zero_resume_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto train = [](model& m, auto& opt, int rank, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      rank0_grads(m, rank, step);
+      opt.step();
+    }
+  };
+  herd::local::run(2, [&](herd::local_communicator& comm) {
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make, sum);
+    train(m, zero, comm.rank(), 0, k);
+    run_state(m, zero).save(dir / "zero_at_2", comm);
+  });
+  {  // The unsharded optimizer after the same steps writes the same file.
+    model m(sizes);
+    auto plain = make(m.param_views(), m.grad_views());
+    train(m, plain, 0, 0, k);
+    run_state(m, plain).save(dir / "plain");
+    CHECK(file_bytes(dir / "plain") == file_bytes(dir / "zero_at_2"));
+  }
+  std::vector<float> final_params;  // of the uninterrupted run at one rank
+  for (int world : {1, 3, 4}) {
+    const auto reference_file = dir / ("reference_at_" + std::to_string(world));
+    const auto resumed_file = dir / ("resumed_at_" + std::to_string(world));
+    herd::local::run(world, [&](herd::local_communicator& comm) {
+      model reference(sizes);
+      herd::zero_optimizer uninterrupted(reference.param_views(), reference.grad_views(), comm, make, sum);
+      train(reference, uninterrupted, comm.rank(), 0, k + more);
+      run_state(reference, uninterrupted).save(reference_file, comm);
+
+      model resumed(sizes);
+      for (auto& p : resumed.params) std::fill(p.begin(), p.end(), 7.0f);  // all of it comes from the file
+      herd::zero_optimizer zero(resumed.param_views(), resumed.grad_views(), comm, make, sum);
+      herd::checkpoint state = run_state(resumed, zero);
+      REQUIRE(state.load(dir / "zero_at_2", comm));
+      train(resumed, zero, comm.rank(), k, k + more);
+      state.save(resumed_file, comm);
+      INFO("rank ", comm.rank(), " of ", world);
+      CHECK(resumed.params == reference.params);
+      if (world == 1) {
+        for (auto& p : reference.params) final_params.insert(final_params.end(), p.begin(), p.end());
+      }
+    });
+    INFO("world size ", world);
+    CHECK(file_bytes(resumed_file) == file_bytes(reference_file));
+  }
+  {  // The unsharded optimizer resumes from the file zero_optimizer wrote...
+    model m(sizes);
+    auto plain = make(m.param_views(), m.grad_views());
+    REQUIRE(run_state(m, plain).load(dir / "zero_at_2"));
+    train(m, plain, 0, k, k + more);
+    std::vector<float> mine;
+    for (auto& p : m.params) mine.insert(mine.end(), p.begin(), p.end());
+    CHECK(mine == final_params);
+  }
+  herd::local::run(3, [&](herd::local_communicator& comm) {  // ...and zero_optimizer from its file
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make, sum);
+    REQUIRE(run_state(m, zero).load(dir / "plain", comm));
+    train(m, zero, comm.rank(), k, k + more);
+    std::vector<float> mine;
+    for (auto& p : m.params) mine.insert(mine.end(), p.begin(), p.end());
+    CHECK(mine == final_params);
+  });
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("zero_optimizer's checkpoint is one file of the whole state: saved at 2 ranks, it resumes at 1, 3 and 4 ranks bit for bit") {
+  SUBCASE("SGD with momentum") { resume_at_other_world_sizes(make_momentum_sgd); }
+  SUBCASE("AdamW") {
+    resume_at_other_world_sizes([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+      return herd::adamw(std::move(p), std::move(g), {.lr = 0.01, .weight_decay = 0.1});
+    });
+  }
+}
+
+TEST_CASE("zero_optimizer's state saved without a communicator is refused where it is split, and loads part by part") {
+  const std::vector<std::size_t> sizes = {37, 1, 251};
+  const auto file = std::filesystem::temp_directory_path() / ("herd_zero_alone_" + std::to_string(::getpid()));
+  herd::local::run(2, [&](herd::local_communicator& comm) {
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make_momentum_sgd);
+    m.fill_grads(comm.rank(), 0);
+    zero.step();
+    herd::checkpoint state = run_state(m, zero);
+    CHECK_THROWS_WITH_AS(state.save(file), doctest::Contains("is split over the ranks, and this rank holds"), herd::error);
+    state.save(file, comm);
+    std::vector<std::byte> before = state_of(zero);
+    m.fill_grads(comm.rank(), 1);
+    zero.step();
+    CHECK(state_of(zero) != before);
+    CHECK(state.load(file));  // each rank reads the file itself and keeps its part
+    CHECK(state_of(zero) == before);
+    // A second optimizer's state registered on rank 1 alone: every rank refuses to save, none
+    // waits in a gather the others skip.
+    model other(sizes);
+    herd::zero_optimizer extra(other.param_views(), other.grad_views(), comm, make_momentum_sgd);
+    if (comm.rank() == 1) state.add_optimizer_state("extra.", extra);
+    CHECK_THROWS_WITH_AS(state.save(file, comm), doctest::Contains("the ranks registered different state split over the ranks"),
+                         herd::error);
+    herd::barrier(comm);
+    if (comm.rank() == 0) std::filesystem::remove(file);
   });
 }
 
@@ -261,12 +396,10 @@ TEST_CASE("zero_optimizer with a loss scaler: a checkpoint restores the scale an
     if (comm.rank() == 1) m.grads[0][0] = std::numeric_limits<float>::infinity();
     zero.step();  // skipped: 512, one clean step then one skipped
     REQUIRE(scaler.scale() == 512.0);
-    const auto dir = std::filesystem::temp_directory_path() / ("herd_zero_scaler_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    const auto mine = dir / ("shard" + std::to_string(comm.rank()));
+    const auto file = std::filesystem::temp_directory_path() / ("herd_zero_scaler_" + std::to_string(::getpid()));
     herd::checkpoint saved;
     saved.add_optimizer_state("opt.", zero);
-    saved.save(mine);
+    saved.save(file, comm);
     // Steps that move the scaler on, then the checkpoint back.
     for (int step = 2; step < 5; ++step) {
       m.fill_grads(comm.rank(), step, scaler.scale());
@@ -277,12 +410,12 @@ TEST_CASE("zero_optimizer with a loss scaler: a checkpoint restores the scale an
     herd::checkpoint restored;
     restored.add_optimizer_state("opt.", zero);
     herd::barrier(comm);
-    CHECK(restored.load(mine));
+    CHECK(restored.load(file, comm));
     INFO("rank ", comm.rank());
     CHECK(scaler.scale() == 512.0);
     CHECK(scaler.skipped_steps() == 1);
     herd::barrier(comm);
-    if (comm.rank() == 0) std::filesystem::remove_all(dir);
+    if (comm.rank() == 0) std::filesystem::remove(file);
   });
 }
 

@@ -18,9 +18,13 @@
 // default, f16/bf16 on the wire with compression), steps the wrapped optimizer, and allgathers the
 // updated parameters. One reduce-scatter and one allgather move what one allreduce moves.
 //
-// Its state (visit_state) is this rank's shard, with the layout it was made for: a checkpoint of
-// it is per rank (each rank saves its own file) and loads back at the same world size; a layout
-// that differs (another world size, rank or parameter count) makes the next step raise
+// A checkpoint of it (checkpoint::add_optimizer_state, through visit_sharded_state) holds the
+// whole state in one file, named and shaped as the unsharded optimizer's: "step", "momentum.3"
+// for the momentum of parameter 3, and so on. Saved collectively, it is gathered to the rank that
+// writes; loaded at any world size, each rank keeps its own shard of it; the unsharded optimizer
+// loads it too, and a zero_optimizer loads the unsharded optimizer's file. visit_state is this
+// rank's shard as it lies in memory, with the layout it was made for (world size, rank,
+// parameter count): state written back through it from another layout makes the next step raise
 // herd::error on every rank.
 //
 // With a loss scaler (zero_options::scaler, the one mixed_precision takes), backward starts from
@@ -48,6 +52,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -117,6 +122,8 @@ template <class Inner, communicator C> class zero_optimizer {
     alone_ = comm.size() == 1 && wire_ == type_;
     if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
       inner_.emplace(make(params_, grads_));
+      for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back({i, 0, params_[i].count});
+      learn_state_layout(make);
       return;
     }
     const std::size_t padded = shard_.per_rank * static_cast<std::size_t>(comm.size());
@@ -130,10 +137,12 @@ template <class Inner, communicator C> class zero_optimizer {
     std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
     const std::size_t es = size_of(type_);
     for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& p, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      pieces_.push_back({static_cast<std::size_t>(&p - params_.data()), offset, n});
       shard_params.push_back({static_cast<std::byte*>(p.data) + offset * es, n, type_, device::cpu()});
       shard_grads.push_back({received + (flat_at - shard_.begin) * es, n, type_, device::cpu()});
     });
     inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
+    learn_state_layout(make);
   }
 
   void step() {
@@ -229,6 +238,56 @@ template <class Inner, communicator C> class zero_optimizer {
     }
   }
 
+  // The state as the unsharded optimizer names it, each tensor with this rank's part of it
+  // (optim/optimizer_state.hpp): what a checkpoint saves whole. The wrapped optimizer's tensor
+  // "K.k" of the k-th piece of the shard becomes part of "K.i", i the parameter the piece lies
+  // in; its other tensors (a step count) and the scaler's are the same on every rank, so each
+  // rank's copy is the whole.
+  template <class F> void visit_sharded_state(F&& f) {
+    std::vector<std::vector<buffer_view>> split(split_kinds_.size(), std::vector<buffer_view>(pieces_.size()));
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) {
+      const std::string text(name);
+      const std::size_t dot = text.rfind('.');
+      if (dot != std::string::npos && dot + 1 < text.size() &&
+          text.find_first_not_of("0123456789", dot + 1) == std::string::npos) {
+        const std::size_t piece = std::stoul(text.substr(dot + 1));
+        for (std::size_t k = 0; k < split_kinds_.size(); ++k) {
+          if (split_kinds_[k].name == std::string_view(text).substr(0, dot) && piece < pieces_.size()) {
+            split[k][piece] = v;
+            return;
+          }
+        }
+      }
+      f(text, sharded_view{v, 0, v.count, true});
+    });
+    if (options_.scaler != nullptr) {
+      options_.scaler->visit_state(
+          [&](const auto& name, buffer_view v) { f("scaler." + std::string(name), sharded_view{v, 0, v.count, true}); });
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {  // parameter by parameter, as herd's optimizers
+      for (std::size_t k = 0; k < split_kinds_.size(); ++k) {
+        const split_kind& kind = split_kinds_[k];
+        sharded_view s{buffer_view{nullptr, 0, kind.type, device::cpu()}, 0, kind.per_element * params_[i].count};
+        for (std::size_t piece = 0; piece < pieces_.size(); ++piece) {
+          if (pieces_[piece].param != i) continue;
+          s.part = split[k][piece];
+          s.offset = kind.per_element * pieces_[piece].offset;
+          if (s.part.count != kind.per_element * pieces_[piece].count || s.part.type != kind.type) {
+            detail::raise({"zero_optimizer", comm_->rank(), comm_->size()},
+                          "the wrapped optimizer's state " + kind.name + "." + std::to_string(piece) + " holds " +
+                              std::to_string(s.part.count) + " elements of " + std::string(name(s.part.type)) +
+                              " for a piece of " + std::to_string(pieces_[piece].count) + " parameter elements, where " +
+                              "one element of the same optimizer had " + std::to_string(kind.per_element) + " of " +
+                              std::string(name(kind.type)),
+                          "Give the wrapped optimizer state tensors named NAME.k with a fixed number of elements per "
+                          "element of its k-th parameter");
+          }
+        }
+        f(kind.name + "." + std::to_string(i), s);
+      }
+    }
+  }
+
  private:
   // Calls f(param, offset in it, flat index, count) for each part of a parameter in [lo, hi).
   template <class F> void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
@@ -238,6 +297,19 @@ template <class Inner, communicator C> class zero_optimizer {
       if (a < b) f(p, a - at, a, b - a);
       at += p.count;
     }
+  }
+
+  // Which state tensors of the wrapped optimizer follow its parameters: those an optimizer `make`
+  // builds over one element call "K.0", with the number of elements they hold for it.
+  template <class Make> void learn_state_layout(Make& make) {
+    host_tensor param(type_, 1), grad(type_, 1);
+    std::memset(param.data(), 0, size_of(type_));
+    std::memset(grad.data(), 0, size_of(type_));
+    auto probe = make(std::vector<buffer_view>{param.view()}, std::vector<buffer_view>{grad.view()});
+    visit_optimizer_state(probe, [&](const auto& name, buffer_view v) {
+      const std::string text(name);
+      if (text.size() > 2 && text.ends_with(".0")) split_kinds_.push_back({text.substr(0, text.size() - 2), v.count, v.type});
+    });
   }
 
   // Tells the scaler how the step went; true: it is skipped. `overflow` is agreed by every rank.
@@ -258,7 +330,21 @@ template <class Inner, communicator C> class zero_optimizer {
            std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " over " + std::to_string(shard_.total);
   }
   static constexpr const char* layout_advice =
-      "A zero_optimizer checkpoint is per rank: load each rank's own file, at the same world size";
+      "Restore a zero_optimizer through checkpoint::add_optimizer_state, whose file holds the whole state and "
+      "loads at any world size, rather than writing one rank's shard into another";
+
+  // A part of a parameter inside this rank's shard, as the wrapped optimizer sees it.
+  struct shard_piece {
+    std::size_t param;   // its index in params_
+    std::size_t offset;  // its first element in that parameter
+    std::size_t count;
+  };
+  // A state tensor of the wrapped optimizer that follows its parameters.
+  struct split_kind {
+    std::string name;          // "exp_avg": the tensors "exp_avg.k"
+    std::size_t per_element;   // state elements per parameter element (0 or 1 for herd's optimizers)
+    dtype type;
+  };
 
   std::vector<buffer_view> params_, grads_;
   C* comm_;
@@ -275,6 +361,8 @@ template <class Inner, communicator C> class zero_optimizer {
   host_tensor gathered_;    // the flattened parameters, gathered
   bool alone_ = false;      // one rank without compression: the wrapped optimizer on the tensors themselves
   std::optional<Inner> inner_;  // made by `make` over this rank's shard
+  std::vector<shard_piece> pieces_;   // in the order the wrapped optimizer takes them
+  std::vector<split_kind> split_kinds_;
 };
 
 template <class Make, communicator C>

@@ -12,6 +12,13 @@
 // The memory must be contiguous: size() elements of dtype() starting at data(). A type whose
 // data() returns a const pointer is read-only: herd accepts it as an input, never as an output.
 // herd calls data() on tensors it only reads through a const_cast and never writes through them.
+//
+// Optional, for a type that stores its elements column by column (the first index varies
+// fastest, as in Eigen's default and Armadillo):
+//     static std::vector<std::size_t> column_major_shape(const my::Tensor& t);   // {rows, cols, ...}
+// returning its shape, or {} where this object is row-major. Collectives ignore it (every rank
+// holds the same layout); checkpoints use it to write the tensor in the row-major order that
+// safetensors and PyTorch read, so that t[i][j] in Python is element (i, j) here.
 
 #include <herd/core/device.hpp>
 #include <herd/core/dtype.hpp>
@@ -19,6 +26,7 @@
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
+#include <vector>
 
 namespace herd {
 
@@ -69,6 +77,16 @@ template <class T> constexpr void require_writable_tensor() {
   static_assert(!tensor<T> || writable_tensor<T>,
                 "herd: this tensor is read-only (tensor_traits<YourType>::data returns a const pointer) but herd "
                 "must write the result into it. Pass a writable tensor as the output.");
+}
+
+// The shape of a tensor stored column by column, from its adapter's optional
+// column_major_shape(); {} for row-major storage or an adapter that does not say.
+template <class T> std::vector<std::size_t> column_major_shape_of(const T& t) {
+  if constexpr (requires { tensor_traits<std::remove_cvref_t<T>>::column_major_shape(t); }) {
+    return tensor_traits<std::remove_cvref_t<T>>::column_major_shape(t);
+  } else {
+    return {};
+  }
 }
 
 }  // namespace detail

@@ -1,5 +1,5 @@
-#ifndef HERD_OPTIM_DETAIL_SAFETENSORS_HPP
-#define HERD_OPTIM_DETAIL_SAFETENSORS_HPP
+#ifndef HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
+#define HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
 // The safetensors file format (huggingface/safetensors), which herd::checkpoint writes and reads:
 //   u64 N (little-endian) | N bytes of a JSON object, padded with spaces | the data section
 // Each member of the object but "__metadata__" (an object of strings) describes a tensor,
@@ -299,4 +299,4 @@ inline header parse_header(std::string_view text) {
 
 }  // namespace herd::detail::safetensors
 
-#endif  // HERD_OPTIM_DETAIL_SAFETENSORS_HPP
+#endif  // HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
