@@ -691,11 +691,19 @@ template <class T> HERD_HOST_DEVICE inline T finalize_avg(T sum, int n) noexcept
 // The memory must be contiguous: size() elements of dtype() starting at data(). A type whose
 // data() returns a const pointer is read-only: herd accepts it as an input, never as an output.
 // herd calls data() on tensors it only reads through a const_cast and never writes through them.
+//
+// Optional, for a type that stores its elements column by column (the first index varies
+// fastest, as in Eigen's default and Armadillo):
+//     static std::vector<std::size_t> column_major_shape(const my::Tensor& t);   // {rows, cols, ...}
+// returning its shape, or {} where this object is row-major. Collectives ignore it (every rank
+// holds the same layout); checkpoints use it to write the tensor in the row-major order that
+// safetensors and PyTorch read, so that t[i][j] in Python is element (i, j) here.
 
 
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
+#include <vector>
 
 namespace herd {
 
@@ -746,6 +754,16 @@ template <class T> constexpr void require_writable_tensor() {
   static_assert(!tensor<T> || writable_tensor<T>,
                 "herd: this tensor is read-only (tensor_traits<YourType>::data returns a const pointer) but herd "
                 "must write the result into it. Pass a writable tensor as the output.");
+}
+
+// The shape of a tensor stored column by column, from its adapter's optional
+// column_major_shape(); {} for row-major storage or an adapter that does not say.
+template <class T> std::vector<std::size_t> column_major_shape_of(const T& t) {
+  if constexpr (requires { tensor_traits<std::remove_cvref_t<T>>::column_major_shape(t); }) {
+    return tensor_traits<std::remove_cvref_t<T>>::column_major_shape(t);
+  } else {
+    return {};
+  }
 }
 
 }  // namespace detail
@@ -5980,6 +5998,783 @@ class nccl_communicator {
 #endif
 
 
+// ---- herd/checkpoint/checkpoint.hpp ----
+#ifndef HERD_CHECKPOINT_CHECKPOINT_HPP
+#define HERD_CHECKPOINT_CHECKPOINT_HPP
+// herd::checkpoint: tensors and plain values by name, that one rank saves and every rank restores.
+//   herd::checkpoint state;
+//   state.add("weights", weights, {256, 784}).add("momentum", momentum).add_value("epoch", epoch);
+//   state.save("run/state.safetensors", comm);             // rank 0 writes; every rank returns together
+//   if (!state.load("run/state.safetensors", comm)) {...}  // rank 0 reads; every rank ends with its values
+//
+// The file is a safetensors file (checkpoint/detail/safetensors.hpp, with herd's metadata of
+// checkpoint/detail/file.hpp): Python's safetensors package and PyTorch open it, and a
+// safetensors file from PyTorch loads here by name. save() writes a temporary file next to the
+// target, syncs it and renames it over the target, so a writer killed at any moment leaves the
+// previous checkpoint whole. load() reads the file into memory and checks it whole (structure,
+// checksum, the set of entries, each entry's dtype and element count) before it writes into any
+// registered tensor; a file without herd's metadata gets every check but the checksum. Only host
+// memory is saved; POSIX only (fsync, rename).
+
+
+// ---- herd/checkpoint/detail/entry.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_ENTRY_HPP
+#define HERD_CHECKPOINT_DETAIL_ENTRY_HPP
+// What herd::checkpoint keeps of each registered tensor or value, the checks its memory gets
+// before every save and load, and how a file's bytes go back into it.
+
+
+// ---- herd/checkpoint/detail/file.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_FILE_HPP
+#define HERD_CHECKPOINT_DETAIL_FILE_HPP
+// herd's rules on top of the safetensors format (detail/safetensors.hpp), and the one writer and
+// reader of checkpoint files. herd's metadata: "herd.checksum" (first, so that its 16 hex digits
+// have a fixed place): "fnv1a64:" and FNV-1a 64 of the whole file with those digits read as '0';
+// "herd.checkpoint": "1", the version of these rules; "herd.values": a JSON array of the names
+// saved with add_value, as U8 tensors of their bytes. The writer goes through a temporary file
+// and a rename, so that a writer killed at any moment leaves the previous checkpoint whole.
+// POSIX only (fsync, rename).
+
+
+// ---- herd/checkpoint/detail/safetensors.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
+#define HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
+// The safetensors file format (huggingface/safetensors), which herd::checkpoint writes and reads:
+//   u64 N (little-endian) | N bytes of a JSON object, padded with spaces | the data section
+// Each member of the object but "__metadata__" (an object of strings) describes a tensor,
+//   "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
+// whose bytes (little-endian, row-major) are [begin, end) of the data section. The tensors tile
+// the data section from its first byte to its last, as the reference reader demands.
+
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace herd::detail::safetensors {
+
+static_assert(std::endian::native == std::endian::little,
+              "herd: checkpoints are safetensors files, whose data is little-endian, and herd writes memory as it is");
+
+struct tensor_info {
+  std::string name;
+  std::string dtype;  // as the file spells it: "F32", "BF16", ...
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0;  // [begin, end): its bytes in the data section
+  std::uint64_t end = 0;
+};
+
+struct header {
+  std::map<std::string, std::string, std::less<>> metadata;
+  std::vector<tensor_info> tensors;  // by offset
+  std::uint64_t data_bytes = 0;      // where the last tensor ends
+};
+
+// What is wrong with a header; the caller names the file.
+struct malformed {
+  std::string what;
+};
+
+constexpr std::string_view dtype_name(dtype t) noexcept {
+  constexpr std::string_view names[] = {"F16", "BF16", "F32", "F64", "I8", "U8", "I32", "I64"};  // herd::dtype's order
+  return names[static_cast<std::size_t>(t)];
+}
+
+// Whether `name` is the safetensors name of one of herd's dtypes.
+inline bool is_herd_dtype(std::string_view name) noexcept {
+  for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
+    if (dtype_name(static_cast<dtype>(i)) == name) return true;
+  }
+  return false;
+}
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
+inline std::uint64_t element_bytes(std::string_view name) {
+  constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
+      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
+      {"C64", 8},  {"F8_E8M0", 1}};
+  const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
+  return it == std::end(sizes) ? 0 : it->second;
+}
+
+// The product of `shape`; nullopt if it overflows.
+inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::uint64_t d : shape) {
+    if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
+    n *= d;
+  }
+  return n;
+}
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+inline bool is_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+    if (n == 0 || n > text.size() - i) return false;
+    const auto second = static_cast<unsigned char>(n > 1 ? text[i + 1] : 0x80);
+    if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
+        (c == 0xf4 && second > 0x8f)) {
+      return false;
+    }
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
+// messages, since a damaged file can hold any bytes where a name should be).
+inline std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    char escaped[7] = {'\\', c, '\0'};
+    const bool control = static_cast<unsigned char>(c) < 0x20;
+    if (control) std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+    out += control || c == '"' || c == '\\' ? escaped : std::string(1, c);
+  }
+  return out + "\"";
+}
+
+// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
+// of 8 bytes so that the data section starts aligned.
+inline std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                 const std::vector<tensor_info>& tensors) {
+  std::string out = "{\"__metadata__\":{";
+  for (const auto& [key, value] : metadata) {
+    out += (out.back() == '{' ? "" : ",") + json_string(key) + ":" + json_string(value);
+  }
+  out += "}";
+  for (const tensor_info& t : tensors) {
+    out += "," + json_string(t.name) + ":{\"dtype\":" + json_string(t.dtype) + ",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
+    out += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
+  }
+  out += "}";
+  out.resize((out.size() + 7) / 8 * 8, ' ');
+  return out;
+}
+
+// A reader of the JSON that safetensors headers hold: objects, arrays, strings and non-negative
+// integers. true, false, null and other numbers have no place in the format and are refused.
+class json_reader {
+ public:
+  explicit json_reader(std::string_view text) : text_(text) {}
+
+  // Calls member(key) for each member of an object, element() for each element of an array;
+  // they read the value.
+  template <class F> void object(F&& member) {
+    sequence('{', '}', [&] {
+      std::string key = string();
+      expect(':');
+      member(std::move(key));
+    });
+  }
+  template <class F> void array(F&& element) { sequence('[', ']', element); }
+
+  std::string string() {
+    expect('"');
+    std::string out;
+    constexpr std::string_view escapes = "\"\"\\\\//b\bf\fn\nr\rt\t";  // pairs: escape, character
+    while (at_ < text_.size() && text_[at_] != '"') {
+      const char c = text_[at_++];
+      const std::size_t k = c == '\\' && at_ < text_.size() ? escapes.find(text_[at_++]) : std::string_view::npos;
+      if (static_cast<unsigned char>(c) < 0x20) fail("a string holds a control character");
+      if (c != '\\') out += c;
+      else if (text_[at_ - 1] == 'u') out += code_point();
+      else if (k % 2 == 0) out += escapes[k + 1];
+      else fail("a string holds an invalid escape");
+    }
+    if (!next_is('"')) fail("a string is not closed");
+    return out;
+  }
+
+  std::uint64_t integer() {
+    skip_space();
+    std::uint64_t value = 0;
+    const char *first = text_.data() + at_, *end = text_.data() + text_.size();
+    const auto [last, error] = std::from_chars(first, end, value);
+    if (error == std::errc::result_out_of_range) fail("an integer is too large");
+    if (error != std::errc() || (*first == '0' && last - first > 1) ||
+        (last != end && (*last == '.' || (*last | 0x20) == 'e'))) {
+      fail("expected a non-negative integer (without leading zeros)");
+    }
+    at_ += static_cast<std::size_t>(last - first);
+    return value;
+  }
+
+  // Only white space may follow.
+  void end() {
+    skip_space();
+    if (at_ != text_.size()) fail("unexpected text after the object");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw malformed{"its header is not valid JSON: " + what + " (at byte " + std::to_string(at_) + " of the header)"};
+  }
+
+  template <class F> void sequence(char open, char close, F&& each) {
+    expect(open);
+    if (next_is(close)) return;
+    do each();
+    while (next_is(','));
+    expect(close);
+  }
+
+  void skip_space() {
+    while (at_ < text_.size() && std::string_view(" \t\n\r").find(text_[at_]) != std::string_view::npos) ++at_;
+  }
+
+  bool next_is(char c) {
+    skip_space();
+    return at_ < text_.size() && text_[at_] == c && ++at_;
+  }
+
+  void expect(char c) {
+    if (!next_is(c)) fail(std::string("expected '") + c + "'");
+  }
+
+  // After "\u": one code point (two escapes for one past U+FFFF), in UTF-8.
+  std::string code_point() {
+    const auto unit = [&] {
+      std::uint32_t value = 0;
+      const char* first = text_.data() + std::min(at_, text_.size());
+      const char* last = text_.data() + std::min(at_ + 4, text_.size());
+      if (std::from_chars(first, last, value, 16).ptr != first + 4) fail("a \\u escape needs four hex digits");
+      at_ += 4;
+      return value;
+    };
+    std::uint32_t code = unit();
+    if (code >= 0xd800 && code <= 0xdbff && text_.substr(at_, 2) == "\\u") {
+      at_ += 2;
+      const std::uint32_t low = unit();
+      if (low >= 0xdc00 && low <= 0xdfff) code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+    }
+    if (code >= 0xd800 && code <= 0xdfff) fail("a \\u escape is a lone surrogate");
+    const int n = code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
+    constexpr std::uint32_t lead[] = {0, 0, 0xc0, 0xe0, 0xf0};
+    std::string out(1, static_cast<char>(lead[n] | (code >> (6 * (n - 1)))));
+    for (int i = n - 2; i >= 0; --i) out += static_cast<char>(0x80 | ((code >> (6 * i)) & 0x3f));
+    return out;
+  }
+
+  std::string_view text_;
+  std::size_t at_ = 0;
+};
+
+// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
+// fit each tensor's shape and dtype and tile the data section from its start.
+inline header parse_header(std::string_view text) {
+  if (!is_utf8(text)) throw malformed{"its header is not valid UTF-8"};
+  header h;
+  json_reader json(text);
+  std::set<std::string, std::less<>> names;
+  json.object([&](std::string name) {
+    if (!names.insert(name).second) throw malformed{"its header names " + json_string(name) + " twice"};
+    if (name == "__metadata__") {
+      return json.object([&](std::string key) {
+        if (!h.metadata.emplace(key, json.string()).second) throw malformed{"its metadata repeats " + json_string(key)};
+      });
+    }
+    const std::string which = "the tensor " + json_string(name);
+    tensor_info& t = h.tensors.emplace_back(tensor_info{std::move(name), {}, {}, 0, 0});
+    std::vector<std::uint64_t> offsets;
+    std::set<std::string, std::less<>> fields;
+    json.object([&](std::string field) {
+      if (field == "dtype") t.dtype = json.string();
+      else if (field == "shape") json.array([&] { t.shape.push_back(json.integer()); });
+      else if (field == "data_offsets") json.array([&] { offsets.push_back(json.integer()); });
+      else throw malformed{which + " has the unknown field " + json_string(field)};
+      if (!fields.insert(field).second) throw malformed{which + " repeats the field " + json_string(field)};
+    });
+    if (fields.size() != 3 || offsets.size() != 2) {
+      throw malformed{which + " needs \"dtype\", \"shape\" and \"data_offsets\" (two numbers)"};
+    }
+    t.begin = offsets[0];
+    t.end = offsets[1];
+    const std::uint64_t size = element_bytes(t.dtype);
+    const auto count = elements(t.shape);
+    if (size == 0) throw malformed{which + " has the dtype " + json_string(t.dtype) + ", unknown to herd"};
+    if (!count || *count > std::numeric_limits<std::uint64_t>::max() / size || t.end < t.begin ||
+        t.end - t.begin != *count * size) {
+      throw malformed{which + " has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                      "], which do not hold " + (count ? std::to_string(*count) : "too many") + " elements of " +
+                      t.dtype};
+    }
+  });
+  json.end();
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
+    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+  });
+  for (const tensor_info& t : h.tensors) {
+    if (t.begin != h.data_bytes) {
+      throw malformed{"the tensor " + json_string(t.name) + " starts at byte " + std::to_string(t.begin) +
+                      " of the data section, but the tensors before it end at byte " + std::to_string(h.data_bytes) +
+                      (t.begin < h.data_bytes ? " (they overlap)" : " (a gap)")};
+    }
+    h.data_bytes = t.end;
+  }
+  return h;
+}
+
+}  // namespace herd::detail::safetensors
+
+#endif  // HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace herd {
+namespace detail {
+// Test hook: called after entry `entry_index` has been handed to the temporary file, so a test
+// can kill the writer half way through a save. Not for production use.
+inline void (*checkpoint_after_entry_hook)(std::size_t entry_index) = nullptr;
+}  // namespace detail
+
+// What herd::checkpoint is built from: herd's rules on top of the format, the writer and reader.
+namespace detail::ckpt {
+
+namespace st = detail::safetensors;
+
+inline constexpr char format_version[] = "1";
+inline constexpr std::string_view checksum_prefix = R"({"__metadata__":{"herd.checksum":"fnv1a64:)";
+inline constexpr std::size_t checksum_digits = 16;
+
+// A problem found before it is known which rank reports it. Thrown and caught inside the checkpoint headers
+// only; the public functions turn it into herd::error with their own error_site.
+struct failure {
+  std::string what;
+  std::string todo;
+};
+
+inline std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull) {
+  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return state;
+}
+
+inline std::string system_message(int code) { return std::generic_category().message(code); }
+
+inline std::string hex(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+[[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
+  throw failure{path.string() + " is damaged: " + detail,
+                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
+                "after it was written (disk, copy, or another program)"};
+}
+
+struct file_closer {
+  void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+};
+using file_handle = std::unique_ptr<std::FILE, file_closer>;
+
+// Writes the length of `header`, `header` with its checksum filled in, and the data of `views` to
+// a temporary file beside `path`, then renames it over `path`. Until the rename, `path` keeps its
+// previous content, whatever happens to this process.
+inline void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
+  const std::uint64_t length = header.size();  // little-endian, as the host (safetensors.hpp)
+  // The file's hash with the digits as '0', as `header` holds them now.
+  std::uint64_t hash = fnv1a64(header.data(), header.size(), fnv1a64(&length, sizeof length));
+  for (const buffer_view& v : views) hash = fnv1a64(v.data, v.bytes(), hash);
+  header.replace(checksum_prefix.size(), checksum_digits, hex(hash));
+
+  std::filesystem::path temporary = path;
+  temporary += ".tmp-" + std::to_string(::getpid());
+  file_handle file(std::fopen(temporary.c_str(), "wb"));
+  if (const int code = errno; !file) {
+    throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
+                  "Check that the directory of " + path.string() + " exists and is writable"};
+  }
+  const auto fail_io = [&](const char* step) {
+    const int code = errno;
+    file.reset();
+    std::remove(temporary.c_str());  // a failed save leaves no temporary file behind
+    throw failure{"could not " + std::string(step) + " " + temporary.string() + " while saving " + path.string() +
+                      ": " + system_message(code),
+                  "Check free space and permissions; the previous checkpoint at " + path.string() + " is unchanged"};
+  };
+  const auto write = [&](const void* data, std::size_t n) {
+    if (n != 0 && std::fwrite(data, 1, n, file.get()) != n) fail_io("write");
+  };
+  write(&length, sizeof length);
+  write(header.data(), header.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    write(views[i].data, views[i].bytes());
+    if (checkpoint_after_entry_hook) {
+      std::fflush(file.get());  // so the temporary file holds what a real crash would leave
+      checkpoint_after_entry_hook(i);
+    }
+  }
+  if (std::fflush(file.get()) != 0 || ::fsync(::fileno(file.get())) != 0) fail_io("write and sync");
+  if (std::fclose(file.release()) != 0) fail_io("close");
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail_io("rename");
+  // The rename lives in the directory: sync it too, or a power loss may bring back the old file.
+  const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int code = dir < 0 || ::fsync(dir) != 0 ? errno : 0;
+  if (dir >= 0) ::close(dir);
+  if (code != 0) {
+    throw failure{path.string() + " was written, but its directory could not be synced (" + system_message(code) +
+                      "), so it may not survive a power loss",
+                  "Check the file system; save again to be sure"};
+  }
+}
+
+// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
+struct file_contents {
+  std::string bytes;
+  std::size_t data_start = 0;
+  std::vector<st::tensor_info> tensors;  // by offset
+  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
+
+  // The bytes of tensors[t].
+  const std::byte* data(std::size_t t) const {
+    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
+  }
+};
+
+// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
+// it does not exist.
+inline std::optional<file_contents> read_file(const std::filesystem::path& path) {
+  file_handle file(std::fopen(path.c_str(), "rb"));
+  struct stat info {};
+  const int code = !file ? errno : ::fstat(::fileno(file.get()), &info) != 0 ? errno : 0;
+  if (code == ENOENT && !file) return std::nullopt;
+  if (code != 0) {
+    throw failure{"cannot open " + path.string() + ": " + system_message(code), "Check the path and its permissions"};
+  }
+  if (!S_ISREG(info.st_mode)) throw failure{path.string() + " is not a regular file", "Pass a checkpoint file's path"};
+  file_contents f;
+  std::string& bytes = f.bytes;
+  bytes.resize(static_cast<std::size_t>(info.st_size));
+  if (std::fread(bytes.data(), 1, bytes.size(), file.get()) != bytes.size()) {
+    const int error = errno;
+    if (std::ferror(file.get())) {
+      throw failure{"could not read " + path.string() + ": " + system_message(error), "Check the file system"};
+    }
+    fail_damaged(path, "it ended while being read (it was " + std::to_string(bytes.size()) + " bytes when opened)");
+  }
+  const std::string size = std::to_string(bytes.size()) + " bytes long";
+  if (bytes.size() < 8) fail_damaged(path, "it is " + size + "; it is truncated");
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian, as the host (safetensors.hpp)
+  if (n > bytes.size() - 8) {
+    fail_damaged(path, "its header length, " + std::to_string(n) + " bytes, runs past its end (it is " + size + ")");
+  }
+  f.data_start = 8 + static_cast<std::size_t>(n);
+  st::header parsed;
+  try {
+    parsed = st::parse_header(f.header());
+  } catch (const st::malformed& m) {
+    fail_damaged(path, m.what);
+  }
+  if (parsed.data_bytes != bytes.size() - f.data_start) {
+    fail_damaged(path, "its tensors end at byte " + std::to_string(parsed.data_bytes) + " of its data section, which " +
+                           "holds " + std::to_string(bytes.size() - f.data_start) + " bytes");
+  }
+  // A herd file's checksum covers it all, its digits read as '0'.
+  auto& meta = parsed.metadata;
+  if (meta.contains("herd.checksum") || meta.contains("herd.checkpoint")) {
+    const std::size_t at = 8 + checksum_prefix.size();
+    const bool placed = f.header().starts_with(checksum_prefix) && bytes.size() >= at + checksum_digits;
+    std::uint64_t hash = 0;
+    if (placed) {
+      hash = fnv1a64("0000000000000000", checksum_digits, fnv1a64(bytes.data(), at));
+      hash = fnv1a64(bytes.data() + at + checksum_digits, bytes.size() - at - checksum_digits, hash);
+    }
+    if (!placed || meta["herd.checksum"] != "fnv1a64:" + hex(hash)) {
+      fail_damaged(path, "its checksum does not match its content (herd.checksum " +
+                             st::json_string(meta["herd.checksum"]) +
+                             (placed ? ", computed fnv1a64:" + hex(hash) : " is missing or not first") + ")");
+    }
+    if (meta["herd.checkpoint"] != format_version) {
+      throw failure{path.string() + " is a herd checkpoint of version " + st::json_string(meta["herd.checkpoint"]) +
+                        "; this herd reads version " + format_version,
+                    "Load it with the herd release that wrote it"};
+    }
+  }
+  f.tensors = std::move(parsed.tensors);
+  return f;
+}
+
+}  // namespace detail::ckpt
+}  // namespace herd
+
+#endif  // HERD_CHECKPOINT_DETAIL_FILE_HPP
+
+// ---- herd/checkpoint/detail/layout.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_LAYOUT_HPP
+#define HERD_CHECKPOINT_DETAIL_LAYOUT_HPP
+// safetensors files hold a tensor's elements in row-major order (the last index varies fastest),
+// which is how PyTorch and numpy read them. A column-major tensor (Eigen's default, Armadillo;
+// the adapter's column_major_shape, tensor/traits.hpp) written as its memory lies would reach
+// Python transposed, so a checkpoint copies such a tensor through this reordering on the way out
+// and back: element (i, j) here is t[i][j] in Python. The file has no field for a layout, so the
+// order of the data is the only way to keep the logical tensor.
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+namespace herd::detail::ckpt {
+
+// Whether memory of `shape` in column-major order differs from row-major order: it does unless
+// at most one dimension exceeds 1.
+inline bool reorders(const std::vector<std::size_t>& shape) {
+  std::size_t longer = 0;
+  for (std::size_t d : shape) longer += d > 1 ? 1 : 0;
+  return longer > 1;
+}
+
+// Copies the elements of a tensor of `shape`, `element` bytes each, from column-major memory to
+// row-major order (`to_row_major`), or back.
+inline void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
+                    bool to_row_major) {
+  std::size_t count = 1;
+  for (std::size_t d : shape) count *= d;
+  if (count == 0) return;
+  std::vector<std::size_t> index(shape.size(), 0), stride(shape.size(), 1);  // column-major strides
+  for (std::size_t d = 1; d < shape.size(); ++d) stride[d] = stride[d - 1] * shape[d - 1];
+  auto* to = static_cast<std::byte*>(out);
+  const auto* from = static_cast<const std::byte*>(in);
+  std::size_t column_major = 0;
+  for (std::size_t row_major = 0; row_major < count; ++row_major) {
+    if (to_row_major) std::memcpy(to + row_major * element, from + column_major * element, element);
+    else std::memcpy(to + column_major * element, from + row_major * element, element);
+    // The next index in row-major order: the last dimension first, carrying to the left.
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      column_major += stride[d];
+      if (++index[d] < shape[d]) break;
+      column_major -= stride[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace herd::detail::ckpt
+
+#endif  // HERD_CHECKPOINT_DETAIL_LAYOUT_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace herd::detail::ckpt {
+
+// A registered tensor or value, read through view() at each save and load.
+struct entry {
+  std::string name;
+  bool value;
+  std::function<buffer_view()> view;
+  std::vector<std::uint64_t> shape;  // empty: [its element count]
+  // Split over the ranks: view() is elements [offset, offset + its count) of a tensor of
+  // `whole` elements, which the file holds.
+  std::size_t offset = 0;
+  std::size_t whole = 0;
+  bool split = false;
+  // Its shape when its memory is column-major, now (a matrix may be resized between saves).
+  std::function<std::vector<std::size_t>()> column_major = {};
+};
+
+// What is wrong with an entry's memory as it is now, if anything.
+inline std::optional<failure> fault(const entry& e, const buffer_view& v) {
+  const std::string what = "the tensor " + st::json_string(e.name);
+  std::string dims;
+  for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  if (!v.device.is_cpu()) {
+    return {{what + " lives on " + v.device.str() + "; a checkpoint saves host memory only",
+             "Copy it into a host tensor and register that"}};
+  }
+  if (!is_valid(v.type) || v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) ||
+      (v.data == nullptr && v.count != 0)) {
+    return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
+                 "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
+             "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
+  }
+  if (const std::vector<std::size_t> shape = e.column_major ? e.column_major() : std::vector<std::size_t>{};
+      !shape.empty()) {
+    std::size_t count = 1;
+    std::string cm;
+    for (std::size_t d : shape) {
+      count *= d;
+      cm += (cm.empty() ? "" : ", ") + std::to_string(d);
+    }
+    if (count != v.count) {
+      return {{what + " has " + std::to_string(v.count) + " elements, but its adapter gives it the column-major "
+                   "shape [" + cm + "]",
+               "Fix its tensor_traits' column_major_shape"}};
+    }
+  }
+  if (e.split && (v.count > e.whole || e.offset > e.whole - v.count)) {
+    return {{what + " is elements [" + std::to_string(e.offset) + ", " + std::to_string(e.offset + v.count) +
+                 ") of a split tensor of " + std::to_string(e.whole) + " elements, past its end",
+             "Fix the optimizer's visit_sharded_state"}};
+  }
+  if (!e.shape.empty() && st::elements(e.shape) != v.count) {
+    return {{what + " has " + std::to_string(v.count) + " elements, which do not fill its shape [" + dims + "]",
+             "Give it a shape whose product is its element count"}};
+  }
+  return std::nullopt;
+}
+
+// Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
+inline void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
+  if (view.count == 0) return;
+  if (e.column_major) {
+    if (const std::vector<std::size_t> shape = e.column_major(); reorders(shape)) {
+      return reorder(view.data, from, shape, size_of(view.type), false);
+    }
+  }
+  std::memcpy(view.data, from, view.bytes());
+}
+
+}  // namespace herd::detail::ckpt
+
+#endif  // HERD_CHECKPOINT_DETAIL_ENTRY_HPP
+
+// ---- herd/checkpoint/detail/match.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_MATCH_HPP
+#define HERD_CHECKPOINT_DETAIL_MATCH_HPP
+// Pairing a file's tensors with a checkpoint's registered entries by name, and saying every way
+// the two differ before anything is written.
+
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail::ckpt {
+
+// Pairs of (a tensor of `file`, the entry it fills). Raises naming every difference (up to eight)
+// when the two sets of entries are not the same, or (strict off) an entry of both differs;
+// records the keys either side lacks.
+// `registered`: the entries as a file would describe them; `index`: entry by name.
+inline std::vector<std::pair<std::size_t, std::size_t>> match(
+    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+    std::vector<std::string>& unexpected, const std::string& subject) {
+  const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
+    const std::string count = std::to_string(st::elements(t.shape).value_or(0));
+    return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
+  };
+  // `index` keeps the entries not yet found in the file.
+  std::vector<std::string> differences;
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  bool unsupported = false;
+  missing.clear();
+  unexpected.clear();
+  for (std::size_t f = 0; f < file.size(); ++f) {
+    const st::tensor_info& t = file[f];
+    const auto it = index.find(t.name);
+    if (it == index.end()) {
+      if (strict) differences.push_back(st::json_string(t.name) + " is in the file but not registered");
+      else unexpected.push_back(t.name);
+      continue;
+    }
+    const st::tensor_info& mine = registered[it->second];
+    if (!st::is_herd_dtype(t.dtype)) {
+      differences.push_back("unsupported dtype " + t.dtype + " in tensor " + st::json_string(t.name));
+      unsupported = true;
+    } else if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
+      differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
+                            describe(mine, entries[it->second].value) + " here");
+    }
+    order.emplace_back(f, it->second);
+    index.erase(it);
+  }
+  for (const auto& [name, i] : index) {
+    if (strict) differences.push_back(st::json_string(name) + " is registered but not in the file");
+    else missing.push_back(name);
+  }
+  if (differences.empty()) return order;
+  missing.clear();
+  unexpected.clear();
+  std::string what = path.string() + " does not match " + subject + ": ";
+  for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
+  if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
+  std::string todo = "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
+                     "load a checkpoint saved with these entries";
+  if (unsupported) {
+    todo = "herd's dtypes are F16, BF16, F32, F64, I8, U8, I32 and I64: convert such a tensor to one of them before "
+           "saving, or leave it unregistered and load with set_strict(false) to skip it";
+  }
+  throw failure{what, todo};
+}
+
+}  // namespace herd::detail::ckpt
+
+#endif  // HERD_CHECKPOINT_DETAIL_MATCH_HPP
+
+// ---- herd/checkpoint/detail/on_root.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_ON_ROOT_HPP
+#define HERD_CHECKPOINT_DETAIL_ON_ROOT_HPP
+// One rank does the file work of a collective save or load; every rank learns how it went, and
+// raises the same herd::error if it failed.
+
+
+// ---- herd/collectives/object.hpp ----
+#ifndef HERD_COLLECTIVES_OBJECT_HPP
+#define HERD_COLLECTIVES_OBJECT_HPP
+// herd::allgather_object and herd::broadcast_object: host values rather than tensors, as Horovod's
+// functions of those names (which pickle; herd copies bytes).
+//
+//   std::vector<std::string> hosts = herd::allgather_object(my_host, comm);   // every rank's, in rank order
+//   herd::broadcast_object(config, comm, /*root=*/0);                        // every rank ends with the root's
+//
+// A value is of a trivially copyable type (not a pointer), a std::string, or a std::vector of
+// these (nested too); any other type fails to compile, saying so. Values travel as bytes
+// (detail/serialize.hpp) in two operations, sizes then bytes (allgatherv; allgather and
+// broadcast), so they are checked across ranks as those are; ranks that pass values of
+// different types, or different roots, raise herd::error on every rank. On a communicator with
+// native collectives (nccl_communicator) they go over its control channel.
+
+
 // ---- herd/collectives/allgather.hpp ----
 #ifndef HERD_COLLECTIVES_ALLGATHER_HPP
 #define HERD_COLLECTIVES_ALLGATHER_HPP
@@ -8260,6 +9055,944 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_COLLECTIVES_ALLGATHER_HPP
 
+// ---- herd/collectives/broadcast.hpp ----
+#ifndef HERD_COLLECTIVES_BROADCAST_HPP
+#define HERD_COLLECTIVES_BROADCAST_HPP
+// herd::broadcast: every rank ends with the root's tensor.
+//
+//   herd::broadcast(weights, comm, /*root=*/0);
+//   herd::handle h = herd::broadcast_async(weights, comm, 0);   // h.wait() finishes it
+//
+// Small tensors go down a binomial tree (ceil(log2 p) hops); large ones along a pipelined chain
+// root -> root+1 -> ..., segment by segment, so each link carries the tensor once and all links
+// are busy at the same time. Ranks of one node read the root's slices out of its shared memory.
+
+
+#include <deque>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+inline constexpr std::size_t broadcast_tree_max_bytes = std::size_t{64} << 10;
+
+template <communicator C> void broadcast_tree(C& comm, std::byte* data, std::size_t bytes, int root) {
+  const int p = comm.size();
+  const int q = ring_mod(comm.rank() - root, p);  // rank relative to the root
+  const int tag = comm.operations().data_tag();
+  int mask = 1;
+  while (mask < p) {
+    if (q & mask) {
+      auto r = comm.irecv(data, bytes, ring_mod(q - mask + root, p), tag);
+      comm.wait(r);
+      break;
+    }
+    mask <<= 1;
+  }
+  std::vector<typename C::request> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (q + mask < p) sends.push_back(comm.isend(data, bytes, ring_mod(q + mask + root, p), tag));
+  }
+  for (auto& s : sends) comm.wait(s);
+}
+
+template <communicator C>
+void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std::size_t segment_bytes) {
+  const int p = comm.size();
+  const int q = ring_mod(comm.rank() - root, p);
+  const int tag = comm.operations().data_tag();
+  const std::size_t segments = (bytes + segment_bytes - 1) / segment_bytes;
+  auto segment = [&](std::size_t k) {
+    return std::pair<std::byte*, std::size_t>(data + k * segment_bytes, std::min(segment_bytes, bytes - k * segment_bytes));
+  };
+  const int previous = ring_mod(comm.rank() - 1, p);
+  const int next = ring_mod(comm.rank() + 1, p);
+  std::deque<typename C::request> receives;
+  std::deque<typename C::request> sends;
+  std::size_t posted = 0;
+  auto post_receives = [&] {
+    for (; q > 0 && posted < segments && receives.size() < ring_window; ++posted) {
+      const auto [at, n] = segment(posted);
+      receives.push_back(comm.irecv(at, n, previous, tag));
+    }
+  };
+  post_receives();
+  for (std::size_t k = 0; k < segments; ++k) {
+    if (q > 0) {
+      comm.wait(receives.front());
+      receives.pop_front();
+      post_receives();
+    }
+    if (q < p - 1) {
+      if (sends.size() == ring_window) {
+        comm.wait(sends.front());
+        sends.pop_front();
+      }
+      const auto [at, n] = segment(k);
+      sends.push_back(comm.isend(at, n, next, tag));
+    }
+  }
+  for (auto& s : sends) comm.wait(s);
+}
+
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root);
+
+struct broadcast_call {
+  call_check check;
+  buffer_view v;
+  int root;
+
+  op_label label() const { return tensor_label(op_kind::broadcast, v); }
+};
+
+template <communicator C> broadcast_call prepare_broadcast(call_check check, buffer_view v, C& comm, int root) {
+  check.require_valid("input", v);
+  check.require_root(root);
+  check.require_reachable("input", v, reaches(comm, v.device), unreachable_advice(comm, v.device));
+  return {std::move(check), v, root};
+}
+
+template <communicator C> void run_broadcast(C& comm, const broadcast_call& call, bool host_sync) {
+  const auto& [check, v, root] = call;
+  signature mine;
+  mine.type = v.type;
+  mine.count = v.count;
+  mine.root = root;
+  mine.memory = v.device.type;
+  agree(comm, mine, check);
+  if (v.bytes() == 0 || comm.size() == 1) return;
+  if constexpr (native_collectives<C>) {
+    comm.native_broadcast(v, root);
+    if (host_sync) comm.synchronize();
+    return;
+  } else {
+    (void)host_sync;
+#if HERD_WITH_CUDA_KERNELS
+    if (v.device.is_cuda()) {
+      return staged_broadcast(comm, v, root);
+    }
+#endif
+    broadcast_host(comm, v, root);
+  }
+}
+
+template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
+  const std::size_t bytes = v.bytes();
+  auto* data = static_cast<std::byte*>(v.data);
+  if (shm_node* node = shared_node_of(comm)) return shm_broadcast(comm, *node, data, bytes, root);
+  if (bytes <= broadcast_tree_max_bytes) {
+    broadcast_tree(comm, data, bytes, root);
+  } else {
+    broadcast_chain(comm, data, bytes, root, comm.options().ring_segment_bytes);
+  }
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// `tensor` on every rank ends equal to `tensor` on `root`.
+template <class T, communicator C> void broadcast(T& tensor, C& comm, int root = 0) {
+  detail::require_writable_tensor<T>();
+  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  const auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_broadcast(comm, call, sync); });
+}
+
+// Starts the broadcast; the handle finishes it (herd::handle).
+template <class T, communicator C> [[nodiscard]] handle broadcast_async(T& tensor, C& comm, int root = 0) {
+  detail::require_writable_tensor<T>();
+  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
+  const buffer_view v = check.view("input", tensor);
+  auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
+    detail::run_broadcast(comm, call, sync);
+  });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_COLLECTIVES_BROADCAST_HPP
+
+// ---- herd/collectives/detail/serialize.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
+#define HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
+// The bytes of a host value, for allgather_object and broadcast_object: a trivially copyable
+// value as it lies in memory; a std::string or std::vector (of any of these) as its length and
+// then its elements. Every rank runs the same build, so no byte order or padding is converted.
+//
+// A fingerprint of the type's shape goes with the bytes, so that ranks passing different types
+// are told so instead of reading one another's bytes as their own.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+// FNV-1a over a few words.
+constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t word) {
+  for (int byte = 0; byte < 8; ++byte) {
+    h ^= (word >> (8 * byte)) & 0xffu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Reads the bytes back, refusing to read past their end.
+class object_reader {
+ public:
+  object_reader(const std::byte* data, std::size_t bytes) : data_(data), left_(bytes) {}
+
+  // n elements of `element_bytes` each.
+  const std::byte* take(std::uint64_t n, std::size_t element_bytes = 1) {
+    if (n > left_ / element_bytes) throw error("herd: a serialized object ends early; every rank must run the same build");
+    const std::byte* at = data_;
+    data_ += n * element_bytes;
+    left_ -= n * element_bytes;
+    return at;
+  }
+  std::uint64_t length() {
+    std::uint64_t n = 0;
+    std::memcpy(&n, take(sizeof n), sizeof n);
+    return n;
+  }
+  bool done() const { return left_ == 0; }
+
+ private:
+  const std::byte* data_;
+  std::size_t left_;
+};
+
+inline void write_length(std::vector<std::byte>& out, std::size_t n) {
+  const auto length = static_cast<std::uint64_t>(n);
+  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
+  out.insert(out.end(), bytes, bytes + sizeof length);
+}
+
+// object_codec<T>::supported says whether T has bytes; the others define fingerprint, write, read.
+template <class T> struct object_codec {
+  static constexpr bool supported = false;
+};
+
+// A pointer is trivially copyable, but means nothing on another rank.
+template <class T>
+  requires(std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T>)
+struct object_codec<T> {
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint =
+      mix(mix(mix(1469598103934665603ull, 't'), sizeof(T)),
+          alignof(T) | std::uint64_t{std::is_integral_v<T>} << 16 | std::uint64_t{std::is_floating_point_v<T>} << 17 |
+              std::uint64_t{std::is_signed_v<T>} << 18 | std::uint64_t{std::is_enum_v<T>} << 19);
+  static void write(const T& value, std::vector<std::byte>& out) {
+    const auto* bytes = reinterpret_cast<const std::byte*>(&value);
+    out.insert(out.end(), bytes, bytes + sizeof(T));
+  }
+  static void read(object_reader& in, T& value) { std::memcpy(&value, in.take(sizeof(T)), sizeof(T)); }
+};
+
+template <class Traits, class Allocator> struct object_codec<std::basic_string<char, Traits, Allocator>> {
+  using string = std::basic_string<char, Traits, Allocator>;
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint = mix(1469598103934665603ull, 's');
+  static void write(const string& value, std::vector<std::byte>& out) {
+    write_length(out, value.size());
+    const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
+    out.insert(out.end(), bytes, bytes + value.size());
+  }
+  static void read(object_reader& in, string& value) {
+    const std::uint64_t n = in.length();
+    const std::byte* at = in.take(n);
+    value.assign(reinterpret_cast<const char*>(at), n);
+  }
+};
+
+template <class U, class Allocator>
+  requires object_codec<U>::supported
+struct object_codec<std::vector<U, Allocator>> {
+  using vector = std::vector<U, Allocator>;
+  // Copied whole when its elements are trivially copyable (std::vector<bool> packs its bits: not).
+  static constexpr bool whole = std::is_trivially_copyable_v<U> && !std::is_same_v<U, bool>;
+  static constexpr bool supported = true;
+  static constexpr std::uint64_t fingerprint = mix(mix(1469598103934665603ull, 'v'), object_codec<U>::fingerprint);
+  static void write(const vector& value, std::vector<std::byte>& out) {
+    write_length(out, value.size());
+    if constexpr (whole) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
+      out.insert(out.end(), bytes, bytes + value.size() * sizeof(U));
+    } else {
+      for (const U& element : value) object_codec<U>::write(element, out);
+    }
+  }
+  static void read(object_reader& in, vector& value) {
+    const std::uint64_t n = in.length();
+    if constexpr (whole) {
+      const std::byte* at = in.take(n, sizeof(U));
+      value.resize(n);
+      if (n != 0) std::memcpy(value.data(), at, n * sizeof(U));
+    } else {
+      value.clear();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        U element{};
+        object_codec<U>::read(in, element);
+        value.push_back(std::move(element));
+      }
+    }
+  }
+};
+
+template <class T> inline constexpr bool serializable = object_codec<T>::supported;
+
+// The fingerprint of T followed by the bytes of `value`.
+template <class T> std::vector<std::byte> object_bytes(const T& value) {
+  std::vector<std::byte> out;
+  write_length(out, object_codec<T>::fingerprint);
+  object_codec<T>::write(value, out);
+  return out;
+}
+
+// The fingerprint at the start of an object's bytes.
+inline std::uint64_t fingerprint_of(const std::byte* data, std::size_t bytes) {
+  object_reader in(data, bytes);
+  return in.length();
+}
+
+// `value` from bytes object_bytes<T> made (the fingerprint already checked).
+template <class T> void read_object(const std::byte* data, std::size_t bytes, T& value) {
+  object_reader in(data, bytes);
+  in.length();
+  object_codec<T>::read(in, value);
+  if (!in.done()) throw error("herd: a serialized object has bytes left over; every rank must run the same build");
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// True for the types objects may have; otherwise it stops the compilation with herd's words alone
+// (the public functions compile their bodies only for those types).
+template <class T> constexpr bool require_object() {
+  static_assert(serializable<T>,
+                "herd::allgather_object and herd::broadcast_object take values of trivially copyable types (not "
+                "pointers), std::string, and std::vector of these; serialize other types into a std::string or a "
+                "std::vector<std::byte> first");
+  return serializable<T>;
+}
+
+template <class T, communicator C> std::vector<T> allgather_serialized(const T& value, C& comm) {
+  const std::vector<std::byte> mine = object_bytes(value);
+  std::vector<std::uint8_t> all;
+  const std::vector<std::size_t> counts =
+      allgatherv(const_buffer_view(mine.data(), mine.size(), dtype::u8), all, control_of(comm));
+  const auto* bytes = reinterpret_cast<const std::byte*>(all.data());
+  // Every rank holds the same bytes now, so every rank finds the same mismatch, if any.
+  std::size_t at = 0;
+  std::uint64_t first = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    const std::uint64_t fingerprint = fingerprint_of(bytes + at, counts[q]);
+    if (q == 0) first = fingerprint;
+    if (fingerprint != first) {
+      raise_agreed({"allgather_object", comm.rank(), comm.size()},
+                   "rank " + std::to_string(q) + " passed a value of another type than rank 0",
+                   "Every rank must pass a value of the same type");
+    }
+    at += counts[q];
+  }
+  std::vector<T> values;
+  values.reserve(counts.size());
+  at = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    T v{};
+    read_object(bytes + at, counts[q], v);
+    values.push_back(std::move(v));
+    at += counts[q];
+  }
+  return values;
+}
+
+template <class T, communicator C> void broadcast_serialized(T& value, C& comm, int root) {
+  const int p = comm.size();
+  std::vector<std::byte> bytes;
+  if (comm.rank() == root) bytes = object_bytes(value);
+  // Every rank's type, root, and (from the root) the size of the bytes, seen alike by every rank.
+  const std::int64_t mine[3] = {static_cast<std::int64_t>(object_codec<T>::fingerprint), root,
+                                static_cast<std::int64_t>(bytes.size())};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(p));
+  allgather(const_buffer_view(mine, 3, dtype::i64), all, control_of(comm));
+  const error_site site{"broadcast_object", comm.rank(), p};
+  auto of = [&](int q, std::size_t field) { return all[3 * static_cast<std::size_t>(q) + field]; };
+  for (int q = 1; q < p; ++q) {
+    if (of(q, 1) != of(0, 1)) {
+      std::string roots;
+      for (int r = 0; r < p && r < 16; ++r) roots += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + std::to_string(of(r, 1));
+      raise_agreed(site, "the root differs across ranks (" + roots + (p > 16 ? ", ...)" : ")"),
+                   "Every rank must pass the same root");
+    }
+  }
+  if (root < 0 || root >= p) {
+    raise_agreed(site, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(p) + ")");
+  }
+  for (int q = 1; q < p; ++q) {
+    if (of(q, 0) != of(0, 0)) {
+      raise_agreed(site, "rank " + std::to_string(q) + " passed a value of another type than rank 0",
+                   "Every rank must pass a value of the same type");
+    }
+  }
+  bytes.resize(static_cast<std::size_t>(of(root, 2)));
+  buffer_view wire{bytes.data(), bytes.size(), dtype::u8, device::cpu()};
+  broadcast(wire, control_of(comm), root);
+  if (comm.rank() != root) read_object(bytes.data(), bytes.size(), value);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Every rank's `value`, in rank order.
+template <class T, communicator C> std::vector<T> allgather_object(const T& value, C& comm) {
+  if constexpr (detail::require_object<T>()) return detail::allgather_serialized(value, comm);
+  else return {};
+}
+
+// `value` on every rank ends equal to `value` on `root`.
+template <class T, communicator C> void broadcast_object(T& value, C& comm, int root = 0) {
+  if constexpr (detail::require_object<T>()) detail::broadcast_serialized(value, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_COLLECTIVES_OBJECT_HPP
+
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+namespace herd::detail::ckpt {
+
+// Runs `step` on root alone and returns, on every rank, what it returned: "o" (ok) and what else
+// root has to say, or "m" (missing). If it failed, every rank raises what failed and what to do
+// (sent split by a NUL: names in messages are escaped, so neither holds one).
+template <communicator C, class F>
+std::string on_root(const error_site& site, C& comm, int root, const std::filesystem::path& path, const char* role,
+                    F&& step) {
+  if (root < 0 || root >= site.size) {
+    raise(site, "root " + std::to_string(root) + " is out of range",
+          "Pass a root in [0, " + std::to_string(site.size) + ")");
+  }
+  std::string status;
+  try {
+    if (site.rank == root) status = step();
+  } catch (const failure& f) {
+    status = "f" + f.what + '\0' + f.todo;
+  } catch (const std::exception& e) {
+    status = "f" + path.string() + ": " + e.what() + '\0';
+  }
+  broadcast_object(status, comm, root);
+  if (status[0] == 'o' || status[0] == 'm') return status;
+  const std::size_t split = status.find('\0');
+  std::string what = status.substr(1, split - 1);
+  if (site.rank != root) what = "rank " + std::to_string(root) + ", which " + role + ", failed: " + what;
+  raise(site, what, status.substr(split + 1));
+}
+
+}  // namespace herd::detail::ckpt
+
+#endif  // HERD_CHECKPOINT_DETAIL_ON_ROOT_HPP
+
+// ---- herd/checkpoint/detail/sharded.hpp ----
+#ifndef HERD_CHECKPOINT_DETAIL_SHARDED_HPP
+#define HERD_CHECKPOINT_DETAIL_SHARDED_HPP
+// Tensors split over the ranks (optim/optimizer_state.hpp's sharded_view) in a checkpoint: the
+// file holds each whole, so a save gathers the parts to the rank that writes and a load hands
+// each rank its part of what the root read.
+
+
+// ---- herd/collectives/gather.hpp ----
+#ifndef HERD_COLLECTIVES_GATHER_HPP
+#define HERD_COLLECTIVES_GATHER_HPP
+// herd::gather and herd::gatherv: the root ends with every rank's tensor, laid end to end in rank
+// order (MPI_Gather, MPI_Gatherv).
+//
+//   herd::gather(mine, all, comm, /*root=*/0);      // on the root, all.size() == mine.size() * comm.size()
+//   herd::gatherv(mine, all, counts, comm, 0);      // counts[i]: elements from rank i, the same list on every rank
+//   herd::handle h = herd::gather_async(mine, all, comm, 0);   // h.wait() finishes it
+//
+// The output is the root's only: the other ranks may pass any tensor, an empty one too; it is
+// neither checked nor written. In place: the root passes as input its own slot of the output
+// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
+//
+// Up to 64 KiB in all, the blocks go up a binomial tree (ceil(log2 p) hops); larger ones go
+// straight to the root (detail/rooted.hpp).
+
+
+// ---- herd/collectives/detail/host_only.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
+#define HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
+// What the collectives that move host memory only (gather, scatter, alltoall(v), reduce) check
+// alike: they refuse a communicator with native collectives (nccl_communicator) at compile time,
+// and a device tensor, or a list of per-rank counts of the wrong length, with herd::error on every
+// rank, through the agreement.
+
+
+#include <span>
+#include <string>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class C> constexpr void require_host_communicator() {
+  static_assert(!native_collectives<C>,
+                "herd: gather, scatter, reduce and alltoall(v) do not run on a communicator with native collectives "
+                "(nccl_communicator) yet. Copy the tensors to the host and call them on an mpi_communicator (an "
+                "nccl_communicator's control() is one).");
+}
+
+// `operation` names the collective in the advice ("gather").
+inline void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v, const char* operation) {
+  if (!check.ok() || v.device.is_cpu()) return;
+  check.fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", but herd::" + operation +
+                    " moves host memory only",
+             "Copy the tensor to the host first");
+}
+
+// `what` names the list ("per-rank counts", "send splits").
+inline void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts, int p) {
+  if (!check.ok() || counts.size() == static_cast<std::size_t>(p)) return;
+  check.fail(19, std::string("the list of ") + what + " has " + std::to_string(counts.size()) + " entries for " +
+                     std::to_string(p) + " ranks",
+             "Pass one entry per rank");
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
+
+// ---- herd/collectives/detail/rooted.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_ROOTED_HPP
+#define HERD_COLLECTIVES_DETAIL_ROOTED_HPP
+// Moving every rank's block to one root, or the root's blocks to every rank (gather, scatter, and
+// reduce's last step). Blocks may differ in size, and every rank knows every size.
+//
+// Small: a binomial tree over the ranks relative to the root (q = rank - root, mod p). The
+// parent of q is q without its lowest set bit; q's subtree is q .. q + lowbit(q) - 1 (the
+// root's: every rank), whose blocks lie side by side in relative order, so each rank sends or
+// receives its subtree's blocks in one message: ceil(log2 p) hops instead of p - 1 at the root.
+// Large: straight between the root and each rank, at most ring_window messages in flight at
+// the root, so that nothing is copied twice.
+
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+
+// Gathers and scatters of up to this many bytes in all take the tree.
+inline constexpr std::size_t rooted_tree_max_bytes = std::size_t{64} << 10;
+
+// The binomial tree of the ranks relative to `root`, with their blocks in relative order.
+struct rooted_tree {
+  int p;
+  int root;
+  int q;                            // this rank, relative to the root
+  int span;                         // lowbit(q): q's subtree is q .. min(q + span, p) - 1; the root's spans all
+  std::vector<std::size_t> offset;  // offset[j]: bytes before relative rank j's block; offset[p]: all
+
+  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
+      : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
+        offset(static_cast<std::size_t>(size) + 1, 0) {
+    while (span < p && (q & span) == 0) span <<= 1;
+    for (int j = 0; j < p; ++j) {
+      offset[static_cast<std::size_t>(j) + 1] = offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
+    }
+  }
+
+  int absolute(int j) const { return (j + root) % p; }
+  // Bytes of the blocks of relative ranks [from, to).
+  std::size_t bytes(int from, int to) const {
+    return offset[static_cast<std::size_t>(std::min(to, p))] - offset[static_cast<std::size_t>(from)];
+  }
+  std::size_t subtree_bytes() const { return bytes(q, q + span); }
+  bool leaf() const { return q != 0 && (span == 1 || q + 1 >= p); }
+  // Where relative rank j's block lies in this rank's subtree buffer.
+  std::size_t at(int j) const { return bytes(q, j); }
+};
+
+// Every rank's block (`mine`, bytes[rank] bytes) to the root, where `gathered` receives them all in
+// relative order (the root's own first, then root + 1, ...). Only the root's `gathered` is used.
+template <communicator C>
+void tree_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, std::byte* gathered) {
+  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
+  const int tag = comm.operations().data_tag();
+  if (t.leaf()) {  // nothing to collect: its own block straight to its parent
+    if (t.subtree_bytes() != 0) {
+      auto s = comm.isend(mine, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+      comm.wait(s);
+    }
+    return;
+  }
+  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), 0);
+  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
+  if (own != 0 && buffer != mine) std::memcpy(buffer, mine, own);
+  std::vector<typename C::request> receives;
+  for (int m = 1; m < t.span && t.q + m < t.p; m <<= 1) {
+    const int child = t.q + m;  // its subtree: child .. child + m - 1
+    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
+      receives.push_back(comm.irecv(buffer + t.at(child), n, t.absolute(child), tag));
+    }
+  }
+  for (auto& r : receives) comm.wait(r);
+  if (t.q != 0 && t.subtree_bytes() != 0) {
+    auto s = comm.isend(buffer, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+    comm.wait(s);
+  }
+}
+
+// The root's blocks (`scattered`, in relative order) to every rank's `mine` (bytes[rank] bytes).
+// Only the root's `scattered` is read.
+template <communicator C>
+void tree_scatter(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* scattered, std::byte* mine) {
+  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
+  const int tag = comm.operations().data_tag();
+  const std::byte* buffer = scattered;
+  if (t.q != 0) {
+    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), 0);  // a leaf's is its own block
+    if (t.subtree_bytes() != 0) {
+      auto r = comm.irecv(received, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
+      comm.wait(r);
+    }
+    buffer = received;
+  }
+  std::vector<typename C::request> sends;
+  for (int m = t.span / 2; m >= 1; m >>= 1) {  // the largest subtree first: it has the longest way to go
+    const int child = t.q + m;
+    if (child >= t.p) continue;
+    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
+      sends.push_back(comm.isend(buffer + t.at(child), n, t.absolute(child), tag));
+    }
+  }
+  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
+  if (own != 0 && buffer != mine) std::memcpy(mine, buffer, own);
+  for (auto& s : sends) comm.wait(s);
+}
+
+// Every other rank's block straight to the root, into at(q); the root's own is the caller's.
+template <communicator C, class At>
+void direct_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, At at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  if (r != root) {
+    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
+      auto s = comm.isend(mine, n, root, tag);
+      comm.wait(s);
+    }
+    return;
+  }
+  std::deque<typename C::request> receives;
+  for (int k = 1; k < p; ++k) {
+    const int q = (root + k) % p;
+    const std::size_t n = bytes[static_cast<std::size_t>(q)];
+    if (n == 0) continue;
+    if (receives.size() == ring_window) {
+      comm.wait(receives.front());
+      receives.pop_front();
+    }
+    receives.push_back(comm.irecv(at(q), n, q, tag));
+  }
+  for (auto& rq : receives) comm.wait(rq);
+}
+
+// The root's block for every other rank, from at(q), straight to it; the root's own is the caller's.
+template <communicator C, class At>
+void direct_scatter(C& comm, int root, std::span<const std::size_t> bytes, std::byte* mine, At at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  if (r != root) {
+    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
+      auto rq = comm.irecv(mine, n, root, tag);
+      comm.wait(rq);
+    }
+    return;
+  }
+  std::deque<typename C::request> sends;
+  for (int k = 1; k < p; ++k) {
+    const int q = (root + k) % p;
+    const std::size_t n = bytes[static_cast<std::size_t>(q)];
+    if (n == 0) continue;
+    if (sends.size() == ring_window) {
+      comm.wait(sends.front());
+      sends.pop_front();
+    }
+    sends.push_back(comm.isend(at(q), n, q, tag));
+  }
+  for (auto& s : sends) comm.wait(s);
+}
+
+// The blocks of `bytes` (in rank order, at `from`) laid out in relative order from `root` at `to`,
+// or back (relative_to_absolute): two copies, as relative order is rank order rotated by root.
+inline void rotate_blocks(std::span<const std::size_t> bytes, int root, const std::byte* from, std::byte* to,
+                          bool relative_to_absolute) {
+  std::size_t before = 0;  // bytes of ranks 0 .. root - 1
+  std::size_t total = 0;
+  for (std::size_t q = 0; q < bytes.size(); ++q) {
+    if (q < static_cast<std::size_t>(root)) before += bytes[q];
+    total += bytes[q];
+  }
+  const std::size_t after = total - before;  // ranks root .. p - 1: the first in relative order
+  if (relative_to_absolute) {
+    if (after != 0) std::memcpy(to + before, from, after);
+    if (before != 0) std::memcpy(to, from + after, before);
+  } else {
+    if (after != 0) std::memcpy(to, from + before, after);
+    if (before != 0) std::memcpy(to + after, from, before);
+  }
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_ROOTED_HPP
+
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct gather_call {
+  call_check check;
+  const_buffer_view in;
+  buffer_view out;  // the root's; empty elsewhere
+  std::vector<std::size_t> counts;
+  int root = 0;
+  std::size_t total = 0;  // elements of the root's output
+
+  op_label label() const { return tensor_label(check.kind(), in); }
+};
+
+// `kind`: gather (equal counts) or gatherv.
+template <communicator C>
+gather_call prepare_gatherv(call_check check, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts,
+                            C& comm, int root) {
+  const int r = comm.rank();
+  const bool at_root = r == root;
+  check.require_valid("input", in);
+  check.require_root(root);
+  if (at_root) {
+    check.require_valid("output", out);
+    check.require_same_dtype(in, out);
+  }
+  require_one_per_rank(check, "per-rank counts", counts, comm.size());
+  std::size_t total = 0;
+  std::size_t before = 0;
+  if (check.ok()) {
+    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
+    check.require_count("input", in.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
+    if (at_root) check.require_count("output", out.count, total, "the sum of the per-rank counts");
+  }
+  if (at_root) {
+    auto* base = static_cast<std::byte*>(out.data);
+    check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * size_of(in.type),
+                           "this rank's own slot of the output (in place)");
+  }
+  require_host_tensor(check, "input", in, name(check.kind()));
+  if (at_root) require_host_tensor(check, "output", out, name(check.kind()));
+  gather_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
+  call.total = total;
+  return call;
+}
+
+template <communicator C>
+void gather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(in.type);
+  std::vector<std::size_t> bytes(counts.size());
+  std::vector<std::size_t> offset(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    bytes[q] = counts[q] * es;
+    offset[q + 1] = offset[q] + bytes[q];
+  }
+  const auto* mine = static_cast<const std::byte*>(in.data);
+  auto* base = static_cast<std::byte*>(out.data);  // the root's
+  const bool at_root = comm.rank() == root;
+  if (offset.back() == 0) return;
+  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
+    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), 1);
+    tree_gather(comm, root, bytes, mine, gathered);
+    if (at_root && root != 0) rotate_blocks(bytes, root, gathered, base, true);
+    return;
+  }
+  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(base + offset[r], mine, bytes[r]);
+  direct_gather(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
+}
+
+template <communicator C> void run_gatherv(C& comm, const gather_call& call) {
+  const auto& check = call.check;
+  signature mine;
+  mine.type = call.in.type;
+  mine.count = check.kind() == op_kind::gather ? call.in.count : call.total;
+  mine.layout = check.kind() == op_kind::gatherv ? hash_counts(call.counts) : 0;
+  mine.root = call.root;
+  mine.memory = call.in.device.type;
+  agree(comm, mine, check);
+  gather_host(comm, call.in, call.out, call.counts, call.root);
+}
+
+template <class In, class Out, communicator C> gather_call gather_call_of(const In& input, Out& output, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::gather, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
+  if (comm.rank() == root) {
+    check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
+  }
+  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
+}
+
+template <class In, class Out, communicator C>
+gather_call gatherv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::gatherv, comm.rank(), comm.size());
+  const const_buffer_view in = check.const_view("input", input);
+  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
+  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// On `root`, `output` (comm.size() times the input's elements) receives every rank's `input`, in
+// rank order. Elsewhere `output` is ignored.
+template <class In, class Out, communicator C> void gather(const In& input, Out& output, C& comm, int root = 0) {
+  const auto call = detail::gather_call_of(input, output, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
+}
+
+// Ranks contribute different counts; `counts` lists them and must be the same on every rank.
+template <class In, class Out, communicator C>
+void gatherv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
+  const auto call = detail::gatherv_call_of(input, output, counts, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle gather_async(const In& input, Out& output, C& comm, int root = 0) {
+  auto call = detail::gather_call_of(input, output, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle gatherv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
+                                   int root = 0) {
+  auto call = detail::gatherv_call_of(input, output, counts, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_COLLECTIVES_GATHER_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace herd::detail::ckpt {
+
+// On root, the whole tensor of `whole` elements whose part [offset, offset + part.count) this
+// rank holds; an empty tensor elsewhere. Every rank calls it for the same tensors in the same
+// order. The ranks' parts must follow one another in rank order and cover the whole: every rank
+// sees every part's place, so every rank throws alike when they do not.
+template <communicator C>
+host_tensor gather_whole(const std::string& name, buffer_view part, std::size_t offset, std::size_t whole, C& comm,
+                         int root) {
+  std::int64_t mine[2] = {static_cast<std::int64_t>(offset), static_cast<std::int64_t>(part.count)};
+  std::vector<std::int64_t> table(2 * static_cast<std::size_t>(comm.size()));
+  allgather(buffer_view{mine, 2, dtype::i64}, table, comm);
+  std::vector<std::size_t> counts;
+  std::size_t next = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto at = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r)]);
+    const auto n = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r) + 1]);
+    if (n != 0 && at != next) {
+      throw failure{"rank " + std::to_string(r) + " holds elements [" + std::to_string(at) + ", " +
+                        std::to_string(at + n) + ") of the split tensor " + safetensors::json_string(name) +
+                        ", but the ranks before it end at element " + std::to_string(next),
+                    "The parts of a split state tensor must follow one another in rank order"};
+    }
+    next += n;
+    counts.push_back(n);
+  }
+  if (next != whole) {
+    throw failure{"the ranks' parts of the split tensor " + safetensors::json_string(name) + " hold " +
+                      std::to_string(next) + " of its " + std::to_string(whole) + " elements",
+                  "The parts of a split state tensor must cover it once"};
+  }
+  host_tensor out(part.type, comm.rank() == root ? whole : 0);
+  buffer_view out_view = out.view();
+  gatherv(part, out_view, counts, comm, root);
+  return out;
+}
+
+// Every rank's `part` (elements [offset, offset + part.count) of a tensor of `whole` elements)
+// from the whole tensor, whose bytes root has at `root_bytes` (null elsewhere).
+template <communicator C>
+void scatter_whole(const std::byte* root_bytes, buffer_view part, std::size_t offset, std::size_t whole, C& comm,
+                   int root) {
+  host_tensor all(part.type, whole);
+  if (comm.rank() == root && all.bytes() != 0) std::memcpy(all.data(), root_bytes, all.bytes());
+  buffer_view view = all.view();
+  broadcast(view, comm, root);
+  const auto* bytes = static_cast<const std::byte*>(all.data());
+  if (part.count != 0) std::memcpy(part.data, bytes + offset * size_of(part.type), part.bytes());
+}
+
+}  // namespace herd::detail::ckpt
+
+#endif  // HERD_CHECKPOINT_DETAIL_SHARDED_HPP
+
 // ---- herd/collectives/allreduce.hpp ----
 #ifndef HERD_COLLECTIVES_ALLREDUCE_HPP
 #define HERD_COLLECTIVES_ALLREDUCE_HPP
@@ -8643,6 +10376,430 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_COLLECTIVES_ALLREDUCE_HPP
 
+// ---- herd/collectives/barrier.hpp ----
+#ifndef HERD_COLLECTIVES_BARRIER_HPP
+#define HERD_COLLECTIVES_BARRIER_HPP
+// herd::barrier: returns on each rank once every rank has entered it. An operation like any
+// other: a rank in a barrier while another is in a different collective is an error on both,
+// naming both operations.
+
+
+namespace herd {
+
+template <communicator C> void barrier(C& comm) {
+  detail::run_operation(comm, {detail::op_kind::barrier}, [&] {
+    if constexpr (requires { comm.synchronize(); }) comm.synchronize();  // a GPU communicator's queued work first
+    detail::agree_identity(comm);
+  });
+}
+
+}  // namespace herd
+
+#endif  // HERD_COLLECTIVES_BARRIER_HPP
+
+// ---- herd/optim/optimizer_state.hpp ----
+#ifndef HERD_OPTIM_OPTIMIZER_STATE_HPP
+#define HERD_OPTIM_OPTIMIZER_STATE_HPP
+// How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
+// broadcast_optimizer_state and checkpoints. An optimizer either has a member
+//
+//   template <class F> void visit_state(F&& f);   // calls f(name, herd::buffer_view tensor), name a std::string
+//
+// or a specialization of herd::optimizer_state_traits<Optimizer> with a static visit(opt, f).
+// The state must exist before the first step (allocate it in the constructor), so that a freshly
+// built optimizer can receive state from another rank or from a checkpoint.
+//
+// An optimizer whose state is split over the ranks (zero_optimizer) may also have
+//
+//   template <class F> void visit_sharded_state(F&& f);   // calls f(name, herd::sharded_view part)
+//
+// naming each tensor as the unsharded optimizer of the same kind would, with this rank's part of
+// it. A checkpoint saves such state whole, in one file, and each rank loads back its part, so the
+// file loads at any world size and into the unsharded optimizer too.
+
+
+#include <cstddef>
+#include <string_view>
+#include <utility>
+
+namespace herd {
+
+template <class Optimizer> struct optimizer_state_traits {
+  template <class F> static void visit(Optimizer& opt, F&& f) {
+    static_assert(requires { opt.visit_state(std::forward<F>(f)); },
+                  "herd: this optimizer does not expose its state. Give it a member template "
+                  "visit_state(F&& f) calling f(name, herd::buffer_view) for each state tensor, or specialize "
+                  "herd::optimizer_state_traits<YourOptimizer>.");
+    opt.visit_state(std::forward<F>(f));
+  }
+};
+
+// Calls f(name, view) for every state tensor of `opt`.
+template <class Optimizer, class F> void visit_optimizer_state(Optimizer& opt, F&& f) {
+  optimizer_state_traits<Optimizer>::visit(opt, std::forward<F>(f));
+}
+
+// This rank's part of a state tensor split over the ranks: elements [offset, offset + part.count)
+// of a tensor of `count` elements of part.type. The ranks' parts, taken in rank order, follow one
+// another from element 0 to the last (an empty part where a rank holds none). A tensor every rank
+// holds whole and alike (a step count) is `replicated`: part is all of it, saved from one rank.
+struct sharded_view {
+  buffer_view part;
+  std::size_t offset = 0;
+  std::size_t count = 0;
+  bool replicated = false;
+};
+
+template <class Optimizer>
+concept sharded_optimizer_state = requires(Optimizer& opt) {
+  opt.visit_sharded_state([](const auto&, const sharded_view&) {});
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_OPTIMIZER_STATE_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+// A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
+// references (buffer_views are kept by value): every registered tensor and value must outlive
+// the checkpoint. Tensors are read through their traits at each save and load, so a std::vector
+// may be reallocated in between. Its collective save and load call herd's collectives, so, like
+// them, it lives in the configuration namespace (core/config.hpp): no two translation units share
+// a definition that one compiled with g++ and the other with nvcc.
+HERD_CONFIG_NAMESPACE_BEGIN
+
+class checkpoint {
+ public:
+  // Any adapted tensor in host memory, saved with `shape` (row-major) so that PyTorch gets it back
+  // in its real shape, or with shape [its element count] when none is given. A file's entry loads
+  // into it when dtypes and element counts agree, whatever the entry's shape. A column-major
+  // tensor (an Eigen matrix, an Armadillo Mat) is written in the row-major order of its own shape
+  // and read back the same way (checkpoint/detail/layout.hpp): saved with {rows, cols}, element
+  // (i, j) is t[i][j] in PyTorch; another shape reshapes that order, as torch.reshape would.
+  template <class T> checkpoint& add(std::string name, T& tensor, const std::vector<std::size_t>& shape = {}) {
+    detail::require_writable_tensor<T>();
+    return insert("checkpoint::add", {std::move(name), false, [&tensor] { return view_of(tensor); },
+                                      {shape.begin(), shape.end()}, 0, 0, false,
+                                      [&tensor] { return detail::column_major_shape_of(tensor); }});
+  }
+
+  // A view kept by value: memory described rather than owned by a tensor object.
+  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {}) {
+    return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
+  }
+
+  // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
+  // State split over the ranks (zero_optimizer's) is saved whole: save(path, comm) gathers it to
+  // the root, and each rank loads its own part of the file, whatever the world size that saved it.
+  template <class Optimizer> checkpoint& add_optimizer_state(const std::string& prefix, Optimizer& opt) {
+    if constexpr (sharded_optimizer_state<Optimizer>) {
+      opt.visit_sharded_state([&](const auto& name, const sharded_view& s) {
+        if (s.replicated) return void(add(prefix + std::string(name), s.part));
+        insert("checkpoint::add_optimizer_state",
+               {prefix + std::string(name), false, [v = s.part] { return v; }, {}, s.offset, s.count, true});
+      });
+    } else {
+      visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
+    }
+    return *this;
+  }
+
+  // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes (a U8 tensor).
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  checkpoint& add_value(std::string name, T& value) {
+    static_assert(!std::is_const_v<T>, "herd: checkpoint::add_value needs a non-const value, since load() writes it");
+    return insert("checkpoint::add_value",
+                  {std::move(name), true, [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; }, {}});
+  }
+
+  // Writes the file from this process alone (no communicator involved); state split over several
+  // ranks needs save(path, comm).
+  void save(const std::filesystem::path& path) const {
+    try {
+      const std::vector<buffer_view> views = checked_views();
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].split && views[i].count != entries_[i].whole) {
+          throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
+                                          " is split over the ranks, and this rank holds " +
+                                          std::to_string(views[i].count) + " of its " +
+                                          std::to_string(entries_[i].whole) + " elements",
+                                      "Save with save(path, comm), which gathers it whole"};
+        }
+      }
+      write(path, views);
+    } catch (const detail::ckpt::failure& f) {
+      detail::raise({"checkpoint::save"}, f.what, f.todo);
+    }
+  }
+
+  // Strict (the default): a load needs the file's entries and the registered ones to be the same
+  // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
+  // their values and the file's tensors nobody registered are skipped; the last load lists both in
+  // missing_keys() and unexpected_keys(). An entry in both must still agree in dtype and size.
+  checkpoint& set_strict(bool strict) noexcept {
+    strict_ = strict;
+    return *this;
+  }
+  const std::vector<std::string>& missing_keys() const noexcept { return missing_; }
+  const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
+
+  // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
+  bool load(const std::filesystem::path& path) {
+    try {
+      const auto file = detail::ckpt::read_file(path);
+      if (!file) return false;
+      const std::vector<buffer_view> views = checked_views();
+      for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
+        const entry& e = entries_[v];
+        detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
+      }
+      return true;
+    } catch (const detail::ckpt::failure& f) {
+      detail::raise({"checkpoint::load"}, f.what, f.todo);
+    }
+  }
+
+  // Root writes the file; every rank returns once it is in place, or raises herd::error if root
+  // could not write it. Tensors split over the ranks are gathered to root first.
+  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
+    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
+    const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
+    if (root < 0 || root >= site.size) {
+      detail::raise(site, "root " + std::to_string(root) + " is out of range",
+                    "Pass a root in [0, " + std::to_string(site.size) + ")");
+    }
+    // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
+    // enters a gather that another might skip.
+    std::vector<buffer_view> views;
+    std::optional<detail::ckpt::failure> fault;
+    try {
+      views = checked_views();
+    } catch (const detail::ckpt::failure& f) {
+      fault = f;
+    }
+    std::uint64_t signature = 14695981039346656037ull;
+    for (const entry& e : entries_) {
+      if (!e.split) continue;
+      signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
+      signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
+    }
+    const auto mine = static_cast<std::int64_t>(signature >> 1);
+    std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
+    buffer_view agreed_view{agreed, 3, dtype::i64};
+    herd::allreduce(agreed_view, comm, reduce_op::min);
+    if (fault) detail::raise(site, fault->what, fault->todo);
+    if (agreed[0] != comm.size()) {
+      detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
+                    "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
+    }
+    if (agreed[1] != -agreed[2]) {
+      detail::raise(site, "the ranks registered different state split over the ranks",
+                    "Register the same optimizers, over the same parameters, on every rank");
+    }
+    std::vector<host_tensor> gathered;
+    try {
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        const entry& e = entries_[i];
+        if (!e.split) continue;
+        gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
+        views[i] = gathered.back().view();
+      }
+    } catch (const detail::ckpt::failure& f) {  // alike on every rank
+      detail::raise(site, f.what, f.todo);
+    }
+    detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
+      write(path, views);
+      return std::string("o");
+    });
+    herd::barrier(comm);
+  }
+
+  // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
+  // no access to the file. false on every rank if it does not exist; herd::error on every rank if
+  // it is damaged or its entries differ from those registered on any rank.
+  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
+    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
+    const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
+    std::optional<detail::ckpt::file_contents> contents;  // root's
+    const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
+      contents = detail::ckpt::read_file(path);
+      return contents ? "o" + std::string(contents->header()) : std::string("m");
+    });
+    if (status[0] == 'm') return false;
+
+    // Each rank checks its own entries against the file as root read it; one that differs stops
+    // every rank, before any tensor is written.
+    std::vector<buffer_view> views;
+    std::vector<std::pair<std::size_t, std::size_t>> order;
+    std::optional<detail::ckpt::failure> mismatch;
+    try {
+      views = checked_views();
+      order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
+                    views,
+                    contents ? "the registered entries"
+                             : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
+                                   std::to_string(root) + " read it)");
+    } catch (const detail::ckpt::failure& f) {
+      mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
+    } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
+      mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
+    }
+    std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
+    buffer_view faulty_view{&first_faulty, 1, dtype::i32};
+    herd::allreduce(faulty_view, comm, reduce_op::min);
+    if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
+    if (first_faulty != comm.size()) {
+      detail::raise(site,
+                    "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
+                        " (its own error says more)",
+                    "Register the same entries on every rank; every rank stops so that none waits forever");
+    }
+    if (!strict_) {
+      // Not strict, ranks could pick different entries and then wait on different broadcasts:
+      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+      std::uint64_t signature = 14695981039346656037ull;
+      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+      const auto mine = static_cast<std::int64_t>(signature >> 1);
+      std::int64_t range[2] = {mine, -mine};
+      buffer_view range_view{range, 2, dtype::i64};
+      herd::allreduce(range_view, comm, reduce_op::min);
+      if (range[0] != -range[1]) {
+        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
+                      "Register the same entries on every rank");
+      }
+    }
+    // Root copies each tensor out of the file and sends it; a split one goes whole to every rank,
+    // which keeps its own part.
+    for (const auto& [t, v] : order) {
+      const entry& e = entries_[v];
+      if (e.split) {
+        detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
+        continue;
+      }
+      if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
+      herd::broadcast(views[v], comm, root);
+    }
+    return true;
+  }
+
+ private:
+  using entry = detail::ckpt::entry;
+
+  checkpoint& insert(std::string_view operation, entry e) {
+    const std::string name = detail::safetensors::json_string(e.name);
+    if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
+      detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
+                    "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
+    }
+    if (index_.contains(e.name)) {
+      detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
+    }
+    if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
+    index_.emplace(e.name, entries_.size());
+    entries_.push_back(std::move(e));
+    return *this;
+  }
+
+  // Each entry's memory as it is now, checked.
+  std::vector<buffer_view> checked_views() const {
+    std::vector<buffer_view> views;
+    for (const entry& e : entries_) {
+      try {
+        views.push_back(e.view());
+      } catch (const std::exception& ex) {
+        throw detail::ckpt::failure{
+            "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
+            "Register tensors herd can read as contiguous host memory"};
+      }
+      if (const auto f = fault(e, views.back())) throw *f;
+    }
+    return views;
+  }
+
+  // The entries as a file describes them, offsets left to write().
+  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const {
+    std::vector<detail::safetensors::tensor_info> out;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const entry& e = entries_[i];
+      out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
+      if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
+    }
+    return out;
+  }
+
+  // Pairs of (a tensor of `file`, the entry it fills), or a failure naming the differences;
+  // records the keys either side lacks (strict off).
+  std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
+                                                         const std::vector<detail::safetensors::tensor_info>& file,
+                                                         const std::vector<buffer_view>& views, const std::string& subject) {
+    return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
+  }
+
+  // herd's metadata, then the entries by decreasing element size, so that the data of each is
+  // aligned to its element size, as the data section is to 8 bytes.
+  // `views`: each entry's memory, checked (a split entry's: the whole, gathered).
+  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
+    std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (!entries_[i].column_major) continue;
+      const std::vector<std::size_t> shape = entries_[i].column_major();
+      if (!detail::ckpt::reorders(shape)) continue;
+      host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
+      detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
+      views[i] = copy.view();
+    }
+    const std::vector<detail::safetensors::tensor_info> all = tensors(views);
+    std::vector<detail::safetensors::tensor_info> in_order;
+    std::vector<buffer_view> data;
+    std::string values;
+    for (std::size_t element = 8; element > 0; element /= 2) {
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (size_of(views[i].type) != element) continue;
+        const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
+        in_order.push_back(all[i]);
+        in_order.back().begin = at;
+        in_order.back().end = at + views[i].bytes();
+        data.push_back(views[i]);
+        if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
+      }
+    }
+    detail::ckpt::write_file(path,
+                             detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
+                                                                 {"herd.checkpoint", detail::ckpt::format_version},
+                                                                 {"herd.values", "[" + values + "]"}},
+                                                                in_order),
+                             data);
+  }
+
+  std::vector<entry> entries_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+  bool strict_ = true;
+  std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_CHECKPOINT_CHECKPOINT_HPP
+
+
 // ---- herd/collectives/alltoall.hpp ----
 #ifndef HERD_COLLECTIVES_ALLTOALL_HPP
 #define HERD_COLLECTIVES_ALLTOALL_HPP
@@ -8662,49 +10819,6 @@ HERD_CONFIG_NAMESPACE_END
 //
 // The data move in a pairwise exchange (detail/pairwise.hpp); this rank's own block is copied.
 
-
-// ---- herd/collectives/detail/host_only.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
-#define HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
-// What the collectives that move host memory only (gather, scatter, alltoall(v), reduce) check
-// alike: they refuse a communicator with native collectives (nccl_communicator) at compile time,
-// and a device tensor, or a list of per-rank counts of the wrong length, with herd::error on every
-// rank, through the agreement.
-
-
-#include <span>
-#include <string>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-template <class C> constexpr void require_host_communicator() {
-  static_assert(!native_collectives<C>,
-                "herd: gather, scatter, reduce and alltoall(v) do not run on a communicator with native collectives "
-                "(nccl_communicator) yet. Copy the tensors to the host and call them on an mpi_communicator (an "
-                "nccl_communicator's control() is one).");
-}
-
-// `operation` names the collective in the advice ("gather").
-inline void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v, const char* operation) {
-  if (!check.ok() || v.device.is_cpu()) return;
-  check.fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", but herd::" + operation +
-                    " moves host memory only",
-             "Copy the tensor to the host first");
-}
-
-// `what` names the list ("per-rank counts", "send splits").
-inline void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts, int p) {
-  if (!check.ok() || counts.size() == static_cast<std::size_t>(p)) return;
-  check.fail(19, std::string("the list of ") + what + " has " + std::to_string(counts.size()) + " entries for " +
-                     std::to_string(p) + " ranks",
-             "Pass one entry per rank");
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_HOST_ONLY_HPP
 
 // ---- herd/collectives/detail/pairwise.hpp ----
 #ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
@@ -9026,834 +11140,6 @@ HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #endif  // HERD_COLLECTIVES_ALLTOALL_HPP
-
-// ---- herd/collectives/barrier.hpp ----
-#ifndef HERD_COLLECTIVES_BARRIER_HPP
-#define HERD_COLLECTIVES_BARRIER_HPP
-// herd::barrier: returns on each rank once every rank has entered it. An operation like any
-// other: a rank in a barrier while another is in a different collective is an error on both,
-// naming both operations.
-
-
-namespace herd {
-
-template <communicator C> void barrier(C& comm) {
-  detail::run_operation(comm, {detail::op_kind::barrier}, [&] {
-    if constexpr (requires { comm.synchronize(); }) comm.synchronize();  // a GPU communicator's queued work first
-    detail::agree_identity(comm);
-  });
-}
-
-}  // namespace herd
-
-#endif  // HERD_COLLECTIVES_BARRIER_HPP
-
-// ---- herd/collectives/broadcast.hpp ----
-#ifndef HERD_COLLECTIVES_BROADCAST_HPP
-#define HERD_COLLECTIVES_BROADCAST_HPP
-// herd::broadcast: every rank ends with the root's tensor.
-//
-//   herd::broadcast(weights, comm, /*root=*/0);
-//   herd::handle h = herd::broadcast_async(weights, comm, 0);   // h.wait() finishes it
-//
-// Small tensors go down a binomial tree (ceil(log2 p) hops); large ones along a pipelined chain
-// root -> root+1 -> ..., segment by segment, so each link carries the tensor once and all links
-// are busy at the same time. Ranks of one node read the root's slices out of its shared memory.
-
-
-#include <deque>
-#include <vector>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-inline constexpr std::size_t broadcast_tree_max_bytes = std::size_t{64} << 10;
-
-template <communicator C> void broadcast_tree(C& comm, std::byte* data, std::size_t bytes, int root) {
-  const int p = comm.size();
-  const int q = ring_mod(comm.rank() - root, p);  // rank relative to the root
-  const int tag = comm.operations().data_tag();
-  int mask = 1;
-  while (mask < p) {
-    if (q & mask) {
-      auto r = comm.irecv(data, bytes, ring_mod(q - mask + root, p), tag);
-      comm.wait(r);
-      break;
-    }
-    mask <<= 1;
-  }
-  std::vector<typename C::request> sends;
-  for (mask >>= 1; mask > 0; mask >>= 1) {
-    if (q + mask < p) sends.push_back(comm.isend(data, bytes, ring_mod(q + mask + root, p), tag));
-  }
-  for (auto& s : sends) comm.wait(s);
-}
-
-template <communicator C>
-void broadcast_chain(C& comm, std::byte* data, std::size_t bytes, int root, std::size_t segment_bytes) {
-  const int p = comm.size();
-  const int q = ring_mod(comm.rank() - root, p);
-  const int tag = comm.operations().data_tag();
-  const std::size_t segments = (bytes + segment_bytes - 1) / segment_bytes;
-  auto segment = [&](std::size_t k) {
-    return std::pair<std::byte*, std::size_t>(data + k * segment_bytes, std::min(segment_bytes, bytes - k * segment_bytes));
-  };
-  const int previous = ring_mod(comm.rank() - 1, p);
-  const int next = ring_mod(comm.rank() + 1, p);
-  std::deque<typename C::request> receives;
-  std::deque<typename C::request> sends;
-  std::size_t posted = 0;
-  auto post_receives = [&] {
-    for (; q > 0 && posted < segments && receives.size() < ring_window; ++posted) {
-      const auto [at, n] = segment(posted);
-      receives.push_back(comm.irecv(at, n, previous, tag));
-    }
-  };
-  post_receives();
-  for (std::size_t k = 0; k < segments; ++k) {
-    if (q > 0) {
-      comm.wait(receives.front());
-      receives.pop_front();
-      post_receives();
-    }
-    if (q < p - 1) {
-      if (sends.size() == ring_window) {
-        comm.wait(sends.front());
-        sends.pop_front();
-      }
-      const auto [at, n] = segment(k);
-      sends.push_back(comm.isend(at, n, next, tag));
-    }
-  }
-  for (auto& s : sends) comm.wait(s);
-}
-
-template <communicator C> void broadcast_host(C& comm, buffer_view v, int root);
-
-struct broadcast_call {
-  call_check check;
-  buffer_view v;
-  int root;
-
-  op_label label() const { return tensor_label(op_kind::broadcast, v); }
-};
-
-template <communicator C> broadcast_call prepare_broadcast(call_check check, buffer_view v, C& comm, int root) {
-  check.require_valid("input", v);
-  check.require_root(root);
-  check.require_reachable("input", v, reaches(comm, v.device), unreachable_advice(comm, v.device));
-  return {std::move(check), v, root};
-}
-
-template <communicator C> void run_broadcast(C& comm, const broadcast_call& call, bool host_sync) {
-  const auto& [check, v, root] = call;
-  signature mine;
-  mine.type = v.type;
-  mine.count = v.count;
-  mine.root = root;
-  mine.memory = v.device.type;
-  agree(comm, mine, check);
-  if (v.bytes() == 0 || comm.size() == 1) return;
-  if constexpr (native_collectives<C>) {
-    comm.native_broadcast(v, root);
-    if (host_sync) comm.synchronize();
-    return;
-  } else {
-    (void)host_sync;
-#if HERD_WITH_CUDA_KERNELS
-    if (v.device.is_cuda()) {
-      return staged_broadcast(comm, v, root);
-    }
-#endif
-    broadcast_host(comm, v, root);
-  }
-}
-
-template <communicator C> void broadcast_host(C& comm, buffer_view v, int root) {
-  const std::size_t bytes = v.bytes();
-  auto* data = static_cast<std::byte*>(v.data);
-  if (shm_node* node = shared_node_of(comm)) return shm_broadcast(comm, *node, data, bytes, root);
-  if (bytes <= broadcast_tree_max_bytes) {
-    broadcast_tree(comm, data, bytes, root);
-  } else {
-    broadcast_chain(comm, data, bytes, root, comm.options().ring_segment_bytes);
-  }
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-namespace herd {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// `tensor` on every rank ends equal to `tensor` on `root`.
-template <class T, communicator C> void broadcast(T& tensor, C& comm, int root = 0) {
-  detail::require_writable_tensor<T>();
-  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
-  const buffer_view v = check.view("input", tensor);
-  const auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
-  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_broadcast(comm, call, sync); });
-}
-
-// Starts the broadcast; the handle finishes it (herd::handle).
-template <class T, communicator C> [[nodiscard]] handle broadcast_async(T& tensor, C& comm, int root = 0) {
-  detail::require_writable_tensor<T>();
-  detail::call_check check(detail::op_kind::broadcast, comm.rank(), comm.size());
-  const buffer_view v = check.view("input", tensor);
-  auto call = detail::prepare_broadcast(std::move(check), v, comm, root);
-  const auto label = call.label();
-  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool sync) {
-    detail::run_broadcast(comm, call, sync);
-  });
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_COLLECTIVES_BROADCAST_HPP
-
-// ---- herd/collectives/gather.hpp ----
-#ifndef HERD_COLLECTIVES_GATHER_HPP
-#define HERD_COLLECTIVES_GATHER_HPP
-// herd::gather and herd::gatherv: the root ends with every rank's tensor, laid end to end in rank
-// order (MPI_Gather, MPI_Gatherv).
-//
-//   herd::gather(mine, all, comm, /*root=*/0);      // on the root, all.size() == mine.size() * comm.size()
-//   herd::gatherv(mine, all, counts, comm, 0);      // counts[i]: elements from rank i, the same list on every rank
-//   herd::handle h = herd::gather_async(mine, all, comm, 0);   // h.wait() finishes it
-//
-// The output is the root's only: the other ranks may pass any tensor, an empty one too; it is
-// neither checked nor written. In place: the root passes as input its own slot of the output
-// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
-//
-// Up to 64 KiB in all, the blocks go up a binomial tree (ceil(log2 p) hops); larger ones go
-// straight to the root (detail/rooted.hpp).
-
-
-// ---- herd/collectives/detail/rooted.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_ROOTED_HPP
-#define HERD_COLLECTIVES_DETAIL_ROOTED_HPP
-// Moving every rank's block to one root, or the root's blocks to every rank (gather, scatter, and
-// reduce's last step). Blocks may differ in size, and every rank knows every size.
-//
-// Small: a binomial tree over the ranks relative to the root (q = rank - root, mod p). The
-// parent of q is q without its lowest set bit; q's subtree is q .. q + lowbit(q) - 1 (the
-// root's: every rank), whose blocks lie side by side in relative order, so each rank sends or
-// receives its subtree's blocks in one message: ceil(log2 p) hops instead of p - 1 at the root.
-// Large: straight between the root and each rank, at most ring_window messages in flight at
-// the root, so that nothing is copied twice.
-
-
-#include <algorithm>
-#include <cstddef>
-#include <cstring>
-#include <deque>
-#include <span>
-#include <vector>
-
-namespace herd::detail {
-
-// Gathers and scatters of up to this many bytes in all take the tree.
-inline constexpr std::size_t rooted_tree_max_bytes = std::size_t{64} << 10;
-
-// The binomial tree of the ranks relative to `root`, with their blocks in relative order.
-struct rooted_tree {
-  int p;
-  int root;
-  int q;                            // this rank, relative to the root
-  int span;                         // lowbit(q): q's subtree is q .. min(q + span, p) - 1; the root's spans all
-  std::vector<std::size_t> offset;  // offset[j]: bytes before relative rank j's block; offset[p]: all
-
-  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
-      : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
-        offset(static_cast<std::size_t>(size) + 1, 0) {
-    while (span < p && (q & span) == 0) span <<= 1;
-    for (int j = 0; j < p; ++j) {
-      offset[static_cast<std::size_t>(j) + 1] = offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
-    }
-  }
-
-  int absolute(int j) const { return (j + root) % p; }
-  // Bytes of the blocks of relative ranks [from, to).
-  std::size_t bytes(int from, int to) const {
-    return offset[static_cast<std::size_t>(std::min(to, p))] - offset[static_cast<std::size_t>(from)];
-  }
-  std::size_t subtree_bytes() const { return bytes(q, q + span); }
-  bool leaf() const { return q != 0 && (span == 1 || q + 1 >= p); }
-  // Where relative rank j's block lies in this rank's subtree buffer.
-  std::size_t at(int j) const { return bytes(q, j); }
-};
-
-// Every rank's block (`mine`, bytes[rank] bytes) to the root, where `gathered` receives them all in
-// relative order (the root's own first, then root + 1, ...). Only the root's `gathered` is used.
-template <communicator C>
-void tree_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, std::byte* gathered) {
-  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
-  const int tag = comm.operations().data_tag();
-  if (t.leaf()) {  // nothing to collect: its own block straight to its parent
-    if (t.subtree_bytes() != 0) {
-      auto s = comm.isend(mine, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
-      comm.wait(s);
-    }
-    return;
-  }
-  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), 0);
-  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
-  if (own != 0 && buffer != mine) std::memcpy(buffer, mine, own);
-  std::vector<typename C::request> receives;
-  for (int m = 1; m < t.span && t.q + m < t.p; m <<= 1) {
-    const int child = t.q + m;  // its subtree: child .. child + m - 1
-    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
-      receives.push_back(comm.irecv(buffer + t.at(child), n, t.absolute(child), tag));
-    }
-  }
-  for (auto& r : receives) comm.wait(r);
-  if (t.q != 0 && t.subtree_bytes() != 0) {
-    auto s = comm.isend(buffer, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
-    comm.wait(s);
-  }
-}
-
-// The root's blocks (`scattered`, in relative order) to every rank's `mine` (bytes[rank] bytes).
-// Only the root's `scattered` is read.
-template <communicator C>
-void tree_scatter(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* scattered, std::byte* mine) {
-  const rooted_tree t(comm.size(), comm.rank(), root, bytes);
-  const int tag = comm.operations().data_tag();
-  const std::byte* buffer = scattered;
-  if (t.q != 0) {
-    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), 0);  // a leaf's is its own block
-    if (t.subtree_bytes() != 0) {
-      auto r = comm.irecv(received, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
-      comm.wait(r);
-    }
-    buffer = received;
-  }
-  std::vector<typename C::request> sends;
-  for (int m = t.span / 2; m >= 1; m >>= 1) {  // the largest subtree first: it has the longest way to go
-    const int child = t.q + m;
-    if (child >= t.p) continue;
-    if (const std::size_t n = t.bytes(child, child + m); n != 0) {
-      sends.push_back(comm.isend(buffer + t.at(child), n, t.absolute(child), tag));
-    }
-  }
-  const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
-  if (own != 0 && buffer != mine) std::memcpy(mine, buffer, own);
-  for (auto& s : sends) comm.wait(s);
-}
-
-// Every other rank's block straight to the root, into at(q); the root's own is the caller's.
-template <communicator C, class At>
-void direct_gather(C& comm, int root, std::span<const std::size_t> bytes, const std::byte* mine, At at) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const int tag = comm.operations().data_tag();
-  if (r != root) {
-    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
-      auto s = comm.isend(mine, n, root, tag);
-      comm.wait(s);
-    }
-    return;
-  }
-  std::deque<typename C::request> receives;
-  for (int k = 1; k < p; ++k) {
-    const int q = (root + k) % p;
-    const std::size_t n = bytes[static_cast<std::size_t>(q)];
-    if (n == 0) continue;
-    if (receives.size() == ring_window) {
-      comm.wait(receives.front());
-      receives.pop_front();
-    }
-    receives.push_back(comm.irecv(at(q), n, q, tag));
-  }
-  for (auto& rq : receives) comm.wait(rq);
-}
-
-// The root's block for every other rank, from at(q), straight to it; the root's own is the caller's.
-template <communicator C, class At>
-void direct_scatter(C& comm, int root, std::span<const std::size_t> bytes, std::byte* mine, At at) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const int tag = comm.operations().data_tag();
-  if (r != root) {
-    if (const std::size_t n = bytes[static_cast<std::size_t>(r)]; n != 0) {
-      auto rq = comm.irecv(mine, n, root, tag);
-      comm.wait(rq);
-    }
-    return;
-  }
-  std::deque<typename C::request> sends;
-  for (int k = 1; k < p; ++k) {
-    const int q = (root + k) % p;
-    const std::size_t n = bytes[static_cast<std::size_t>(q)];
-    if (n == 0) continue;
-    if (sends.size() == ring_window) {
-      comm.wait(sends.front());
-      sends.pop_front();
-    }
-    sends.push_back(comm.isend(at(q), n, q, tag));
-  }
-  for (auto& s : sends) comm.wait(s);
-}
-
-// The blocks of `bytes` (in rank order, at `from`) laid out in relative order from `root` at `to`,
-// or back (relative_to_absolute): two copies, as relative order is rank order rotated by root.
-inline void rotate_blocks(std::span<const std::size_t> bytes, int root, const std::byte* from, std::byte* to,
-                          bool relative_to_absolute) {
-  std::size_t before = 0;  // bytes of ranks 0 .. root - 1
-  std::size_t total = 0;
-  for (std::size_t q = 0; q < bytes.size(); ++q) {
-    if (q < static_cast<std::size_t>(root)) before += bytes[q];
-    total += bytes[q];
-  }
-  const std::size_t after = total - before;  // ranks root .. p - 1: the first in relative order
-  if (relative_to_absolute) {
-    if (after != 0) std::memcpy(to + before, from, after);
-    if (before != 0) std::memcpy(to, from + after, before);
-  } else {
-    if (after != 0) std::memcpy(to, from + before, after);
-    if (before != 0) std::memcpy(to + after, from, before);
-  }
-}
-
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_ROOTED_HPP
-
-#include <cstring>
-#include <numeric>
-#include <span>
-#include <vector>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-struct gather_call {
-  call_check check;
-  const_buffer_view in;
-  buffer_view out;  // the root's; empty elsewhere
-  std::vector<std::size_t> counts;
-  int root = 0;
-  std::size_t total = 0;  // elements of the root's output
-
-  op_label label() const { return tensor_label(check.kind(), in); }
-};
-
-// `kind`: gather (equal counts) or gatherv.
-template <communicator C>
-gather_call prepare_gatherv(call_check check, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts,
-                            C& comm, int root) {
-  const int r = comm.rank();
-  const bool at_root = r == root;
-  check.require_valid("input", in);
-  check.require_root(root);
-  if (at_root) {
-    check.require_valid("output", out);
-    check.require_same_dtype(in, out);
-  }
-  require_one_per_rank(check, "per-rank counts", counts, comm.size());
-  std::size_t total = 0;
-  std::size_t before = 0;
-  if (check.ok()) {
-    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
-    check.require_count("input", in.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
-    if (at_root) check.require_count("output", out.count, total, "the sum of the per-rank counts");
-  }
-  if (at_root) {
-    auto* base = static_cast<std::byte*>(out.data);
-    check.require_disjoint(in, out, base == nullptr ? nullptr : base + before * size_of(in.type),
-                           "this rank's own slot of the output (in place)");
-  }
-  require_host_tensor(check, "input", in, name(check.kind()));
-  if (at_root) require_host_tensor(check, "output", out, name(check.kind()));
-  gather_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
-  call.total = total;
-  return call;
-}
-
-template <communicator C>
-void gather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
-  const int p = comm.size();
-  const auto r = static_cast<std::size_t>(comm.rank());
-  const std::size_t es = size_of(in.type);
-  std::vector<std::size_t> bytes(counts.size());
-  std::vector<std::size_t> offset(counts.size() + 1, 0);
-  for (std::size_t q = 0; q < counts.size(); ++q) {
-    bytes[q] = counts[q] * es;
-    offset[q + 1] = offset[q] + bytes[q];
-  }
-  const auto* mine = static_cast<const std::byte*>(in.data);
-  auto* base = static_cast<std::byte*>(out.data);  // the root's
-  const bool at_root = comm.rank() == root;
-  if (offset.back() == 0) return;
-  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
-    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), 1);
-    tree_gather(comm, root, bytes, mine, gathered);
-    if (at_root && root != 0) rotate_blocks(bytes, root, gathered, base, true);
-    return;
-  }
-  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(base + offset[r], mine, bytes[r]);
-  direct_gather(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
-}
-
-template <communicator C> void run_gatherv(C& comm, const gather_call& call) {
-  const auto& check = call.check;
-  signature mine;
-  mine.type = call.in.type;
-  mine.count = check.kind() == op_kind::gather ? call.in.count : call.total;
-  mine.layout = check.kind() == op_kind::gatherv ? hash_counts(call.counts) : 0;
-  mine.root = call.root;
-  mine.memory = call.in.device.type;
-  agree(comm, mine, check);
-  gather_host(comm, call.in, call.out, call.counts, call.root);
-}
-
-template <class In, class Out, communicator C> gather_call gather_call_of(const In& input, Out& output, C& comm, int root) {
-  require_host_communicator<C>();
-  require_tensor<In>();
-  require_writable_tensor<Out>();
-  call_check check(op_kind::gather, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
-  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.count);
-  if (comm.rank() == root) {
-    check.require_count("output", out.count, in.count * counts.size(), "the input's elements times the ranks");
-  }
-  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
-}
-
-template <class In, class Out, communicator C>
-gather_call gatherv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
-  require_host_communicator<C>();
-  require_tensor<In>();
-  require_writable_tensor<Out>();
-  call_check check(op_kind::gatherv, comm.rank(), comm.size());
-  const const_buffer_view in = check.const_view("input", input);
-  const buffer_view out = comm.rank() == root ? check.view("output", output) : buffer_view{};
-  return prepare_gatherv(std::move(check), in, out, counts, comm, root);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-namespace herd {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// On `root`, `output` (comm.size() times the input's elements) receives every rank's `input`, in
-// rank order. Elsewhere `output` is ignored.
-template <class In, class Out, communicator C> void gather(const In& input, Out& output, C& comm, int root = 0) {
-  const auto call = detail::gather_call_of(input, output, comm, root);
-  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
-}
-
-// Ranks contribute different counts; `counts` lists them and must be the same on every rank.
-template <class In, class Out, communicator C>
-void gatherv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
-  const auto call = detail::gatherv_call_of(input, output, counts, comm, root);
-  detail::run_collective(comm, call.label(), [&](bool) { detail::run_gatherv(comm, call); });
-}
-
-// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
-template <class In, class Out, communicator C>
-[[nodiscard]] handle gather_async(const In& input, Out& output, C& comm, int root = 0) {
-  auto call = detail::gather_call_of(input, output, comm, root);
-  const auto label = call.label();
-  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
-}
-
-template <class In, class Out, communicator C>
-[[nodiscard]] handle gatherv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
-                                   int root = 0) {
-  auto call = detail::gatherv_call_of(input, output, counts, comm, root);
-  const auto label = call.label();
-  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_gatherv(comm, call); });
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_COLLECTIVES_GATHER_HPP
-
-// ---- herd/collectives/object.hpp ----
-#ifndef HERD_COLLECTIVES_OBJECT_HPP
-#define HERD_COLLECTIVES_OBJECT_HPP
-// herd::allgather_object and herd::broadcast_object: host values rather than tensors, as Horovod's
-// functions of those names (which pickle; herd copies bytes).
-//
-//   std::vector<std::string> hosts = herd::allgather_object(my_host, comm);   // every rank's, in rank order
-//   herd::broadcast_object(config, comm, /*root=*/0);                        // every rank ends with the root's
-//
-// A value is of a trivially copyable type (not a pointer), a std::string, or a std::vector of
-// these (nested too); any other type fails to compile, saying so. Values travel as bytes
-// (detail/serialize.hpp) in two operations, sizes then bytes (allgatherv; allgather and
-// broadcast), so they are checked across ranks as those are; ranks that pass values of
-// different types, or different roots, raise herd::error on every rank. On a communicator with
-// native collectives (nccl_communicator) they go over its control channel.
-
-
-// ---- herd/collectives/detail/serialize.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
-#define HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
-// The bytes of a host value, for allgather_object and broadcast_object: a trivially copyable
-// value as it lies in memory; a std::string or std::vector (of any of these) as its length and
-// then its elements. Every rank runs the same build, so no byte order or padding is converted.
-//
-// A fingerprint of the type's shape goes with the bytes, so that ranks passing different types
-// are told so instead of reading one another's bytes as their own.
-
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-namespace herd::detail {
-
-// FNV-1a over a few words.
-constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t word) {
-  for (int byte = 0; byte < 8; ++byte) {
-    h ^= (word >> (8 * byte)) & 0xffu;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-// Reads the bytes back, refusing to read past their end.
-class object_reader {
- public:
-  object_reader(const std::byte* data, std::size_t bytes) : data_(data), left_(bytes) {}
-
-  // n elements of `element_bytes` each.
-  const std::byte* take(std::uint64_t n, std::size_t element_bytes = 1) {
-    if (n > left_ / element_bytes) throw error("herd: a serialized object ends early; every rank must run the same build");
-    const std::byte* at = data_;
-    data_ += n * element_bytes;
-    left_ -= n * element_bytes;
-    return at;
-  }
-  std::uint64_t length() {
-    std::uint64_t n = 0;
-    std::memcpy(&n, take(sizeof n), sizeof n);
-    return n;
-  }
-  bool done() const { return left_ == 0; }
-
- private:
-  const std::byte* data_;
-  std::size_t left_;
-};
-
-inline void write_length(std::vector<std::byte>& out, std::size_t n) {
-  const auto length = static_cast<std::uint64_t>(n);
-  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
-  out.insert(out.end(), bytes, bytes + sizeof length);
-}
-
-// object_codec<T>::supported says whether T has bytes; the others define fingerprint, write, read.
-template <class T> struct object_codec {
-  static constexpr bool supported = false;
-};
-
-// A pointer is trivially copyable, but means nothing on another rank.
-template <class T>
-  requires(std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T>)
-struct object_codec<T> {
-  static constexpr bool supported = true;
-  static constexpr std::uint64_t fingerprint =
-      mix(mix(mix(1469598103934665603ull, 't'), sizeof(T)),
-          alignof(T) | std::uint64_t{std::is_integral_v<T>} << 16 | std::uint64_t{std::is_floating_point_v<T>} << 17 |
-              std::uint64_t{std::is_signed_v<T>} << 18 | std::uint64_t{std::is_enum_v<T>} << 19);
-  static void write(const T& value, std::vector<std::byte>& out) {
-    const auto* bytes = reinterpret_cast<const std::byte*>(&value);
-    out.insert(out.end(), bytes, bytes + sizeof(T));
-  }
-  static void read(object_reader& in, T& value) { std::memcpy(&value, in.take(sizeof(T)), sizeof(T)); }
-};
-
-template <class Traits, class Allocator> struct object_codec<std::basic_string<char, Traits, Allocator>> {
-  using string = std::basic_string<char, Traits, Allocator>;
-  static constexpr bool supported = true;
-  static constexpr std::uint64_t fingerprint = mix(1469598103934665603ull, 's');
-  static void write(const string& value, std::vector<std::byte>& out) {
-    write_length(out, value.size());
-    const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
-    out.insert(out.end(), bytes, bytes + value.size());
-  }
-  static void read(object_reader& in, string& value) {
-    const std::uint64_t n = in.length();
-    const std::byte* at = in.take(n);
-    value.assign(reinterpret_cast<const char*>(at), n);
-  }
-};
-
-template <class U, class Allocator>
-  requires object_codec<U>::supported
-struct object_codec<std::vector<U, Allocator>> {
-  using vector = std::vector<U, Allocator>;
-  // Copied whole when its elements are trivially copyable (std::vector<bool> packs its bits: not).
-  static constexpr bool whole = std::is_trivially_copyable_v<U> && !std::is_same_v<U, bool>;
-  static constexpr bool supported = true;
-  static constexpr std::uint64_t fingerprint = mix(mix(1469598103934665603ull, 'v'), object_codec<U>::fingerprint);
-  static void write(const vector& value, std::vector<std::byte>& out) {
-    write_length(out, value.size());
-    if constexpr (whole) {
-      const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
-      out.insert(out.end(), bytes, bytes + value.size() * sizeof(U));
-    } else {
-      for (const U& element : value) object_codec<U>::write(element, out);
-    }
-  }
-  static void read(object_reader& in, vector& value) {
-    const std::uint64_t n = in.length();
-    if constexpr (whole) {
-      const std::byte* at = in.take(n, sizeof(U));
-      value.resize(n);
-      if (n != 0) std::memcpy(value.data(), at, n * sizeof(U));
-    } else {
-      value.clear();
-      for (std::uint64_t i = 0; i < n; ++i) {
-        U element{};
-        object_codec<U>::read(in, element);
-        value.push_back(std::move(element));
-      }
-    }
-  }
-};
-
-template <class T> inline constexpr bool serializable = object_codec<T>::supported;
-
-// The fingerprint of T followed by the bytes of `value`.
-template <class T> std::vector<std::byte> object_bytes(const T& value) {
-  std::vector<std::byte> out;
-  write_length(out, object_codec<T>::fingerprint);
-  object_codec<T>::write(value, out);
-  return out;
-}
-
-// The fingerprint at the start of an object's bytes.
-inline std::uint64_t fingerprint_of(const std::byte* data, std::size_t bytes) {
-  object_reader in(data, bytes);
-  return in.length();
-}
-
-// `value` from bytes object_bytes<T> made (the fingerprint already checked).
-template <class T> void read_object(const std::byte* data, std::size_t bytes, T& value) {
-  object_reader in(data, bytes);
-  in.length();
-  object_codec<T>::read(in, value);
-  if (!in.done()) throw error("herd: a serialized object has bytes left over; every rank must run the same build");
-}
-
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_SERIALIZE_HPP
-
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// True for the types objects may have; otherwise it stops the compilation with herd's words alone
-// (the public functions compile their bodies only for those types).
-template <class T> constexpr bool require_object() {
-  static_assert(serializable<T>,
-                "herd::allgather_object and herd::broadcast_object take values of trivially copyable types (not "
-                "pointers), std::string, and std::vector of these; serialize other types into a std::string or a "
-                "std::vector<std::byte> first");
-  return serializable<T>;
-}
-
-template <class T, communicator C> std::vector<T> allgather_serialized(const T& value, C& comm) {
-  const std::vector<std::byte> mine = object_bytes(value);
-  std::vector<std::uint8_t> all;
-  const std::vector<std::size_t> counts =
-      allgatherv(const_buffer_view(mine.data(), mine.size(), dtype::u8), all, control_of(comm));
-  const auto* bytes = reinterpret_cast<const std::byte*>(all.data());
-  // Every rank holds the same bytes now, so every rank finds the same mismatch, if any.
-  std::size_t at = 0;
-  std::uint64_t first = 0;
-  for (std::size_t q = 0; q < counts.size(); ++q) {
-    const std::uint64_t fingerprint = fingerprint_of(bytes + at, counts[q]);
-    if (q == 0) first = fingerprint;
-    if (fingerprint != first) {
-      raise_agreed({"allgather_object", comm.rank(), comm.size()},
-                   "rank " + std::to_string(q) + " passed a value of another type than rank 0",
-                   "Every rank must pass a value of the same type");
-    }
-    at += counts[q];
-  }
-  std::vector<T> values;
-  values.reserve(counts.size());
-  at = 0;
-  for (std::size_t q = 0; q < counts.size(); ++q) {
-    T v{};
-    read_object(bytes + at, counts[q], v);
-    values.push_back(std::move(v));
-    at += counts[q];
-  }
-  return values;
-}
-
-template <class T, communicator C> void broadcast_serialized(T& value, C& comm, int root) {
-  const int p = comm.size();
-  std::vector<std::byte> bytes;
-  if (comm.rank() == root) bytes = object_bytes(value);
-  // Every rank's type, root, and (from the root) the size of the bytes, seen alike by every rank.
-  const std::int64_t mine[3] = {static_cast<std::int64_t>(object_codec<T>::fingerprint), root,
-                                static_cast<std::int64_t>(bytes.size())};
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(p));
-  allgather(const_buffer_view(mine, 3, dtype::i64), all, control_of(comm));
-  const error_site site{"broadcast_object", comm.rank(), p};
-  auto of = [&](int q, std::size_t field) { return all[3 * static_cast<std::size_t>(q) + field]; };
-  for (int q = 1; q < p; ++q) {
-    if (of(q, 1) != of(0, 1)) {
-      std::string roots;
-      for (int r = 0; r < p && r < 16; ++r) roots += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + std::to_string(of(r, 1));
-      raise_agreed(site, "the root differs across ranks (" + roots + (p > 16 ? ", ...)" : ")"),
-                   "Every rank must pass the same root");
-    }
-  }
-  if (root < 0 || root >= p) {
-    raise_agreed(site, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(p) + ")");
-  }
-  for (int q = 1; q < p; ++q) {
-    if (of(q, 0) != of(0, 0)) {
-      raise_agreed(site, "rank " + std::to_string(q) + " passed a value of another type than rank 0",
-                   "Every rank must pass a value of the same type");
-    }
-  }
-  bytes.resize(static_cast<std::size_t>(of(root, 2)));
-  buffer_view wire{bytes.data(), bytes.size(), dtype::u8, device::cpu()};
-  broadcast(wire, control_of(comm), root);
-  if (comm.rank() != root) read_object(bytes.data(), bytes.size(), value);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-namespace herd {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// Every rank's `value`, in rank order.
-template <class T, communicator C> std::vector<T> allgather_object(const T& value, C& comm) {
-  if constexpr (detail::require_object<T>()) return detail::allgather_serialized(value, comm);
-  else return {};
-}
-
-// `value` on every rank ends equal to `value` on `root`.
-template <class T, communicator C> void broadcast_object(T& value, C& comm, int root = 0) {
-  if constexpr (detail::require_object<T>()) detail::broadcast_serialized(value, comm, root);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_COLLECTIVES_OBJECT_HPP
 
 // ---- herd/collectives/reduce.hpp ----
 #ifndef HERD_COLLECTIVES_REDUCE_HPP
@@ -11301,43 +12587,6 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
 
-// ---- herd/optim/optimizer_state.hpp ----
-#ifndef HERD_OPTIM_OPTIMIZER_STATE_HPP
-#define HERD_OPTIM_OPTIMIZER_STATE_HPP
-// How herd reaches an optimizer's state (momentum buffers, moment estimates, step counts), for
-// broadcast_optimizer_state and checkpoints. An optimizer either has a member
-//
-//   template <class F> void visit_state(F&& f);   // calls f(name, herd::buffer_view tensor), name a std::string
-//
-// or a specialization of herd::optimizer_state_traits<Optimizer> with a static visit(opt, f).
-// The state must exist before the first step (allocate it in the constructor), so that a freshly
-// built optimizer can receive state from another rank or from a checkpoint.
-
-
-#include <string_view>
-#include <utility>
-
-namespace herd {
-
-template <class Optimizer> struct optimizer_state_traits {
-  template <class F> static void visit(Optimizer& opt, F&& f) {
-    static_assert(requires { opt.visit_state(std::forward<F>(f)); },
-                  "herd: this optimizer does not expose its state. Give it a member template "
-                  "visit_state(F&& f) calling f(name, herd::buffer_view) for each state tensor, or specialize "
-                  "herd::optimizer_state_traits<YourOptimizer>.");
-    opt.visit_state(std::forward<F>(f));
-  }
-};
-
-// Calls f(name, view) for every state tensor of `opt`.
-template <class Optimizer, class F> void visit_optimizer_state(Optimizer& opt, F&& f) {
-  optimizer_state_traits<Optimizer>::visit(opt, std::forward<F>(f));
-}
-
-}  // namespace herd
-
-#endif  // HERD_OPTIM_OPTIMIZER_STATE_HPP
-
 #include <vector>
 
 namespace herd {
@@ -11364,871 +12613,6 @@ HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #endif  // HERD_OPTIM_BROADCAST_HPP
-
-// ---- herd/optim/checkpoint.hpp ----
-#ifndef HERD_OPTIM_CHECKPOINT_HPP
-#define HERD_OPTIM_CHECKPOINT_HPP
-// herd::checkpoint: tensors and plain values by name, that one rank saves and every rank restores.
-//   herd::checkpoint state;
-//   state.add("weights", weights, {256, 784}).add("momentum", momentum).add_value("epoch", epoch);
-//   state.save("run/state.safetensors", comm);             // rank 0 writes; every rank returns together
-//   if (!state.load("run/state.safetensors", comm)) {...}  // rank 0 reads; every rank ends with its values
-//
-// The file is a safetensors file (optim/detail/safetensors.hpp): Python's safetensors package and
-// PyTorch open it, and a safetensors file from PyTorch loads here by name. herd's metadata:
-// "herd.checksum" (first, so that its 16 hex digits have a fixed place): "fnv1a64:" and FNV-1a 64
-// of the whole file with those digits read as '0'; "herd.checkpoint": "1", the version of these
-// rules; "herd.values": a JSON array of the names saved with add_value, as U8 tensors of their bytes.
-// save() writes a temporary file next to the target, syncs it and renames it over the target, so
-// a writer killed at any moment leaves the previous checkpoint whole. load() reads the file into
-// memory and checks it whole (structure, checksum, the set of entries, each entry's dtype and
-// element count) before it writes into any registered tensor; a file without herd's metadata gets
-// every check but the checksum. Only host memory is saved; POSIX only (fsync, rename).
-
-
-// ---- herd/optim/detail/safetensors.hpp ----
-#ifndef HERD_OPTIM_DETAIL_SAFETENSORS_HPP
-#define HERD_OPTIM_DETAIL_SAFETENSORS_HPP
-// The safetensors file format (huggingface/safetensors), which herd::checkpoint writes and reads:
-//   u64 N (little-endian) | N bytes of a JSON object, padded with spaces | the data section
-// Each member of the object but "__metadata__" (an object of strings) describes a tensor,
-//   "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
-// whose bytes (little-endian, row-major) are [begin, end) of the data section. The tensors tile
-// the data section from its first byte to its last, as the reference reader demands.
-
-
-#include <algorithm>
-#include <bit>
-#include <charconv>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <iterator>
-#include <limits>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
-
-namespace herd::detail::safetensors {
-
-static_assert(std::endian::native == std::endian::little,
-              "herd: checkpoints are safetensors files, whose data is little-endian, and herd writes memory as it is");
-
-struct tensor_info {
-  std::string name;
-  std::string dtype;  // as the file spells it: "F32", "BF16", ...
-  std::vector<std::uint64_t> shape;
-  std::uint64_t begin = 0;  // [begin, end): its bytes in the data section
-  std::uint64_t end = 0;
-};
-
-struct header {
-  std::map<std::string, std::string, std::less<>> metadata;
-  std::vector<tensor_info> tensors;  // by offset
-  std::uint64_t data_bytes = 0;      // where the last tensor ends
-};
-
-// What is wrong with a header; the caller names the file.
-struct malformed {
-  std::string what;
-};
-
-constexpr std::string_view dtype_name(dtype t) noexcept {
-  constexpr std::string_view names[] = {"F16", "BF16", "F32", "F64", "I8", "U8", "I32", "I64"};  // herd::dtype's order
-  return names[static_cast<std::size_t>(t)];
-}
-
-// Whether `name` is the safetensors name of one of herd's dtypes.
-inline bool is_herd_dtype(std::string_view name) noexcept {
-  for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
-    if (dtype_name(static_cast<dtype>(i)) == name) return true;
-  }
-  return false;
-}
-
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
-inline std::uint64_t element_bytes(std::string_view name) {
-  constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
-      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
-      {"C64", 8},  {"F8_E8M0", 1}};
-  const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
-  return it == std::end(sizes) ? 0 : it->second;
-}
-
-// The product of `shape`; nullopt if it overflows.
-inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
-  std::uint64_t n = 1;
-  for (std::uint64_t d : shape) {
-    if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
-    n *= d;
-  }
-  return n;
-}
-
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-inline bool is_utf8(std::string_view text) {
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
-    if (n == 0 || n > text.size() - i) return false;
-    const auto second = static_cast<unsigned char>(n > 1 ? text[i + 1] : 0x80);
-    if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
-        (c == 0xf4 && second > 0x8f)) {
-      return false;
-    }
-    for (std::size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
-    i += n;
-  }
-  return true;
-}
-
-// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
-// messages, since a damaged file can hold any bytes where a name should be).
-inline std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    char escaped[7] = {'\\', c, '\0'};
-    const bool control = static_cast<unsigned char>(c) < 0x20;
-    if (control) std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-    out += control || c == '"' || c == '\\' ? escaped : std::string(1, c);
-  }
-  return out + "\"";
-}
-
-// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
-// of 8 bytes so that the data section starts aligned.
-inline std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
-                                 const std::vector<tensor_info>& tensors) {
-  std::string out = "{\"__metadata__\":{";
-  for (const auto& [key, value] : metadata) {
-    out += (out.back() == '{' ? "" : ",") + json_string(key) + ":" + json_string(value);
-  }
-  out += "}";
-  for (const tensor_info& t : tensors) {
-    out += "," + json_string(t.name) + ":{\"dtype\":" + json_string(t.dtype) + ",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
-    out += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
-  }
-  out += "}";
-  out.resize((out.size() + 7) / 8 * 8, ' ');
-  return out;
-}
-
-// A reader of the JSON that safetensors headers hold: objects, arrays, strings and non-negative
-// integers. true, false, null and other numbers have no place in the format and are refused.
-class json_reader {
- public:
-  explicit json_reader(std::string_view text) : text_(text) {}
-
-  // Calls member(key) for each member of an object, element() for each element of an array;
-  // they read the value.
-  template <class F> void object(F&& member) {
-    sequence('{', '}', [&] {
-      std::string key = string();
-      expect(':');
-      member(std::move(key));
-    });
-  }
-  template <class F> void array(F&& element) { sequence('[', ']', element); }
-
-  std::string string() {
-    expect('"');
-    std::string out;
-    constexpr std::string_view escapes = "\"\"\\\\//b\bf\fn\nr\rt\t";  // pairs: escape, character
-    while (at_ < text_.size() && text_[at_] != '"') {
-      const char c = text_[at_++];
-      const std::size_t k = c == '\\' && at_ < text_.size() ? escapes.find(text_[at_++]) : std::string_view::npos;
-      if (static_cast<unsigned char>(c) < 0x20) fail("a string holds a control character");
-      if (c != '\\') out += c;
-      else if (text_[at_ - 1] == 'u') out += code_point();
-      else if (k % 2 == 0) out += escapes[k + 1];
-      else fail("a string holds an invalid escape");
-    }
-    if (!next_is('"')) fail("a string is not closed");
-    return out;
-  }
-
-  std::uint64_t integer() {
-    skip_space();
-    std::uint64_t value = 0;
-    const char *first = text_.data() + at_, *end = text_.data() + text_.size();
-    const auto [last, error] = std::from_chars(first, end, value);
-    if (error == std::errc::result_out_of_range) fail("an integer is too large");
-    if (error != std::errc() || (*first == '0' && last - first > 1) ||
-        (last != end && (*last == '.' || (*last | 0x20) == 'e'))) {
-      fail("expected a non-negative integer (without leading zeros)");
-    }
-    at_ += static_cast<std::size_t>(last - first);
-    return value;
-  }
-
-  // Only white space may follow.
-  void end() {
-    skip_space();
-    if (at_ != text_.size()) fail("unexpected text after the object");
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw malformed{"its header is not valid JSON: " + what + " (at byte " + std::to_string(at_) + " of the header)"};
-  }
-
-  template <class F> void sequence(char open, char close, F&& each) {
-    expect(open);
-    if (next_is(close)) return;
-    do each();
-    while (next_is(','));
-    expect(close);
-  }
-
-  void skip_space() {
-    while (at_ < text_.size() && std::string_view(" \t\n\r").find(text_[at_]) != std::string_view::npos) ++at_;
-  }
-
-  bool next_is(char c) {
-    skip_space();
-    return at_ < text_.size() && text_[at_] == c && ++at_;
-  }
-
-  void expect(char c) {
-    if (!next_is(c)) fail(std::string("expected '") + c + "'");
-  }
-
-  // After "\u": one code point (two escapes for one past U+FFFF), in UTF-8.
-  std::string code_point() {
-    const auto unit = [&] {
-      std::uint32_t value = 0;
-      const char* first = text_.data() + std::min(at_, text_.size());
-      const char* last = text_.data() + std::min(at_ + 4, text_.size());
-      if (std::from_chars(first, last, value, 16).ptr != first + 4) fail("a \\u escape needs four hex digits");
-      at_ += 4;
-      return value;
-    };
-    std::uint32_t code = unit();
-    if (code >= 0xd800 && code <= 0xdbff && text_.substr(at_, 2) == "\\u") {
-      at_ += 2;
-      const std::uint32_t low = unit();
-      if (low >= 0xdc00 && low <= 0xdfff) code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
-    }
-    if (code >= 0xd800 && code <= 0xdfff) fail("a \\u escape is a lone surrogate");
-    const int n = code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
-    constexpr std::uint32_t lead[] = {0, 0, 0xc0, 0xe0, 0xf0};
-    std::string out(1, static_cast<char>(lead[n] | (code >> (6 * (n - 1)))));
-    for (int i = n - 2; i >= 0; --i) out += static_cast<char>(0x80 | ((code >> (6 * i)) & 0x3f));
-    return out;
-  }
-
-  std::string_view text_;
-  std::size_t at_ = 0;
-};
-
-// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
-// fit each tensor's shape and dtype and tile the data section from its start.
-inline header parse_header(std::string_view text) {
-  if (!is_utf8(text)) throw malformed{"its header is not valid UTF-8"};
-  header h;
-  json_reader json(text);
-  std::set<std::string, std::less<>> names;
-  json.object([&](std::string name) {
-    if (!names.insert(name).second) throw malformed{"its header names " + json_string(name) + " twice"};
-    if (name == "__metadata__") {
-      return json.object([&](std::string key) {
-        if (!h.metadata.emplace(key, json.string()).second) throw malformed{"its metadata repeats " + json_string(key)};
-      });
-    }
-    const std::string which = "the tensor " + json_string(name);
-    tensor_info& t = h.tensors.emplace_back(tensor_info{std::move(name), {}, {}, 0, 0});
-    std::vector<std::uint64_t> offsets;
-    std::set<std::string, std::less<>> fields;
-    json.object([&](std::string field) {
-      if (field == "dtype") t.dtype = json.string();
-      else if (field == "shape") json.array([&] { t.shape.push_back(json.integer()); });
-      else if (field == "data_offsets") json.array([&] { offsets.push_back(json.integer()); });
-      else throw malformed{which + " has the unknown field " + json_string(field)};
-      if (!fields.insert(field).second) throw malformed{which + " repeats the field " + json_string(field)};
-    });
-    if (fields.size() != 3 || offsets.size() != 2) {
-      throw malformed{which + " needs \"dtype\", \"shape\" and \"data_offsets\" (two numbers)"};
-    }
-    t.begin = offsets[0];
-    t.end = offsets[1];
-    const std::uint64_t size = element_bytes(t.dtype);
-    const auto count = elements(t.shape);
-    if (size == 0) throw malformed{which + " has the dtype " + json_string(t.dtype) + ", unknown to herd"};
-    if (!count || *count > std::numeric_limits<std::uint64_t>::max() / size || t.end < t.begin ||
-        t.end - t.begin != *count * size) {
-      throw malformed{which + " has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                      "], which do not hold " + (count ? std::to_string(*count) : "too many") + " elements of " +
-                      t.dtype};
-    }
-  });
-  json.end();
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
-    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
-  });
-  for (const tensor_info& t : h.tensors) {
-    if (t.begin != h.data_bytes) {
-      throw malformed{"the tensor " + json_string(t.name) + " starts at byte " + std::to_string(t.begin) +
-                      " of the data section, but the tensors before it end at byte " + std::to_string(h.data_bytes) +
-                      (t.begin < h.data_bytes ? " (they overlap)" : " (a gap)")};
-    }
-    h.data_bytes = t.end;
-  }
-  return h;
-}
-
-}  // namespace herd::detail::safetensors
-
-#endif  // HERD_OPTIM_DETAIL_SAFETENSORS_HPP
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <exception>
-#include <filesystem>
-#include <functional>
-#include <limits>
-#include <map>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace herd {
-namespace detail {
-// Test hook: called after entry `entry_index` has been handed to the temporary file, so a test
-// can kill the writer half way through a save. Not for production use.
-inline void (*checkpoint_after_entry_hook)(std::size_t entry_index) = nullptr;
-}  // namespace detail
-
-// What herd::checkpoint is built from: herd's rules on top of the format, the writer and reader.
-namespace detail::ckpt {
-
-namespace st = detail::safetensors;
-
-inline constexpr char format_version[] = "1";
-inline constexpr std::string_view checksum_prefix = R"({"__metadata__":{"herd.checksum":"fnv1a64:)";
-inline constexpr std::size_t checksum_digits = 16;
-
-// A problem found before it is known which rank reports it. Thrown and caught inside this header
-// only; the public functions turn it into herd::error with their own error_site.
-struct failure {
-  std::string what;
-  std::string todo;
-};
-
-inline std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull) {
-  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  return state;
-}
-
-inline std::string system_message(int code) { return std::generic_category().message(code); }
-
-inline std::string hex(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
-[[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
-  throw failure{path.string() + " is damaged: " + detail,
-                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
-                "after it was written (disk, copy, or another program)"};
-}
-
-struct file_closer {
-  void operator()(std::FILE* f) const noexcept { std::fclose(f); }
-};
-using file_handle = std::unique_ptr<std::FILE, file_closer>;
-
-// Writes the length of `header`, `header` with its checksum filled in, and the data of `views` to
-// a temporary file beside `path`, then renames it over `path`. Until the rename, `path` keeps its
-// previous content, whatever happens to this process.
-inline void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
-  const std::uint64_t length = header.size();  // little-endian, as the host (safetensors.hpp)
-  // The file's hash with the digits as '0', as `header` holds them now.
-  std::uint64_t hash = fnv1a64(header.data(), header.size(), fnv1a64(&length, sizeof length));
-  for (const buffer_view& v : views) hash = fnv1a64(v.data, v.bytes(), hash);
-  header.replace(checksum_prefix.size(), checksum_digits, hex(hash));
-
-  std::filesystem::path temporary = path;
-  temporary += ".tmp-" + std::to_string(::getpid());
-  file_handle file(std::fopen(temporary.c_str(), "wb"));
-  if (const int code = errno; !file) {
-    throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
-                  "Check that the directory of " + path.string() + " exists and is writable"};
-  }
-  const auto fail_io = [&](const char* step) {
-    const int code = errno;
-    file.reset();
-    std::remove(temporary.c_str());  // a failed save leaves no temporary file behind
-    throw failure{"could not " + std::string(step) + " " + temporary.string() + " while saving " + path.string() +
-                      ": " + system_message(code),
-                  "Check free space and permissions; the previous checkpoint at " + path.string() + " is unchanged"};
-  };
-  const auto write = [&](const void* data, std::size_t n) {
-    if (n != 0 && std::fwrite(data, 1, n, file.get()) != n) fail_io("write");
-  };
-  write(&length, sizeof length);
-  write(header.data(), header.size());
-  for (std::size_t i = 0; i < views.size(); ++i) {
-    write(views[i].data, views[i].bytes());
-    if (checkpoint_after_entry_hook) {
-      std::fflush(file.get());  // so the temporary file holds what a real crash would leave
-      checkpoint_after_entry_hook(i);
-    }
-  }
-  if (std::fflush(file.get()) != 0 || ::fsync(::fileno(file.get())) != 0) fail_io("write and sync");
-  if (std::fclose(file.release()) != 0) fail_io("close");
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail_io("rename");
-  // The rename lives in the directory: sync it too, or a power loss may bring back the old file.
-  const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const int code = dir < 0 || ::fsync(dir) != 0 ? errno : 0;
-  if (dir >= 0) ::close(dir);
-  if (code != 0) {
-    throw failure{path.string() + " was written, but its directory could not be synced (" + system_message(code) +
-                      "), so it may not survive a power loss",
-                  "Check the file system; save again to be sure"};
-  }
-}
-
-// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
-struct file_contents {
-  std::string bytes;
-  std::size_t data_start = 0;
-  std::vector<st::tensor_info> tensors;  // by offset
-  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
-
-  // Copies the data of each pair's tensor (by its index in `tensors`) into its view (as match()
-  // paired them).
-  void fill(const std::vector<std::pair<std::size_t, std::size_t>>& pairs, const std::vector<buffer_view>& views) const {
-    for (const auto& [t, v] : pairs) {
-      const auto n = static_cast<std::size_t>(tensors[t].end - tensors[t].begin);
-      if (n != 0) std::memcpy(views[v].data, bytes.data() + data_start + tensors[t].begin, n);
-    }
-  }
-};
-
-// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
-// it does not exist.
-inline std::optional<file_contents> read_file(const std::filesystem::path& path) {
-  file_handle file(std::fopen(path.c_str(), "rb"));
-  struct stat info {};
-  const int code = !file ? errno : ::fstat(::fileno(file.get()), &info) != 0 ? errno : 0;
-  if (code == ENOENT && !file) return std::nullopt;
-  if (code != 0) {
-    throw failure{"cannot open " + path.string() + ": " + system_message(code), "Check the path and its permissions"};
-  }
-  if (!S_ISREG(info.st_mode)) throw failure{path.string() + " is not a regular file", "Pass a checkpoint file's path"};
-  file_contents f;
-  std::string& bytes = f.bytes;
-  bytes.resize(static_cast<std::size_t>(info.st_size));
-  if (std::fread(bytes.data(), 1, bytes.size(), file.get()) != bytes.size()) {
-    const int error = errno;
-    if (std::ferror(file.get())) {
-      throw failure{"could not read " + path.string() + ": " + system_message(error), "Check the file system"};
-    }
-    fail_damaged(path, "it ended while being read (it was " + std::to_string(bytes.size()) + " bytes when opened)");
-  }
-  const std::string size = std::to_string(bytes.size()) + " bytes long";
-  if (bytes.size() < 8) fail_damaged(path, "it is " + size + "; it is truncated");
-  std::uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);  // little-endian, as the host (safetensors.hpp)
-  if (n > bytes.size() - 8) {
-    fail_damaged(path, "its header length, " + std::to_string(n) + " bytes, runs past its end (it is " + size + ")");
-  }
-  f.data_start = 8 + static_cast<std::size_t>(n);
-  st::header parsed;
-  try {
-    parsed = st::parse_header(f.header());
-  } catch (const st::malformed& m) {
-    fail_damaged(path, m.what);
-  }
-  if (parsed.data_bytes != bytes.size() - f.data_start) {
-    fail_damaged(path, "its tensors end at byte " + std::to_string(parsed.data_bytes) + " of its data section, which " +
-                           "holds " + std::to_string(bytes.size() - f.data_start) + " bytes");
-  }
-  // A herd file's checksum covers it all, its digits read as '0'.
-  auto& meta = parsed.metadata;
-  if (meta.contains("herd.checksum") || meta.contains("herd.checkpoint")) {
-    const std::size_t at = 8 + checksum_prefix.size();
-    const bool placed = f.header().starts_with(checksum_prefix) && bytes.size() >= at + checksum_digits;
-    std::uint64_t hash = 0;
-    if (placed) {
-      hash = fnv1a64("0000000000000000", checksum_digits, fnv1a64(bytes.data(), at));
-      hash = fnv1a64(bytes.data() + at + checksum_digits, bytes.size() - at - checksum_digits, hash);
-    }
-    if (!placed || meta["herd.checksum"] != "fnv1a64:" + hex(hash)) {
-      fail_damaged(path, "its checksum does not match its content (herd.checksum " +
-                             st::json_string(meta["herd.checksum"]) +
-                             (placed ? ", computed fnv1a64:" + hex(hash) : " is missing or not first") + ")");
-    }
-    if (meta["herd.checkpoint"] != format_version) {
-      throw failure{path.string() + " is a herd checkpoint of version " + st::json_string(meta["herd.checkpoint"]) +
-                        "; this herd reads version " + format_version,
-                    "Load it with the herd release that wrote it"};
-    }
-  }
-  f.tensors = std::move(parsed.tensors);
-  return f;
-}
-
-// Runs `step` on root alone and returns, on every rank, what it returned: "o" (ok) and what else
-// root has to say, or "m" (missing). If it failed, every rank raises what failed and what to do
-// (sent split by a NUL: names in messages are escaped, so neither holds one).
-template <communicator C, class F>
-std::string on_root(const error_site& site, C& comm, int root, const std::filesystem::path& path, const char* role,
-                    F&& step) {
-  if (root < 0 || root >= site.size) {
-    raise(site, "root " + std::to_string(root) + " is out of range",
-          "Pass a root in [0, " + std::to_string(site.size) + ")");
-  }
-  std::string status;
-  try {
-    if (site.rank == root) status = step();
-  } catch (const failure& f) {
-    status = "f" + f.what + '\0' + f.todo;
-  } catch (const std::exception& e) {
-    status = "f" + path.string() + ": " + e.what() + '\0';
-  }
-  broadcast_object(status, comm, root);
-  if (status[0] == 'o' || status[0] == 'm') return status;
-  const std::size_t split = status.find('\0');
-  std::string what = status.substr(1, split - 1);
-  if (site.rank != root) what = "rank " + std::to_string(root) + ", which " + role + ", failed: " + what;
-  raise(site, what, status.substr(split + 1));
-}
-
-}  // namespace detail::ckpt
-
-// A named set of tensors and plain values saved by one rank and restored on every rank. It keeps
-// references (buffer_views are kept by value): every registered tensor and value must outlive
-// the checkpoint. Tensors are read through their traits at each save and load, so a std::vector
-// may be reallocated in between. Its collective save and load call herd's collectives, so, like
-// them, it lives in the configuration namespace (core/config.hpp): no two translation units share
-// a definition that one compiled with g++ and the other with nvcc.
-HERD_CONFIG_NAMESPACE_BEGIN
-
-class checkpoint {
- public:
-  // Any adapted tensor in host memory, saved with `shape` (row-major) so that PyTorch gets it back
-  // in its real shape, or with shape [its element count] when none is given. A file's entry loads
-  // into it when dtypes and element counts agree, whatever the entry's shape.
-  template <class T> checkpoint& add(std::string name, T& tensor, const std::vector<std::size_t>& shape = {}) {
-    detail::require_writable_tensor<T>();
-    return insert("checkpoint::add",
-                  {std::move(name), false, [&tensor] { return view_of(tensor); }, {shape.begin(), shape.end()}});
-  }
-
-  // A view kept by value: memory described rather than owned by a tensor object.
-  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {}) {
-    return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
-  }
-
-  // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
-  template <class Optimizer> checkpoint& add_optimizer_state(const std::string& prefix, Optimizer& opt) {
-    visit_optimizer_state(opt, [&](const auto& name, buffer_view v) { add(prefix + std::string(name), v); });
-    return *this;
-  }
-
-  // A plain value: an epoch, a step counter, an RNG state. Saved as its bytes (a U8 tensor).
-  template <class T>
-    requires std::is_trivially_copyable_v<T>
-  checkpoint& add_value(std::string name, T& value) {
-    static_assert(!std::is_const_v<T>, "herd: checkpoint::add_value needs a non-const value, since load() writes it");
-    return insert("checkpoint::add_value",
-                  {std::move(name), true, [&value] { return buffer_view{&value, sizeof(T), dtype::u8}; }, {}});
-  }
-
-  // Writes the file from this process alone (no communicator involved).
-  void save(const std::filesystem::path& path) const {
-    try {
-      write(path);
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::save"}, f.what, f.todo);
-    }
-  }
-
-  // Strict (the default): a load needs the file's entries and the registered ones to be the same
-  // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
-  // their values and the file's tensors nobody registered are skipped; the last load lists both in
-  // missing_keys() and unexpected_keys(). An entry in both must still agree in dtype and size.
-  checkpoint& set_strict(bool strict) noexcept {
-    strict_ = strict;
-    return *this;
-  }
-  const std::vector<std::string>& missing_keys() const noexcept { return missing_; }
-  const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
-
-  // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
-  bool load(const std::filesystem::path& path) {
-    try {
-      const auto file = detail::ckpt::read_file(path);
-      if (!file) return false;
-      const std::vector<buffer_view> views = checked_views();
-      file->fill(match(path, file->tensors, views, "the registered entries"), views);
-      return true;
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::load"}, f.what, f.todo);
-    }
-  }
-
-  // Root writes the file; every rank returns once it is in place, or raises herd::error if root
-  // could not write it.
-  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
-    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
-    const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
-    detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
-      write(path);
-      return std::string("o");
-    });
-    herd::barrier(comm);
-  }
-
-  // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
-  // no access to the file. false on every rank if it does not exist; herd::error on every rank if
-  // it is damaged or its entries differ from those registered on any rank.
-  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
-    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
-    const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
-    std::optional<detail::ckpt::file_contents> contents;  // root's
-    const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
-      contents = detail::ckpt::read_file(path);
-      return contents ? "o" + std::string(contents->header()) : std::string("m");
-    });
-    if (status[0] == 'm') return false;
-
-    // Each rank checks its own entries against the file as root read it; one that differs stops
-    // every rank, before any tensor is written.
-    std::vector<buffer_view> views;
-    std::vector<std::pair<std::size_t, std::size_t>> order;
-    std::optional<detail::ckpt::failure> mismatch;
-    try {
-      views = checked_views();
-      order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
-                    views,
-                    contents ? "the registered entries"
-                             : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
-                                   std::to_string(root) + " read it)");
-    } catch (const detail::ckpt::failure& f) {
-      mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
-    } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
-      mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
-    }
-    std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
-    buffer_view faulty_view{&first_faulty, 1, dtype::i32};
-    herd::allreduce(faulty_view, comm, reduce_op::min);
-    if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
-    if (first_faulty != comm.size()) {
-      detail::raise(site,
-                    "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
-                        " (its own error says more)",
-                    "Register the same entries on every rank; every rank stops so that none waits forever");
-    }
-    if (!strict_) {
-      // Not strict, ranks could pick different entries and then wait on different broadcasts:
-      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
-      std::uint64_t signature = 14695981039346656037ull;
-      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
-      const auto mine = static_cast<std::int64_t>(signature >> 1);
-      std::int64_t range[2] = {mine, -mine};
-      buffer_view range_view{range, 2, dtype::i64};
-      herd::allreduce(range_view, comm, reduce_op::min);
-      if (range[0] != -range[1]) {
-        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
-                      "Register the same entries on every rank");
-      }
-    }
-    if (contents) contents->fill(order, views);
-    for (const auto& pair : order) herd::broadcast(views[pair.second], comm, root);
-    return true;
-  }
-
- private:
-  struct entry {
-    std::string name;
-    bool value;
-    std::function<buffer_view()> view;
-    std::vector<std::uint64_t> shape;  // empty: [its element count]
-  };
-
-  // What is wrong with an entry's memory as it is now, if anything.
-  static std::optional<detail::ckpt::failure> fault(const entry& e, const buffer_view& v) {
-    const std::string what = "the tensor " + detail::safetensors::json_string(e.name);
-    std::string dims;
-    for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-    if (!v.device.is_cpu()) {
-      return {{what + " lives on " + v.device.str() + "; a checkpoint saves host memory only",
-               "Copy it into a host tensor and register that"}};
-    }
-    if (!is_valid(v.type) || v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type) ||
-        (v.data == nullptr && v.count != 0)) {
-      return {{what + " has an invalid dtype (value " + std::to_string(static_cast<int>(v.type)) + "), a null data "
-                   "pointer or an impossible size (" + std::to_string(v.count) + " elements)",
-               "Fix its tensor_traits: a herd::dtype, and the data of its elements"}};
-    }
-    if (!e.shape.empty() && detail::safetensors::elements(e.shape) != v.count) {
-      return {{what + " has " + std::to_string(v.count) + " elements, which do not fill its shape [" + dims + "]",
-               "Give it a shape whose product is its element count"}};
-    }
-    return std::nullopt;
-  }
-
-  checkpoint& insert(std::string_view operation, entry e) {
-    const std::string name = detail::safetensors::json_string(e.name);
-    if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
-      detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
-                    "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
-    }
-    if (index_.contains(e.name)) {
-      detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
-    }
-    if (const auto f = fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
-    index_.emplace(e.name, entries_.size());
-    entries_.push_back(std::move(e));
-    return *this;
-  }
-
-  // Each entry's memory as it is now, checked.
-  std::vector<buffer_view> checked_views() const {
-    std::vector<buffer_view> views;
-    for (const entry& e : entries_) {
-      try {
-        views.push_back(e.view());
-      } catch (const std::exception& ex) {
-        throw detail::ckpt::failure{
-            "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
-            "Register tensors herd can read as contiguous host memory"};
-      }
-      if (const auto f = fault(e, views.back())) throw *f;
-    }
-    return views;
-  }
-
-  // The entries as a file describes them, offsets left to write().
-  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const {
-    std::vector<detail::safetensors::tensor_info> out;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const entry& e = entries_[i];
-      out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
-      if (e.shape.empty()) out.back().shape = {views[i].count};
-    }
-    return out;
-  }
-
-  // Pairs of (a tensor of `file`, the entry it fills). Raises naming every difference (up to eight)
-  // when the two sets of entries are not the same, or (strict off) an entry of both differs;
-  // records the keys either side lacks.
-  std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
-                                                         const std::vector<detail::safetensors::tensor_info>& file,
-                                                         const std::vector<buffer_view>& views, const std::string& subject) {
-    namespace st = detail::safetensors;
-    const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
-      const std::string count = std::to_string(st::elements(t.shape).value_or(0));
-      return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
-    };
-    const std::vector<st::tensor_info> registered = tensors(views);
-    auto index = index_;  // the entries not yet found in the file
-    std::vector<std::string> differences;
-    std::vector<std::pair<std::size_t, std::size_t>> order;
-    bool unsupported = false;
-    missing_.clear();
-    unexpected_.clear();
-    for (std::size_t f = 0; f < file.size(); ++f) {
-      const st::tensor_info& t = file[f];
-      const auto it = index.find(t.name);
-      if (it == index.end()) {
-        if (strict_) differences.push_back(st::json_string(t.name) + " is in the file but not registered");
-        else unexpected_.push_back(t.name);
-        continue;
-      }
-      const st::tensor_info& mine = registered[it->second];
-      if (!st::is_herd_dtype(t.dtype)) {
-        differences.push_back("unsupported dtype " + t.dtype + " in tensor " + st::json_string(t.name));
-        unsupported = true;
-      } else if (mine.dtype != t.dtype || st::elements(mine.shape) != st::elements(t.shape)) {
-        differences.push_back(st::json_string(t.name) + " differs: " + describe(t, false) + " in the file, " +
-                              describe(mine, entries_[it->second].value) + " here");
-      }
-      order.emplace_back(f, it->second);
-      index.erase(it);
-    }
-    for (const auto& [name, i] : index) {
-      if (strict_) differences.push_back(st::json_string(name) + " is registered but not in the file");
-      else missing_.push_back(name);
-    }
-    if (differences.empty()) return order;
-    missing_.clear();
-    unexpected_.clear();
-    std::string what = path.string() + " does not match " + subject + ": ";
-    for (std::size_t i = 0; i < differences.size() && i < 8; ++i) what += (i ? "; " : "") + differences[i];
-    if (differences.size() > 8) what += "; and " + std::to_string(differences.size() - 8) + " more";
-    std::string todo = "Register the same entries, with the same dtypes and sizes, as the program that saved it, or "
-                       "load a checkpoint saved with these entries";
-    if (unsupported) {
-      todo = "herd's dtypes are F16, BF16, F32, F64, I8, U8, I32 and I64: convert such a tensor to one of them before "
-             "saving, or leave it unregistered and load with set_strict(false) to skip it";
-    }
-    throw detail::ckpt::failure{what, todo};
-  }
-
-  // herd's metadata, then the entries by decreasing element size, so that the data of each is
-  // aligned to its element size, as the data section is to 8 bytes.
-  void write(const std::filesystem::path& path) const {
-    const std::vector<buffer_view> views = checked_views();
-    const std::vector<detail::safetensors::tensor_info> all = tensors(views);
-    std::vector<detail::safetensors::tensor_info> in_order;
-    std::vector<buffer_view> data;
-    std::string values;
-    for (std::size_t element = 8; element > 0; element /= 2) {
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        if (size_of(views[i].type) != element) continue;
-        const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
-        in_order.push_back(all[i]);
-        in_order.back().begin = at;
-        in_order.back().end = at + views[i].bytes();
-        data.push_back(views[i]);
-        if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
-      }
-    }
-    detail::ckpt::write_file(path,
-                             detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
-                                                                 {"herd.checkpoint", detail::ckpt::format_version},
-                                                                 {"herd.values", "[" + values + "]"}},
-                                                                in_order),
-                             data);
-  }
-
-  std::vector<entry> entries_;
-  std::map<std::string, std::size_t, std::less<>> index_;
-  bool strict_ = true;
-  std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
-};
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_OPTIM_CHECKPOINT_HPP
 
 // ---- herd/optim/clip.hpp ----
 #ifndef HERD_OPTIM_CLIP_HPP
@@ -13992,9 +14376,13 @@ class sgd {
 // default, f16/bf16 on the wire with compression), steps the wrapped optimizer, and allgathers the
 // updated parameters. One reduce-scatter and one allgather move what one allreduce moves.
 //
-// Its state (visit_state) is this rank's shard, with the layout it was made for: a checkpoint of
-// it is per rank (each rank saves its own file) and loads back at the same world size; a layout
-// that differs (another world size, rank or parameter count) makes the next step raise
+// A checkpoint of it (checkpoint::add_optimizer_state, through visit_sharded_state) holds the
+// whole state in one file, named and shaped as the unsharded optimizer's: "step", "momentum.3"
+// for the momentum of parameter 3, and so on. Saved collectively, it is gathered to the rank that
+// writes; loaded at any world size, each rank keeps its own shard of it; the unsharded optimizer
+// loads it too, and a zero_optimizer loads the unsharded optimizer's file. visit_state is this
+// rank's shard as it lies in memory, with the layout it was made for (world size, rank,
+// parameter count): state written back through it from another layout makes the next step raise
 // herd::error on every rank.
 //
 // With a loss scaler (zero_options::scaler, the one mixed_precision takes), backward starts from
@@ -14012,6 +14400,7 @@ class sgd {
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -14081,6 +14470,8 @@ template <class Inner, communicator C> class zero_optimizer {
     alone_ = comm.size() == 1 && wire_ == type_;
     if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
       inner_.emplace(make(params_, grads_));
+      for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back({i, 0, params_[i].count});
+      learn_state_layout(make);
       return;
     }
     const std::size_t padded = shard_.per_rank * static_cast<std::size_t>(comm.size());
@@ -14094,10 +14485,12 @@ template <class Inner, communicator C> class zero_optimizer {
     std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
     const std::size_t es = size_of(type_);
     for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& p, std::size_t offset, std::size_t flat_at, std::size_t n) {
+      pieces_.push_back({static_cast<std::size_t>(&p - params_.data()), offset, n});
       shard_params.push_back({static_cast<std::byte*>(p.data) + offset * es, n, type_, device::cpu()});
       shard_grads.push_back({received + (flat_at - shard_.begin) * es, n, type_, device::cpu()});
     });
     inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
+    learn_state_layout(make);
   }
 
   void step() {
@@ -14193,6 +14586,56 @@ template <class Inner, communicator C> class zero_optimizer {
     }
   }
 
+  // The state as the unsharded optimizer names it, each tensor with this rank's part of it
+  // (optim/optimizer_state.hpp): what a checkpoint saves whole. The wrapped optimizer's tensor
+  // "K.k" of the k-th piece of the shard becomes part of "K.i", i the parameter the piece lies
+  // in; its other tensors (a step count) and the scaler's are the same on every rank, so each
+  // rank's copy is the whole.
+  template <class F> void visit_sharded_state(F&& f) {
+    std::vector<std::vector<buffer_view>> split(split_kinds_.size(), std::vector<buffer_view>(pieces_.size()));
+    visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) {
+      const std::string text(name);
+      const std::size_t dot = text.rfind('.');
+      if (dot != std::string::npos && dot + 1 < text.size() &&
+          text.find_first_not_of("0123456789", dot + 1) == std::string::npos) {
+        const std::size_t piece = std::stoul(text.substr(dot + 1));
+        for (std::size_t k = 0; k < split_kinds_.size(); ++k) {
+          if (split_kinds_[k].name == std::string_view(text).substr(0, dot) && piece < pieces_.size()) {
+            split[k][piece] = v;
+            return;
+          }
+        }
+      }
+      f(text, sharded_view{v, 0, v.count, true});
+    });
+    if (options_.scaler != nullptr) {
+      options_.scaler->visit_state(
+          [&](const auto& name, buffer_view v) { f("scaler." + std::string(name), sharded_view{v, 0, v.count, true}); });
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {  // parameter by parameter, as herd's optimizers
+      for (std::size_t k = 0; k < split_kinds_.size(); ++k) {
+        const split_kind& kind = split_kinds_[k];
+        sharded_view s{buffer_view{nullptr, 0, kind.type, device::cpu()}, 0, kind.per_element * params_[i].count};
+        for (std::size_t piece = 0; piece < pieces_.size(); ++piece) {
+          if (pieces_[piece].param != i) continue;
+          s.part = split[k][piece];
+          s.offset = kind.per_element * pieces_[piece].offset;
+          if (s.part.count != kind.per_element * pieces_[piece].count || s.part.type != kind.type) {
+            detail::raise({"zero_optimizer", comm_->rank(), comm_->size()},
+                          "the wrapped optimizer's state " + kind.name + "." + std::to_string(piece) + " holds " +
+                              std::to_string(s.part.count) + " elements of " + std::string(name(s.part.type)) +
+                              " for a piece of " + std::to_string(pieces_[piece].count) + " parameter elements, where " +
+                              "one element of the same optimizer had " + std::to_string(kind.per_element) + " of " +
+                              std::string(name(kind.type)),
+                          "Give the wrapped optimizer state tensors named NAME.k with a fixed number of elements per "
+                          "element of its k-th parameter");
+          }
+        }
+        f(kind.name + "." + std::to_string(i), s);
+      }
+    }
+  }
+
  private:
   // Calls f(param, offset in it, flat index, count) for each part of a parameter in [lo, hi).
   template <class F> void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
@@ -14202,6 +14645,19 @@ template <class Inner, communicator C> class zero_optimizer {
       if (a < b) f(p, a - at, a, b - a);
       at += p.count;
     }
+  }
+
+  // Which state tensors of the wrapped optimizer follow its parameters: those an optimizer `make`
+  // builds over one element call "K.0", with the number of elements they hold for it.
+  template <class Make> void learn_state_layout(Make& make) {
+    host_tensor param(type_, 1), grad(type_, 1);
+    std::memset(param.data(), 0, size_of(type_));
+    std::memset(grad.data(), 0, size_of(type_));
+    auto probe = make(std::vector<buffer_view>{param.view()}, std::vector<buffer_view>{grad.view()});
+    visit_optimizer_state(probe, [&](const auto& name, buffer_view v) {
+      const std::string text(name);
+      if (text.size() > 2 && text.ends_with(".0")) split_kinds_.push_back({text.substr(0, text.size() - 2), v.count, v.type});
+    });
   }
 
   // Tells the scaler how the step went; true: it is skipped. `overflow` is agreed by every rank.
@@ -14222,7 +14678,21 @@ template <class Inner, communicator C> class zero_optimizer {
            std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " over " + std::to_string(shard_.total);
   }
   static constexpr const char* layout_advice =
-      "A zero_optimizer checkpoint is per rank: load each rank's own file, at the same world size";
+      "Restore a zero_optimizer through checkpoint::add_optimizer_state, whose file holds the whole state and "
+      "loads at any world size, rather than writing one rank's shard into another";
+
+  // A part of a parameter inside this rank's shard, as the wrapped optimizer sees it.
+  struct shard_piece {
+    std::size_t param;   // its index in params_
+    std::size_t offset;  // its first element in that parameter
+    std::size_t count;
+  };
+  // A state tensor of the wrapped optimizer that follows its parameters.
+  struct split_kind {
+    std::string name;          // "exp_avg": the tensors "exp_avg.k"
+    std::size_t per_element;   // state elements per parameter element (0 or 1 for herd's optimizers)
+    dtype type;
+  };
 
   std::vector<buffer_view> params_, grads_;
   C* comm_;
@@ -14239,6 +14709,8 @@ template <class Inner, communicator C> class zero_optimizer {
   host_tensor gathered_;    // the flattened parameters, gathered
   bool alone_ = false;      // one rank without compression: the wrapped optimizer on the tensors themselves
   std::optional<Inner> inner_;  // made by `make` over this rank's shard
+  std::vector<shard_piece> pieces_;   // in the order the wrapped optimizer takes them
+  std::vector<split_kind> split_kinds_;
 };
 
 template <class Make, communicator C>

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace herd {
 namespace detail {
@@ -106,6 +107,12 @@ template <class A> struct armadillo_traits {
   static std::size_t size(const A& a) noexcept { return static_cast<std::size_t>(a.n_elem); }
   static herd::dtype dtype(const A&) noexcept { return armadillo_dtype<value>(); }
   static herd::device device(const A&) noexcept { return herd::device::cpu(); }
+  // Every object accepted above is column-major over its own rows, columns (and slices).
+  static std::vector<std::size_t> column_major_shape(const A& a) {
+    std::vector<std::size_t> shape{static_cast<std::size_t>(a.n_rows), static_cast<std::size_t>(a.n_cols)};
+    if constexpr (requires { a.n_slices; }) shape.push_back(static_cast<std::size_t>(a.n_slices));
+    return shape;
+  }
 };
 
 // Says at compile time why an Armadillo type is no tensor; the functions only keep the compiler

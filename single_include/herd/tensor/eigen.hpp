@@ -16,7 +16,8 @@
 //   herd::allreduce(grad, comm, herd::reduce_op::avg);
 //   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
 //
-// herd moves a tensor's elements as one contiguous range, in storage order. A Map or Ref with
+// herd moves a tensor's elements as one contiguous range, in storage order; a checkpoint writes a
+// column-major one in row-major order (column_major_shape), as PyTorch reads it. A Map or Ref with
 // strides that leave gaps (a Ref to a block of a larger matrix, every other column) is refused
 // at run time with herd::error, on every rank of the collective. Anything else Eigen makes is an
 // expression or a block (a + b, m.transpose(), m.block(...), m.col(i)): it is refused at compile
@@ -28,6 +29,7 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace herd {
 namespace detail {
@@ -56,6 +58,10 @@ template <class Dense> struct eigen_traits {
   static std::size_t size(const Dense& d) noexcept { return static_cast<std::size_t>(d.size()); }
   static herd::dtype dtype(const Dense&) noexcept { return dtype_of_v<std::remove_const_t<scalar>>; }
   static herd::device device(const Dense&) noexcept { return herd::device::cpu(); }
+  static std::vector<std::size_t> column_major_shape(const Dense& d) {
+    if constexpr (Dense::IsRowMajor) return {};
+    else return {static_cast<std::size_t>(d.rows()), static_cast<std::size_t>(d.cols())};
+  }
 };
 
 template <class T> inline constexpr bool eigen_storage = false;

@@ -19,7 +19,8 @@
 //
 // herd reduces a tensor's elements in memory order, which is the same on every rank as long as
 // every rank passes the same layout; row-major and column-major storage are both one block of
-// memory, so both are taken. A view whose elements leave gaps (a column of a row-major array, a
+// memory, so both are taken (a checkpoint writes a column-major one in row-major order, as
+// PyTorch reads it). A view whose elements leave gaps (a column of a row-major array, a
 // range with a step) is refused at run time with herd::error, on every rank of the collective;
 // an expression with no storage of its own (a + b, xt::arange(n), a view of an expression) and a
 // complex value type are refused at compile time.
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace herd {
 namespace detail {
@@ -42,23 +44,24 @@ template <class E>
 concept xtensor_strided = xt::has_data_interface<E>::value && xt::has_strides<E>::value &&
                           requires(const E& e) { e.data_offset(); e.shape(); };
 
-// Whether the elements lie back to back in row-major or in column-major order. Axes of extent 1
+// Whether the elements lie back to back in row-major (or column-major) order. Axes of extent 1
 // are skipped: xtensor gives them stride 0.
-template <class E> bool xtensor_contiguous(const E& e) {
+template <class E> bool xtensor_compact(const E& e, bool row_major) {
   const auto& shape = e.shape();
   const auto& strides = e.strides();
   const std::size_t rank = shape.size();
-  const auto compact = [&](bool row_major) {
-    std::ptrdiff_t expected = 1;
-    for (std::size_t k = 0; k < rank; ++k) {
-      const std::size_t axis = row_major ? rank - 1 - k : k;
-      if (shape[axis] == 1) continue;
-      if (static_cast<std::ptrdiff_t>(strides[axis]) != expected) return false;
-      expected *= static_cast<std::ptrdiff_t>(shape[axis]);
-    }
-    return true;
-  };
-  return e.size() == 0 || compact(true) || compact(false);
+  std::ptrdiff_t expected = 1;
+  for (std::size_t k = 0; k < rank; ++k) {
+    const std::size_t axis = row_major ? rank - 1 - k : k;
+    if (shape[axis] == 1) continue;
+    if (static_cast<std::ptrdiff_t>(strides[axis]) != expected) return false;
+    expected *= static_cast<std::ptrdiff_t>(shape[axis]);
+  }
+  return true;
+}
+
+template <class E> bool xtensor_contiguous(const E& e) {
+  return e.size() == 0 || xtensor_compact(e, true) || xtensor_compact(e, false);
 }
 
 template <class Sequence> std::string xtensor_text(const Sequence& s) {
@@ -88,6 +91,12 @@ template <class E> struct xtensor_traits {
   static std::size_t size(const E& e) noexcept { return static_cast<std::size_t>(e.size()); }
   static herd::dtype dtype(const E&) noexcept { return dtype_of_v<value>; }
   static herd::device device(const E&) noexcept { return herd::device::cpu(); }
+  // Its shape where its memory is column-major (a column-major container, xt::transpose of a
+  // row-major one), so that a checkpoint writes it in row-major order.
+  static std::vector<std::size_t> column_major_shape(const E& e) {
+    if (e.size() == 0 || xtensor_compact(e, true)) return {};
+    return {e.shape().begin(), e.shape().end()};
+  }
 };
 
 // Says at compile time why an xtensor type is no tensor; the functions only keep the compiler
