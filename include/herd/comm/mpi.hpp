@@ -838,8 +838,15 @@ class mpi_communicator {
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    // Open MPI sends the creation's messages on this communicator with this tag: the highest one
+    // MPI allows, above every tag herd and its users send on (a stale message of an aborted
+    // operation, or the notices' standing receive, would otherwise take them).
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    MPI_Comm_get_attr(native(), MPI_TAG_UB, &tag_ub, &has_tag_ub);
+    const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
-    const int code = MPI_Comm_create_group(native(), part, detail::notice_tag, &survivors);
+    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
     MPI_Group_free(&part);
     MPI_Group_free(&all);
     check(code, "MPI_Comm_create_group");
