@@ -9,11 +9,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -136,4 +138,24 @@ TEST_CASE("distributed_sampler::reshard: the rest of the epoch, once each, over 
   std::vector<std::size_t> all(n);
   for (std::size_t i = 0; i < n; ++i) all[i] = i;
   CHECK(seen == all);
+}
+
+TEST_CASE("shrink waits for every rank to say whether it stays: a late one is counted, one that leaves late is not") {
+  for (bool late_one_stays : {true, false}) {
+    INFO("the late rank ", std::string(late_one_stays ? "stays" : "leaves"));
+    herd::local::run(
+        4,
+        [&](herd::local_communicator& comm) {
+          if (comm.rank() == 3) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            if (!late_one_stays) return;  // leaves after the others began to shrink
+          }
+          comm = comm.shrink();
+          CHECK(comm.size() == (late_one_stays ? 4 : 3));
+          std::vector<int> v{1};
+          herd::allreduce(v, comm);
+          CHECK(v[0] == comm.size());
+        },
+        patient_enough());
+  }
 }

@@ -843,7 +843,7 @@ class mpi_communicator {
     // operation, or the notices' standing receive, would otherwise take them).
     int* tag_ub = nullptr;
     int has_tag_ub = 0;
-    MPI_Comm_get_attr(native(), MPI_TAG_UB, &tag_ub, &has_tag_ub);
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
     const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
     const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
