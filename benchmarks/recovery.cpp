@@ -11,7 +11,12 @@
 //   stall      the rank stops for the shutdown time + 0.5 s, then goes on: its peers' watchdog gives
 //              up after the shutdown time without progress (--shutdown, HERD_STALL_SHUTDOWN_TIME_SECONDS
 //              in real runs, 30 minutes by default), and the stalled rank finds the abort when it wakes
-// Each run also checks that the final parameters equal a run without faults, bit for bit.
+//   leave      the rank leaves the communicator (comm.leave(), as a rank that returns) before step 9:
+//              the others shrink to a communicator of their own, re-shard their sampler and go on
+//              smaller (the loop of tests/mpi/shrink: each rank reads its batch from a sampler);
+//              recovery ends at the first step the last of them completes
+// Each run also checks that the final parameters equal a run without faults, bit for bit (for
+// leave: a run that switches to the smaller world at the commit of step 8).
 // Prints the median and the range of the recovery time, and what the fault-free step costs.
 
 #include <herd/herd.hpp>
@@ -61,6 +66,38 @@ outcome train(herd::comm_options options, int at, std::function<void()> fault) {
   return out;
 }
 
+// The leave case: 16 steps of the sharded loop, the last rank leaving before step 9.
+outcome train_leaving(herd::comm_options options) {
+  herd::mpi_communicator comm(MPI_COMM_WORLD, options);
+  const int first = comm.rank();
+  const int leaver = comm.size() - 1;
+  herd_test::sharded_run run = herd_test::start_sharded(std::size_t{1} << 16, comm.size(), first);
+  herd_test::departure gone{leaver, 9, herd_test::departure::leaves};
+  outcome out;
+  out.attempts = herd_test::train_sharded(comm, run, 16, gone, [&](int attempt) {
+    if (first == leaver && run.step == 9) out.fault_at = seconds(clock_type::now());
+    if (attempt > 1 && out.recovered_at == 0) out.recovered_at = seconds(clock_type::now());
+  });
+  out.w = std::move(run.w);
+  return out;
+}
+
+// What the ranks that stay end with: every rank to step 8, then all but the last from there.
+std::vector<float> leave_reference(herd::mpi_communicator& world, herd::comm_options options) {
+  herd::mpi_communicator comm(MPI_COMM_WORLD, options);
+  herd_test::sharded_run run = herd_test::start_sharded(std::size_t{1} << 16, comm.size(), comm.rank());
+  herd_test::train_sharded(comm, run, 8);
+  std::vector<int> stay(static_cast<std::size_t>(comm.size() - 1));
+  for (std::size_t i = 0; i < stay.size(); ++i) stay[i] = static_cast<int>(i);
+  herd::mpi_communicator smaller = comm.subset(stay);
+  if (smaller.is_member()) {
+    run.sampler.reshard(smaller.size(), smaller.rank());
+    herd_test::train_sharded(smaller, run, 16);
+  }
+  herd::broadcast(run.w, world, 0);
+  return run.w;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -107,6 +144,26 @@ int main(int argc, char** argv) {
     std::printf("%-10s %12s %12s %12s %10s\n", "fault", "median s", "min s", "max s", "exact");
   }
   int wrong = 0;
+  // 2 -> 1 included: the rank that stays goes on alone.
+  if (world.size() >= 2) {
+    const std::vector<float> reference = leave_reference(world, options);
+    std::vector<double> times;
+    bool exact = true;
+    for (int r = 0; r < reps; ++r) {
+      const outcome o = train_leaving(options);
+      if (world.rank() != world.size() - 1) exact = exact && o.w == reference && o.attempts == 2;
+      std::vector<double> t = {o.fault_at, o.recovered_at};
+      herd::allreduce(t, world, herd::reduce_op::max);
+      times.push_back(t[1] - t[0]);
+    }
+    std::vector<int> all_exact = {exact ? 1 : 0};
+    herd::allreduce(all_exact, world, herd::reduce_op::min);
+    wrong += all_exact[0] == 0;
+    if (world.rank() == 0) {
+      std::printf("%-10s %12.3f %12.3f %12.3f %10s\n", "leave", median(times), *std::min_element(times.begin(), times.end()),
+                  *std::max_element(times.begin(), times.end()), all_exact[0] ? "yes" : "NO");
+    }
+  }
   for (const auto& [name, fault] : faults) {
     std::vector<double> times;
     bool exact = true;

@@ -3411,7 +3411,7 @@ class world {
       : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
         splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
         aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never) {}
+        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0) {}
 
   int size() const noexcept { return size_; }
 
@@ -3479,6 +3479,32 @@ class world {
       }
     }
     return {};
+  }
+
+  // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.
+  void stay(int rank, std::uint64_t round) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      present_in_[static_cast<std::size_t>(rank)] = round;
+    }
+    wake_all();
+  }
+  // For each rank, 1 if it said it stays in shrink `round`, 0 if it left without saying so, -1
+  // while neither is known. A rank that stays leaves this world only after its shrink, so it
+  // counts as staying once it said so.
+  std::vector<int> staying(std::uint64_t round) {
+    std::lock_guard lock(registry_mutex_);
+    std::vector<int> result(static_cast<std::size_t>(size_), -1);
+    for (std::size_t q = 0; q < result.size(); ++q) {
+      if (present_in_[q] >= round) result[q] = 1;
+      else if (departed_at_[q] != never) result[q] = 0;
+    }
+    return result;
+  }
+  // The world of the ranks staying in shrink `round`, shared by them.
+  std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
+    std::lock_guard lock(registry_mutex_);
+    return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
   }
 
   // Posts a message, completing it (and its partner) at once if its partner is already waiting.
@@ -3591,7 +3617,9 @@ class world {
   std::vector<std::uint64_t> aborted_at_;
   std::vector<std::string> abort_reasons_;
   std::vector<std::uint64_t> departed_at_;
+  std::vector<std::uint64_t> present_in_;
   pending pending_splits_;
+  pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
 };
 
@@ -3755,6 +3783,50 @@ class local_communicator {
     return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
   }
 
+  // A new communicator of the ranks that are still here, renumbered in their order here: how the
+  // others go on when ranks left (their function returned, or they destroyed or left() their
+  // communicator). Every staying rank calls it; as renew(options, herd::rolled_back), the caller
+  // brings the ranks back to one state. The ranks agree on who stays: each says it is here and
+  // waits until every rank has either said so or left (under the watchdog).
+  local_communicator shrink() const { return shrink(options()); }
+  local_communicator shrink(const comm_options& options) const {
+    state().drain();
+    const std::uint64_t round = ++shrinks_;
+    world_->stay(rank_, round);
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    detail::waiting watch(options);
+    std::vector<int> staying = world_->staying(round);
+    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+      if (world_->failed()) fail_with_world();
+      {
+        std::unique_lock lock(w.mutex);
+        w.wake.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
+      watch.watch({"local_communicator::shrink", rank_, size()},
+                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+      staying = world_->staying(round);
+    }
+    int members = 0;
+    int new_rank = 0;
+    for (int q = 0; q < size(); ++q) {
+      if (staying[static_cast<std::size_t>(q)] != 1) continue;
+      if (q < rank_) ++new_rank;
+      ++members;
+    }
+    return local_communicator(world_->survivors_world(round, members), new_rank, options, nullptr);
+  }
+
+  // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
+  // queued operations; the communicator is then empty, as one moved from. Their waits for this
+  // rank raise at once, and they go on without it with shrink().
+  void leave() noexcept {
+    if (!ops_) return;
+    ops_->drain();
+    world_->depart(rank_, ops_->issued());
+    ops_.reset();
+  }
+
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
   void abort(std::string_view reason) noexcept {
@@ -3800,14 +3872,8 @@ class local_communicator {
     world_ = std::move(other.world_);
     rank_ = other.rank_;
     member_ = other.member_;
+    shrinks_ = other.shrinks_;
     ops_ = std::move(other.ops_);
-  }
-
-  void leave() noexcept {
-    if (!ops_) return;
-    ops_->drain();
-    world_->depart(rank_, ops_->issued());
-    ops_.reset();
   }
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
@@ -3856,6 +3922,7 @@ class local_communicator {
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
   bool member_ = true;
+  mutable std::uint64_t shrinks_ = 0;  // shrink() calls on this communicator
   std::unique_ptr<detail::operation_state> ops_;
 };
 
@@ -4308,6 +4375,9 @@ inline int multiprocessors(int device) {
 //   its buffer still belongs to MPI.
 // - closed: the sender destroyed its communicator (returned from main, say) after issuing n
 //   operations. A rank waiting in operation n or later raises at once.
+// - present: the sender is in its n-th shrink() of this communicator and stays. Being notices too,
+//   they arrive before the same sender's "closed" (one tag, one receive: MPI keeps their order),
+//   which is what lets the ranks that stay agree on who they are (shrink()).
 
 
 #include <mpi.h>
@@ -4474,11 +4544,11 @@ inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* ty
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3 };
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
   std::uint32_t magic = 0x4e544345;  // "NTCE"
   std::uint8_t type = 0;
   std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
   char reason[1008] = {};
 };
 
@@ -4487,6 +4557,7 @@ struct mpi_peer {
   std::uint64_t aborted_at = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
   bool done = false;  // settled everything it had in flight after an abort
+  std::uint64_t present_in = 0;  // the last shrink it said it is in
   std::string reason;
 };
 
@@ -4586,6 +4657,21 @@ class mpi_state {
     return true;
   }
 
+  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
+  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
+  // its "present" comes first and it counts as staying.
+  std::vector<int> staying(std::uint64_t round) {
+    std::lock_guard lock(notice_mutex);
+    std::vector<int> result(static_cast<std::size_t>(size), -1);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      int& r = result[static_cast<std::size_t>(q)];
+      if (q == rank || peer.present_in >= round) r = 1;
+      else if (peer.departed_at != never) r = 0;
+    }
+    return result;
+  }
+
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
@@ -4619,9 +4705,14 @@ class mpi_state {
 
   // --- Notices to the peers.
 
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) noexcept {
+  // `to_departed` false: not to the peers known to have left (they may have finalized MPI).
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}, bool to_departed = true) noexcept {
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
+      if (!to_departed) {
+        std::lock_guard lock(notice_mutex);
+        if (peers[static_cast<std::size_t>(q)].departed_at != never) continue;
+      }
       try {
         auto notice = std::make_unique<mpi_notice>();
         notice->type = type;
@@ -4700,6 +4791,7 @@ class mpi_state {
   bool cuda_aware = false;
   bool departed = false;
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
+  std::uint64_t shrinks = 0;      // shrink() calls on this communicator
   operation_state ops;
   // The ranks of this node and their shared memory (comm/detail/shm.hpp), when the node holds more
   // than this rank and the memory could be mapped; whether that node is the whole communicator.
@@ -4721,6 +4813,8 @@ class mpi_state {
       peer.done = true;
     } else if (notice.type == mpi_notice::closed) {
       peer.departed_at = notice.seq;
+    } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
+      peer.present_in = notice.seq;
     }
   }
 
@@ -5061,6 +5155,72 @@ class mpi_communicator {
     return mpi_communicator(native(), options, nullptr);
   }
 
+  // A new communicator of the ranks that are still here, renumbered in their order here: how
+  // the others go on when ranks left (returned from main, destroyed or left() their communicator,
+  // MPI_Finalize). Every staying rank calls it, the ranks that left do not; as renew(options,
+  // herd::rolled_back), the caller brings the ranks back to one state. The ranks agree on who
+  // stays: each tells the others it is here, and waits until every rank has either said so or
+  // said it left (under the watchdog: a rank that does neither, killed or stalled, is an error
+  // after the shutdown time). Then MPI_Comm_create_group over them, collective over them alone.
+  // With every rank still here, the result is renew(options, herd::rolled_back)'s.
+  mpi_communicator shrink() const { return shrink(options()); }
+  mpi_communicator shrink(const comm_options& options) const {
+    detail::mpi_state& s = state();
+    s.ops.drain();
+    const std::uint64_t round = ++s.shrinks;
+    s.notify_all(detail::mpi_notice::present, round, {}, false);
+    std::vector<int> staying = s.staying(round);
+    detail::waiting watch(options);
+    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+      if (watch.tick()) {
+        detail::tend();
+        const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
+        watch.watch({"mpi_communicator::shrink", rank(), size()},
+                    "for rank " + std::to_string(q) + " to say whether it stays or left");
+      }
+      watch.pause();
+      s.poll_notices();
+      staying = s.staying(round);
+    }
+    std::vector<int> members;
+    for (int q = 0; q < size(); ++q) {
+      if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
+    }
+    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
+    MPI_Group all = MPI_GROUP_NULL;
+    MPI_Group part = MPI_GROUP_NULL;
+    check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
+    check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    // Open MPI sends the creation's messages on this communicator with this tag: the highest one
+    // MPI allows, above every tag herd and its users send on (a stale message of an aborted
+    // operation, or the notices' standing receive, would otherwise take them).
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
+    const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
+    MPI_Comm survivors = MPI_COMM_NULL;
+    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    MPI_Group_free(&part);
+    MPI_Group_free(&all);
+    check(code, "MPI_Comm_create_group");
+    // A duplicate of it, created and agreed on like every communicator.
+    struct freed {
+      MPI_Comm& c;
+      ~freed() { MPI_Comm_free(&c); }
+    } free_survivors{survivors};
+    return mpi_communicator(survivors, options, nullptr);
+  }
+
+  // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
+  // queued operations; the communicator is then empty, as one moved from. Their waits for this
+  // rank raise at once, and they go on without it with shrink().
+  void leave() noexcept {
+    if (!s_) return;
+    s_->ops.drain();
+    detail::retire(std::move(s_));
+    across_.reset();
+  }
+
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
@@ -5387,12 +5547,6 @@ class mpi_communicator {
     MPI_Comm_size(comm, &s_->size);
     s_->listen();
     detail::register_state(s_.get());
-  }
-
-  void leave() noexcept {
-    if (!s_) return;
-    s_->ops.drain();
-    detail::retire(std::move(s_));
   }
 
   // Across nodes, errors name the operation and the ranks of the communicator the user called.
@@ -11688,6 +11842,11 @@ HERD_ENGINE_INSTANCE void barrier<mpi_communicator>(mpi_communicator&);
 // drop_last it is padded to `total` by repeating it from its start; with drop_last it is cut to
 // `total`. Rank r takes order[r], order[r + W], order[r + 2W], ...
 //
+// When the number of ranks changes inside an epoch (a rank left: herd::run_elastic), reshard()
+// splits the rest of the epoch's order over the new ranks by the same rules, as Horovod's
+// ElasticSampler: the first C positions, those the old ranks consumed (start() on each), are set
+// aside, and positions C, C+1, ... of the order play the role of 0, 1, ... above, over N - C.
+//
 // Padding gives every rank the same number of samples (and batches), which training needs: a
 // rank that runs out of batches early leaves the others waiting in an allreduce. For evaluation
 // the duplicates skew summed metrics; for_evaluation() turns padding off instead.
@@ -11942,10 +12101,6 @@ class distributed_sampler {
                     "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
                     "Pass this process's rank (comm.rank())");
     }
-    const auto w = static_cast<std::size_t>(world_size);
-    // ceil(N / W) written so that it cannot overflow; under drop_last PyTorch's
-    // ceil((N - W) / W) for N % W != 0 is floor(N / W) too, and 0 when N < W.
-    num_samples_ = options_.drop_last ? dataset_size / w : dataset_size / w + (dataset_size % w != 0 ? 1 : 0);
   }
 
   template <communicator C>
@@ -11974,7 +12129,28 @@ class distributed_sampler {
     }
     epoch_ = epoch;
     start_ = start;
+    consumed_ = 0;
   }
+
+  // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
+  void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
+
+  // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
+  // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
+  // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
+  void reshard(int world_size, int rank) {
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      detail::raise({"distributed_sampler::reshard", rank, world_size},
+                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
+                    "Pass the new communicator's size() and rank()");
+    }
+    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
+    world_size_ = world_size;
+    rank_ = rank;
+    start_ = 0;
+  }
+  // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
+  std::size_t consumed() const noexcept { return consumed_; }
 
   std::uint64_t epoch() const noexcept { return epoch_; }
   std::size_t start() const noexcept { return start_; }
@@ -11982,16 +12158,18 @@ class distributed_sampler {
   // This rank's samples per epoch (PyTorch's num_samples), counting from the epoch's beginning,
   // not from start(). Without padding, this rank's own share.
   std::size_t size() const noexcept {
+    const std::size_t n = remaining();
     if (!equal_shares()) {
       const auto w = static_cast<std::size_t>(world_size_);
       const auto r = static_cast<std::size_t>(rank_);
-      return dataset_size_ / w + (r < dataset_size_ % w ? 1 : 0);
+      return n / w + (r < n % w ? 1 : 0);
     }
-    return num_samples_;
+    return num_samples();
   }
-  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding.
+  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding
+  // (after a reshard(), of the rest of the epoch).
   std::size_t total_size() const noexcept {
-    return equal_shares() ? num_samples_ * static_cast<std::size_t>(world_size_) : dataset_size_;
+    return equal_shares() ? num_samples() * static_cast<std::size_t>(world_size_) : remaining();
   }
   std::size_t dataset_size() const noexcept { return dataset_size_; }
   int world_size() const noexcept { return world_size_; }
@@ -12006,12 +12184,14 @@ class distributed_sampler {
     const auto w = static_cast<std::size_t>(world_size_);
     const auto r = static_cast<std::size_t>(rank_);
     // Position p of the padded order is order[p % N]: padding repeats the order from its start,
-    // and positions below N (all of them without padding) are the order itself.
+    // and positions below N (all of them without padding) are the order itself. After a reshard(),
+    // the order begins at position consumed_ and is N - consumed_ long.
+    const std::size_t n = remaining();
     if (options_.shuffle) {
       const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
-      for (std::size_t k = start_; k < count; ++k) result.push_back(order[(r + k * w) % dataset_size_]);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
     } else {
-      for (std::size_t k = start_; k < count; ++k) result.push_back((r + k * w) % dataset_size_);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
     }
     return result;
   }
@@ -12039,6 +12219,15 @@ class distributed_sampler {
     return options;
   }
 
+  std::size_t remaining() const noexcept { return dataset_size_ - consumed_; }
+  // PyTorch's num_samples over what remains: ceil(n / W) written so that it cannot overflow;
+  // under drop_last PyTorch's ceil((n - W) / W) for n % W != 0 is floor(n / W) too, 0 when n < W.
+  std::size_t num_samples() const noexcept {
+    const std::size_t n = remaining();
+    const auto w = static_cast<std::size_t>(world_size_);
+    return options_.drop_last ? n / w : n / w + (n % w != 0 ? 1 : 0);
+  }
+
   // Every rank gets num_samples: padded, or cut by drop_last (which never pads, so pad only
   // matters without it).
   bool equal_shares() const noexcept { return options_.drop_last || options_.pad; }
@@ -12054,9 +12243,9 @@ class distributed_sampler {
   int world_size_;
   int rank_;
   sampler_options options_;
-  std::size_t num_samples_ = 0;
   std::uint64_t epoch_ = 0;
   std::size_t start_ = 0;
+  std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
 };
 
 }  // namespace herd
@@ -14740,11 +14929,18 @@ HERD_CONFIG_NAMESPACE_END
 // Every rank commits after the same steps. A rank can be at most one commit ahead of another (it
 // completed the operation the other failed in, and committed after it), so each keeps its last two
 // commits, and the ranks take the oldest last commit among them.
+//
+// A rank that leaves (returns, raises an exception other than herd::error, leaves its
+// communicator) makes the others fail too; they then shrink the communicator to the ranks still
+// there (as Horovod elastic's reset), agree on the commit, restore it and call the state's
+// on_world_change callbacks, which re-shard the data (distributed_sampler::reshard) and rescale
+// what depends on the number of ranks, before fn goes on at the smaller size.
 
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -14786,6 +14982,14 @@ class elastic_state {
     commits_ = id;
   }
 
+  // Called, in the order given, after a rollback that changed the number of ranks, with the old
+  // and the new number; the tracked memory holds the agreed commit then, and the communicator is
+  // the new one (its rank() is this rank's new rank).
+  void on_world_change(std::function<void(int old_size, int new_size)> fn) { world_changes_.push_back(std::move(fn)); }
+  void world_changed(int old_size, int new_size) const {
+    for (const auto& fn : world_changes_) fn(old_size, new_size);
+  }
+
   // The commits made so far (the last one's number).
   std::uint64_t commits() const noexcept { return commits_; }
 
@@ -14820,6 +15024,7 @@ class elastic_state {
   std::vector<std::byte> copies_[2];  // the commits with even and odd numbers
   std::uint64_t ids_[2] = {0, 0};
   std::uint64_t commits_ = 0;
+  std::vector<std::function<void(int, int)>> world_changes_;
 };
 
 // Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
@@ -14827,7 +15032,8 @@ class elastic_state {
 // last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
 // the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
 // raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
-// are exceptions that are not herd::error.
+// are exceptions that are not herd::error. Where the communicator can shrink() (MPI, local), the
+// ranks that left are left out of the new one, and the state's world-change callbacks run.
 template <communicator C, class Fn>
 void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
   if (state.commits() == 0) state.commit();
@@ -14840,10 +15046,16 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
     } catch (const error&) {
       if (failures >= max_failures) throw;
     }
-    comm = comm.renew(comm.options(), rolled_back);
+    const int old_size = static_cast<int>(comm.size());
+    if constexpr (requires { comm.shrink(comm.options()); }) {
+      comm = comm.shrink(comm.options());
+    } else {
+      comm = comm.renew(comm.options(), rolled_back);
+    }
     std::vector<std::int64_t> last{static_cast<std::int64_t>(state.commits())};
     allreduce(last, comm, reduce_op::min);
     state.restore(static_cast<std::uint64_t>(last[0]));
+    if (static_cast<int>(comm.size()) != old_size) state.world_changed(old_size, static_cast<int>(comm.size()));
   }
 }
 

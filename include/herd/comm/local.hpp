@@ -70,7 +70,7 @@ class world {
       : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
         splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
         aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never) {}
+        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0) {}
 
   int size() const noexcept { return size_; }
 
@@ -138,6 +138,32 @@ class world {
       }
     }
     return {};
+  }
+
+  // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.
+  void stay(int rank, std::uint64_t round) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      present_in_[static_cast<std::size_t>(rank)] = round;
+    }
+    wake_all();
+  }
+  // For each rank, 1 if it said it stays in shrink `round`, 0 if it left without saying so, -1
+  // while neither is known. A rank that stays leaves this world only after its shrink, so it
+  // counts as staying once it said so.
+  std::vector<int> staying(std::uint64_t round) {
+    std::lock_guard lock(registry_mutex_);
+    std::vector<int> result(static_cast<std::size_t>(size_), -1);
+    for (std::size_t q = 0; q < result.size(); ++q) {
+      if (present_in_[q] >= round) result[q] = 1;
+      else if (departed_at_[q] != never) result[q] = 0;
+    }
+    return result;
+  }
+  // The world of the ranks staying in shrink `round`, shared by them.
+  std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
+    std::lock_guard lock(registry_mutex_);
+    return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
   }
 
   // Posts a message, completing it (and its partner) at once if its partner is already waiting.
@@ -250,7 +276,9 @@ class world {
   std::vector<std::uint64_t> aborted_at_;
   std::vector<std::string> abort_reasons_;
   std::vector<std::uint64_t> departed_at_;
+  std::vector<std::uint64_t> present_in_;
   pending pending_splits_;
+  pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
 };
 
@@ -414,6 +442,50 @@ class local_communicator {
     return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
   }
 
+  // A new communicator of the ranks that are still here, renumbered in their order here: how the
+  // others go on when ranks left (their function returned, or they destroyed or left() their
+  // communicator). Every staying rank calls it; as renew(options, herd::rolled_back), the caller
+  // brings the ranks back to one state. The ranks agree on who stays: each says it is here and
+  // waits until every rank has either said so or left (under the watchdog).
+  local_communicator shrink() const { return shrink(options()); }
+  local_communicator shrink(const comm_options& options) const {
+    state().drain();
+    const std::uint64_t round = ++shrinks_;
+    world_->stay(rank_, round);
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    detail::waiting watch(options);
+    std::vector<int> staying = world_->staying(round);
+    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+      if (world_->failed()) fail_with_world();
+      {
+        std::unique_lock lock(w.mutex);
+        w.wake.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
+      watch.watch({"local_communicator::shrink", rank_, size()},
+                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+      staying = world_->staying(round);
+    }
+    int members = 0;
+    int new_rank = 0;
+    for (int q = 0; q < size(); ++q) {
+      if (staying[static_cast<std::size_t>(q)] != 1) continue;
+      if (q < rank_) ++new_rank;
+      ++members;
+    }
+    return local_communicator(world_->survivors_world(round, members), new_rank, options, nullptr);
+  }
+
+  // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
+  // queued operations; the communicator is then empty, as one moved from. Their waits for this
+  // rank raise at once, and they go on without it with shrink().
+  void leave() noexcept {
+    if (!ops_) return;
+    ops_->drain();
+    world_->depart(rank_, ops_->issued());
+    ops_.reset();
+  }
+
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
   void abort(std::string_view reason) noexcept {
@@ -459,14 +531,8 @@ class local_communicator {
     world_ = std::move(other.world_);
     rank_ = other.rank_;
     member_ = other.member_;
+    shrinks_ = other.shrinks_;
     ops_ = std::move(other.ops_);
-  }
-
-  void leave() noexcept {
-    if (!ops_) return;
-    ops_->drain();
-    world_->depart(rank_, ops_->issued());
-    ops_.reset();
   }
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
@@ -515,6 +581,7 @@ class local_communicator {
   std::shared_ptr<detail::local::world> world_;
   int rank_ = 0;
   bool member_ = true;
+  mutable std::uint64_t shrinks_ = 0;  // shrink() calls on this communicator
   std::unique_ptr<detail::operation_state> ops_;
 };
 

@@ -17,6 +17,9 @@
 //   its buffer still belongs to MPI.
 // - closed: the sender destroyed its communicator (returned from main, say) after issuing n
 //   operations. A rank waiting in operation n or later raises at once.
+// - present: the sender is in its n-th shrink() of this communicator and stays. Being notices too,
+//   they arrive before the same sender's "closed" (one tag, one receive: MPI keeps their order),
+//   which is what lets the ranks that stay agree on who they are (shrink()).
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/fault_hooks.hpp>
@@ -189,11 +192,11 @@ inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* ty
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3 };
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
   std::uint32_t magic = 0x4e544345;  // "NTCE"
   std::uint8_t type = 0;
   std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
   char reason[1008] = {};
 };
 
@@ -202,6 +205,7 @@ struct mpi_peer {
   std::uint64_t aborted_at = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
   bool done = false;  // settled everything it had in flight after an abort
+  std::uint64_t present_in = 0;  // the last shrink it said it is in
   std::string reason;
 };
 
@@ -301,6 +305,21 @@ class mpi_state {
     return true;
   }
 
+  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
+  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
+  // its "present" comes first and it counts as staying.
+  std::vector<int> staying(std::uint64_t round) {
+    std::lock_guard lock(notice_mutex);
+    std::vector<int> result(static_cast<std::size_t>(size), -1);
+    for (int q = 0; q < size; ++q) {
+      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+      int& r = result[static_cast<std::size_t>(q)];
+      if (q == rank || peer.present_in >= round) r = 1;
+      else if (peer.departed_at != never) r = 0;
+    }
+    return result;
+  }
+
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
@@ -334,9 +353,14 @@ class mpi_state {
 
   // --- Notices to the peers.
 
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}) noexcept {
+  // `to_departed` false: not to the peers known to have left (they may have finalized MPI).
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}, bool to_departed = true) noexcept {
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
+      if (!to_departed) {
+        std::lock_guard lock(notice_mutex);
+        if (peers[static_cast<std::size_t>(q)].departed_at != never) continue;
+      }
       try {
         auto notice = std::make_unique<mpi_notice>();
         notice->type = type;
@@ -415,6 +439,7 @@ class mpi_state {
   bool cuda_aware = false;
   bool departed = false;
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
+  std::uint64_t shrinks = 0;      // shrink() calls on this communicator
   operation_state ops;
   // The ranks of this node and their shared memory (comm/detail/shm.hpp), when the node holds more
   // than this rank and the memory could be mapped; whether that node is the whole communicator.
@@ -436,6 +461,8 @@ class mpi_state {
       peer.done = true;
     } else if (notice.type == mpi_notice::closed) {
       peer.departed_at = notice.seq;
+    } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
+      peer.present_in = notice.seq;
     }
   }
 
@@ -776,6 +803,72 @@ class mpi_communicator {
     return mpi_communicator(native(), options, nullptr);
   }
 
+  // A new communicator of the ranks that are still here, renumbered in their order here: how
+  // the others go on when ranks left (returned from main, destroyed or left() their communicator,
+  // MPI_Finalize). Every staying rank calls it, the ranks that left do not; as renew(options,
+  // herd::rolled_back), the caller brings the ranks back to one state. The ranks agree on who
+  // stays: each tells the others it is here, and waits until every rank has either said so or
+  // said it left (under the watchdog: a rank that does neither, killed or stalled, is an error
+  // after the shutdown time). Then MPI_Comm_create_group over them, collective over them alone.
+  // With every rank still here, the result is renew(options, herd::rolled_back)'s.
+  mpi_communicator shrink() const { return shrink(options()); }
+  mpi_communicator shrink(const comm_options& options) const {
+    detail::mpi_state& s = state();
+    s.ops.drain();
+    const std::uint64_t round = ++s.shrinks;
+    s.notify_all(detail::mpi_notice::present, round, {}, false);
+    std::vector<int> staying = s.staying(round);
+    detail::waiting watch(options);
+    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+      if (watch.tick()) {
+        detail::tend();
+        const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
+        watch.watch({"mpi_communicator::shrink", rank(), size()},
+                    "for rank " + std::to_string(q) + " to say whether it stays or left");
+      }
+      watch.pause();
+      s.poll_notices();
+      staying = s.staying(round);
+    }
+    std::vector<int> members;
+    for (int q = 0; q < size(); ++q) {
+      if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
+    }
+    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
+    MPI_Group all = MPI_GROUP_NULL;
+    MPI_Group part = MPI_GROUP_NULL;
+    check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
+    check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    // Open MPI sends the creation's messages on this communicator with this tag: the highest one
+    // MPI allows, above every tag herd and its users send on (a stale message of an aborted
+    // operation, or the notices' standing receive, would otherwise take them).
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
+    const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
+    MPI_Comm survivors = MPI_COMM_NULL;
+    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    MPI_Group_free(&part);
+    MPI_Group_free(&all);
+    check(code, "MPI_Comm_create_group");
+    // A duplicate of it, created and agreed on like every communicator.
+    struct freed {
+      MPI_Comm& c;
+      ~freed() { MPI_Comm_free(&c); }
+    } free_survivors{survivors};
+    return mpi_communicator(survivors, options, nullptr);
+  }
+
+  // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
+  // queued operations; the communicator is then empty, as one moved from. Their waits for this
+  // rank raise at once, and they go on without it with shrink().
+  void leave() noexcept {
+    if (!s_) return;
+    s_->ops.drain();
+    detail::retire(std::move(s_));
+    across_.reset();
+  }
+
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
@@ -1102,12 +1195,6 @@ class mpi_communicator {
     MPI_Comm_size(comm, &s_->size);
     s_->listen();
     detail::register_state(s_.get());
-  }
-
-  void leave() noexcept {
-    if (!s_) return;
-    s_->ops.drain();
-    detail::retire(std::move(s_));
   }
 
   // Across nodes, errors name the operation and the ranks of the communicator the user called.

@@ -17,6 +17,11 @@
 // drop_last it is padded to `total` by repeating it from its start; with drop_last it is cut to
 // `total`. Rank r takes order[r], order[r + W], order[r + 2W], ...
 //
+// When the number of ranks changes inside an epoch (a rank left: herd::run_elastic), reshard()
+// splits the rest of the epoch's order over the new ranks by the same rules, as Horovod's
+// ElasticSampler: the first C positions, those the old ranks consumed (start() on each), are set
+// aside, and positions C, C+1, ... of the order play the role of 0, 1, ... above, over N - C.
+//
 // Padding gives every rank the same number of samples (and batches), which training needs: a
 // rank that runs out of batches early leaves the others waiting in an allreduce. For evaluation
 // the duplicates skew summed metrics; for_evaluation() turns padding off instead.
@@ -139,10 +144,6 @@ class distributed_sampler {
                     "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
                     "Pass this process's rank (comm.rank())");
     }
-    const auto w = static_cast<std::size_t>(world_size);
-    // ceil(N / W) written so that it cannot overflow; under drop_last PyTorch's
-    // ceil((N - W) / W) for N % W != 0 is floor(N / W) too, and 0 when N < W.
-    num_samples_ = options_.drop_last ? dataset_size / w : dataset_size / w + (dataset_size % w != 0 ? 1 : 0);
   }
 
   template <communicator C>
@@ -171,7 +172,28 @@ class distributed_sampler {
     }
     epoch_ = epoch;
     start_ = start;
+    consumed_ = 0;
   }
+
+  // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
+  void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
+
+  // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
+  // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
+  // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
+  void reshard(int world_size, int rank) {
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      detail::raise({"distributed_sampler::reshard", rank, world_size},
+                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
+                    "Pass the new communicator's size() and rank()");
+    }
+    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
+    world_size_ = world_size;
+    rank_ = rank;
+    start_ = 0;
+  }
+  // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
+  std::size_t consumed() const noexcept { return consumed_; }
 
   std::uint64_t epoch() const noexcept { return epoch_; }
   std::size_t start() const noexcept { return start_; }
@@ -179,16 +201,18 @@ class distributed_sampler {
   // This rank's samples per epoch (PyTorch's num_samples), counting from the epoch's beginning,
   // not from start(). Without padding, this rank's own share.
   std::size_t size() const noexcept {
+    const std::size_t n = remaining();
     if (!equal_shares()) {
       const auto w = static_cast<std::size_t>(world_size_);
       const auto r = static_cast<std::size_t>(rank_);
-      return dataset_size_ / w + (r < dataset_size_ % w ? 1 : 0);
+      return n / w + (r < n % w ? 1 : 0);
     }
-    return num_samples_;
+    return num_samples();
   }
-  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding.
+  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding
+  // (after a reshard(), of the rest of the epoch).
   std::size_t total_size() const noexcept {
-    return equal_shares() ? num_samples_ * static_cast<std::size_t>(world_size_) : dataset_size_;
+    return equal_shares() ? num_samples() * static_cast<std::size_t>(world_size_) : remaining();
   }
   std::size_t dataset_size() const noexcept { return dataset_size_; }
   int world_size() const noexcept { return world_size_; }
@@ -203,12 +227,14 @@ class distributed_sampler {
     const auto w = static_cast<std::size_t>(world_size_);
     const auto r = static_cast<std::size_t>(rank_);
     // Position p of the padded order is order[p % N]: padding repeats the order from its start,
-    // and positions below N (all of them without padding) are the order itself.
+    // and positions below N (all of them without padding) are the order itself. After a reshard(),
+    // the order begins at position consumed_ and is N - consumed_ long.
+    const std::size_t n = remaining();
     if (options_.shuffle) {
       const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
-      for (std::size_t k = start_; k < count; ++k) result.push_back(order[(r + k * w) % dataset_size_]);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
     } else {
-      for (std::size_t k = start_; k < count; ++k) result.push_back((r + k * w) % dataset_size_);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
     }
     return result;
   }
@@ -236,6 +262,15 @@ class distributed_sampler {
     return options;
   }
 
+  std::size_t remaining() const noexcept { return dataset_size_ - consumed_; }
+  // PyTorch's num_samples over what remains: ceil(n / W) written so that it cannot overflow;
+  // under drop_last PyTorch's ceil((n - W) / W) for n % W != 0 is floor(n / W) too, 0 when n < W.
+  std::size_t num_samples() const noexcept {
+    const std::size_t n = remaining();
+    const auto w = static_cast<std::size_t>(world_size_);
+    return options_.drop_last ? n / w : n / w + (n % w != 0 ? 1 : 0);
+  }
+
   // Every rank gets num_samples: padded, or cut by drop_last (which never pads, so pad only
   // matters without it).
   bool equal_shares() const noexcept { return options_.drop_last || options_.pad; }
@@ -251,9 +286,9 @@ class distributed_sampler {
   int world_size_;
   int rank_;
   sampler_options options_;
-  std::size_t num_samples_ = 0;
   std::uint64_t epoch_ = 0;
   std::size_t start_ = 0;
+  std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
 };
 
 }  // namespace herd

@@ -14,6 +14,12 @@
 // Every rank commits after the same steps. A rank can be at most one commit ahead of another (it
 // completed the operation the other failed in, and committed after it), so each keeps its last two
 // commits, and the ranks take the oldest last commit among them.
+//
+// A rank that leaves (returns, raises an exception other than herd::error, leaves its
+// communicator) makes the others fail too; they then shrink the communicator to the ranks still
+// there (as Horovod elastic's reset), agree on the commit, restore it and call the state's
+// on_world_change callbacks, which re-shard the data (distributed_sampler::reshard) and rescale
+// what depends on the number of ranks, before fn goes on at the smaller size.
 
 #include <herd/collectives/allreduce.hpp>
 #include <herd/comm/communicator.hpp>
@@ -25,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -66,6 +73,14 @@ class elastic_state {
     commits_ = id;
   }
 
+  // Called, in the order given, after a rollback that changed the number of ranks, with the old
+  // and the new number; the tracked memory holds the agreed commit then, and the communicator is
+  // the new one (its rank() is this rank's new rank).
+  void on_world_change(std::function<void(int old_size, int new_size)> fn) { world_changes_.push_back(std::move(fn)); }
+  void world_changed(int old_size, int new_size) const {
+    for (const auto& fn : world_changes_) fn(old_size, new_size);
+  }
+
   // The commits made so far (the last one's number).
   std::uint64_t commits() const noexcept { return commits_; }
 
@@ -100,6 +115,7 @@ class elastic_state {
   std::vector<std::byte> copies_[2];  // the commits with even and odd numbers
   std::uint64_t ids_[2] = {0, 0};
   std::uint64_t commits_ = 0;
+  std::vector<std::function<void(int, int)>> world_changes_;
 };
 
 // Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
@@ -107,7 +123,8 @@ class elastic_state {
 // last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
 // the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
 // raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
-// are exceptions that are not herd::error.
+// are exceptions that are not herd::error. Where the communicator can shrink() (MPI, local), the
+// ranks that left are left out of the new one, and the state's world-change callbacks run.
 template <communicator C, class Fn>
 void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
   if (state.commits() == 0) state.commit();
@@ -120,10 +137,16 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
     } catch (const error&) {
       if (failures >= max_failures) throw;
     }
-    comm = comm.renew(comm.options(), rolled_back);
+    const int old_size = static_cast<int>(comm.size());
+    if constexpr (requires { comm.shrink(comm.options()); }) {
+      comm = comm.shrink(comm.options());
+    } else {
+      comm = comm.renew(comm.options(), rolled_back);
+    }
     std::vector<std::int64_t> last{static_cast<std::int64_t>(state.commits())};
     allreduce(last, comm, reduce_op::min);
     state.restore(static_cast<std::uint64_t>(last[0]));
+    if (static_cast<int>(comm.size()) != old_size) state.world_changed(old_size, static_cast<int>(comm.size()));
   }
 }
 

@@ -1,0 +1,161 @@
+// A rank that leaves the training: the others shrink the communicator to the ranks still there,
+// re-shard the data and go on at the smaller size from the last commit they all hold, with the
+// same bits as a run without faults that switches to the smaller world at that commit.
+
+#include <herd/herd.hpp>
+
+#include "../support/elastic_training.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t shrink_parameters = 257;
+constexpr std::int64_t shrink_steps = 30;
+
+herd::comm_options patient_enough() {
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 20;  // a hang fails the test instead of blocking it
+  return o;
+}
+
+// The final parameters of every rank that stayed (indexed by its first rank; empty for the one
+// that left), training `p` ranks of which one leaves as `gone` says.
+std::vector<std::vector<float>> train_with_departure(int p, const herd_test::departure& gone) {
+  std::vector<std::vector<float>> finals(static_cast<std::size_t>(p));
+  std::vector<int> attempts(static_cast<std::size_t>(p));
+  herd::local::run(
+      p,
+      [&](herd::local_communicator& comm) {
+        const int first = comm.rank();
+        herd_test::sharded_run run = herd_test::start_sharded(shrink_parameters, p, first);
+        try {
+          attempts[static_cast<std::size_t>(first)] = herd_test::train_sharded(comm, run, shrink_steps, gone);
+        } catch (const herd_test::rank_left&) {
+          return;  // as a process's harness ends it: the communicator is destroyed on the way out
+        }
+        if (first != gone.rank) {
+          CHECK(comm.size() == p - 1);
+          CHECK(comm.rank() == first - (first > gone.rank ? 1 : 0));
+          CHECK(attempts[static_cast<std::size_t>(first)] == 2);  // one rollback
+          finals[static_cast<std::size_t>(first)] = run.w;
+        }
+      },
+      patient_enough());
+  return finals;
+}
+
+// What the ranks that stay must end with: `p` ranks without faults to step `at`, then `p` - 1
+// ranks from there, the sampler re-sharded over them.
+std::vector<float> switched_at(int p, std::int64_t at) {
+  std::optional<herd_test::sharded_run> at_switch;
+  std::mutex mutex;
+  herd::local::run(p, [&](herd::local_communicator& comm) {
+    herd_test::sharded_run run = herd_test::start_sharded(shrink_parameters, p, comm.rank());
+    herd_test::train_sharded(comm, run, at);
+    std::lock_guard lock(mutex);
+    if (comm.rank() == 0) at_switch = run;
+  });
+  std::vector<float> final_w;
+  herd::local::run(p - 1, [&](herd::local_communicator& comm) {
+    herd_test::sharded_run run = *at_switch;
+    run.sampler.reshard(p - 1, comm.rank());
+    herd_test::train_sharded(comm, run, shrink_steps);
+    std::lock_guard lock(mutex);
+    if (comm.rank() == 0) final_w = run.w;
+  });
+  return final_w;
+}
+
+}  // namespace
+
+TEST_CASE("a rank leaves the training (returns, leave(), an exception): the others go on smaller, with the bits of a run that switches at the commit") {
+  std::mt19937 rng(20261126u);
+  for (int p : {3, 4}) {
+    for (auto how : {herd_test::departure::returns, herd_test::departure::leaves, herd_test::departure::raises}) {
+      herd_test::departure gone;
+      gone.rank = std::uniform_int_distribution<int>(0, p - 1)(rng);
+      gone.step = std::uniform_int_distribution<std::int64_t>(1, shrink_steps - 2)(rng);
+      gone.how = how;
+      INFO("p=", p, " rank ", gone.rank, " leaves before step ", gone.step, " (how: ", static_cast<int>(how), ")");
+      const auto finals = train_with_departure(p, gone);
+      // The leaving rank fails nobody's step before its own: the others go back to the commit of
+      // the last multiple of 4 at or before it.
+      const std::vector<float> expected = switched_at(p, gone.step / 4 * 4);
+      for (int r = 0; r < p; ++r) {
+        if (r == gone.rank) continue;
+        CHECK(finals[static_cast<std::size_t>(r)] == expected);
+      }
+    }
+  }
+}
+
+TEST_CASE("shrink with every rank still there is a renewal: the same ranks, the same numbers") {
+  herd::local::run(3, [](herd::local_communicator& comm) {
+    const int rank = comm.rank();
+    comm = comm.shrink();
+    CHECK(comm.size() == 3);
+    CHECK(comm.rank() == rank);
+    std::vector<int> v{rank};
+    herd::allreduce(v, comm);
+    CHECK(v[0] == 3);
+  });
+}
+
+TEST_CASE("distributed_sampler::reshard: the rest of the epoch, once each, over the new ranks") {
+  herd::sampler_options o;
+  o.seed = 3;
+  o.pad = false;
+  const std::size_t n = 23;
+  std::vector<std::size_t> seen;
+  std::vector<herd::distributed_sampler> old;
+  for (int r = 0; r < 3; ++r) {
+    old.emplace_back(n, 3, r, o);
+    old.back().set_epoch(2);
+    const auto taken = old.back().indices();
+    seen.insert(seen.end(), taken.begin(), taken.begin() + 4);
+  }
+  for (int r = 0; r < 2; ++r) {
+    herd::distributed_sampler s = old[0];
+    s.advance(4);
+    s.reshard(2, r);
+    CHECK(s.consumed() == 12);
+    const auto rest = s.indices();
+    seen.insert(seen.end(), rest.begin(), rest.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::size_t> all(n);
+  for (std::size_t i = 0; i < n; ++i) all[i] = i;
+  CHECK(seen == all);
+}
+
+TEST_CASE("shrink waits for every rank to say whether it stays: a late one is counted, one that leaves late is not") {
+  for (bool late_one_stays : {true, false}) {
+    INFO("the late rank ", std::string(late_one_stays ? "stays" : "leaves"));
+    herd::local::run(
+        4,
+        [&](herd::local_communicator& comm) {
+          if (comm.rank() == 3) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            if (!late_one_stays) return;  // leaves after the others began to shrink
+          }
+          comm = comm.shrink();
+          CHECK(comm.size() == (late_one_stays ? 4 : 3));
+          std::vector<int> v{1};
+          herd::allreduce(v, comm);
+          CHECK(v[0] == comm.size());
+        },
+        patient_enough());
+  }
+}
