@@ -32,6 +32,7 @@
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/optim/detail/accumulation.hpp>
+#include <herd/optim/detail/bucket_operation.hpp>
 #include <herd/optim/detail/bucket_plan.hpp>
 #include <herd/optim/detail/gradient_checks.hpp>
 #include <herd/optim/detail/gradient_movers.hpp>
@@ -41,7 +42,6 @@
 #include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -169,7 +169,7 @@ template <communicator C> class reducer final : public join_hook {
       }
       if (!bucket.empty()) reduce_fused(grads, bucket, wire, mover);
     }
-    reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    reduce_seconds_ += seconds_since(start);
   }
 
   template <class Mover>
@@ -223,16 +223,6 @@ template <communicator C> class reducer final : public join_hook {
 
   // --- Buckets (marks).
 
-  struct bucket_state {
-    buffer_view buffer;          // what its allreduce reduces: the packed bucket, or its lone gradient
-    std::size_t waiting = 0;     // gradients not yet ready in this pass
-    std::string fault;           // this rank's problem with one of its gradients in this pass
-    std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
-    bool in_place = false;       // buffer is the gradients themselves: nothing to unpack
-    std::optional<handle> done;  // its operation, once started
-    std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
-  };
-
   const std::vector<buffer_view>& pass_views() {
     if (pass_views_.empty()) pass_views_ = source_();
     return pass_views_;
@@ -254,7 +244,7 @@ template <communicator C> class reducer final : public join_hook {
       return;
     }
     const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
-    bucket_state& b = buckets_[plan_.bucket_of[i]];
+    bucket_operation& b = buckets_[plan_.bucket_of[i]];
     if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
     marked_[i] = 1;
     ++marks_;
@@ -278,14 +268,7 @@ template <communicator C> class reducer final : public join_hook {
     pass_fault_.clear();
     ready_order_.clear();  // the rebuild follows the first pass that succeeds
     next_launch_ = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      buckets_[b].waiting = plan_.buckets[b].members.size();
-      buckets_[b].fault.clear();
-      buckets_[b].fault_code = 14;
-      buckets_[b].in_place = false;
-      buckets_[b].done.reset();
-      buckets_[b].seconds->store(0.0);
-    }
+    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
   }
 
   void make_plan(const std::vector<std::size_t>& order) {
@@ -299,7 +282,7 @@ template <communicator C> class reducer final : public join_hook {
   // found a problem with starts an operation that carries the problem instead, so that every rank
   // raises it and the buckets after it still pair up.
   void launch(std::size_t b) {
-    bucket_state& st = buckets_[b];
+    bucket_operation& st = buckets_[b];
     const bucket_plan::bucket& plan = plan_.buckets[b];
     // In the timeline: packing and starting it, with the sequence number its operation takes.
     trace::fields args = trace::fields::elements(plan.count, plan.type);
@@ -312,7 +295,7 @@ template <communicator C> class reducer final : public join_hook {
       call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
       failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
                              "and mark each ready once per backward pass");
-      start_bucket(st, std::move(failed), buffer_view{});
+      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op);
       return;
     }
     const dtype wire = policy_.wire(plan.type);
@@ -357,7 +340,7 @@ template <communicator C> class reducer final : public join_hook {
     });
     if (started) return;
     call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-    start_bucket(st, std::move(fine), st.buffer);
+    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op);
   }
 
   // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
@@ -372,15 +355,7 @@ template <communicator C> class reducer final : public join_hook {
       parts.push_back(ready_views_[i]);
     }
     if (!reduces_in_shared_memory(comm_, parts)) return false;
-    bucket_state& st = buckets_[b];
-    st.in_place = true;
-    st.buffer = {};
-    auto [label, body] = allreduce_in_shared_memory_body(comm_, std::move(parts), policy_.wire_op);
-    st.done.emplace(start_collective(comm_, label, [body = std::move(body), seconds = st.seconds](bool sync) {
-      const auto start = std::chrono::steady_clock::now();
-      body(sync);
-      seconds->store(seconds_since(start));
-    }));
+    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op);
     return true;
   }
 
@@ -393,17 +368,6 @@ template <communicator C> class reducer final : public join_hook {
       if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
     }
     return true;
-  }
-
-  void start_bucket(bucket_state& st, call_check check, buffer_view v) {
-    auto call = prepare_allreduce(std::move(check), v, v, comm_, policy_.wire_op);
-    const auto label = call.label();
-    st.done.emplace(start_collective(
-        comm_, label, [&comm = comm_, call = std::move(call), seconds = st.seconds](bool sync) {
-          const auto start = std::chrono::steady_clock::now();
-          run_allreduce(comm, call, sync);
-          seconds->store(seconds_since(start));
-        }));
   }
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
@@ -432,7 +396,7 @@ template <communicator C> class reducer final : public join_hook {
     const auto wait_start = std::chrono::steady_clock::now();
     {
       const trace::span phase(track_, "wait for buckets");
-      for (bucket_state& st : buckets_) {
+      for (bucket_operation& st : buckets_) {
         if (!st.done) continue;
         try {
           st.done->wait();
@@ -442,7 +406,7 @@ template <communicator C> class reducer final : public join_hook {
       }
     }
     stats_.waiting += seconds_since(wait_start);
-    for (const bucket_state& st : buckets_) stats_.communication += st.seconds->load();
+    for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
     marks_ = 0;
     if (failure) {
       end_round();  // the round is abandoned
@@ -477,25 +441,13 @@ template <communicator C> class reducer final : public join_hook {
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
   // (those it never saw ready last, in reverse order), the same plan on every rank.
   void rebuild() {
-    std::vector<std::int64_t> order(checks_.shapes().size());
-    std::vector<char> placed(checks_.shapes().size(), 0);
-    std::size_t at = 0;
-    for (std::size_t i : ready_order_) {
-      order[at++] = static_cast<std::int64_t>(i);
-      placed[i] = 1;
-    }
-    for (std::size_t i = checks_.shapes().size(); i-- > 0;) {
-      if (!placed[i]) order[at++] = static_cast<std::int64_t>(i);
-    }
+    const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
+    std::vector<std::int64_t> order(seen.begin(), seen.end());
     herd::broadcast(order, control_of(comm_), 0);
     std::vector<std::size_t> chosen(order.begin(), order.end());
     make_plan(chosen);
     rebuilt_ = true;
     ready_order_.clear();
-  }
-
-  static double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   C& comm_;
@@ -511,7 +463,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // Buckets (marks).
   bucket_plan plan_;
-  std::vector<bucket_state> buckets_;
+  std::vector<bucket_operation> buckets_;
   std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
   std::vector<char> marked_;
   std::size_t marks_ = 0;                 // gradients marked in this pass
