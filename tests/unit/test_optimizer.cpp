@@ -179,7 +179,9 @@ TEST_CASE("backward_passes_per_step accumulates locally and reduces the sum of t
     std::vector<float> g(3);
     recorder inner;
     inner.grads = herd::views(g);
-    herd::distributed_optimizer opt(inner, herd::views(g), comm, {.backward_passes_per_step = 3});
+    // Each pass overwrites the gradients: herd keeps their sum.
+    herd::distributed_optimizer opt(inner, herd::views(g), comm,
+                                    {.backward_passes_per_step = 3, .accumulate = herd::accumulation::by_copy});
     const float r = static_cast<float>(comm.rank());
     for (int round = 0; round < 2; ++round) {
       for (int pass = 0; pass < 3; ++pass) {
@@ -194,6 +196,42 @@ TEST_CASE("backward_passes_per_step accumulates locally and reduces the sum of t
       CHECK(inner.seen[0][2] == doctest::Approx(-3.0));
     }
   });
+}
+
+// PyTorch's way (the default): the backward passes add into the gradients, zeroed once per
+// optimizer step; the passes held back must leave them alone, or the first pass counts twice.
+TEST_CASE("accumulation::in_gradients: the last step() of a round reduces the gradients as the passes left them") {
+  for (const bool marks : {false, true}) {
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      std::vector<float> a(3), b(2);  // with marks, a bucket each
+      recorder inner;
+      inner.grads = herd::views(a, b);
+      const herd::optimizer_options options{.backward_passes_per_step = 2, .bucket_bytes = 4, .first_bucket_bytes = 4};
+      herd::distributed_optimizer opt(inner, herd::views(a, b), comm, options);
+      const float r = static_cast<float>(comm.rank());
+      for (int round = 0; round < 2; ++round) {
+        std::fill(a.begin(), a.end(), 0.0f);  // zero_grad()
+        std::fill(b.begin(), b.end(), 0.0f);
+        for (int pass = 0; pass < 2; ++pass) {
+          for (auto* g : {&a, &b}) {
+            for (float& x : *g) x += 1.0f + r + static_cast<float>(pass);  // backward adds into the gradient
+          }
+          if (marks) {
+            opt.mark_ready(1);
+            opt.mark_ready(0);
+          }
+          CHECK(opt.step() == (pass == 1));
+        }
+        INFO("marks: " << marks << ", round " << round);
+        // Rank 0's passes add up to 1 + 2, rank 1's to 2 + 3: their mean is 4 (counting the first
+        // pass twice would give 5.5).
+        CHECK(inner.seen[0][0] == 4.0);
+        CHECK(inner.seen[1][1] == 4.0);
+        CHECK(opt.accumulated_passes() == 0);
+      }
+      CHECK(inner.steps == 2);
+    });
+  }
 }
 
 TEST_CASE("synchronize() reduces once; skip_synchronize() makes step() use local gradients") {

@@ -22,9 +22,14 @@
 //   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
 //   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
-//   round only accumulate the gradients locally, the k-th reduces the *sum* of the k passes (as
-//   Horovod, and as libtorch's own gradient accumulation: divide the loss by k for their mean)
-//   and steps the wrapped optimizer. no_sync() does the same for as long as its guard lives.
+//   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
+//   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the
+//   wrapped optimizer. no_sync() does the same for as long as its guard lives. How the passes add
+//   up (accumulate): by default PyTorch's way (accumulation::in_gradients), the backward passes
+//   add into the gradients, zeroed once per optimizer step, and herd leaves them alone until the
+//   reduction; with accumulation::by_copy, for backward passes that overwrite the gradients, herd
+//   keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
+//   the gradients must now ask for it, or it reduces the last pass alone.)
 // - synchronize() reduces now (to clip or inspect the averaged gradients before step());
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
 //   the reduction altogether.
@@ -86,7 +91,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       : inner_(inner),
         comm_(comm),
         options_(options),
-        accumulation_(options.backward_passes_per_step),
+        accumulation_(options.backward_passes_per_step, options.accumulate),
         reducer_(comm, std::move(gradients), options, &accumulation_) {}
 
   distributed_optimizer(const distributed_optimizer&) = delete;
@@ -207,11 +212,12 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   double reduce_seconds() const noexcept { return reducer_.reduce_seconds(); }
 
  private:
-  // A pass that only accumulates: its gradients join the round's sum (a problem with them waits
-  // for the round's reduction, which raises it on every rank).
+  // A pass that only accumulates: its gradients join the round's sum (with by_copy; in_gradients
+  // leaves them where they add up). A problem with them waits for the round's reduction, which
+  // raises it on every rank.
   void accumulate() {
     std::vector<buffer_view> grads = reducer_.gradients();
-    if (reducer_.checks().defer(reducer_.checks().check(grads))) {
+    if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
       accumulation_.count_pass();
       return;
     }

@@ -12,15 +12,30 @@
 #include <herd/runtime/env.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
 namespace herd {
 
+// How the backward passes of a round (backward_passes_per_step, no_sync) add up before its
+// reduction.
+enum class accumulation : std::uint8_t {
+  // PyTorch's way: each backward pass adds its gradients into the gradient tensors (as autograd
+  // does into .grad), which the caller zeroes once per optimizer step; the passes held back leave
+  // them alone, and the round's last step() reduces them as they are.
+  in_gradients,
+  // Each backward pass overwrites the gradients (tensor libraries without autograd): herd keeps
+  // the running sum of the passes held back (in f32 for 16-bit gradients) and adds it to the last
+  // pass's gradients before the reduction.
+  by_copy,
+};
+
 struct optimizer_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   double gradient_predivide_factor = 1.0;
   int backward_passes_per_step = 1;
+  herd::accumulation accumulate = herd::accumulation::in_gradients;
   std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
   herd::compression compression = herd::compression::none;
   // Buckets, with mark_ready (DDP's bucket_cap_mb and first bucket).
