@@ -21,10 +21,10 @@
 //
 // Step-time fusion is the reducer's "all ready at once" mode rather than every gradient marked at
 // synchronize(): it groups the gradients in their own order into fusion buffers of
-// fusion_threshold_bytes (128 MiB) rather than into 1 MiB/25 MiB buckets in reverse order, so the
-// allreduces have other sizes (and, past one element, possibly another algorithm and summation
-// order), and it reduces one buffer at a time on the caller's thread, without the progress
-// thread's hand-over. Reducing it in buckets would change its results and its speed.
+// fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
+// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
+// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
+// progress thread. Reducing it in buckets would change its results and its speed.
 
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/broadcast.hpp>
