@@ -234,6 +234,31 @@ TEST_CASE("accumulation::in_gradients: the last step() of a round reduces the gr
   }
 }
 
+// With marks and find_unused_parameters: a gradient the round's last pass did not produce still
+// holds what the passes before it added, and is reduced as it is, not as zeros (as DDP's reducer
+// copies a defined gradient into its bucket whether or not the pass used it).
+TEST_CASE("accumulation::in_gradients: a gradient unused in the last pass keeps the earlier passes' part") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(3, 0.0f), b(2, 0.0f);
+    recorder inner;
+    inner.grads = herd::views(a, b);
+    const herd::optimizer_options options{.backward_passes_per_step = 2, .bucket_bytes = 4, .first_bucket_bytes = 4,
+                                          .find_unused_parameters = true};
+    herd::distributed_optimizer opt(inner, herd::views(a, b), comm, options);
+    const float r = static_cast<float>(comm.rank());
+    for (float& x : a) x += 1.0f + r;  // pass 0 uses both
+    for (float& x : b) x += 10.0f * (1.0f + r);
+    opt.mark_ready(1);
+    opt.mark_ready(0);
+    CHECK_FALSE(opt.step());
+    for (float& x : a) x += 2.0f;  // pass 1 uses a only
+    opt.mark_ready(0);
+    CHECK(opt.step());
+    CHECK(inner.seen[0][0] == 3.5);   // mean of 1 + 2 and 2 + 2
+    CHECK(inner.seen[1][1] == 15.0);  // mean of 10 and 20, from pass 0 alone
+  });
+}
+
 TEST_CASE("synchronize() reduces once; skip_synchronize() makes step() use local gradients") {
   herd::local::run(2, [](herd::local_communicator& comm) {
     std::vector<float> g(2);

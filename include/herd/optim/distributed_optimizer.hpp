@@ -27,8 +27,9 @@
 //   wrapped optimizer. no_sync() does the same for as long as its guard lives. How the passes add
 //   up (accumulate): by default PyTorch's way (accumulation::in_gradients), the backward passes
 //   add into the gradients, zeroed once per optimizer step, and herd leaves them alone until the
-//   reduction; with accumulation::by_copy, for backward passes that overwrite the gradients, herd
-//   keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
+//   reduction (a gradient the last pass did not mark, with find_unused_parameters, is reduced as
+//   the earlier passes left it, as DDP's); with accumulation::by_copy, for backward passes that
+//   overwrite the gradients, herd keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
 //   the gradients must now ask for it, or it reduces the last pass alone.)
 // - synchronize() reduces now (to clip or inspect the averaged gradients before step());
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip

@@ -29,6 +29,9 @@ class local_accumulation {
   bool copies() const noexcept { return how_ == herd::accumulation::by_copy; }
   // Whether the gradients must be added to a sum held here before they are reduced.
   bool holds_sums() const noexcept { return copies() && passes_ > 0; }
+  // Whether the gradient tensors hold the sum of passes held back (in_gradients): a gradient the
+  // reducing pass did not produce still carries the earlier passes' part.
+  bool sums_in_gradients() const noexcept { return !copies() && passes_ > 0; }
   // A pass held back whose gradients are not copied (they hold the sum themselves, or had a
   // problem that the round's reduction raises): it still counts.
   void count_pass() noexcept { ++passes_; }

@@ -117,6 +117,10 @@ template <communicator C> class reducer final : public join_hook {
 
  private:
   bool sums() const noexcept { return acc_ && acc_->holds_sums(); }
+  // Whether unmarked gradient i is reduced from its tensor, which holds the passes held back.
+  bool sums_in_gradients(std::size_t i) {
+    return acc_ && acc_->sums_in_gradients() && !marked_[i] && i < pass_views().size();
+  }
   void end_round() noexcept {
     if (acc_) acc_->reset();
   }
@@ -325,8 +329,8 @@ template <communicator C> class reducer final : public join_hook {
         for (std::size_t k = 0; k < plan.members.size(); ++k) {
           const std::size_t i = plan.members[k];
           void* slot = base + plan.offsets[k] * size_of(wire);
-          if (marked_[i]) {
-            pack.push_back({ready_views_[i].data, slot, checks_.shapes()[i].first});
+          if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
+            pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
           } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
             mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
             if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
@@ -378,7 +382,9 @@ template <communicator C> class reducer final : public join_hook {
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
       std::string missing;
       for (std::size_t i : plan_.buckets[b].members) {
-        if (!marked_[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+        if (marked_[i]) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+        if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
       }
       if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
         buckets_[b].fault_code = 16;
