@@ -50,6 +50,7 @@
 #include <herd/optim/lr_schedule.hpp>
 #include <herd/optim/metrics.hpp>
 #include <herd/optim/mixed_precision.hpp>
+#include <herd/optim/optimizer_options.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/optim/parameters.hpp>
 #include <herd/optim/sgd.hpp>

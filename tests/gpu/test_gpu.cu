@@ -514,7 +514,10 @@ HERD_MPI_TEST_CASE("distributed optimizer on device gradients equals one rank wi
       } inner{host_sgd, views, model.grads()};
       herd::sgd reference(alone.params(), alone.grads(), {.lr = 0.05, .momentum = 0.9});
       herd::distributed_optimizer opt(inner, views, comm,
-                                      {.backward_passes_per_step = passes, .fusion_threshold_bytes = 512, .compression = compression});
+                                      {.backward_passes_per_step = passes,
+                                       .accumulate = herd::accumulation::by_copy,
+                                       .fusion_threshold_bytes = 512,
+                                       .compression = compression});
       std::size_t at = 0;
       for (int s = 0; s < 4; ++s) {
         for (int k = 0; k < passes; ++k) {

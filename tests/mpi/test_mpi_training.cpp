@@ -37,6 +37,7 @@ void check_equivalence(herd::mpi_communicator& comm, Make make_optimizer, std::s
   herd::optimizer_options options;
   options.fusion_threshold_bytes = threshold;
   options.backward_passes_per_step = passes;
+  options.accumulate = herd::accumulation::by_copy;  // forward_backward overwrites the gradients
   options.bucket_bytes = 200;  // several buckets of this small model
   options.first_bucket_bytes = 100;
   herd::distributed_optimizer opt(inner, distributed.grads(), comm, options);

@@ -196,14 +196,73 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
   return values == 0 && problems == 0 ? 0 : 1;
 }
 
+// herd::distributed_optimizer over libtorch's own gradients (torch_gradients), accumulating
+// PyTorch's way (backward_passes_per_step = k: the passes add up in param.grad(), herd leaves them
+// alone until the last), against torch.nn.parallel.DistributedDataParallel with the first k - 1
+// passes under no_sync(), in the scenarios of reference.py's DDP with several passes: the reduced
+// gradients (where torch's are defined) and the parameters and buffers after each step. Rank 0's
+// buffers are broadcast before each iteration's first forward, where DDP broadcasts them.
+int ddp_accumulate(const fs::path& dir, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const reference scenarios(dir / "ddp.safetensors");
+  const reference ref(dir / ("ddp." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
+  const auto table = scenarios.get<std::int64_t>("scenarios");
+  const auto shape = scenarios.get<std::int64_t>("shape");
+  ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());
+  int checked = 0;
+  for (std::size_t s = 0; s < table.size() / 5; ++s) {
+    const std::int64_t* o = &table[5 * s];
+    if (o[4] < 2) continue;
+    ++checked;
+    const std::string p0 = std::to_string(s) + ".";
+    auto model = std::make_shared<NetImpl>();
+    {
+      const ::torch::NoGradGuard no_grad;
+      for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+      for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+    }
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm,
+                                    {.backward_passes_per_step = static_cast<int>(o[4])});
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      if (o[3] != 0) model->zero_grad(true);
+      else sgd.zero_grad();
+      {
+        const ::torch::NoGradGuard no_grad;
+        for (auto& b : model->buffers()) herd::broadcast(b, comm, 0);
+      }
+      for (std::int64_t k = 0; k < o[4]; ++k) {
+        const std::string q = p + std::to_string(k) + ".";
+        ::torch::mse_loss(model->forward(tensor(ref, q + "x"), comm.rank() == 1), tensor(ref, q + "target")).backward();
+        if (k + 1 < o[4] && opt.step()) std::printf("  %s: step() %lld reduced before the last pass\n", q.c_str(), static_cast<long long>(k));
+      }
+      opt.synchronize();  // the reduced gradients, before the step
+      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        if (defined[i] != 0) check(cmp, p + "grad." + named[i].key(), named[i].value().grad(), tensor(ref, p + "grad." + named[i].key()));
+      }
+      opt.step();
+      for (auto& item : model->named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
+      for (auto& item : model->named_buffers()) {
+        check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
+              any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
+      }
+    }
+  }
+  std::printf("rank %d of %d: %d scenarios of several passes: ", comm.rank(), comm.size(), checked);
+  return cmp.report("parity_ddp_accumulate") == 0 && checked > 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   herd::mpi::environment mpi(argc, argv);
   herd::mpi_communicator comm;
   const std::string check = argc == 3 ? argv[1] : "";
-  if (check != "sync_batch_norm" && check != "ddp") {
-    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp DIR\n");
+  if (check != "sync_batch_norm" && check != "ddp" && check != "ddp_accumulate") {
+    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|ddp_accumulate DIR\n");
     return 2;
   }
   const fs::path dir = argv[2];
@@ -213,7 +272,9 @@ int main(int argc, char** argv) {
   }
   int failed = 0;
   try {
-    failed = check == "ddp" ? ddp(dir, comm) : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
+    if (check == "ddp") failed = ddp(dir, comm);
+    else if (check == "ddp_accumulate") failed = ddp_accumulate(dir, comm);
+    else failed = sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
   } catch (const std::exception& e) {
     std::printf("rank %d: parity_%s: %s\n", comm.rank(), argv[1], e.what());
     failed = 1;

@@ -182,11 +182,14 @@ template <class C> void unused_gradient_counts_as_zeros(C& comm) {
   CHECK(inner.steps == 2);
 }
 
-// no_sync: passes under the guard accumulate (marks do nothing); the next reduces their sum.
+// no_sync: passes under the guard accumulate (marks do nothing); the next reduces their sum
+// (passes that overwrite the gradients: accumulation::by_copy).
 template <class C> void no_sync_accumulates_then_reduces_the_sum(C& comm) {
   std::vector<float> g(300);
   counting_optimizer inner;
-  herd::distributed_optimizer opt(inner, herd::views(g), comm, small_buckets());
+  herd::optimizer_options options = small_buckets();
+  options.accumulate = herd::accumulation::by_copy;
+  herd::distributed_optimizer opt(inner, herd::views(g), comm, options);
   const float r = static_cast<float>(comm.rank());
   {
     auto guard = opt.no_sync();

@@ -179,7 +179,9 @@ TEST_CASE("backward_passes_per_step accumulates locally and reduces the sum of t
     std::vector<float> g(3);
     recorder inner;
     inner.grads = herd::views(g);
-    herd::distributed_optimizer opt(inner, herd::views(g), comm, {.backward_passes_per_step = 3});
+    // Each pass overwrites the gradients: herd keeps their sum.
+    herd::distributed_optimizer opt(inner, herd::views(g), comm,
+                                    {.backward_passes_per_step = 3, .accumulate = herd::accumulation::by_copy});
     const float r = static_cast<float>(comm.rank());
     for (int round = 0; round < 2; ++round) {
       for (int pass = 0; pass < 3; ++pass) {
@@ -193,6 +195,67 @@ TEST_CASE("backward_passes_per_step accumulates locally and reduces the sum of t
       CHECK(inner.seen[0][1] == doctest::Approx(30.0 * round));
       CHECK(inner.seen[0][2] == doctest::Approx(-3.0));
     }
+  });
+}
+
+// PyTorch's way (the default): the backward passes add into the gradients, zeroed once per
+// optimizer step; the passes held back must leave them alone, or the first pass counts twice.
+TEST_CASE("accumulation::in_gradients: the last step() of a round reduces the gradients as the passes left them") {
+  for (const bool marks : {false, true}) {
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      std::vector<float> a(3), b(2);  // with marks, a bucket each
+      recorder inner;
+      inner.grads = herd::views(a, b);
+      const herd::optimizer_options options{.backward_passes_per_step = 2, .bucket_bytes = 4, .first_bucket_bytes = 4};
+      herd::distributed_optimizer opt(inner, herd::views(a, b), comm, options);
+      const float r = static_cast<float>(comm.rank());
+      for (int round = 0; round < 2; ++round) {
+        std::fill(a.begin(), a.end(), 0.0f);  // zero_grad()
+        std::fill(b.begin(), b.end(), 0.0f);
+        for (int pass = 0; pass < 2; ++pass) {
+          for (auto* g : {&a, &b}) {
+            for (float& x : *g) x += 1.0f + r + static_cast<float>(pass);  // backward adds into the gradient
+          }
+          if (marks) {
+            opt.mark_ready(1);
+            opt.mark_ready(0);
+          }
+          CHECK(opt.step() == (pass == 1));
+        }
+        INFO("marks: " << marks << ", round " << round);
+        // Rank 0's passes add up to 1 + 2, rank 1's to 2 + 3: their mean is 4 (counting the first
+        // pass twice would give 5.5).
+        CHECK(inner.seen[0][0] == 4.0);
+        CHECK(inner.seen[1][1] == 4.0);
+        CHECK(opt.accumulated_passes() == 0);
+      }
+      CHECK(inner.steps == 2);
+    });
+  }
+}
+
+// With marks and find_unused_parameters: a gradient the round's last pass did not produce still
+// holds what the passes before it added, and is reduced as it is, not as zeros (as DDP's reducer
+// copies a defined gradient into its bucket whether or not the pass used it).
+TEST_CASE("accumulation::in_gradients: a gradient unused in the last pass keeps the earlier passes' part") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> a(3, 0.0f), b(2, 0.0f);
+    recorder inner;
+    inner.grads = herd::views(a, b);
+    const herd::optimizer_options options{.backward_passes_per_step = 2, .bucket_bytes = 4, .first_bucket_bytes = 4,
+                                          .find_unused_parameters = true};
+    herd::distributed_optimizer opt(inner, herd::views(a, b), comm, options);
+    const float r = static_cast<float>(comm.rank());
+    for (float& x : a) x += 1.0f + r;  // pass 0 uses both
+    for (float& x : b) x += 10.0f * (1.0f + r);
+    opt.mark_ready(1);
+    opt.mark_ready(0);
+    CHECK_FALSE(opt.step());
+    for (float& x : a) x += 2.0f;  // pass 1 uses a only
+    opt.mark_ready(0);
+    CHECK(opt.step());
+    CHECK(inner.seen[0][0] == 3.5);   // mean of 1 + 2 and 2 + 2
+    CHECK(inner.seen[1][1] == 15.0);  // mean of 10 and 20, from pass 0 alone
   });
 }
 

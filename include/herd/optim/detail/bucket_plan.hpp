@@ -91,6 +91,18 @@ struct bucket_plan {
     for (std::size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
     return order;
   }
+
+  // The rebuild's order: the gradients in the order they became ready (`ready`), then those never
+  // seen ready, last first.
+  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n) {
+    std::vector<std::size_t> order(ready.begin(), ready.end());
+    std::vector<char> placed(n, 0);
+    for (std::size_t i : ready) placed[i] = 1;
+    for (std::size_t i = n; i-- > 0;) {
+      if (!placed[i]) order.push_back(i);
+    }
+    return order;
+  }
 };
 
 }  // namespace herd::detail

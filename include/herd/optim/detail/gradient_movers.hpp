@@ -6,7 +6,7 @@
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
 //   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
 //   fusion without compression, predivision or accumulation.
-// Both take the same calls, so the optimizer's bucketing is written once.
+// Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
 
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace herd::detail {
@@ -197,6 +198,40 @@ class device_mover {
 #endif
 };
 #endif
+
+// The mover for where a list of gradients lives (the host's, or one per GPU, made on first use),
+// kept between steps with the storage it holds.
+class mover_set {
+ public:
+  // Calls f with the mover for `grads` (the host's when there are none).
+  template <class C, class F> void with([[maybe_unused]] C& comm, [[maybe_unused]] const std::vector<buffer_view>& grads, F&& f) {
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      if (!device_ || device_index_ != grads[0].device.index) {
+        device_.emplace(grads[0].device.index);
+        device_index_ = grads[0].device.index;
+        if constexpr (requires { comm.stream(); }) device_->follow(comm.stream());
+      }
+      return f(*device_);
+    }
+#endif
+    f(host_);
+  }
+
+  // Calls f with the mover for gradients on `where`.
+  template <class C, class F> void with_device(C& comm, device where, F&& f) {
+    std::vector<buffer_view> at;
+    if (where.is_cuda()) at.push_back({nullptr, 0, dtype::f32, where});
+    with(comm, at, std::forward<F>(f));
+  }
+
+ private:
+  host_mover host_;
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+  std::optional<device_mover> device_;
+  int device_index_ = -1;
+#endif
+};
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

@@ -1,0 +1,75 @@
+#ifndef HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
+#define HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
+// One bucket's reduction in a pass of readiness marks (detail/reducer.hpp): how many of its
+// gradients are still to come, the problem this rank found with them, and its operation once
+// started, on the communicator's progress thread, timed there for overlap_stats.
+
+#include <herd/collectives/allreduce.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct bucket_operation {
+  buffer_view buffer;             // what its allreduce reduces: the packed bucket, or its gradients in place
+  std::size_t waiting = 0;        // gradients not yet ready in this pass
+  std::string fault;              // this rank's problem with one of its gradients in this pass
+  std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
+  bool in_place = false;          // buffer is the gradients themselves: nothing to unpack
+  std::optional<handle> done;     // its operation, once started
+  std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
+
+  // A fresh pass, waiting for `members` gradients.
+  void reset(std::size_t members) {
+    waiting = members;
+    fault.clear();
+    fault_code = 14;
+    in_place = false;
+    done.reset();
+    seconds->store(0.0);
+  }
+
+  // Starts the allreduce of `v`; with a failed `check`, the operation that carries the problem to
+  // every rank instead (so that the buckets after it still pair up).
+  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op) {
+    auto call = prepare_allreduce(std::move(check), v, v, comm, op);
+    const auto label = call.label();
+    done.emplace(start_collective(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
+      const auto start = std::chrono::steady_clock::now();
+      run_allreduce(comm, call, sync);
+      spent->store(seconds_since(start));
+    }));
+  }
+
+  // Starts the reduction of `parts` through shared memory, straight from and into them.
+  template <communicator C> void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op) {
+    in_place = true;
+    buffer = {};
+    auto [label, body] = allreduce_in_shared_memory_body(comm, std::move(parts), op);
+    done.emplace(start_collective(comm, label, [body = std::move(body), spent = seconds](bool sync) {
+      const auto start = std::chrono::steady_clock::now();
+      body(sync);
+      spent->store(seconds_since(start));
+    }));
+  }
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP

@@ -1,0 +1,487 @@
+#ifndef HERD_OPTIM_DETAIL_REDUCER_HPP
+#define HERD_OPTIM_DETAIL_REDUCER_HPP
+// The reducer: combines a list of gradients over the ranks, for herd::distributed_optimizer and
+// herd::torch::DistributedDataParallel. It owns the buckets (DDP's: 1 MiB first, then 25 MiB, in
+// reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
+// marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
+// every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
+// uneven_inputs, the agreement on who still trains (detail/join.hpp), whose rounds a joined rank
+// shadows through the reducer's join_hook.
+//
+// States and transitions (one pass, from one thread at a time):
+// - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs), checks the
+//   gradients on the first pass, makes the plan and the policy, and starts collecting marks.
+// - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
+//   are packed and started, in order on every rank (buckets in flight, on the progress thread).
+// - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
+//   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
+//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
+// A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
+//
+// Step-time fusion is the reducer's "all ready at once" mode rather than every gradient marked at
+// synchronize(): it groups the gradients in their own order into fusion buffers of
+// fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
+// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
+// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
+// progress thread. Reducing it in buckets would change its results and its speed.
+
+#include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/broadcast.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
+#include <herd/optim/detail/accumulation.hpp>
+#include <herd/optim/detail/bucket_operation.hpp>
+#include <herd/optim/detail/bucket_plan.hpp>
+#include <herd/optim/detail/gradient_checks.hpp>
+#include <herd/optim/detail/gradient_movers.hpp>
+#include <herd/optim/detail/join.hpp>
+#include <herd/optim/detail/reduction_policy.hpp>
+#include <herd/optim/optimizer_options.hpp>
+#include <herd/runtime/timeline.hpp>
+#include <herd/tensor/buffer_view.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C> class reducer final : public join_hook {
+ public:
+  // Returns the current gradient views (called once per pass, or per reduction).
+  using gradient_source = std::function<std::vector<buffer_view>()>;
+
+  // `accumulation`: the passes held back since the last reduction, folded into this one (none for
+  // a caller whose gradients add up by themselves).
+  reducer(C& comm, gradient_source gradients, const optimizer_options& options, local_accumulation* accumulation)
+      : comm_(comm), source_(std::move(gradients)), options_(options), acc_(accumulation), checks_(comm, options) {
+    validate(options_, {"distributed_optimizer", comm.rank(), comm.size()});
+    trace::name_track(track_, "distributed_optimizer: rank " + std::to_string(comm.rank()) + " of " +
+                                  std::to_string(comm.size()));
+  }
+  reducer(const reducer&) = delete;
+  reducer& operator=(const reducer&) = delete;
+
+  std::vector<buffer_view> gradients() { return source_(); }
+  gradient_checks<C>& checks() noexcept { return checks_; }
+  join_roster& roster() noexcept { return roster_; }
+  const join_roster& roster() const noexcept { return roster_; }
+  std::uint32_t track() const noexcept { return track_; }
+  template <class F> void with_mover(const std::vector<buffer_view>& grads, F&& f) {
+    movers_.with(comm_, grads, std::forward<F>(f));
+  }
+
+  // Gradient i is final for this pass (`given`: its view, or null to read it from the source).
+  void mark(std::size_t i, const buffer_view* given) { mark_one(i, given); }
+
+  // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
+  void synchronize() {
+    if (marks_ > 0) return finish();
+    if (options_.uneven_inputs) roster_.agree(comm_, join_mode::at_step);
+    reduce_all();
+  }
+
+  // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
+  void shadow(join_mode how) override {
+    std::vector<buffer_view> grads = source_();
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      for (const auto& g : grads) mover.zero(g);
+      mover.finish();
+    });
+    if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
+      for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
+      finish();
+    } else {
+      reduce_all();
+    }
+  }
+
+  // Which gradients share a bucket now (indices into the gradient list), in launch order.
+  std::vector<std::vector<std::size_t>> buckets() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : plan_.buckets) out.push_back(b.members);
+    return out;
+  }
+  const overlap_stats& overlap() const noexcept { return stats_; }
+  double reduce_seconds() const noexcept { return reduce_seconds_; }
+
+ private:
+  bool sums() const noexcept { return acc_ && acc_->holds_sums(); }
+  // Whether unmarked gradient i is reduced from its tensor, which holds the passes held back.
+  bool sums_in_gradients(std::size_t i) {
+    return acc_ && acc_->sums_in_gradients() && !marked_[i] && i < pass_views().size();
+  }
+  void end_round() noexcept {
+    if (acc_) acc_->reset();
+  }
+
+  // The reduction policy for the options and the gradients (after the first check).
+  void set_policy() {
+    const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? roster_.active_ranks() : comm_.size();
+    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression,
+                                     checks_.shapes(), divisor, comm_.size());
+  }
+
+  // --- All ready at once (step-time fusion).
+
+  void reduce_all() {
+    std::vector<buffer_view> grads = source_();
+    std::string fault = checks_.check_with_pending(grads);
+    if (!fault.empty()) {
+      end_round();
+      checks_.raise_everywhere(fault);
+    }
+    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+    with_mover(grads, [&](auto& mover) { fuse(grads, mover); });
+  }
+
+  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
+  // of up to the fusion threshold, and reduces each buffer with one allreduce.
+  template <class Mover> void fuse(const std::vector<buffer_view>& grads, Mover& mover) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    set_policy();
+
+    std::vector<bool> done(grads.size(), false);
+    for (std::size_t first = 0; first < grads.size(); ++first) {
+      if (done[first]) continue;
+      const dtype type = grads[first].type;
+      const dtype wire = policy_.wire(type);
+      std::vector<std::size_t> bucket;
+      std::size_t bucket_bytes = 0;
+      for (std::size_t i = first; i < grads.size(); ++i) {
+        if (done[i] || grads[i].type != type) continue;
+        done[i] = true;
+        const std::size_t bytes = grads[i].count * size_of(wire);
+        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
+          reduce_fused(grads, bucket, wire, mover);
+          bucket.clear();
+          bucket_bytes = 0;
+        }
+        bucket.push_back(i);
+        bucket_bytes += bytes;
+      }
+      if (!bucket.empty()) reduce_fused(grads, bucket, wire, mover);
+    }
+    reduce_seconds_ += seconds_since(start);
+  }
+
+  template <class Mover>
+  void reduce_fused(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
+                    Mover& mover) {
+    const buffer_view& lone = grads[bucket.front()];
+    if (bucket.size() == 1 && policy_.as_is(lone.type)) {
+      buffer_view in_place = lone;
+      herd::allreduce(in_place, comm_, policy_.wire_op);
+      return;
+    }
+    if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
+      return;
+    }
+    std::size_t total = 0;
+    for (std::size_t i : bucket) total += grads[i].count;
+    buffer_view packed = mover.fusion(wire, total);
+    auto* base = static_cast<std::byte*>(packed.data);
+    std::vector<move_item> pack;
+    std::vector<move_item> unpack;
+    std::size_t at = 0;
+    for (std::size_t i : bucket) {
+      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
+      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
+      at += grads[i].count;
+    }
+    {
+      const trace::span phase(track_, "pack", trace::fields::elements(total, wire));
+      mover.begin();
+      policy_.pack(mover, pack, wire, lone.type);
+      mover.finish();
+    }
+    herd::allreduce(packed, comm_, policy_.wire_op);
+    const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
+    mover.begin();
+    policy_.unpack(mover, unpack, lone.type, wire);
+    mover.finish();
+  }
+
+  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
+  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
+  // False (nothing done) where that does not apply.
+  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
+    std::vector<buffer_view> parts;
+    parts.reserve(bucket.size());
+    for (std::size_t i : bucket) parts.push_back(grads[i]);
+    if (!reduces_in_shared_memory(comm_, parts)) return false;
+    allreduce_in_shared_memory(comm_, parts, policy_.wire_op);
+    return true;
+  }
+
+  // --- Buckets (marks).
+
+  const std::vector<buffer_view>& pass_views() {
+    if (pass_views_.empty()) pass_views_ = source_();
+    return pass_views_;
+  }
+
+  void mark_one(std::size_t i, const buffer_view* given) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    if (marks_ == 0) begin_buckets();
+    if (i >= checks_.shapes().size()) {
+      if (pass_fault_.empty()) {
+        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                      std::to_string(checks_.shapes().size()) + ")";
+      }
+      return;
+    }
+    if (marked_[i]) {
+      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+      return;
+    }
+    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+    bucket_operation& b = buckets_[plan_.bucket_of[i]];
+    if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+    marked_[i] = 1;
+    ++marks_;
+    ready_views_[i] = v;
+    if (!rebuilt_) ready_order_.push_back(i);
+    --b.waiting;
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+    stats_.exposed += seconds_since(start);
+  }
+
+  // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
+  void begin_buckets() {
+    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
+    if (options_.uneven_inputs && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+    if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+    if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
+    set_policy();
+    marked_.assign(checks_.shapes().size(), 0);
+    ready_views_.assign(checks_.shapes().size(), buffer_view{});
+    pass_views_.clear();
+    pass_fault_.clear();
+    ready_order_.clear();  // the rebuild follows the first pass that succeeds
+    next_launch_ = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
+  }
+
+  void make_plan(const std::vector<std::size_t>& order) {
+    plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
+                                      member_alignment(checks_.where()));
+    buckets_.clear();
+    buckets_.resize(plan_.buckets.size());
+  }
+
+  // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
+  // found a problem with starts an operation that carries the problem instead, so that every rank
+  // raises it and the buckets after it still pair up.
+  void launch(std::size_t b) {
+    bucket_operation& st = buckets_[b];
+    const bucket_plan::bucket& plan = plan_.buckets[b];
+    // In the timeline: packing and starting it, with the sequence number its operation takes.
+    trace::fields args = trace::fields::elements(plan.count, plan.type);
+    if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
+    args.extra_name = "bucket";
+    args.extra = static_cast<std::int64_t>(b);
+    const trace::span slice(track_, "launch bucket", args);
+    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
+    if (!fault.empty()) {
+      call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
+      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
+                             "and mark each ready once per backward pass");
+      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op);
+      return;
+    }
+    const dtype wire = policy_.wire(plan.type);
+    bool started = false;
+    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+      mover.begin();
+      if (sums()) {
+        for (std::size_t i : plan.members) {
+          if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
+        }
+      }
+      const bool as_is = policy_.as_is(plan.type);
+      st.in_place = as_is && lives_in_place(plan);
+      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+        mover.finish();
+        started = true;
+        return;
+      }
+      if (st.in_place) {
+        mover.finish();
+        const buffer_view& first = ready_views_[plan.members.front()];
+        st.buffer = {first.data, plan.count, plan.type, first.device};
+      } else {
+        st.buffer = mover.bucket(b, wire, plan.count);
+        auto* base = static_cast<std::byte*>(st.buffer.data);
+        std::vector<move_item> pack, unused;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          void* slot = base + plan.offsets[k] * size_of(wire);
+          if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
+            pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
+          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
+            mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
+            if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
+          }
+        }
+        policy_.pack(mover, pack, wire, plan.type);
+        policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
+        mover.finish();
+        stats_.packed_bytes += plan.count * size_of(plan.type);
+      }
+    });
+    if (started) return;
+    call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op);
+  }
+
+  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
+  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
+  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
+  bool shared_memory_bucket(std::size_t b) {
+    const bucket_plan::bucket& plan = plan_.buckets[b];
+    std::vector<buffer_view> parts;
+    parts.reserve(plan.members.size());
+    for (std::size_t i : plan.members) {
+      if (!marked_[i]) return false;
+      parts.push_back(ready_views_[i]);
+    }
+    if (!reduces_in_shared_memory(comm_, parts)) return false;
+    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op);
+    return true;
+  }
+
+  // Whether the bucket's gradients were all marked and follow each other in memory in its order
+  // (a single gradient always does): then the bucket is reduced where they are.
+  bool lives_in_place(const bucket_plan::bucket& plan) const {
+    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
+    for (std::size_t k = 0; k < plan.members.size(); ++k) {
+      const std::size_t i = plan.members[k];
+      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
+    }
+    return true;
+  }
+
+  // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
+  // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
+  void finish() {
+    const auto start = std::chrono::steady_clock::now();
+    std::exception_ptr failure;
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
+      std::string missing;
+      for (std::size_t i : plan_.buckets[b].members) {
+        if (marked_[i]) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+        if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
+      }
+      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
+        buckets_[b].fault_code = 16;
+        buckets_[b].fault = "gradient(s) " + missing +
+                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
+                            "reduce gradients a pass did not produce as zeros)";
+      }
+      try {
+        launch(b);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    next_launch_ = buckets_.size();
+    const auto wait_start = std::chrono::steady_clock::now();
+    {
+      const trace::span phase(track_, "wait for buckets");
+      for (bucket_operation& st : buckets_) {
+        if (!st.done) continue;
+        try {
+          st.done->wait();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+      }
+    }
+    stats_.waiting += seconds_since(wait_start);
+    for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
+    marks_ = 0;
+    if (failure) {
+      end_round();  // the round is abandoned
+      std::rethrow_exception(failure);
+    }
+    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+      const trace::span phase(track_, "unpack buckets");
+      mover.begin();
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const bucket_plan::bucket& plan = plan_.buckets[b];
+        if (buckets_[b].in_place) continue;
+        const dtype wire = buckets_[b].buffer.type;
+        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
+        std::vector<move_item> unpack;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          if (!marked_[i] && i >= pass_views().size()) continue;
+          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
+          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
+        }
+        policy_.unpack(mover, unpack, plan.type, wire);
+      }
+      mover.finish();
+    });
+    end_round();
+    ++stats_.steps;
+    stats_.exposed += seconds_since(start);
+    reduce_seconds_ += seconds_since(start);
+    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
+  }
+
+  // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
+  // (those it never saw ready last, in reverse order), the same plan on every rank.
+  void rebuild() {
+    const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
+    std::vector<std::int64_t> order(seen.begin(), seen.end());
+    herd::broadcast(order, control_of(comm_), 0);
+    std::vector<std::size_t> chosen(order.begin(), order.end());
+    make_plan(chosen);
+    rebuilt_ = true;
+    ready_order_.clear();
+  }
+
+  C& comm_;
+  gradient_source source_;
+  optimizer_options options_;
+  local_accumulation* acc_;
+  gradient_checks<C> checks_;
+  mover_set movers_;
+  reduction_policy policy_;
+  join_roster roster_;
+  double reduce_seconds_ = 0;
+  std::uint32_t track_ = trace::new_track();  // in the timeline
+
+  // Buckets (marks).
+  bucket_plan plan_;
+  std::vector<bucket_operation> buckets_;
+  std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
+  std::vector<char> marked_;
+  std::size_t marks_ = 0;                 // gradients marked in this pass
+  std::size_t next_launch_ = 0;           // the next bucket to start
+  std::string pass_fault_;                // a problem of this pass not tied to one bucket
+  std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
+  std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
+  bool rebuilt_ = false;
+  overlap_stats stats_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_REDUCER_HPP
