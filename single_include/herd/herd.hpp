@@ -12942,9 +12942,15 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
 //   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
-//   round only accumulate the gradients locally, the k-th reduces the *sum* of the k passes (as
-//   Horovod, and as libtorch's own gradient accumulation: divide the loss by k for their mean)
-//   and steps the wrapped optimizer. no_sync() does the same for as long as its guard lives.
+//   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
+//   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the
+//   wrapped optimizer. no_sync() does the same for as long as its guard lives. How the passes add
+//   up (accumulate): by default PyTorch's way (accumulation::in_gradients), the backward passes
+//   add into the gradients, zeroed once per optimizer step, and herd leaves them alone until the
+//   reduction (a gradient the last pass did not mark, with find_unused_parameters, is reduced as
+//   the earlier passes left it, as DDP's); with accumulation::by_copy, for backward passes that
+//   overwrite the gradients, herd keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
+//   the gradients must now ask for it, or it reduces the last pass alone.)
 // - synchronize() reduces now (to clip or inspect the averaged gradients before step());
 //   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
 //   the reduction altogether.
@@ -12968,6 +12974,25 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   and the same options, and raises herd::error on every rank if not. Later steps check that
 //   this rank's gradients are still those (and on one device); a rank whose are not says so in
 //   the agreement of its next reduction, so that every rank raises, not just that one.
+
+
+// ---- herd/optim/detail/accumulation.hpp ----
+#ifndef HERD_OPTIM_DETAIL_ACCUMULATION_HPP
+#define HERD_OPTIM_DETAIL_ACCUMULATION_HPP
+// Local accumulation of backward passes between reductions (backward_passes_per_step, no_sync):
+// which passes reduce, and how the others add up. With accumulation::in_gradients the gradient
+// tensors hold the sum themselves (the caller's backward adds into them): passes are only counted.
+// With accumulation::by_copy the passes held back are copied into accumulators of
+// accumulation_dtype (f32 for 16-bit gradients), and the reduction folds the sum into the
+// gradients (or, for a gradient unused in the reducing pass, packs the sum itself).
+
+
+// ---- herd/optim/optimizer_options.hpp ----
+#ifndef HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
+#define HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
+// The options of herd::distributed_optimizer and herd::torch::DistributedDataParallel, the bucket
+// layout they reduce in (for gradients that live inside their buckets), and where the time of the
+// overlapped reductions went. optim/distributed_optimizer.hpp describes what each option does.
 
 
 // ---- herd/optim/detail/bucket_plan.hpp ----
@@ -13062,11 +13087,450 @@ struct bucket_plan {
     for (std::size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
     return order;
   }
+
+  // The rebuild's order: the gradients in the order they became ready (`ready`), then those never
+  // seen ready, last first.
+  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n) {
+    std::vector<std::size_t> order(ready.begin(), ready.end());
+    std::vector<char> placed(n, 0);
+    for (std::size_t i : ready) placed[i] = 1;
+    for (std::size_t i = n; i-- > 0;) {
+      if (!placed[i]) order.push_back(i);
+    }
+    return order;
+  }
 };
 
 }  // namespace herd::detail
 
 #endif  // HERD_OPTIM_DETAIL_BUCKET_PLAN_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+// How the backward passes of a round (backward_passes_per_step, no_sync) add up before its
+// reduction.
+enum class accumulation : std::uint8_t {
+  // PyTorch's way: each backward pass adds its gradients into the gradient tensors (as autograd
+  // does into .grad), which the caller zeroes once per optimizer step; the passes held back leave
+  // them alone, and the round's last step() reduces them as they are.
+  in_gradients,
+  // Each backward pass overwrites the gradients (tensor libraries without autograd): herd keeps
+  // the running sum of the passes held back (in f32 for 16-bit gradients) and adds it to the last
+  // pass's gradients before the reduction.
+  by_copy,
+};
+
+struct optimizer_options {
+  reduce_op op = reduce_op::avg;  // avg or sum over ranks
+  double gradient_predivide_factor = 1.0;
+  int backward_passes_per_step = 1;
+  herd::accumulation accumulate = herd::accumulation::in_gradients;
+  std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
+  herd::compression compression = herd::compression::none;
+  // Buckets, with mark_ready (DDP's bucket_cap_mb and first bucket).
+  std::size_t bucket_bytes = runtime::defaults().bucket_bytes;
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  // Gradients not marked ready in a pass are reduced as zeros instead of being an error.
+  bool find_unused_parameters = false;
+  // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
+  // the ready order), so that each bucket's gradients stay back to back and reduce in place.
+  bool gradient_as_bucket_view = false;
+  // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
+  // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
+  bool broadcast_buffers = true;
+  // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
+  // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
+  // first agrees on which ranks are still training (one byte per rank). avg divides by the world
+  // size, the joined ranks adding zeros (DDP's default), or, with divide_by_active_ranks, by the
+  // ranks still training.
+  bool uneven_inputs = false;
+  bool divide_by_active_ranks = false;
+};
+
+// Bucket b of the distributed optimizer's buckets, in launch order: `count` elements of `type`,
+// gradient members[k] at element offsets[k].
+using gradient_bucket = detail::bucket_plan::bucket;
+
+// Where to put the gradients so that they live inside their buckets (gradient_as_bucket_view):
+// `shapes[i]` = (elements, dtype) of gradient i, in the order the optimizer is given them. Allocate
+// one buffer of `count` elements per bucket and make gradient members[k] the view at offsets[k].
+// `where`: the gradients' device (on a GPU, members start 16 bytes aligned).
+inline std::vector<gradient_bucket> bucket_layout(const std::vector<std::pair<std::size_t, dtype>>& shapes,
+                                                  const optimizer_options& options = {}, device where = device::cpu()) {
+  return detail::bucket_plan::make(shapes, detail::bucket_plan::reverse_order(shapes.size()),
+                                   options.first_bucket_bytes, options.bucket_bytes,
+                                   detail::member_alignment(where))
+      .buckets;
+}
+
+// Where the time of the overlapped reductions went, summed over steps (seconds): `communication`,
+// each bucket's operation from its start to its end on the communicator (on its progress thread,
+// while the caller goes on with its backward pass); `exposed`, the caller's own time in them:
+// packing at mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the
+// part of `exposed` spent waiting for buckets to finish. communication - waiting is what the
+// backward pass hid. `packed_bytes`: gradient bytes copied into buckets (and back out after
+// the reduction); none for buckets whose gradients live in them.
+struct overlap_stats {
+  double communication = 0;
+  double exposed = 0;
+  double waiting = 0;
+  std::size_t steps = 0;
+  std::size_t packed_bytes = 0;
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
+
+#include <cstddef>
+#include <vector>
+
+namespace herd::detail {
+
+class local_accumulation {
+ public:
+  local_accumulation(int passes_per_step, herd::accumulation how) : passes_per_step_(passes_per_step), how_(how) {}
+
+  // Whether the coming pass only accumulates (no_sync, or not yet the round's last pass).
+  bool holds_back() const noexcept { return no_sync_ || passes_ + 1 < passes_per_step_; }
+  // Passes accumulated since the last reduction.
+  int passes() const noexcept { return passes_; }
+  // Whether the passes held back are copied here (accumulation::by_copy).
+  bool copies() const noexcept { return how_ == herd::accumulation::by_copy; }
+  // Whether the gradients must be added to a sum held here before they are reduced.
+  bool holds_sums() const noexcept { return copies() && passes_ > 0; }
+  // Whether the gradient tensors hold the sum of passes held back (in_gradients): a gradient the
+  // reducing pass did not produce still carries the earlier passes' part.
+  bool sums_in_gradients() const noexcept { return !copies() && passes_ > 0; }
+  // A pass held back whose gradients are not copied (they hold the sum themselves, or had a
+  // problem that the round's reduction raises): it still counts.
+  void count_pass() noexcept { ++passes_; }
+  // The round ends (reduced, or abandoned).
+  void reset() noexcept { passes_ = 0; }
+
+  bool no_sync() const noexcept { return no_sync_; }
+  void set_no_sync(bool on) noexcept { no_sync_ = on; }
+
+  // Adds this pass's gradients to the sum (the first pass of a round starts it).
+  template <class Mover> void add(const std::vector<buffer_view>& grads, Mover& mover) {
+    const bool first = passes_ == 0;
+    mover.begin();
+    if (first) sums_.clear();
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (first) sums_.push_back(mover.accumulator(i, accumulation_dtype(grads[i].type), grads[i].count));
+      mover.accumulate(sums_[i], grads[i], first);
+    }
+    mover.finish();
+    ++passes_;
+  }
+
+  // grads = the sum of the accumulated passes and the current one; the round's sum is spent.
+  template <class Mover> void fold(const std::vector<buffer_view>& grads, Mover& mover) {
+    if (!holds_sums()) return;
+    mover.begin();
+    for (std::size_t i = 0; i < grads.size(); ++i) mover.fold(grads[i], sums_[i]);
+    mover.finish();
+    passes_ = 0;
+  }
+
+  // Gradient i's sum over the accumulated passes (while holds_sums()).
+  const buffer_view& sum(std::size_t i) const { return sums_[i]; }
+
+ private:
+  int passes_per_step_;
+  herd::accumulation how_;
+  int passes_ = 0;
+  bool no_sync_ = false;
+  std::vector<buffer_view> sums_;
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_ACCUMULATION_HPP
+
+// ---- herd/optim/detail/reducer.hpp ----
+#ifndef HERD_OPTIM_DETAIL_REDUCER_HPP
+#define HERD_OPTIM_DETAIL_REDUCER_HPP
+// The reducer: combines a list of gradients over the ranks, for herd::distributed_optimizer and
+// herd::torch::DistributedDataParallel. It owns the buckets (DDP's: 1 MiB first, then 25 MiB, in
+// reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
+// marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
+// every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
+// uneven_inputs, the agreement on who still trains (detail/join.hpp), whose rounds a joined rank
+// shadows through the reducer's join_hook.
+//
+// States and transitions (one pass, from one thread at a time):
+// - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs), checks the
+//   gradients on the first pass, makes the plan and the policy, and starts collecting marks.
+// - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
+//   are packed and started, in order on every rank (buckets in flight, on the progress thread).
+// - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
+//   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
+//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
+// A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
+//
+// Step-time fusion is the reducer's "all ready at once" mode rather than every gradient marked at
+// synchronize(): it groups the gradients in their own order into fusion buffers of
+// fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
+// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
+// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
+// progress thread. Reducing it in buckets would change its results and its speed.
+
+
+// ---- herd/optim/detail/bucket_operation.hpp ----
+#ifndef HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
+#define HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
+// One bucket's reduction in a pass of readiness marks (detail/reducer.hpp): how many of its
+// gradients are still to come, the problem this rank found with them, and its operation once
+// started, on the communicator's progress thread, timed there for overlap_stats.
+
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct bucket_operation {
+  buffer_view buffer;             // what its allreduce reduces: the packed bucket, or its gradients in place
+  std::size_t waiting = 0;        // gradients not yet ready in this pass
+  std::string fault;              // this rank's problem with one of its gradients in this pass
+  std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
+  bool in_place = false;          // buffer is the gradients themselves: nothing to unpack
+  std::optional<handle> done;     // its operation, once started
+  std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
+
+  // A fresh pass, waiting for `members` gradients.
+  void reset(std::size_t members) {
+    waiting = members;
+    fault.clear();
+    fault_code = 14;
+    in_place = false;
+    done.reset();
+    seconds->store(0.0);
+  }
+
+  // Starts the allreduce of `v`; with a failed `check`, the operation that carries the problem to
+  // every rank instead (so that the buckets after it still pair up).
+  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op) {
+    auto call = prepare_allreduce(std::move(check), v, v, comm, op);
+    const auto label = call.label();
+    done.emplace(start_collective(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
+      const auto start = std::chrono::steady_clock::now();
+      run_allreduce(comm, call, sync);
+      spent->store(seconds_since(start));
+    }));
+  }
+
+  // Starts the reduction of `parts` through shared memory, straight from and into them.
+  template <communicator C> void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op) {
+    in_place = true;
+    buffer = {};
+    auto [label, body] = allreduce_in_shared_memory_body(comm, std::move(parts), op);
+    done.emplace(start_collective(comm, label, [body = std::move(body), spent = seconds](bool sync) {
+      const auto start = std::chrono::steady_clock::now();
+      body(sync);
+      spent->store(seconds_since(start));
+    }));
+  }
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
+
+// ---- herd/optim/detail/gradient_checks.hpp ----
+#ifndef HERD_OPTIM_DETAIL_GRADIENT_CHECKS_HPP
+#define HERD_OPTIM_DETAIL_GRADIENT_CHECKS_HPP
+// The first-step agreement of a gradient reduction: the first check compares every rank's
+// gradients (count, sizes, dtypes) and options, and raises herd::error on every rank if they
+// differ; it records the gradients' shapes and device. Later checks look at this rank's gradients
+// alone and return what is wrong, for the next reduction to raise on every rank (a problem found
+// in a pass that only accumulates waits here, pending, for the round's reduction).
+
+
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// The options a reduction refuses (on this rank, before any collective).
+inline void validate(const optimizer_options& options, const error_site& site) {
+  if (options.op != reduce_op::avg && options.op != reduce_op::sum)
+    raise(site, "op " + std::string(name(options.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
+  if (!(options.gradient_predivide_factor > 0))
+    raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
+  if (options.gradient_predivide_factor != 1.0 && options.op != reduce_op::avg)
+    raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
+  if (options.backward_passes_per_step < 1)
+    raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0)
+    raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
+}
+
+template <communicator C> class gradient_checks {
+ public:
+  gradient_checks(C& comm, const optimizer_options& options) : comm_(comm), options_(options) {}
+
+  // The first call checks the gradients on every rank together (and raises on every rank); later
+  // calls check this rank's own and return what is wrong ("" when nothing is).
+  std::string check(const std::vector<buffer_view>& grads) {
+    std::string fault = local_fault(grads);
+    if (!checked_) {
+      require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
+      require_same_options();
+      shapes_.clear();
+      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+      device_ = grads.empty() ? device::cpu() : grads[0].device;
+      checked_ = true;
+      return {};
+    }
+    bool same = grads.size() == shapes_.size();
+    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
+    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
+    return fault;
+  }
+
+  // check(), then the problem a pass that only accumulated found, if check() found none.
+  std::string check_with_pending(const std::vector<buffer_view>& grads) {
+    std::string fault = check(grads);
+    if (fault.empty()) fault = std::exchange(pending_, {});
+    return fault;
+  }
+  // A pass that only accumulates found `fault` (or an earlier one did): the round's reduction
+  // raises the first. Returns whether there is one.
+  bool defer(const std::string& fault) {
+    if (pending_.empty()) pending_ = fault;
+    return !pending_.empty();
+  }
+
+  // What is wrong with gradient i's view in a pass of marks ("" when nothing is).
+  std::string marked_fault(std::size_t i, const buffer_view& v) const {
+    if (v.count != shapes_[i].first || v.type != shapes_[i].second) {
+      return "gradient " + std::to_string(i) + " changed since the first step (" + std::to_string(v.count) + " " +
+             std::string(name(v.type)) + " instead of " + std::to_string(shapes_[i].first) + " " +
+             std::string(name(shapes_[i].second)) + ")";
+    }
+    if (v.data == nullptr && v.count != 0) return "gradient " + std::to_string(i) + " has a null data pointer";
+    if (v.device != device_) {
+      return "gradient " + std::to_string(i) + " lives on " + v.device.str() + " but the first one on " + device_.str() +
+             " (keep all gradients of one distributed optimizer on one device)";
+    }
+    return {};
+  }
+
+  bool checked() const noexcept { return checked_; }
+  // As the first check found them: (elements, dtype) of each gradient, and their device.
+  const std::vector<std::pair<std::size_t, dtype>>& shapes() const noexcept { return shapes_; }
+  device where() const noexcept { return device_; }
+
+  // Raises `fault` on every rank: it travels in the agreement of the reduction the other ranks
+  // start now (with argument checks off, it aborts the communicator, which tells them).
+  [[noreturn]] void raise_everywhere(const std::string& fault) {
+    if (comm_.size() == 1) raise_alone(fault);
+    call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
+    failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
+    const auto call = prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
+    run_collective(comm_, call.label(), [&](bool sync) { run_allreduce(comm_, call, sync); });
+    raise_alone(fault);  // not reached: the agreement raised
+  }
+
+  [[noreturn]] void raise_alone(const std::string& fault) const {
+    raise({"distributed_optimizer", comm_.rank(), comm_.size()}, fault,
+          "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
+  }
+
+ private:
+  void require_same_options() {
+    const std::vector<std::int64_t> mine = {
+        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
+        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
+        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
+        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
+        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
+        static_cast<std::int64_t>(options_.accumulate)};
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+    herd::allgather(mine, all, control_of(comm_));
+    static const char* const names[] = {"op",
+                                        "compression",
+                                        "fusion_threshold_bytes",
+                                        "backward_passes_per_step",
+                                        "gradient_predivide_factor",
+                                        "bucket_bytes",
+                                        "first_bucket_bytes",
+                                        "find_unused_parameters",
+                                        "gradient_as_bucket_view",
+                                        "uneven_inputs",
+                                        "divide_by_active_ranks",
+                                        "accumulate"};
+    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        if (all[r * mine.size() + k] != all[k]) {
+          raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
+        }
+      }
+    }
+  }
+
+  // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
+  // memory, or every one on the same GPU.
+  static std::string local_fault(const std::vector<buffer_view>& grads) {
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const auto& g = grads[i];
+      if (!is_valid(g.type)) return "gradient " + std::to_string(i) + " has an invalid dtype (check its tensor_traits::dtype)";
+      if (g.data == nullptr && g.count != 0) {
+        return "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements";
+      }
+      if (g.device != grads[0].device) {
+        return "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
+               grads[0].device.str() + " (keep all gradients of one distributed optimizer on one device)";
+      }
+    }
+#if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      return "the gradients live on " + grads[0].device.str() +
+             " but this file was compiled without CUDA (compile it with nvcc, or link herd::nccl and use a "
+             "nccl_communicator)";
+    }
+#endif
+    return {};
+  }
+
+  C& comm_;
+  optimizer_options options_;
+  bool checked_ = false;
+  std::string pending_;
+  std::vector<std::pair<std::size_t, dtype>> shapes_;
+  device device_ = device::cpu();
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_GRADIENT_CHECKS_HPP
 
 // ---- herd/optim/detail/gradient_movers.hpp ----
 #ifndef HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP
@@ -13077,7 +13541,7 @@ struct bucket_plan {
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
 //   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
 //   fusion without compression, predivision or accumulation.
-// Both take the same calls, so the optimizer's bucketing is written once.
+// Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
 
 
 #include <cstddef>
@@ -13086,6 +13550,7 @@ struct bucket_plan {
 #include <cstring>
 #include <string>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace herd::detail {
@@ -13262,85 +13727,653 @@ class device_mover {
 };
 #endif
 
+// The mover for where a list of gradients lives (the host's, or one per GPU, made on first use),
+// kept between steps with the storage it holds.
+class mover_set {
+ public:
+  // Calls f with the mover for `grads` (the host's when there are none).
+  template <class C, class F> void with([[maybe_unused]] C& comm, [[maybe_unused]] const std::vector<buffer_view>& grads, F&& f) {
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+    if (!grads.empty() && grads[0].device.is_cuda()) {
+      if (!device_ || device_index_ != grads[0].device.index) {
+        device_.emplace(grads[0].device.index);
+        device_index_ = grads[0].device.index;
+        if constexpr (requires { comm.stream(); }) device_->follow(comm.stream());
+      }
+      return f(*device_);
+    }
+#endif
+    f(host_);
+  }
+
+  // Calls f with the mover for gradients on `where`.
+  template <class C, class F> void with_device(C& comm, device where, F&& f) {
+    std::vector<buffer_view> at;
+    if (where.is_cuda()) at.push_back({nullptr, 0, dtype::f32, where});
+    with(comm, at, std::forward<F>(f));
+  }
+
+ private:
+  host_mover host_;
+#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
+  std::optional<device_mover> device_;
+  int device_index_ = -1;
+#endif
+};
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
 #endif  // HERD_OPTIM_DETAIL_GRADIENT_MOVERS_HPP
 
+// ---- herd/optim/detail/join.hpp ----
+#ifndef HERD_OPTIM_DETAIL_JOIN_HPP
+#define HERD_OPTIM_DETAIL_JOIN_HPP
+// Uneven inputs (optimizer_options::uneven_inputs), as PyTorch's Join/Joinable/JoinHook: ranks
+// may run out of batches at different steps. Every reducing step of a rank still training first
+// agrees on who trains (join_roster::agree, one byte per rank); a rank with no batches left calls
+// join(), which agrees with them round after round and, in each round, has every registered
+// join_hook shadow the collectives its owner's step runs on the other ranks (with nothing to
+// contribute), until every rank has joined.
+//
+// The byte also says how the ranks still training reduce in this round (join_mode), so that a
+// joined rank runs the same collectives: at step() or in buckets during the backward pass.
+
+
 #include <algorithm>
-#include <bit>
-#include <atomic>
-#include <chrono>
-#include <exception>
-#include <memory>
 #include <cstdint>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// A rank's word in each agreement (the largest over the ranks wins).
+enum class join_mode : std::uint8_t { joined = 0, at_step = 1, in_buckets = 2 };
+
+// What a joined rank runs, for one joinable, in each round the others still train.
+class join_hook {
+ public:
+  virtual ~join_hook() = default;
+  // The ranks still training reduce `how` in this round: run the same collectives, with zeros.
+  virtual void shadow(join_mode how) = 0;
+};
+
+// Who still trains, as the last agreement found.
+class join_roster {
+ public:
+  // Every rank says how it reduces in this step (joined: not at all). Returns the largest mode
+  // (joined: every rank has joined), remembering how many still train and the highest of them
+  // (the last to join, once they all have).
+  template <communicator C> join_mode agree(C& comm, join_mode mine) {
+    const std::vector<std::uint8_t> word = {static_cast<std::uint8_t>(mine)};
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(comm.size()));
+    herd::allgather(word, all, control_of(comm));
+    int count = 0, highest = -1, largest = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      const int m = all[static_cast<std::size_t>(r)];
+      if (m != 0) ++count, highest = r;
+      largest = std::max(largest, m);
+    }
+    if (count > 0) {
+      active_ranks_ = count;
+      last_joined_ = highest;
+    }
+    return static_cast<join_mode>(largest);
+  }
+
+  // Ranks training in the last reducing step (0: none agreed yet), and the highest of them.
+  int active_ranks() const noexcept { return active_ranks_; }
+  int last_joined() const noexcept { return last_joined_; }
+  // In join(): this rank's steps are shadows, agreed already.
+  bool joined() const noexcept { return joined_; }
+
+  // This rank has joined: shadows the others' rounds with `hooks` until every rank has joined.
+  // Returns the last rank to join.
+  template <communicator C> int join(C& comm, std::span<join_hook* const> hooks) {
+    joined_ = true;
+    try {
+      for (join_mode how = agree(comm, join_mode::joined); how != join_mode::joined; how = agree(comm, join_mode::joined)) {
+        for (join_hook* hook : hooks) hook->shadow(how);
+      }
+    } catch (...) {
+      joined_ = false;
+      throw;
+    }
+    joined_ = false;
+    return last_joined_;
+  }
+
+ private:
+  int active_ranks_ = 0;
+  int last_joined_ = -1;
+  bool joined_ = false;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_JOIN_HPP
+
+// ---- herd/optim/detail/reduction_policy.hpp ----
+#ifndef HERD_OPTIM_DETAIL_REDUCTION_POLICY_HPP
+#define HERD_OPTIM_DETAIL_REDUCTION_POLICY_HPP
+// How gradients are combined over the ranks, as a value: the factor each gradient is scaled by
+// before the sum (`before`) and after it (`after`), the operation on the wire, and the dtype each
+// gradient travels as (compression). Packing into the wire type applies `before`, unpacking
+// applies `after`, so every path (fusion buffers, buckets) scales alike.
+//
+// For op avg with gradient_predivide_factor f: 1/f before, f/divisor after, summed on the wire
+// (Horovod's predivision: large gradients stay in range in the sum). When every gradient is 16-bit
+// on the wire, f is the divisor itself, as DDP divides before its sum: no average within range
+// overflows. The divisor is the world size, or with uneven_inputs and divide_by_active_ranks the
+// ranks still training.
+
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+struct reduction_policy {
+  double before = 1.0;
+  double after = 1.0;
+  reduce_op wire_op = reduce_op::avg;
+  herd::compression compression = herd::compression::none;
+
+  // `shapes`: (elements, dtype) of every gradient; `world`: the communicator's size.
+  static reduction_policy make(reduce_op op, double predivide_factor, herd::compression compression,
+                               std::span<const std::pair<std::size_t, dtype>> shapes, int divisor, int world) {
+    const bool average = op == reduce_op::avg;
+    const bool narrow = !shapes.empty() && std::all_of(shapes.begin(), shapes.end(), [&](const auto& shape) {
+      return size_of(wire_dtype(compression, shape.second)) == 2;
+    });
+    const double f = narrow ? static_cast<double>(divisor) : predivide_factor;
+    const bool scaled = average && (f != 1.0 || divisor != world);
+    return {scaled ? 1.0 / f : 1.0, scaled ? f / divisor : 1.0, scaled ? reduce_op::sum : op, compression};
+  }
+
+  dtype wire(dtype type) const noexcept { return wire_dtype(compression, type); }
+  // Gradients of `type` cross the wire as they are: no cast, no scaling (so they may be reduced
+  // where they live).
+  bool as_is(dtype type) const noexcept { return wire(type) == type && before == 1.0 && after == 1.0; }
+
+  // Into the wire type, scaled by `before`: `items` of dtype `from` (a gradient, or an
+  // accumulated sum) into slots of dtype `wire_type`.
+  template <class Mover>
+  void pack(Mover& mover, std::span<const move_item> items, dtype wire_type, dtype from) const {
+    mover.move(items, wire_type, from, before);
+  }
+  // Back from the wire type into the gradients (dtype `type`), scaled by `after`.
+  template <class Mover>
+  void unpack(Mover& mover, std::span<const move_item> items, dtype type, dtype wire_type) const {
+    mover.move(items, type, wire_type, after);
+  }
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_REDUCTION_POLICY_HPP
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace herd {
-
-struct optimizer_options {
-  reduce_op op = reduce_op::avg;  // avg or sum over ranks
-  double gradient_predivide_factor = 1.0;
-  int backward_passes_per_step = 1;
-  std::size_t fusion_threshold_bytes = runtime::defaults().fusion_threshold_bytes;
-  herd::compression compression = herd::compression::none;
-  // Buckets, with mark_ready (DDP's bucket_cap_mb and first bucket).
-  std::size_t bucket_bytes = runtime::defaults().bucket_bytes;
-  std::size_t first_bucket_bytes = std::size_t{1} << 20;
-  // Gradients not marked ready in a pass are reduced as zeros instead of being an error.
-  bool find_unused_parameters = false;
-  // The gradients were laid out by bucket_layout(): keep the buckets as they are (no rebuild in
-  // the ready order), so that each bucket's gradients stay back to back and reduce in place.
-  bool gradient_as_bucket_view = false;
-  // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
-  // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
-  bool broadcast_buffers = true;
-  // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
-  // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
-  // first agrees on which ranks are still training (one byte per rank). avg divides by the world
-  // size, the joined ranks adding zeros (DDP's default), or, with divide_by_active_ranks, by the
-  // ranks still training.
-  bool uneven_inputs = false;
-  bool divide_by_active_ranks = false;
-};
-
-// Bucket b of the distributed optimizer's buckets, in launch order: `count` elements of `type`,
-// gradient members[k] at element offsets[k].
-using gradient_bucket = detail::bucket_plan::bucket;
-
-// Where to put the gradients so that they live inside their buckets (gradient_as_bucket_view):
-// `shapes[i]` = (elements, dtype) of gradient i, in the order the optimizer is given them. Allocate
-// one buffer of `count` elements per bucket and make gradient members[k] the view at offsets[k].
-// `where`: the gradients' device (on a GPU, members start 16 bytes aligned).
-inline std::vector<gradient_bucket> bucket_layout(const std::vector<std::pair<std::size_t, dtype>>& shapes,
-                                                  const optimizer_options& options = {}, device where = device::cpu()) {
-  return detail::bucket_plan::make(shapes, detail::bucket_plan::reverse_order(shapes.size()),
-                                   options.first_bucket_bytes, options.bucket_bytes,
-                                   detail::member_alignment(where))
-      .buckets;
-}
-
-// Where the time of the overlapped reductions went, summed over steps (seconds): `communication`,
-// each bucket's operation from its start to its end on the communicator (on its progress thread,
-// while the caller goes on with its backward pass); `exposed`, the caller's own time in them:
-// packing at mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the
-// part of `exposed` spent waiting for buckets to finish. communication - waiting is what the
-// backward pass hid. `packed_bytes`: gradient bytes copied into buckets (and back out after
-// the reduction); none for buckets whose gradients live in them.
-struct overlap_stats {
-  double communication = 0;
-  double exposed = 0;
-  double waiting = 0;
-  std::size_t steps = 0;
-  std::size_t packed_bytes = 0;
-};
-
+namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
+template <communicator C> class reducer final : public join_hook {
+ public:
+  // Returns the current gradient views (called once per pass, or per reduction).
+  using gradient_source = std::function<std::vector<buffer_view>()>;
+
+  // `accumulation`: the passes held back since the last reduction, folded into this one (none for
+  // a caller whose gradients add up by themselves).
+  reducer(C& comm, gradient_source gradients, const optimizer_options& options, local_accumulation* accumulation)
+      : comm_(comm), source_(std::move(gradients)), options_(options), acc_(accumulation), checks_(comm, options) {
+    validate(options_, {"distributed_optimizer", comm.rank(), comm.size()});
+    trace::name_track(track_, "distributed_optimizer: rank " + std::to_string(comm.rank()) + " of " +
+                                  std::to_string(comm.size()));
+  }
+  reducer(const reducer&) = delete;
+  reducer& operator=(const reducer&) = delete;
+
+  std::vector<buffer_view> gradients() { return source_(); }
+  gradient_checks<C>& checks() noexcept { return checks_; }
+  join_roster& roster() noexcept { return roster_; }
+  const join_roster& roster() const noexcept { return roster_; }
+  std::uint32_t track() const noexcept { return track_; }
+  template <class F> void with_mover(const std::vector<buffer_view>& grads, F&& f) {
+    movers_.with(comm_, grads, std::forward<F>(f));
+  }
+
+  // Gradient i is final for this pass (`given`: its view, or null to read it from the source).
+  void mark(std::size_t i, const buffer_view* given) { mark_one(i, given); }
+
+  // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
+  void synchronize() {
+    if (marks_ > 0) return finish();
+    if (options_.uneven_inputs) roster_.agree(comm_, join_mode::at_step);
+    reduce_all();
+  }
+
+  // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
+  void shadow(join_mode how) override {
+    std::vector<buffer_view> grads = source_();
+    with_mover(grads, [&](auto& mover) {
+      mover.begin();
+      for (const auto& g : grads) mover.zero(g);
+      mover.finish();
+    });
+    if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
+      for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
+      finish();
+    } else {
+      reduce_all();
+    }
+  }
+
+  // Which gradients share a bucket now (indices into the gradient list), in launch order.
+  std::vector<std::vector<std::size_t>> buckets() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : plan_.buckets) out.push_back(b.members);
+    return out;
+  }
+  const overlap_stats& overlap() const noexcept { return stats_; }
+  double reduce_seconds() const noexcept { return reduce_seconds_; }
+
+ private:
+  bool sums() const noexcept { return acc_ && acc_->holds_sums(); }
+  // Whether unmarked gradient i is reduced from its tensor, which holds the passes held back.
+  bool sums_in_gradients(std::size_t i) {
+    return acc_ && acc_->sums_in_gradients() && !marked_[i] && i < pass_views().size();
+  }
+  void end_round() noexcept {
+    if (acc_) acc_->reset();
+  }
+
+  // The reduction policy for the options and the gradients (after the first check).
+  void set_policy() {
+    const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? roster_.active_ranks() : comm_.size();
+    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression,
+                                     checks_.shapes(), divisor, comm_.size());
+  }
+
+  // --- All ready at once (step-time fusion).
+
+  void reduce_all() {
+    std::vector<buffer_view> grads = source_();
+    std::string fault = checks_.check_with_pending(grads);
+    if (!fault.empty()) {
+      end_round();
+      checks_.raise_everywhere(fault);
+    }
+    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+    with_mover(grads, [&](auto& mover) { fuse(grads, mover); });
+  }
+
+  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
+  // of up to the fusion threshold, and reduces each buffer with one allreduce.
+  template <class Mover> void fuse(const std::vector<buffer_view>& grads, Mover& mover) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    set_policy();
+
+    std::vector<bool> done(grads.size(), false);
+    for (std::size_t first = 0; first < grads.size(); ++first) {
+      if (done[first]) continue;
+      const dtype type = grads[first].type;
+      const dtype wire = policy_.wire(type);
+      std::vector<std::size_t> bucket;
+      std::size_t bucket_bytes = 0;
+      for (std::size_t i = first; i < grads.size(); ++i) {
+        if (done[i] || grads[i].type != type) continue;
+        done[i] = true;
+        const std::size_t bytes = grads[i].count * size_of(wire);
+        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
+          reduce_fused(grads, bucket, wire, mover);
+          bucket.clear();
+          bucket_bytes = 0;
+        }
+        bucket.push_back(i);
+        bucket_bytes += bytes;
+      }
+      if (!bucket.empty()) reduce_fused(grads, bucket, wire, mover);
+    }
+    reduce_seconds_ += seconds_since(start);
+  }
+
+  template <class Mover>
+  void reduce_fused(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
+                    Mover& mover) {
+    const buffer_view& lone = grads[bucket.front()];
+    if (bucket.size() == 1 && policy_.as_is(lone.type)) {
+      buffer_view in_place = lone;
+      herd::allreduce(in_place, comm_, policy_.wire_op);
+      return;
+    }
+    if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
+      return;
+    }
+    std::size_t total = 0;
+    for (std::size_t i : bucket) total += grads[i].count;
+    buffer_view packed = mover.fusion(wire, total);
+    auto* base = static_cast<std::byte*>(packed.data);
+    std::vector<move_item> pack;
+    std::vector<move_item> unpack;
+    std::size_t at = 0;
+    for (std::size_t i : bucket) {
+      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
+      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
+      at += grads[i].count;
+    }
+    {
+      const trace::span phase(track_, "pack", trace::fields::elements(total, wire));
+      mover.begin();
+      policy_.pack(mover, pack, wire, lone.type);
+      mover.finish();
+    }
+    herd::allreduce(packed, comm_, policy_.wire_op);
+    const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
+    mover.begin();
+    policy_.unpack(mover, unpack, lone.type, wire);
+    mover.finish();
+  }
+
+  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
+  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
+  // False (nothing done) where that does not apply.
+  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
+    std::vector<buffer_view> parts;
+    parts.reserve(bucket.size());
+    for (std::size_t i : bucket) parts.push_back(grads[i]);
+    if (!reduces_in_shared_memory(comm_, parts)) return false;
+    allreduce_in_shared_memory(comm_, parts, policy_.wire_op);
+    return true;
+  }
+
+  // --- Buckets (marks).
+
+  const std::vector<buffer_view>& pass_views() {
+    if (pass_views_.empty()) pass_views_ = source_();
+    return pass_views_;
+  }
+
+  void mark_one(std::size_t i, const buffer_view* given) {
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    if (marks_ == 0) begin_buckets();
+    if (i >= checks_.shapes().size()) {
+      if (pass_fault_.empty()) {
+        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                      std::to_string(checks_.shapes().size()) + ")";
+      }
+      return;
+    }
+    if (marked_[i]) {
+      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+      return;
+    }
+    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+    bucket_operation& b = buckets_[plan_.bucket_of[i]];
+    if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+    marked_[i] = 1;
+    ++marks_;
+    ready_views_[i] = v;
+    if (!rebuilt_) ready_order_.push_back(i);
+    --b.waiting;
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+    stats_.exposed += seconds_since(start);
+  }
+
+  // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
+  void begin_buckets() {
+    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
+    if (options_.uneven_inputs && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+    if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+    if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
+    set_policy();
+    marked_.assign(checks_.shapes().size(), 0);
+    ready_views_.assign(checks_.shapes().size(), buffer_view{});
+    pass_views_.clear();
+    pass_fault_.clear();
+    ready_order_.clear();  // the rebuild follows the first pass that succeeds
+    next_launch_ = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
+  }
+
+  void make_plan(const std::vector<std::size_t>& order) {
+    plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
+                                      member_alignment(checks_.where()));
+    buckets_.clear();
+    buckets_.resize(plan_.buckets.size());
+  }
+
+  // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
+  // found a problem with starts an operation that carries the problem instead, so that every rank
+  // raises it and the buckets after it still pair up.
+  void launch(std::size_t b) {
+    bucket_operation& st = buckets_[b];
+    const bucket_plan::bucket& plan = plan_.buckets[b];
+    // In the timeline: packing and starting it, with the sequence number its operation takes.
+    trace::fields args = trace::fields::elements(plan.count, plan.type);
+    if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
+    args.extra_name = "bucket";
+    args.extra = static_cast<std::int64_t>(b);
+    const trace::span slice(track_, "launch bucket", args);
+    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
+    if (!fault.empty()) {
+      call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
+      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
+                             "and mark each ready once per backward pass");
+      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op);
+      return;
+    }
+    const dtype wire = policy_.wire(plan.type);
+    bool started = false;
+    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+      mover.begin();
+      if (sums()) {
+        for (std::size_t i : plan.members) {
+          if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
+        }
+      }
+      const bool as_is = policy_.as_is(plan.type);
+      st.in_place = as_is && lives_in_place(plan);
+      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+        mover.finish();
+        started = true;
+        return;
+      }
+      if (st.in_place) {
+        mover.finish();
+        const buffer_view& first = ready_views_[plan.members.front()];
+        st.buffer = {first.data, plan.count, plan.type, first.device};
+      } else {
+        st.buffer = mover.bucket(b, wire, plan.count);
+        auto* base = static_cast<std::byte*>(st.buffer.data);
+        std::vector<move_item> pack, unused;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          void* slot = base + plan.offsets[k] * size_of(wire);
+          if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
+            pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
+          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
+            mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
+            if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
+          }
+        }
+        policy_.pack(mover, pack, wire, plan.type);
+        policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
+        mover.finish();
+        stats_.packed_bytes += plan.count * size_of(plan.type);
+      }
+    });
+    if (started) return;
+    call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op);
+  }
+
+  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
+  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
+  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
+  bool shared_memory_bucket(std::size_t b) {
+    const bucket_plan::bucket& plan = plan_.buckets[b];
+    std::vector<buffer_view> parts;
+    parts.reserve(plan.members.size());
+    for (std::size_t i : plan.members) {
+      if (!marked_[i]) return false;
+      parts.push_back(ready_views_[i]);
+    }
+    if (!reduces_in_shared_memory(comm_, parts)) return false;
+    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op);
+    return true;
+  }
+
+  // Whether the bucket's gradients were all marked and follow each other in memory in its order
+  // (a single gradient always does): then the bucket is reduced where they are.
+  bool lives_in_place(const bucket_plan::bucket& plan) const {
+    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
+    for (std::size_t k = 0; k < plan.members.size(); ++k) {
+      const std::size_t i = plan.members[k];
+      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
+    }
+    return true;
+  }
+
+  // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
+  // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
+  void finish() {
+    const auto start = std::chrono::steady_clock::now();
+    std::exception_ptr failure;
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
+      std::string missing;
+      for (std::size_t i : plan_.buckets[b].members) {
+        if (marked_[i]) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+        if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
+      }
+      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
+        buckets_[b].fault_code = 16;
+        buckets_[b].fault = "gradient(s) " + missing +
+                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
+                            "reduce gradients a pass did not produce as zeros)";
+      }
+      try {
+        launch(b);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    next_launch_ = buckets_.size();
+    const auto wait_start = std::chrono::steady_clock::now();
+    {
+      const trace::span phase(track_, "wait for buckets");
+      for (bucket_operation& st : buckets_) {
+        if (!st.done) continue;
+        try {
+          st.done->wait();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+      }
+    }
+    stats_.waiting += seconds_since(wait_start);
+    for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
+    marks_ = 0;
+    if (failure) {
+      end_round();  // the round is abandoned
+      std::rethrow_exception(failure);
+    }
+    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+      const trace::span phase(track_, "unpack buckets");
+      mover.begin();
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const bucket_plan::bucket& plan = plan_.buckets[b];
+        if (buckets_[b].in_place) continue;
+        const dtype wire = buckets_[b].buffer.type;
+        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
+        std::vector<move_item> unpack;
+        for (std::size_t k = 0; k < plan.members.size(); ++k) {
+          const std::size_t i = plan.members[k];
+          if (!marked_[i] && i >= pass_views().size()) continue;
+          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
+          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
+        }
+        policy_.unpack(mover, unpack, plan.type, wire);
+      }
+      mover.finish();
+    });
+    end_round();
+    ++stats_.steps;
+    stats_.exposed += seconds_since(start);
+    reduce_seconds_ += seconds_since(start);
+    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
+  }
+
+  // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
+  // (those it never saw ready last, in reverse order), the same plan on every rank.
+  void rebuild() {
+    const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
+    std::vector<std::int64_t> order(seen.begin(), seen.end());
+    herd::broadcast(order, control_of(comm_), 0);
+    std::vector<std::size_t> chosen(order.begin(), order.end());
+    make_plan(chosen);
+    rebuilt_ = true;
+    ready_order_.clear();
+  }
+
+  C& comm_;
+  gradient_source source_;
+  optimizer_options options_;
+  local_accumulation* acc_;
+  gradient_checks<C> checks_;
+  mover_set movers_;
+  reduction_policy policy_;
+  join_roster roster_;
+  double reduce_seconds_ = 0;
+  std::uint32_t track_ = trace::new_track();  // in the timeline
+
+  // Buckets (marks).
+  bucket_plan plan_;
+  std::vector<bucket_operation> buckets_;
+  std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
+  std::vector<char> marked_;
+  std::size_t marks_ = 0;                 // gradients marked in this pass
+  std::size_t next_launch_ = 0;           // the next bucket to start
+  std::string pass_fault_;                // a problem of this pass not tied to one bucket
+  std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
+  std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
+  bool rebuilt_ = false;
+  overlap_stats stats_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_REDUCER_HPP
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// The reducing itself (buckets, fusion, the policy, join's rounds) is detail::reducer's
+// (optim/detail/reducer.hpp); this class adds the wrapped optimizer, the rounds of local
+// accumulation (detail/accumulation.hpp), synchronize() and skip_synchronize().
 template <class Optimizer, communicator C> class distributed_optimizer {
  public:
   // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
@@ -13354,21 +14387,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       : distributed_optimizer(inner, params.gradients, comm, options) {}
 
   distributed_optimizer(Optimizer& inner, gradient_source gradients, C& comm, optimizer_options options = {})
-      : inner_(inner), gradients_(std::move(gradients)), comm_(comm), options_(options) {
-    const detail::error_site site{"distributed_optimizer", comm.rank(), comm.size()};
-    if (options_.op != reduce_op::avg && options_.op != reduce_op::sum)
-      detail::raise(site, "op " + std::string(name(options_.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
-    if (!(options_.gradient_predivide_factor > 0))
-      detail::raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
-    if (options_.gradient_predivide_factor != 1.0 && options_.op != reduce_op::avg)
-      detail::raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
-    if (options_.backward_passes_per_step < 1)
-      detail::raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
-    if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
-      detail::raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
-    detail::trace::name_track(track_, "distributed_optimizer: rank " + std::to_string(comm.rank()) + " of " +
-                                          std::to_string(comm.size()));
-  }
+      : inner_(inner),
+        comm_(comm),
+        options_(options),
+        accumulation_(options.backward_passes_per_step, options.accumulate),
+        reducer_(comm, std::move(gradients), options, &accumulation_) {}
 
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
@@ -13376,40 +14399,32 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // Call once per backward pass. Returns true when this call reduced the gradients (unless
   // already synchronized or skipped) and stepped the wrapped optimizer.
   bool step() {
-    const detail::trace::span slice(track_, "step", {.extra_name = "step", .extra = step_calls_++});
+    const detail::trace::span slice(reducer_.track(), "step", {.extra_name = "step", .extra = step_calls_++});
     const bool reduce_now = !synchronized_ && !skip_;
-    if (reduce_now && (no_sync_ || accumulated_ + 1 < options_.backward_passes_per_step)) {
+    if (reduce_now && accumulation_.holds_back()) {
       accumulate();
       return false;
     }
     if (reduce_now) {
       synchronize();
-    } else if (!synchronized_ && accumulated_ > 0) {
-      std::vector<buffer_view> grads = gradients_();  // skipped mid-round: the passes so far still count, locally
-      std::string fault = check(grads);
-      if (fault.empty()) fault = std::exchange(pending_fault_, {});
-      if (!fault.empty()) {
-        accumulated_ = 0;  // the round is abandoned
-        raise_alone(fault);
+    } else if (!synchronized_ && accumulation_.passes() > 0) {
+      std::vector<buffer_view> grads = reducer_.gradients();  // skipped mid-round: the passes so far still count, locally
+      if (std::string fault = reducer_.checks().check_with_pending(grads); !fault.empty()) {
+        accumulation_.reset();  // the round is abandoned
+        reducer_.checks().raise_alone(fault);
       }
-      fold_accumulated(grads);
+      if (accumulation_.holds_sums()) reducer_.with_mover(grads, [&](auto& mover) { accumulation_.fold(grads, mover); });
     }
     inner_.step();
     synchronized_ = false;
-    accumulated_ = 0;
+    accumulation_.reset();
     return true;
   }
 
   // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
   // them without reducing again.
   void synchronize() {
-    if (marks_ > 0) {
-      finish_buckets();
-      synchronized_ = true;
-      return;
-    }
-    if (options_.uneven_inputs) agree_on_active(1);
-    reduce_gradients();
+    reducer_.synchronize();
     synchronized_ = true;
   }
 
@@ -13419,72 +14434,17 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // broadcast the parameters from it if the ranks' steps differed in number.
   int join() {
     if (!options_.uneven_inputs) {
-      raise_alone("join() needs optimizer_options::uneven_inputs (on every rank), so that each step agrees on "
-                  "which ranks still train");
+      reducer_.checks().raise_alone("join() needs optimizer_options::uneven_inputs (on every rank), so that each step "
+                                    "agrees on which ranks still train");
     }
-    accumulated_ = 0;
+    accumulation_.reset();
     synchronized_ = false;
-    joining_ = true;
-    try {
-      while (const int mode = agree_on_active(0)) {
-        std::vector<buffer_view> grads = gradients_();
-        with_mover(grads, [&](auto& mover) {
-          mover.begin();
-          for (const auto& g : grads) mover.zero(g);
-          mover.finish();
-        });
-        if (mode == 2) {  // the others reduce in buckets: mark every (zero) gradient, as they do theirs
-          for (std::size_t i = 0; i < grads.size(); ++i) mark(i, nullptr);
-          finish_buckets();
-        } else {
-          reduce_gradients();
-        }
-      }
-    } catch (...) {
-      joining_ = false;
-      throw;
-    }
-    joining_ = false;
-    return last_joined_;
+    detail::join_hook* const hooks[] = {&reducer_};
+    return reducer_.roster().join(comm_, hooks);
   }
 
   // Ranks still training in the last reducing step (with uneven_inputs).
-  int active_ranks() const noexcept { return active_ranks_; }
-
- private:
-  // Every rank says whether it still trains, and how: 0 joined, 1 reducing in step(), 2 reducing
-  // in mark_ready's buckets. Returns the largest (0: every rank has joined), remembering how many
-  // still train and the highest of them (the last to join, once they all have).
-  int agree_on_active(std::uint8_t mode) {
-    const std::vector<std::uint8_t> mine = {mode};
-    std::vector<std::uint8_t> all(static_cast<std::size_t>(comm_.size()));
-    allgather(mine, all, detail::control_of(comm_));
-    int count = 0, highest = -1, largest = 0;
-    for (int r = 0; r < comm_.size(); ++r) {
-      const int m = all[static_cast<std::size_t>(r)];
-      if (m != 0) ++count, highest = r;
-      largest = std::max(largest, m);
-    }
-    if (count > 0) {
-      active_ranks_ = count;
-      last_joined_ = highest;
-    }
-    return largest;
-  }
-
-  void reduce_gradients() {
-    std::vector<buffer_view> grads = gradients_();
-    std::string fault = check(grads);
-    if (fault.empty()) fault = std::exchange(pending_fault_, {});
-    if (!fault.empty()) {
-      accumulated_ = 0;
-      raise_everywhere(fault);
-    }
-    fold_accumulated(grads);
-    with_mover(grads, [&](auto& mover) { reduce(grads, mover); });
-  }
-
- public:
+  int active_ranks() const noexcept { return reducer_.roster().active_ranks(); }
 
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
@@ -13510,13 +14470,13 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // every pass since the last reduction.
   class no_sync_guard {
    public:
-    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->no_sync_ = true; }
+    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->accumulation_.set_no_sync(true); }
     no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
     no_sync_guard(const no_sync_guard&) = delete;
     no_sync_guard& operator=(const no_sync_guard&) = delete;
     no_sync_guard& operator=(no_sync_guard&&) = delete;
     ~no_sync_guard() {
-      if (owner_) owner_->no_sync_ = false;
+      if (owner_) owner_->accumulation_.set_no_sync(false);
     }
 
    private:
@@ -13530,601 +14490,50 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // time. In passes that only accumulate (no_sync, backward_passes_per_step) it does nothing.
   // From then until step() returns the gradient is herd's: the reduction may read it, and write
   // the reduced values into it, at any moment (as with DDP's gradient_as_bucket_view).
-  void mark_ready(std::size_t i) { mark(i, nullptr); }
-  void mark_ready(std::size_t i, const buffer_view& gradient) { mark(i, &gradient); }
+  void mark_ready(std::size_t i) {
+    if (reducing_pass()) reducer_.mark(i, nullptr);
+  }
+  void mark_ready(std::size_t i, const buffer_view& gradient) {
+    if (reducing_pass()) reducer_.mark(i, &gradient);
+  }
 
   // Which gradients share a bucket now (indices into the gradient list), in launch order.
-  std::vector<std::vector<std::size_t>> buckets() const {
-    std::vector<std::vector<std::size_t>> out;
-    for (const auto& b : plan_.buckets) out.push_back(b.members);
-    return out;
-  }
-  const overlap_stats& overlap() const noexcept { return stats_; }
+  std::vector<std::vector<std::size_t>> buckets() const { return reducer_.buckets(); }
+  const overlap_stats& overlap() const noexcept { return reducer_.overlap(); }
 
   Optimizer& inner() noexcept { return inner_; }
   C& comm() noexcept { return comm_; }
   const optimizer_options& options() const noexcept { return options_; }
   // Backward passes accumulated locally since the last reduction.
-  int accumulated_passes() const noexcept { return accumulated_; }
+  int accumulated_passes() const noexcept { return accumulation_.passes(); }
   // Seconds spent reducing gradients since construction: packing, casting, communication, and
   // waiting for ranks that reach the reduction later (so it also shows imbalance between ranks).
-  double reduce_seconds() const noexcept { return reduce_seconds_; }
+  double reduce_seconds() const noexcept { return reducer_.reduce_seconds(); }
 
  private:
-  // The first call checks the gradients on every rank together (and raises on every rank);
-  // later calls check this rank's own and return what is wrong ("" when nothing is), for the next
-  // reduction to raise on every rank.
-  std::string check(const std::vector<buffer_view>& grads) {
-    std::string fault = local_fault(grads);
-    if (!checked_) {
-      detail::require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
-      require_same_options();
-      shapes_.clear();
-      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
-      device_ = grads.empty() ? device::cpu() : grads[0].device;
-      checked_ = true;
-      return {};
-    }
-    bool same = grads.size() == shapes_.size();
-    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
-    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
-    return fault;
-  }
-
-  // Raises `fault` on every rank: it travels in the agreement of the reduction the other ranks
-  // start now (with argument checks off, it aborts the communicator, which tells them).
-  [[noreturn]] void raise_everywhere(const std::string& fault) {
-    if (comm_.size() == 1) raise_alone(fault);
-    detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
-    failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
-    const auto call = detail::prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
-    detail::run_collective(comm_, call.label(), [&](bool sync) { detail::run_allreduce(comm_, call, sync); });
-    raise_alone(fault);  // not reached: the agreement raised
-  }
-
-  [[noreturn]] void raise_alone(const std::string& fault) const {
-    detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()}, fault,
-                  "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
-  }
-
-  void require_same_options() {
-    const std::vector<std::int64_t> mine = {
-        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
-        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
-        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
-        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0};
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
-    allgather(mine, all, detail::control_of(comm_));
-    static const char* const names[] = {"op",
-                                        "compression",
-                                        "fusion_threshold_bytes",
-                                        "backward_passes_per_step",
-                                        "gradient_predivide_factor",
-                                        "bucket_bytes",
-                                        "first_bucket_bytes",
-                                        "find_unused_parameters",
-                                        "gradient_as_bucket_view",
-                                        "uneven_inputs",
-                                        "divide_by_active_ranks"};
-    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
-      for (std::size_t k = 0; k < mine.size(); ++k) {
-        if (all[r * mine.size() + k] != all[k]) {
-          detail::raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
-        }
-      }
-    }
-  }
-
+  // A pass that only accumulates: its gradients join the round's sum (with by_copy; in_gradients
+  // leaves them where they add up). A problem with them waits for the round's reduction, which
+  // raises it on every rank.
   void accumulate() {
-    std::vector<buffer_view> grads = gradients_();
-    if (std::string fault = check(grads); !fault.empty() || !pending_fault_.empty()) {
-      if (pending_fault_.empty()) pending_fault_ = fault;  // raised by the reduction that ends this round
-      ++accumulated_;
+    std::vector<buffer_view> grads = reducer_.gradients();
+    if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
+      accumulation_.count_pass();
       return;
     }
-    const bool first = accumulated_ == 0;
-    with_mover(grads, [&](auto& mover) {
-      mover.begin();
-      if (first) accumulators_.clear();
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        if (first) accumulators_.push_back(mover.accumulator(i, detail::accumulation_dtype(grads[i].type), grads[i].count));
-        mover.accumulate(accumulators_[i], grads[i], first);
-      }
-      mover.finish();
-    });
-    ++accumulated_;
+    reducer_.with_mover(grads, [&](auto& mover) { accumulation_.add(grads, mover); });
   }
 
-  // grads = the sum of the accumulated passes and the current one.
-  void fold_accumulated(const std::vector<buffer_view>& grads) {
-    if (accumulated_ == 0) return;
-    with_mover(grads, [&](auto& mover) {
-      mover.begin();
-      for (std::size_t i = 0; i < grads.size(); ++i) mover.fold(grads[i], accumulators_[i]);
-      mover.finish();
-    });
-    accumulated_ = 0;
-  }
-
-  // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
-  // memory, or every one on the same GPU.
-  std::string local_fault(const std::vector<buffer_view>& grads) const {
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      const auto& g = grads[i];
-      if (!is_valid(g.type)) return "gradient " + std::to_string(i) + " has an invalid dtype (check its tensor_traits::dtype)";
-      if (g.data == nullptr && g.count != 0) {
-        return "gradient " + std::to_string(i) + " has a null data pointer and " + std::to_string(g.count) + " elements";
-      }
-      if (g.device != grads[0].device) {
-        return "gradient " + std::to_string(i) + " lives on " + g.device.str() + " but gradient 0 on " +
-               grads[0].device.str() + " (keep all gradients of one distributed optimizer on one device)";
-      }
-    }
-#if !HERD_WITH_CUDA_KERNELS && !defined(HERD_WITH_NCCL)
-    if (!grads.empty() && grads[0].device.is_cuda()) {
-      return "the gradients live on " + grads[0].device.str() +
-             " but this file was compiled without CUDA (compile it with nvcc, or link herd::nccl and use a "
-             "nccl_communicator)";
-    }
-#endif
-    return {};
-  }
-
-  // Calls f with the mover for where the gradients live.
-  template <class F> void with_mover([[maybe_unused]] const std::vector<buffer_view>& grads, F&& f) {
-#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
-    if (!grads.empty() && grads[0].device.is_cuda()) {
-      if (!device_mover_ || device_index_ != grads[0].device.index) {
-        device_mover_.emplace(grads[0].device.index);
-        device_index_ = grads[0].device.index;
-        if constexpr (requires { comm_.stream(); }) device_mover_->follow(comm_.stream());
-      }
-      return f(*device_mover_);
-    }
-#endif
-    f(host_mover_);
-  }
-
-  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
-  // of up to the fusion threshold, and reduces each buffer with one allreduce.
-  template <class Mover> void reduce(const std::vector<buffer_view>& grads, Mover& mover) {
-    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-    const auto start = std::chrono::steady_clock::now();
-    set_scales();
-
-    std::vector<bool> done(grads.size(), false);
-    for (std::size_t first = 0; first < grads.size(); ++first) {
-      if (done[first]) continue;
-      const dtype type = grads[first].type;
-      const dtype wire = wire_dtype(options_.compression, type);
-      std::vector<std::size_t> bucket;
-      std::size_t bucket_bytes = 0;
-      for (std::size_t i = first; i < grads.size(); ++i) {
-        if (done[i] || grads[i].type != type) continue;
-        done[i] = true;
-        const std::size_t bytes = grads[i].count * size_of(wire);
-        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
-          reduce_bucket(grads, bucket, wire, mover);
-          bucket.clear();
-          bucket_bytes = 0;
-        }
-        bucket.push_back(i);
-        bucket_bytes += bytes;
-      }
-      if (!bucket.empty()) reduce_bucket(grads, bucket, wire, mover);
-    }
-    reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
-  template <class Mover>
-  void reduce_bucket(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
-                     Mover& mover) {
-    const buffer_view& lone = grads[bucket.front()];
-    if (bucket.size() == 1 && wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0) {
-      buffer_view in_place = lone;
-      allreduce(in_place, comm_, wire_op_);
-      return;
-    }
-    if (wire == lone.type && scale_before_ == 1.0 && scale_after_ == 1.0 && reduced_in_shared_memory(grads, bucket)) {
-      return;
-    }
-    std::size_t total = 0;
-    for (std::size_t i : bucket) total += grads[i].count;
-    buffer_view packed = mover.fusion(wire, total);
-    auto* base = static_cast<std::byte*>(packed.data);
-    std::vector<detail::move_item> pack;
-    std::vector<detail::move_item> unpack;
-    std::size_t at = 0;
-    for (std::size_t i : bucket) {
-      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
-      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
-      at += grads[i].count;
-    }
-    {
-      const detail::trace::span phase(track_, "pack", detail::trace::fields::elements(total, wire));
-      mover.begin();
-      mover.move(pack, wire, lone.type, scale_before_);
-      mover.finish();
-    }
-    allreduce(packed, comm_, wire_op_);
-    const detail::trace::span phase(track_, "unpack", detail::trace::fields::elements(total, wire));
-    mover.begin();
-    mover.move(unpack, lone.type, wire, scale_after_);
-    mover.finish();
-  }
-
-  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
-  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
-  // False (nothing done) where that does not apply.
-  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
-    std::vector<buffer_view> parts;
-    parts.reserve(bucket.size());
-    for (std::size_t i : bucket) parts.push_back(grads[i]);
-    if (!detail::reduces_in_shared_memory(comm_, parts)) return false;
-    detail::allreduce_in_shared_memory(comm_, parts, wire_op_);
-    return true;
-  }
-
-  // --- Buckets (mark_ready).
-
-  struct bucket_state {
-    buffer_view buffer;          // what its allreduce reduces: the packed bucket, or its lone gradient
-    std::size_t waiting = 0;     // gradients not yet ready in this pass
-    std::string fault;           // this rank's problem with one of its gradients in this pass
-    std::uint32_t fault_code = 14;  // its code for the other ranks (comm/detail/agreement.hpp)
-    bool in_place = false;       // buffer is the gradients themselves: nothing to unpack
-    std::optional<handle> done;  // its operation, once started
-    std::shared_ptr<std::atomic<double>> seconds = std::make_shared<std::atomic<double>>(0.0);
-  };
-
-  // scale_before_/scale_after_/wire_op_ for the options (gradient_predivide_factor).
-  void set_scales() {
-    const bool average = options_.op == reduce_op::avg;
-    // The average's divisor: the world size, or the ranks still training (uneven_inputs).
-    const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? active_ranks_ : comm_.size();
-    // Every gradient 16-bit on the wire: the average is divided before the sum, as DDP does, so
-    // that no average within f16's range overflows in the sum (two ranks averaging 40000).
-    const bool narrow = !shapes_.empty() && std::all_of(shapes_.begin(), shapes_.end(), [&](const auto& shape) {
-      return size_of(wire_dtype(options_.compression, shape.second)) == 2;
-    });
-    const double f = narrow ? static_cast<double>(divisor) : options_.gradient_predivide_factor;
-    const bool scaled = average && (f != 1.0 || divisor != comm_.size());
-    scale_before_ = scaled ? 1.0 / f : 1.0;
-    scale_after_ = scaled ? f / divisor : 1.0;
-    wire_op_ = scaled ? reduce_op::sum : options_.op;
-  }
-
-  // Whether this pass reduces (rather than accumulates, skips, or runs alone).
-  bool reducing_pass() const {
-    return comm_.size() > 1 && !skip_ && !no_sync_ && !synchronized_ &&
-           (joining_ || accumulated_ + 1 >= options_.backward_passes_per_step);
-  }
-
-  const std::vector<buffer_view>& pass_views() {
-    if (pass_views_.empty()) pass_views_ = gradients_();
-    return pass_views_;
-  }
-
-  void mark(std::size_t i, const buffer_view* given) {
-    if (!reducing_pass()) return;
-    const auto start = std::chrono::steady_clock::now();
-    if (marks_ == 0) begin_buckets();
-    if (i >= shapes_.size()) {
-      if (pass_fault_.empty()) {
-        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
-                      std::to_string(shapes_.size()) + ")";
-      }
-      return;
-    }
-    if (marked_[i]) {
-      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
-      return;
-    }
-    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
-    bucket_state& b = buckets_[plan_.bucket_of[i]];
-    if (b.fault.empty()) {
-      if (v.count != shapes_[i].first || v.type != shapes_[i].second) {
-        b.fault = "gradient " + std::to_string(i) + " changed since the first step (" + std::to_string(v.count) + " " +
-                  std::string(name(v.type)) + " instead of " + std::to_string(shapes_[i].first) + " " +
-                  std::string(name(shapes_[i].second)) + ")";
-      } else if (v.data == nullptr && v.count != 0) {
-        b.fault = "gradient " + std::to_string(i) + " has a null data pointer";
-      } else if (v.device != device_) {
-        b.fault = "gradient " + std::to_string(i) + " lives on " + v.device.str() + " but the first one on " +
-                  device_.str() + " (keep all gradients of one distributed optimizer on one device)";
-      }
-    }
-    marked_[i] = 1;
-    ++marks_;
-    ready_views_[i] = v;
-    if (!rebuilt_) ready_order_.push_back(i);
-    --b.waiting;
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
-    stats_.exposed += seconds_since(start);
-  }
-
-  // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
-  void begin_buckets() {
-    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !joining_) agree_on_active(2);
-    if (!checked_) check(gradients_());  // every rank's first mark: agreed there, or raised on every rank
-    if (plan_.buckets.empty() && !shapes_.empty()) make_plan(detail::bucket_plan::reverse_order(shapes_.size()));
-    set_scales();
-    marked_.assign(shapes_.size(), 0);
-    ready_views_.assign(shapes_.size(), buffer_view{});
-    pass_views_.clear();
-    pass_fault_.clear();
-    ready_order_.clear();  // the rebuild follows the first pass that succeeds
-    next_launch_ = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      buckets_[b].waiting = plan_.buckets[b].members.size();
-      buckets_[b].fault.clear();
-      buckets_[b].fault_code = 14;
-      buckets_[b].in_place = false;
-      buckets_[b].done.reset();
-      buckets_[b].seconds->store(0.0);
-    }
-  }
-
-  void make_plan(const std::vector<std::size_t>& order) {
-    plan_ = detail::bucket_plan::make(shapes_, order, options_.first_bucket_bytes, options_.bucket_bytes,
-                                      detail::member_alignment(device_));
-    buckets_.clear();
-    buckets_.resize(plan_.buckets.size());
-  }
-
-  // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
-  // found a problem with starts an operation that carries the problem instead, so that every rank
-  // raises it and the buckets after it still pair up.
-  void launch(std::size_t b) {
-    bucket_state& st = buckets_[b];
-    const detail::bucket_plan::bucket& plan = plan_.buckets[b];
-    // In the timeline: packing and starting it, with the sequence number its operation takes.
-    detail::trace::fields args = detail::trace::fields::elements(plan.count, plan.type);
-    if (detail::trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
-    args.extra_name = "bucket";
-    args.extra = static_cast<std::int64_t>(b);
-    const detail::trace::span slice(track_, "launch bucket", args);
-    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
-    if (!fault.empty()) {
-      detail::call_check failed(detail::op_kind::allreduce, comm_.rank(), comm_.size());
-      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
-                             "and mark each ready once per backward pass");
-      start_bucket(st, std::move(failed), buffer_view{});
-      return;
-    }
-    const dtype wire = wire_dtype(options_.compression, plan.type);
-    bool started = false;
-    with_device_mover([&](auto& mover) {
-      mover.begin();
-      if (accumulated_ > 0) {
-        for (std::size_t i : plan.members) {
-          if (marked_[i]) mover.fold(ready_views_[i], accumulators_[i]);
-        }
-      }
-      const bool as_is = wire == plan.type && scale_before_ == 1.0 && scale_after_ == 1.0;
-      st.in_place = as_is && lives_in_place(plan);
-      if (as_is && !st.in_place && shared_memory_bucket(b)) {
-        mover.finish();
-        started = true;
-        return;
-      }
-      if (st.in_place) {
-        mover.finish();
-        const buffer_view& first = ready_views_[plan.members.front()];
-        st.buffer = {first.data, plan.count, plan.type, first.device};
-      } else {
-        st.buffer = mover.bucket(b, wire, plan.count);
-        auto* base = static_cast<std::byte*>(st.buffer.data);
-        std::vector<detail::move_item> pack, unused;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          void* slot = base + plan.offsets[k] * size_of(wire);
-          if (marked_[i]) {
-            pack.push_back({ready_views_[i].data, slot, shapes_[i].first});
-          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
-            mover.zero({slot, shapes_[i].first, wire, device_});
-            if (accumulated_ > 0) unused.push_back({accumulators_[i].data, slot, shapes_[i].first});
-          }
-        }
-        mover.move(pack, wire, plan.type, scale_before_);
-        mover.move(unused, wire, detail::accumulation_dtype(plan.type), scale_before_);
-        mover.finish();
-        stats_.packed_bytes += plan.count * size_of(plan.type);
-      }
-    });
-    if (started) return;
-    detail::call_check fine(detail::op_kind::allreduce, comm_.rank(), comm_.size());
-    start_bucket(st, std::move(fine), st.buffer);
-  }
-
-  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
-  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
-  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
-  bool shared_memory_bucket(std::size_t b) {
-    const detail::bucket_plan::bucket& plan = plan_.buckets[b];
-    std::vector<buffer_view> parts;
-    parts.reserve(plan.members.size());
-    for (std::size_t i : plan.members) {
-      if (!marked_[i]) return false;
-      parts.push_back(ready_views_[i]);
-    }
-    if (!detail::reduces_in_shared_memory(comm_, parts)) return false;
-    bucket_state& st = buckets_[b];
-    st.in_place = true;
-    st.buffer = {};
-    auto [label, body] = detail::allreduce_in_shared_memory_body(comm_, std::move(parts), wire_op_);
-    st.done.emplace(detail::start_collective(comm_, label, [body = std::move(body), seconds = st.seconds](bool sync) {
-      const auto start = std::chrono::steady_clock::now();
-      body(sync);
-      seconds->store(seconds_since(start));
-    }));
-    return true;
-  }
-
-  // Whether the bucket's gradients were all marked and follow each other in memory in its order
-  // (a single gradient always does): then the bucket is reduced where they are.
-  bool lives_in_place(const detail::bucket_plan::bucket& plan) const {
-    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
-    for (std::size_t k = 0; k < plan.members.size(); ++k) {
-      const std::size_t i = plan.members[k];
-      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
-    }
-    return true;
-  }
-
-  void start_bucket(bucket_state& st, detail::call_check check, buffer_view v) {
-    auto call = detail::prepare_allreduce(std::move(check), v, v, comm_, wire_op_);
-    const auto label = call.label();
-    st.done.emplace(detail::start_collective(
-        comm_, label, [&comm = comm_, call = std::move(call), seconds = st.seconds](bool sync) {
-          const auto start = std::chrono::steady_clock::now();
-          detail::run_allreduce(comm, call, sync);
-          seconds->store(seconds_since(start));
-        }));
-  }
-
-  // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
-  // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
-  void finish_buckets() {
-    const auto start = std::chrono::steady_clock::now();
-    std::exception_ptr failure;
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
-      std::string missing;
-      for (std::size_t i : plan_.buckets[b].members) {
-        if (!marked_[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-      }
-      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
-        buckets_[b].fault_code = 16;
-        buckets_[b].fault = "gradient(s) " + missing +
-                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
-                            "reduce gradients a pass did not produce as zeros)";
-      }
-      try {
-        launch(b);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    next_launch_ = buckets_.size();
-    const auto wait_start = std::chrono::steady_clock::now();
-    {
-      const detail::trace::span phase(track_, "wait for buckets");
-      for (bucket_state& st : buckets_) {
-        if (!st.done) continue;
-        try {
-          st.done->wait();
-        } catch (...) {
-          if (!failure) failure = std::current_exception();
-        }
-      }
-    }
-    stats_.waiting += seconds_since(wait_start);
-    for (const bucket_state& st : buckets_) stats_.communication += st.seconds->load();
-    marks_ = 0;
-    if (failure) {
-      accumulated_ = 0;  // the round is abandoned
-      std::rethrow_exception(failure);
-    }
-    with_device_mover([&](auto& mover) {
-      const detail::trace::span phase(track_, "unpack buckets");
-      mover.begin();
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        const detail::bucket_plan::bucket& plan = plan_.buckets[b];
-        if (buckets_[b].in_place) continue;
-        const dtype wire = buckets_[b].buffer.type;
-        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
-        std::vector<detail::move_item> unpack;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          if (!marked_[i] && i >= pass_views().size()) continue;
-          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
-          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, shapes_[i].first});
-        }
-        mover.move(unpack, plan.type, wire, scale_after_);
-      }
-      mover.finish();
-    });
-    accumulated_ = 0;
-    ++stats_.steps;
-    stats_.exposed += seconds_since(start);
-    reduce_seconds_ += seconds_since(start);
-    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
-  }
-
-  // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
-  // (those it never saw ready last, in reverse order), the same plan on every rank.
-  void rebuild() {
-    std::vector<std::int64_t> order(shapes_.size());
-    std::vector<char> placed(shapes_.size(), 0);
-    std::size_t at = 0;
-    for (std::size_t i : ready_order_) {
-      order[at++] = static_cast<std::int64_t>(i);
-      placed[i] = 1;
-    }
-    for (std::size_t i = shapes_.size(); i-- > 0;) {
-      if (!placed[i]) order[at++] = static_cast<std::int64_t>(i);
-    }
-    broadcast(order, detail::control_of(comm_), 0);
-    std::vector<std::size_t> chosen(order.begin(), order.end());
-    make_plan(chosen);
-    rebuilt_ = true;
-    ready_order_.clear();
-  }
-
-  template <class F> void with_device_mover(F&& f) {
-    std::vector<buffer_view> where;
-    if (device_.is_cuda()) where.push_back({nullptr, 0, dtype::f32, device_});
-    with_mover(where, std::forward<F>(f));
-  }
-
-  static double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  // Whether this pass reduces (rather than accumulates or skips).
+  bool reducing_pass() const { return !skip_ && !synchronized_ && !accumulation_.holds_back(); }
 
   Optimizer& inner_;
-  gradient_source gradients_;
   C& comm_;
   optimizer_options options_;
-  bool checked_ = false;
-  std::string pending_fault_;  // found while accumulating; the round's reduction raises it
+  detail::local_accumulation accumulation_;
+  detail::reducer<C> reducer_;
   bool synchronized_ = false;
   bool skip_ = false;
-  bool joining_ = false;   // in join(): shadowing the others' reductions
-  int active_ranks_ = 0;   // uneven_inputs: ranks training in the last reducing step (0: none agreed yet)
-  int last_joined_ = -1;   // ...and the highest of them
-  bool no_sync_ = false;
-  int accumulated_ = 0;
-  std::vector<std::pair<std::size_t, dtype>> shapes_;
-  std::vector<buffer_view> accumulators_;
-  detail::host_mover host_mover_;
-#if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
-  std::optional<detail::device_mover> device_mover_;
-  int device_index_ = -1;
-#endif
-  double scale_before_ = 1.0;
-  double scale_after_ = 1.0;
-  reduce_op wire_op_ = reduce_op::avg;
-  double reduce_seconds_ = 0;
-  std::uint32_t track_ = detail::trace::new_track();  // in the timeline
   std::int64_t step_calls_ = 0;
-
-  // Buckets (mark_ready).
-  device device_ = device::cpu();  // where the gradients live (the first one's device)
-  detail::bucket_plan plan_;
-  std::vector<bucket_state> buckets_;
-  std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
-  std::vector<char> marked_;
-  std::size_t marks_ = 0;                 // gradients marked in this pass
-  std::size_t next_launch_ = 0;           // the next bucket to start
-  std::string pass_fault_;                // a problem of this pass not tied to one bucket
-  std::vector<buffer_view> pass_views_;   // gradients_() of this pass, read on demand
-  std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
-  bool rebuilt_ = false;
-  overlap_stats stats_;
 };
 
 HERD_CONFIG_NAMESPACE_END

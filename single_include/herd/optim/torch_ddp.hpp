@@ -20,8 +20,8 @@
 //     sgd.step();                                                // the gradients are averaged already
 //   }
 //
-// As DDP's Reducer: a hook on each parameter's gradient accumulator tells herd's distributed
-// optimizer (optim/distributed_optimizer.hpp) that the gradient is final (mark_ready); buckets
+// As DDP's Reducer: a hook on each parameter's gradient accumulator tells herd's reducer
+// (optim/detail/reducer.hpp, as distributed_optimizer's) that the gradient is final; buckets
 // of gradients start their allreduce as soon as they are complete, in bucket order on every rank,
 // while backward goes on; a callback queued on the autograd engine at the first hook waits for
 // the buckets at the end of backward and writes the averaged gradients back into param.grad(),
@@ -380,25 +380,22 @@ template <class Module, communicator C> class DistributedDataParallel {
 
   // The buckets (indices into the parameters that require a gradient) and the time their
   // reductions took, hidden and not (optim/distributed_optimizer.hpp).
-  std::vector<std::vector<std::size_t>> buckets() const { return state_->opt.buckets(); }
-  const overlap_stats& overlap() const noexcept { return state_->opt.overlap(); }
+  std::vector<std::vector<std::size_t>> buckets() const { return state_->reducer.buckets(); }
+  const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
   // What the hooks point to: it stays where it is when the DDP object moves.
   struct state {
-    struct nothing_to_step {
-      void step() {}
-    };
-
+    // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
     state(C& c, const optimizer_options& options)
-        : opt(inner, gradient_source(), c, options),
+        : reducer(c, gradient_source(), options, nullptr),
           comm(&c),
           broadcast_buffers(options.broadcast_buffers),
           find_unused(options.find_unused_parameters) {}
 
-    // The gradients as the optimizer reads those it was not told of (unused parameters): zeros
+    // The gradients as the reducer reads those it was not told of (unused parameters): zeros
     // for a parameter that got none, as PyTorch's DDP reduces them.
-    typename distributed_optimizer<nothing_to_step, C>::gradient_source gradient_source() {
+    typename herd::detail::reducer<C>::gradient_source gradient_source() {
       return [this] {
         std::vector<buffer_view> views;
         for (std::size_t i = 0; i < params.size(); ++i) {
@@ -459,7 +456,8 @@ template <class Module, communicator C> class DistributedDataParallel {
       used[i] = 1;
       try {
         repoint(i);
-        opt.mark_ready(i, view_of(params[i].mutable_grad()));
+        const buffer_view grad = view_of(params[i].mutable_grad());
+        reducer.mark(i, &grad);
       } catch (...) {
         queued = false;
         throw;
@@ -471,7 +469,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       std::lock_guard lock(mutex);
       queued = false;
       if (!find_unused) {
-        opt.step();
+        reducer.synchronize();
         return;
       }
       // The gradients this rank did not produce, as they were before the pass (undefined where the
@@ -483,7 +481,7 @@ template <class Module, communicator C> class DistributedDataParallel {
         kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
       }
       std::fill(created.begin(), created.end(), 0);
-      opt.step();
+      reducer.synchronize();
       std::vector<std::int32_t> anywhere(used.begin(), used.end());
       std::fill(used.begin(), used.end(), 0);
       allreduce(anywhere, *comm, reduce_op::max);
@@ -496,8 +494,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     }
 
     std::vector<at::Tensor> params;
-    nothing_to_step inner;
-    distributed_optimizer<nothing_to_step, C> opt;
+    herd::detail::reducer<C> reducer;
     std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks;
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
