@@ -127,6 +127,15 @@ struct NetImpl : ::torch::nn::Module {
   return tensor(ref, name);
 }
 
+// The model of scenario `p0` with reference.py's initial values.
+std::shared_ptr<NetImpl> scenario_model(const reference& ref, const std::string& p0) {
+  auto model = std::make_shared<NetImpl>();
+  const ::torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+  for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+  return model;
+}
+
 // herd::torch::DistributedDataParallel against torch.nn.parallel.DistributedDataParallel (gloo)
 // at the same world size, on this rank's batches: which gradients are defined, their values after
 // each backward, and the parameters and buffers after each step of libtorch's SGD.
@@ -141,12 +150,7 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
   for (std::size_t s = 0; s < table.size() / 5; ++s) {
     const std::int64_t* o = &table[5 * s];
     const std::string p0 = std::to_string(s) + ".";
-    auto model = std::make_shared<NetImpl>();
-    {
-      const ::torch::NoGradGuard no_grad;
-      for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
-      for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
-    }
+    auto model = scenario_model(ref, p0);
     herd::optimizer_options options{.bucket_bytes = o[1] != 0 ? static_cast<std::size_t>(o[1]) : herd::optimizer_options{}.bucket_bytes,
                                     .find_unused_parameters = o[0] != 0,
                                     .gradient_as_bucket_view = o[2] != 0};
@@ -196,14 +200,76 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
   return values == 0 && problems == 0 ? 0 : 1;
 }
 
+// herd::distributed_optimizer over herd::torch_gradients (Horovod's way: step() after every
+// backward pass, the gradients left to accumulate in .grad between zero_grad() calls) against the
+// same DDP runs: the reduced gradients and the parameters after every step. Where DDP leaves a
+// gradient undefined (a parameter no rank used), torch_gradients reduces zeros, as Horovod does:
+// those must be zero. Buffers are not broadcast (no DDP forward): rank 0's, which DDP broadcasts,
+// must match on rank 0.
+int torch_optimizer(const fs::path& dir, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const reference scenarios(dir / "ddp.safetensors");
+  const reference ref(dir / ("ddp." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
+  const auto table = scenarios.get<std::int64_t>("scenarios");
+  const auto shape = scenarios.get<std::int64_t>("shape");
+  ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());
+  std::size_t problems = 0;
+  for (std::size_t s = 0; s < table.size() / 5; ++s) {
+    const std::int64_t* o = &table[5 * s];
+    const std::string p0 = std::to_string(s) + ".";
+    auto model = scenario_model(ref, p0);
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm,
+                                    {.backward_passes_per_step = static_cast<int>(o[4])});
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      if (o[3] != 0) model->zero_grad(true);
+      else sgd.zero_grad();
+      bool stepped = false;
+      for (std::int64_t k = 0; k < o[4]; ++k) {
+        const std::string q = p + std::to_string(k) + ".";
+        ::torch::mse_loss(model->forward(tensor(ref, q + "x"), comm.rank() == 1), tensor(ref, q + "target")).backward();
+        stepped = opt.step();
+        if (stepped != (k + 1 == o[4]) && problems++ < 4) {
+          std::printf("  %s: step() after pass %lld of %lld %s\n", p.c_str(), static_cast<long long>(k + 1),
+                      static_cast<long long>(o[4]), stepped ? "stepped" : "did not step");
+        }
+      }
+      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        const auto& g = named[i].value().grad();
+        if (!g.defined()) {
+          if (problems++ < 4) std::printf("  %s: the gradient of %s is undefined\n", p.c_str(), named[i].key().c_str());
+        } else if (defined[i] != 0) {
+          check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
+        } else {
+          check(cmp, p + "grad." + named[i].key() + " (zeros)", g, ::torch::zeros_like(g));
+        }
+      }
+      for (auto& item : model->named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
+      if (comm.rank() == 0) {
+        for (auto& item : model->named_buffers()) {
+          check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
+                any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
+        }
+      }
+    }
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  const int values = cmp.report("parity_torch_optimizer");
+  std::printf("rank %d of %d: parity_torch_optimizer: %zu other problems\n", comm.rank(), comm.size(), problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   herd::mpi::environment mpi(argc, argv);
   herd::mpi_communicator comm;
   const std::string check = argc == 3 ? argv[1] : "";
-  if (check != "sync_batch_norm" && check != "ddp") {
-    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp DIR\n");
+  if (check != "sync_batch_norm" && check != "ddp" && check != "torch_optimizer") {
+    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|torch_optimizer DIR\n");
     return 2;
   }
   const fs::path dir = argv[2];
@@ -213,7 +279,9 @@ int main(int argc, char** argv) {
   }
   int failed = 0;
   try {
-    failed = check == "ddp" ? ddp(dir, comm) : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
+    failed = check == "ddp"               ? ddp(dir, comm)
+             : check == "torch_optimizer" ? torch_optimizer(dir, comm)
+                                          : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
   } catch (const std::exception& e) {
     std::printf("rank %d: parity_%s: %s\n", comm.rank(), argv[1], e.what());
     failed = 1;
