@@ -12938,9 +12938,10 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 //   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
-//   (for op avg), which keeps sums of many large gradients from overflowing in f16. When every
-//   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
-//   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16. Gradients
+//   that are 16-bit on the wire (f16/bf16 gradients, or compression) are always averaged with
+//   f = the divisor, as DDP divides before its sum, whatever the dtypes beside them: no average
+//   within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
 //   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
 //   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the
@@ -13864,10 +13865,11 @@ HERD_CONFIG_NAMESPACE_END
 // applies `after`, so every path (fusion buffers, buckets) scales alike.
 //
 // For op avg with gradient_predivide_factor f: 1/f before, f/divisor after, summed on the wire
-// (Horovod's predivision: large gradients stay in range in the sum). When every gradient is 16-bit
-// on the wire, f is the divisor itself, as DDP divides before its sum: no average within range
-// overflows. The divisor is the world size, or with uneven_inputs and divide_by_active_ranks the
-// ranks still training.
+// (Horovod's predivision: large gradients stay in range in the sum). Gradients that are 16-bit on
+// the wire (f16/bf16 gradients, or compression) always use f = the divisor, as DDP divides before
+// its sum: no average within range overflows, whatever the other gradients' dtypes (the factor is
+// per wire dtype; a fusion buffer or bucket holds one dtype). The divisor is the world size, or
+// with uneven_inputs and divide_by_active_ranks the ranks still training.
 
 
 #include <algorithm>
@@ -13879,39 +13881,48 @@ HERD_CONFIG_NAMESPACE_END
 namespace herd::detail {
 
 struct reduction_policy {
-  double before = 1.0;
-  double after = 1.0;
-  reduce_op wire_op = reduce_op::avg;
+  // The scaling of gradients of one width on the wire.
+  struct scaling {
+    double before = 1.0;
+    double after = 1.0;
+    reduce_op wire_op = reduce_op::avg;
+  };
+  scaling wide;    // wider than 16 bits on the wire
+  scaling narrow;  // 16 bits on the wire
   herd::compression compression = herd::compression::none;
 
-  // `shapes`: (elements, dtype) of every gradient; `world`: the communicator's size.
-  static reduction_policy make(reduce_op op, double predivide_factor, herd::compression compression,
-                               std::span<const std::pair<std::size_t, dtype>> shapes, int divisor, int world) {
-    const bool average = op == reduce_op::avg;
-    const bool narrow = !shapes.empty() && std::all_of(shapes.begin(), shapes.end(), [&](const auto& shape) {
-      return size_of(wire_dtype(compression, shape.second)) == 2;
-    });
-    const double f = narrow ? static_cast<double>(divisor) : predivide_factor;
-    const bool scaled = average && (f != 1.0 || divisor != world);
-    return {scaled ? 1.0 / f : 1.0, scaled ? f / divisor : 1.0, scaled ? reduce_op::sum : op, compression};
+  // `divisor`: the ranks an average divides by; `world`: the communicator's size.
+  static reduction_policy make(reduce_op op, double predivide_factor, herd::compression compression, int divisor,
+                               int world) {
+    auto with_factor = [&](double f) {
+      const bool scaled = op == reduce_op::avg && (f != 1.0 || divisor != world);
+      return scaling{scaled ? 1.0 / f : 1.0, scaled ? f / divisor : 1.0, scaled ? reduce_op::sum : op};
+    };
+    return {with_factor(predivide_factor), with_factor(static_cast<double>(divisor)), compression};
   }
 
   dtype wire(dtype type) const noexcept { return wire_dtype(compression, type); }
+  // The scaling of gradients of dtype `type` (not the wire's).
+  const scaling& of(dtype type) const noexcept { return size_of(wire(type)) == 2 ? narrow : wide; }
+  reduce_op wire_op(dtype type) const noexcept { return of(type).wire_op; }
   // Gradients of `type` cross the wire as they are: no cast, no scaling (so they may be reduced
   // where they live).
-  bool as_is(dtype type) const noexcept { return wire(type) == type && before == 1.0 && after == 1.0; }
+  bool as_is(dtype type) const noexcept { return wire(type) == type && of(type).before == 1.0 && of(type).after == 1.0; }
 
   // Into the wire type, scaled by `before`: `items` of dtype `from` (a gradient, or an
   // accumulated sum) into slots of dtype `wire_type`.
   template <class Mover>
   void pack(Mover& mover, std::span<const move_item> items, dtype wire_type, dtype from) const {
-    mover.move(items, wire_type, from, before);
+    mover.move(items, wire_type, from, on_wire(wire_type).before);
   }
   // Back from the wire type into the gradients (dtype `type`), scaled by `after`.
   template <class Mover>
   void unpack(Mover& mover, std::span<const move_item> items, dtype type, dtype wire_type) const {
-    mover.move(items, type, wire_type, after);
+    mover.move(items, type, wire_type, on_wire(wire_type).after);
   }
+
+ private:
+  const scaling& on_wire(dtype wire_type) const noexcept { return size_of(wire_type) == 2 ? narrow : wide; }
 };
 
 }  // namespace herd::detail
@@ -14004,8 +14015,8 @@ template <communicator C> class reducer final : public join_hook {
   // The reduction policy for the options and the gradients (after the first check).
   void set_policy() {
     const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? roster_.active_ranks() : comm_.size();
-    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression,
-                                     checks_.shapes(), divisor, comm_.size());
+    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression, divisor,
+                                     comm_.size());
   }
 
   // --- All ready at once (step-time fusion).
@@ -14058,7 +14069,7 @@ template <communicator C> class reducer final : public join_hook {
     const buffer_view& lone = grads[bucket.front()];
     if (bucket.size() == 1 && policy_.as_is(lone.type)) {
       buffer_view in_place = lone;
-      herd::allreduce(in_place, comm_, policy_.wire_op);
+      herd::allreduce(in_place, comm_, policy_.wire_op(lone.type));
       return;
     }
     if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
@@ -14082,7 +14093,7 @@ template <communicator C> class reducer final : public join_hook {
       policy_.pack(mover, pack, wire, lone.type);
       mover.finish();
     }
-    herd::allreduce(packed, comm_, policy_.wire_op);
+    herd::allreduce(packed, comm_, policy_.wire_op(lone.type));
     const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
     mover.begin();
     policy_.unpack(mover, unpack, lone.type, wire);
@@ -14097,7 +14108,7 @@ template <communicator C> class reducer final : public join_hook {
     parts.reserve(bucket.size());
     for (std::size_t i : bucket) parts.push_back(grads[i]);
     if (!reduces_in_shared_memory(comm_, parts)) return false;
-    allreduce_in_shared_memory(comm_, parts, policy_.wire_op);
+    allreduce_in_shared_memory(comm_, parts, policy_.wire_op(parts.front().type));
     return true;
   }
 
@@ -14175,7 +14186,7 @@ template <communicator C> class reducer final : public join_hook {
       call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
       failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
                              "and mark each ready once per backward pass");
-      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op);
+      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
       return;
     }
     const dtype wire = policy_.wire(plan.type);
@@ -14220,7 +14231,7 @@ template <communicator C> class reducer final : public join_hook {
     });
     if (started) return;
     call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op);
+    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
   }
 
   // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
@@ -14235,7 +14246,7 @@ template <communicator C> class reducer final : public join_hook {
       parts.push_back(ready_views_[i]);
     }
     if (!reduces_in_shared_memory(comm_, parts)) return false;
-    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op);
+    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op(plan.type));
     return true;
   }
 

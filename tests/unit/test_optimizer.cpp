@@ -465,3 +465,26 @@ TEST_CASE("16-bit averages are divided before the sum, as DDP's: two ranks avera
     }
   }
 }
+
+TEST_CASE("16-bit averages beside f32 gradients are divided before the sum too; the f32 ones keep their own factor") {
+  for (double predivide : {1.0, 4.0}) {
+    for (bool buckets : {false, true}) {
+      herd::local::run(2, [&](herd::local_communicator& comm) {
+        std::vector<herd::half> g16(5, herd::half(40000.0f));
+        std::vector<float> g32(7, 3.0f + static_cast<float>(comm.rank()));
+        const auto grads = herd::views(g16, g32);
+        recorder inner{grads, {}, 0};
+        herd::distributed_optimizer opt(inner, grads, comm, {.gradient_predivide_factor = predivide});
+        if (buckets) {
+          opt.mark_ready(1, grads[1]);
+          opt.mark_ready(0, grads[0]);
+        }
+        opt.step();
+        INFO("predivide ", predivide, std::string(buckets ? ", buckets" : ", step-time fusion"), ", rank ", comm.rank());
+        REQUIRE(inner.seen.size() == 2);
+        for (double v : inner.seen[0]) CHECK(v == 40000.0);
+        for (double v : inner.seen[1]) CHECK(v == 3.5);
+      });
+    }
+  }
+}

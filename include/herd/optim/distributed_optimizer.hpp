@@ -18,9 +18,10 @@
 //   allreduce, no fusion buffer, no packing copies.
 // - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
 // - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
-//   (for op avg), which keeps sums of many large gradients from overflowing in f16. When every
-//   gradient is 16-bit on the wire (f16/bf16 gradients, or compression), the average is always
-//   divided before the sum (f = the divisor), as DDP's is: no average within range overflows.
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16. Gradients
+//   that are 16-bit on the wire (f16/bf16 gradients, or compression) are always averaged with
+//   f = the divisor, as DDP divides before its sum, whatever the dtypes beside them: no average
+//   within range overflows.
 // - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
 //   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
 //   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the

@@ -128,8 +128,8 @@ template <communicator C> class reducer final : public join_hook {
   // The reduction policy for the options and the gradients (after the first check).
   void set_policy() {
     const int divisor = options_.uneven_inputs && options_.divide_by_active_ranks ? roster_.active_ranks() : comm_.size();
-    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression,
-                                     checks_.shapes(), divisor, comm_.size());
+    policy_ = reduction_policy::make(options_.op, options_.gradient_predivide_factor, options_.compression, divisor,
+                                     comm_.size());
   }
 
   // --- All ready at once (step-time fusion).
@@ -182,7 +182,7 @@ template <communicator C> class reducer final : public join_hook {
     const buffer_view& lone = grads[bucket.front()];
     if (bucket.size() == 1 && policy_.as_is(lone.type)) {
       buffer_view in_place = lone;
-      herd::allreduce(in_place, comm_, policy_.wire_op);
+      herd::allreduce(in_place, comm_, policy_.wire_op(lone.type));
       return;
     }
     if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
@@ -206,7 +206,7 @@ template <communicator C> class reducer final : public join_hook {
       policy_.pack(mover, pack, wire, lone.type);
       mover.finish();
     }
-    herd::allreduce(packed, comm_, policy_.wire_op);
+    herd::allreduce(packed, comm_, policy_.wire_op(lone.type));
     const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
     mover.begin();
     policy_.unpack(mover, unpack, lone.type, wire);
@@ -221,7 +221,7 @@ template <communicator C> class reducer final : public join_hook {
     parts.reserve(bucket.size());
     for (std::size_t i : bucket) parts.push_back(grads[i]);
     if (!reduces_in_shared_memory(comm_, parts)) return false;
-    allreduce_in_shared_memory(comm_, parts, policy_.wire_op);
+    allreduce_in_shared_memory(comm_, parts, policy_.wire_op(parts.front().type));
     return true;
   }
 
@@ -299,7 +299,7 @@ template <communicator C> class reducer final : public join_hook {
       call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
       failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
                              "and mark each ready once per backward pass");
-      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op);
+      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
       return;
     }
     const dtype wire = policy_.wire(plan.type);
@@ -344,7 +344,7 @@ template <communicator C> class reducer final : public join_hook {
     });
     if (started) return;
     call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op);
+    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
   }
 
   // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
@@ -359,7 +359,7 @@ template <communicator C> class reducer final : public join_hook {
       parts.push_back(ready_views_[i]);
     }
     if (!reduces_in_shared_memory(comm_, parts)) return false;
-    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op);
+    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op(plan.type));
     return true;
   }
 
