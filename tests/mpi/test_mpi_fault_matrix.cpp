@@ -6,6 +6,9 @@
 // - run_elastic recovers: the final weights equal, bit for bit, those of a fault-free run computed
 //   here without herd (integer-valued gradients, so that every path's sums are exact);
 // - nothing is left in /dev/shm.
+// A rank that leaves: the others shrink to a communicator of their own and go on, bit for bit a run
+// that switches to one rank fewer at the commit they went back to. A stall that never resumes: the
+// others raise within the bound, and run_elastic's renewal, which needs the rank, raises too.
 // A user's message on a reserved tag, sent from another thread while the operation runs, is refused
 // on that rank alone and disturbs nothing.
 //
@@ -29,13 +32,14 @@
 #include <cstdint>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace {
 
-enum class fault_kind { stall_that_resumes, stall_that_never_resumes, exception, reserved_tag };
+enum class fault_kind { stall_that_resumes, stall_that_never_resumes, exception, rank_leaves, reserved_tag };
 enum class path { ring, shared_memory, hierarchical, async, grouped, buckets };
 enum class phase { agreement, mid_data, last_step };
 
@@ -86,6 +90,12 @@ tag_poster* poster = nullptr;
 herd::mpi_communicator* current = nullptr;  // the communicator training now
 std::vector<herd::mpi_communicator::request> leaked;  // user posts that were not refused
 
+// What the rank that leaves throws: not a herd::error, so that run_elastic lets it pass, and the
+// rank's communicator is destroyed on the way out (which tells its peers it left).
+struct leaves_training : std::runtime_error {
+  leaves_training() : std::runtime_error("this rank leaves the training") {}
+};
+
 void stall(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
 // A stall that never resumes, as far as its peers can tell: it lasts until every other rank has
@@ -105,6 +115,7 @@ void on_event() {
     case fault_kind::stall_that_resumes: stall(resume_after); break;
     case fault_kind::stall_that_never_resumes: stall_until_given_up(); break;
     case fault_kind::exception: throw herd::error("injected failure inside the operation");
+    case fault_kind::rank_leaves: throw leaves_training();
     case fault_kind::reserved_tag: {  // the operation waits until the user's thread has tried
       std::unique_lock lock(poster->m);
       poster->asked = true;
@@ -135,12 +146,13 @@ float gradient(float w, int rank, std::int64_t step, std::size_t i) {
   return static_cast<float>(((x % 7) + 7) % 7 - 3);
 }
 
-// The fault-free result, without herd: every rank's gradient is known here.
-std::vector<float> expected_weights(int ranks) {
+// The fault-free result, without herd: every rank's gradient is known here. From step `switch_at`
+// on, `later_ranks` ranks train (those that stay after a rank left, renumbered from 0).
+std::vector<float> expected_weights(int ranks, std::int64_t switch_at = steps, int later_ranks = 0) {
   std::vector<float> w(elements, 1.0f);
   for (std::int64_t step = 0; step < steps; ++step) {
     std::vector<float> sum(elements, 0.0f);
-    for (int r = 0; r < ranks; ++r) {
+    for (int r = 0; r < (step < switch_at ? ranks : later_ranks); ++r) {
       for (std::size_t i = 0; i < elements; ++i) sum[i] += gradient(w[i], r, step, i);
     }
     for (std::size_t i = 0; i < elements; ++i) w[i] -= sum[i];
@@ -182,6 +194,9 @@ struct outcome {
   double seconds = 0;           // from the faulted step's start to that error
   std::string refusal;          // the aborted communicator's answer to a later call
   std::string gave_up;          // run_elastic's own error, when it could not recover
+  bool left = false;            // this rank left the training
+  std::int64_t world_changed_at = -1;  // the step the survivors went on from, and their number
+  int new_size = 0;
   std::vector<float> weights;
 };
 
@@ -230,6 +245,10 @@ outcome train(path p, fault_kind kind, int fault_event, int* events_seen = nullp
   herd::elastic_state state;
   state.track(w);
   state.track(step);
+  state.on_world_change([&](int, int new_size) {
+    out.world_changed_at = step;
+    out.new_size = new_size;
+  });
   // Gradients that outlive the cell: a peer that never resumes may leave sends from them to MPI.
   static step_gradients g;
   clock_type::time_point fault_start;
@@ -283,6 +302,10 @@ outcome train(path p, fault_kind kind, int fault_event, int* events_seen = nullp
     });
   } catch (const herd::error& e) {
     out.gave_up = e.what();
+  } catch (const leaves_training&) {
+    counting = false;
+    fault_at = -1;
+    out.left = true;
   }
   current = nullptr;
   out.weights = w;
@@ -365,6 +388,21 @@ void run_row(fault_kind kind) {
           CHECK(!o.gave_up.empty());
           if (rank != 1) CHECK(o.seconds < shutdown + 2);
           break;
+        case fault_kind::rank_leaves:
+          if (rank == 1) {
+            CHECK(o.left);
+            break;
+          }
+          // The others raise at once, shrink to a communicator of their own and go on from the
+          // last commit they hold: the result of a run that switches to one rank fewer there.
+          CHECK(o.gave_up.empty());
+          CHECK(o.attempts == 2);
+          CHECK(has(o.refusal, "this communicator was aborted by an earlier error"));
+          CHECK(o.seconds < shutdown + 2);
+          CHECK(o.new_size == size - 1);
+          CHECK((o.world_changed_at == 2 || o.world_changed_at == 4));  // commit #2, or #3 if step 3 completed here
+          CHECK(o.weights == expected_weights(size, o.world_changed_at, size - 1));
+          break;
         case fault_kind::stall_that_resumes:
         case fault_kind::exception:
           CHECK(o.gave_up.empty());
@@ -392,6 +430,9 @@ HERD_MPI_TEST_CASE("fault matrix: a stall that never resumes, on every path and 
 }
 HERD_MPI_TEST_CASE("fault matrix: an exception inside the operation, on every path and phase", 2) {
   run_row(fault_kind::exception);
+}
+HERD_MPI_TEST_CASE("fault matrix: a rank that leaves inside the operation, on every path and phase", 2) {
+  run_row(fault_kind::rank_leaves);
 }
 HERD_MPI_TEST_CASE("fault matrix: a user's message on a reserved tag while an operation runs, on every path and phase", 2) {
   run_row(fault_kind::reserved_tag);
