@@ -12,12 +12,14 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -647,4 +649,40 @@ HERD_MPI_TEST_CASE("overlap buckets on one node: reduced in shared memory from t
   CHECK(through_shm.overlap().steps == 3);
   CHECK(through_shm.overlap().packed_bytes == 0);  // nothing copied into bucket buffers
   CHECK(through_ring.overlap().packed_bytes > 0);
+}
+
+namespace {
+// Bytes in use in /dev/shm (where Docker's 64 MiB default limit applies).
+double dev_shm_used() {
+  struct statvfs s {};
+  if (::statvfs("/dev/shm", &s) != 0) return -1;
+  return static_cast<double>(s.f_blocks - s.f_bfree) * static_cast<double>(s.f_frsize);
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("communicators made by split, subset and renew add nothing to /dev/shm, however many live at once", 2) {
+  herd::mpi_communicator comm(MPI_COMM_WORLD, with(herd::algorithm::shared_memory));
+  REQUIRE(comm.shared_node() != nullptr);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double before = dev_shm_used();
+  std::vector<herd::mpi_communicator> alive;
+  std::vector<int> everyone(static_cast<std::size_t>(comm.size()));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  for (int k = 0; k < 4; ++k) {
+    alive.push_back(comm.split(0, comm.rank()));
+    alive.push_back(comm.subset(everyone));
+    alive.push_back(alive.back().renew());
+  }
+  std::size_t shared = 0;
+  for (herd::mpi_communicator& c : alive) {
+    if (c.shared_node() != nullptr) ++shared;
+    std::vector<float> v(3000, 1.0f);
+    herd::allreduce(v, c);
+    CHECK(v == std::vector<float>(3000, static_cast<float>(comm.size())));
+  }
+  CHECK(shared == alive.size());  // each has a segment of its own (1 MiB slices: several MiB each)
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double after = dev_shm_used();
+  INFO("/dev/shm in use: ", before, " bytes before, ", after, " with ", alive.size(), " communicators");
+  CHECK(after - before < 1 << 20);  // the segments are anonymous (memfd): not in /dev/shm at all
 }
