@@ -21,6 +21,7 @@
 #include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/runtime/elastic.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 
 #include <dirent.h>
@@ -58,19 +59,11 @@ constexpr std::size_t elements = 6000;      // 23.4 KiB of f32 per step: several
 constexpr std::int64_t steps = 6;
 constexpr std::int64_t fault_step = 3;  // after commit #2 (step 2), before commit #3 (step 4)
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
-template <class Fn> std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const herd::error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using herd_test::error_of;
+using herd_test::has;
 
 // --- The injection: counts this process's events in the faulted step and runs the fault at one.
 
@@ -214,7 +207,7 @@ void reduce(path p, herd::mpi_communicator& comm, step_gradients& g) {
       std::string first;  // every handle is waited for, the first error raised after
       for (auto& h : handles) {
         const std::string e = error_of([&] { h.wait(); });
-        if (first.empty() && e != "(no error)") first = e;
+        if (first.empty() && e != "(no herd::error)") first = e;
       }
       if (!first.empty()) throw herd::error(first);
       break;
