@@ -72,6 +72,8 @@ template <communicator C> class reducer final : public join_hook {
   join_roster& roster() noexcept { return roster_; }
   const join_roster& roster() const noexcept { return roster_; }
   std::uint32_t track() const noexcept { return track_; }
+  // The owner agrees on who trains before each pass (DDP's forward()), not the reducer.
+  void agree_elsewhere() noexcept { agreed_elsewhere_ = true; }
   template <class F> void with_mover(const std::vector<buffer_view>& grads, F&& f) {
     movers_.with(comm_, grads, std::forward<F>(f));
   }
@@ -82,12 +84,13 @@ template <communicator C> class reducer final : public join_hook {
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
     if (marks_ > 0) return finish();
-    if (options_.uneven_inputs) roster_.agree(comm_, join_mode::at_step);
+    if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
 
   // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
   void shadow(join_mode how) override {
+    if (how == join_mode::no_reduction) return;
     std::vector<buffer_view> grads = source_();
     with_mover(grads, [&](auto& mover) {
       mover.begin();
@@ -182,7 +185,7 @@ template <communicator C> class reducer final : public join_hook {
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets() {
     // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+    if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
     if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
     if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
     set_policy();
@@ -371,6 +374,7 @@ template <communicator C> class reducer final : public join_hook {
   std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
   std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
   bool rebuilt_ = false;
+  bool agreed_elsewhere_ = false;
   overlap_stats stats_;
 };
 
