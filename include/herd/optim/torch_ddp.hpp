@@ -33,6 +33,11 @@
 //   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
 //   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
 //   copied into its place when it becomes ready and param.grad() points there again.
+// - With uneven_inputs, as under DDP's Join([ddp]): each forward first agrees on who still trains,
+//   a rank out of batches calls join() and shadows the others' collectives with zeros until all
+//   have joined, then every rank takes the last joiner's parameters and buffers.
+// - With static_graph, the parameters no rank used in the first pass are the unused ones of every
+//   pass. What differs from DDP: docs/training.md.
 //
 // On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
 // stream-ordered, with no host copy of the gradients.
