@@ -226,8 +226,9 @@ void compare_state(comparison& cmp, const reference& ref, const std::string& p, 
 }
 
 // reference.py's DDP_MORE_SCENARIOS: uneven inputs (DDP under Join([ddp]): the last rank has one
-// iteration, then join()) and static_graph, against torch's DDP on every rank after each of its
-// iterations and after the join (every rank then holds the last joiner's model).
+// iteration, then join()), static_graph, and a layer used only in a no_sync() pass, against
+// torch's DDP on every rank after each of its iterations and after the join (every rank then
+// holds the last joiner's model).
 int ddp_join_static(const fs::path& dir, herd::mpi_communicator& comm) {
   comparison cmp(1e-9);
   const reference scenarios(dir / "ddp.safetensors");
@@ -236,8 +237,8 @@ int ddp_join_static(const fs::path& dir, herd::mpi_communicator& comm) {
   const auto shape = scenarios.get<std::int64_t>("shape");
   ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());
   std::size_t problems = 0;
-  for (std::size_t s = 0; s < table.size() / 4; ++s) {
-    const std::int64_t* o = &table[4 * s];
+  for (std::size_t s = 0; s < table.size() / 5; ++s) {
+    const std::int64_t* o = &table[5 * s];
     const std::string p0 = "j" + std::to_string(s) + ".";
     auto model = scenario_model(ref, p0);
     herd::optimizer_options options{.bucket_bytes = o[3] != 0 ? static_cast<std::size_t>(o[3]) : herd::optimizer_options{}.bucket_bytes,
@@ -252,7 +253,11 @@ int ddp_join_static(const fs::path& dir, herd::mpi_communicator& comm) {
     for (std::int64_t it = 0; it < iterations; ++it) {
       const std::string p = p0 + std::to_string(it) + ".";
       sgd.zero_grad();
-      ::torch::mse_loss(ddp.forward(tensor(ref, p + "x"), comm.rank() == 1), tensor(ref, p + "target")).backward();
+      if (o[4] != 0) {
+        const auto guard = ddp.no_sync();
+        ::torch::mse_loss(ddp.forward(tensor(ref, p + "early.x"), comm.rank() == 0), tensor(ref, p + "early.target")).backward();
+      }
+      ::torch::mse_loss(ddp.forward(tensor(ref, p + "x"), comm.rank() == 1 && o[4] != 1), tensor(ref, p + "target")).backward();
       compare_gradients(cmp, problems, ref, p, named);
       sgd.step();
       compare_state(cmp, ref, p, *model);

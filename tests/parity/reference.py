@@ -303,8 +303,11 @@ DDP_SCENARIOS = [[1, 0, 0, 0, 1], [1, 256, 1, 0, 1], [1, 256, 1, 1, 1], [1, 0, 0
 DDP_ITERATIONS, DDP_BATCH = 3, 4
 # Uneven inputs and static_graph, on the same model: [Join([ddp]) (the last rank has 1 iteration,
 # the others DDP_ITERATIONS; buffers broadcast from the highest rank still training),
-# static_graph, find_unused_parameters, bucket bytes (0: DDP's default)]
-DDP_MORE_SCENARIOS = [[1, 0, 1, 0], [1, 0, 1, 256], [0, 1, 0, 0], [0, 1, 1, 256]]
+# static_graph, find_unused_parameters, bucket bytes (0: DDP's default), early pass (0: none;
+# 1 or 2: a first pass under no_sync() where rank 0 alone uses `extra`, which the second pass uses
+# on no rank (1) or on rank 1 (2); without one, rank 1 uses it)]
+DDP_MORE_SCENARIOS = [[1, 0, 1, 0, 0], [1, 0, 1, 256, 0], [0, 1, 0, 0, 0], [0, 1, 1, 256, 0], [0, 0, 1, 0, 1],
+                      [0, 0, 1, 0, 2]]
 
 
 def ddp_model():
@@ -375,7 +378,7 @@ def ddp_more(rank, world, tensors):
     """DDP_MORE_SCENARIOS: each rank's gradients and state after each of its iterations, and after
     the Join (its post-hook gives every rank the last joiner's parameters and buffers)."""
     from torch.distributed.algorithms.join import Join
-    for s, (join, static, unused, bucket) in enumerate(DDP_MORE_SCENARIOS):
+    for s, (join, static, unused, bucket, early) in enumerate(DDP_MORE_SCENARIOS):
         model = ddp_model()
         for n, t in model.state_dict().items():
             tensors[f"j{s}.init.{n}"] = t.clone()
@@ -388,10 +391,16 @@ def ddp_more(rank, world, tensors):
             for it in range(1 if join and rank == world - 1 else DDP_ITERATIONS):
                 p = f"j{s}.{it}."
                 opt.zero_grad()
+                if early:
+                    x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                    target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                    tensors[p + "early.x"], tensors[p + "early.target"] = x, target
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(x, rank == 0), target).backward()
                 x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
                 target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
                 tensors[p + "x"], tensors[p + "target"] = x, target
-                torch.nn.functional.mse_loss(ddp(x, rank == 1), target).backward()
+                torch.nn.functional.mse_loss(ddp(x, rank == 1 and early != 1), target).backward()
                 record_gradients(tensors, p, model)
                 opt.step()
                 for n, t in model.state_dict().items():

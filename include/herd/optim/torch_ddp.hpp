@@ -27,8 +27,8 @@
 //   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
 // - With find_unused_parameters, a parameter no rank used in the pass keeps its gradient as it
 //   was (undefined stays undefined, so weight decay and momentum leave it alone); one that some
-//   rank used gets the average, zeros counted for the ranks that did not. One more allreduce, of
-//   a flag per parameter, finds them.
+//   rank used gets the average, counting for the ranks that did not the gradient they hold (the
+//   sum of no_sync() passes, say), or zeros. One more allreduce, of a flag per parameter, finds them.
 // - With gradient_as_bucket_view, each param.grad() is a tensor inside its bucket's storage (laid
 //   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
 //   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
@@ -307,6 +307,14 @@ template <class Module, communicator C> class DistributedDataParallel {
         if (used[i]) continue;
         const at::Tensor& g = params[i].grad();
         kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+      }
+      // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
+      // no_sync() passes, say), zeros where it holds none.
+      for (auto& [i, g] : kept) {
+        if (!g.defined()) continue;
+        repoint(i);
+        const buffer_view grad = view_of(params[i].mutable_grad());
+        reducer.mark(i, &grad);
       }
       std::fill(created.begin(), created.end(), 0);
       reducer.synchronize();
