@@ -331,3 +331,21 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: join() shadows the others' forwards
     CHECK(last_bias_grad() == mine);  // the shadowed rounds reduced zeros of their own
   }
 }
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: static_graph on some ranks only raises from backward() on every rank", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  auto model = make_model(7);
+  herd::optimizer_options options;
+  options.find_unused_parameters = true;
+  options.static_graph = comm.rank() == 1;  // the used flags would be allreduced by some ranks only
+  herd::torch::DistributedDataParallel net(model, comm, options);
+  std::string message = "(no error)";
+  try {
+    net.forward(torch::ones({1, 6})).sum().backward();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("option static_graph differs between rank 0 and rank 1") != std::string::npos);
+}
