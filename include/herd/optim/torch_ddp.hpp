@@ -142,7 +142,8 @@ template <class Module, communicator C> class DistributedDataParallel {
                           "Pass uneven_inputs = true to DistributedDataParallel on every rank");
     }
     herd::detail::join_hook* const hooks[] = {s};
-    const int last = s->reducer.roster().join(*s->comm, hooks);
+    int last = s->reducer.roster().join(*s->comm, hooks);
+    if (last < 0) last = s->comm->size() - 1;  // no rank trained since the start: DDP takes the highest
     broadcast_parameters(*module_, *s->comm, last);
     return last;
   }

@@ -5,13 +5,15 @@
 // reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
 // marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
 // every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
-// uneven_inputs, the agreement on who still trains (detail/join.hpp), whose rounds a joined rank
-// shadows through the reducer's join_hook.
+// uneven_inputs, the agreement on who still trains (detail/join.hpp; the DDP wrapper's forward()
+// makes it instead, after agree_elsewhere()), whose rounds a joined rank shadows through the
+// reducer's join_hook.
 //
 // States and transitions (one pass, from one thread at a time):
 // - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
-//   synchronized; the first mark() instead agrees on who trains (uneven_inputs), checks the
-//   gradients on the first pass, makes the plan and the policy, and starts collecting marks.
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs, unless agreed
+//   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
+//   collecting marks.
 // - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
 //   are packed and started, in order on every rank (buckets in flight, on the progress thread).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
