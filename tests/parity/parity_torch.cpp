@@ -200,6 +200,78 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
   return values == 0 && problems == 0 ? 0 : 1;
 }
 
+// Which gradients are defined, and their values, against reference.py's record `p`.
+void compare_gradients(comparison& cmp, std::size_t& problems, const reference& ref, const std::string& p,
+                       const ::torch::OrderedDict<std::string, ::torch::Tensor>& named) {
+  const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const auto& g = named[i].value().grad();
+    if (g.defined() != (defined[i] != 0)) {
+      if (problems++ < 4) {
+        std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
+                    g.defined() ? "defined" : "undefined", defined[i] ? "defined" : "undefined");
+      }
+    } else if (g.defined()) {
+      check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
+    }
+  }
+}
+
+void compare_state(comparison& cmp, const reference& ref, const std::string& p, NetImpl& model) {
+  for (auto& item : model.named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
+  for (auto& item : model.named_buffers()) {
+    check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
+          any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
+  }
+}
+
+// reference.py's DDP_MORE_SCENARIOS: uneven inputs (DDP under Join([ddp]): the last rank has one
+// iteration, then join()), static_graph, and a layer used only in a no_sync() pass, against
+// torch's DDP on every rank after each of its iterations and after the join (every rank then
+// holds the last joiner's model).
+int ddp_join_static(const fs::path& dir, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const reference scenarios(dir / "ddp.safetensors");
+  const reference ref(dir / ("ddp." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
+  const auto table = scenarios.get<std::int64_t>("more_scenarios");
+  const auto shape = scenarios.get<std::int64_t>("shape");
+  ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());
+  std::size_t problems = 0;
+  for (std::size_t s = 0; s < table.size() / 5; ++s) {
+    const std::int64_t* o = &table[5 * s];
+    const std::string p0 = "j" + std::to_string(s) + ".";
+    auto model = scenario_model(ref, p0);
+    herd::optimizer_options options{.bucket_bytes = o[3] != 0 ? static_cast<std::size_t>(o[3]) : herd::optimizer_options{}.bucket_bytes,
+                                    .find_unused_parameters = o[2] != 0,
+                                    .static_graph = o[1] != 0,
+                                    .uneven_inputs = o[0] != 0};
+    if (o[3] != 0) options.first_bucket_bytes = static_cast<std::size_t>(o[3]);
+    herd::torch::DistributedDataParallel ddp(model, comm, options);
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = model->named_parameters();
+    const std::int64_t iterations = o[0] != 0 && comm.rank() == comm.size() - 1 ? 1 : shape[0];
+    for (std::int64_t it = 0; it < iterations; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      sgd.zero_grad();
+      if (o[4] != 0) {
+        const auto guard = ddp.no_sync();
+        ::torch::mse_loss(ddp.forward(tensor(ref, p + "early.x"), comm.rank() == 0), tensor(ref, p + "early.target")).backward();
+      }
+      ::torch::mse_loss(ddp.forward(tensor(ref, p + "x"), comm.rank() == 1 && o[4] != 1), tensor(ref, p + "target")).backward();
+      compare_gradients(cmp, problems, ref, p, named);
+      sgd.step();
+      compare_state(cmp, ref, p, *model);
+    }
+    if (o[0] != 0) ddp.join();
+    compare_gradients(cmp, problems, ref, p0 + "final.", named);
+    compare_state(cmp, ref, p0 + "final.", *model);
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  const int values = cmp.report("parity_ddp_join_static");
+  std::printf("rank %d of %d: parity_ddp_join_static: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
 // herd::distributed_optimizer over herd::torch_gradients (Horovod's way: step() after every
 // backward pass, the gradients left to accumulate in .grad between zero_grad() calls) against the
 // same DDP runs (the first k - 1 of k passes under no_sync() there): the reduced gradients and the
@@ -270,8 +342,8 @@ int main(int argc, char** argv) {
   herd::mpi::environment mpi(argc, argv);
   herd::mpi_communicator comm;
   const std::string check = argc == 3 ? argv[1] : "";
-  if (check != "sync_batch_norm" && check != "ddp" && check != "torch_optimizer") {
-    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|torch_optimizer DIR\n");
+  if (check != "sync_batch_norm" && check != "ddp" && check != "ddp_join_static" && check != "torch_optimizer") {
+    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|ddp_join_static|torch_optimizer DIR\n");
     return 2;
   }
   const fs::path dir = argv[2];
@@ -282,6 +354,7 @@ int main(int argc, char** argv) {
   int failed = 0;
   try {
     failed = check == "ddp"               ? ddp(dir, comm)
+             : check == "ddp_join_static" ? ddp_join_static(dir, comm)
              : check == "torch_optimizer" ? torch_optimizer(dir, comm)
                                           : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
   } catch (const std::exception& e) {

@@ -301,6 +301,13 @@ def sync_batch_norm_check():
 #  zero_grad(set_to_none), backward passes per step (k - 1 under no_sync())]
 DDP_SCENARIOS = [[1, 0, 0, 0, 1], [1, 256, 1, 0, 1], [1, 256, 1, 1, 1], [1, 0, 0, 1, 2], [1, 256, 1, 0, 3]]
 DDP_ITERATIONS, DDP_BATCH = 3, 4
+# Uneven inputs and static_graph, on the same model: [Join([ddp]) (the last rank has 1 iteration,
+# the others DDP_ITERATIONS; buffers broadcast from the highest rank still training),
+# static_graph, find_unused_parameters, bucket bytes (0: DDP's default), early pass (0: none;
+# 1 or 2: a first pass under no_sync() where rank 0 alone uses `extra`, which the second pass uses
+# on no rank (1) or on rank 1 (2); without one, rank 1 uses it)]
+DDP_MORE_SCENARIOS = [[1, 0, 1, 0, 0], [1, 0, 1, 256, 0], [0, 1, 0, 0, 0], [0, 1, 1, 256, 0], [0, 0, 1, 0, 1],
+                      [0, 0, 1, 0, 2]]
 
 
 def ddp_model():
@@ -354,7 +361,53 @@ def ddp_rank(rank, world):
             opt.step()
             for n, t in model.state_dict().items():
                 tensors[f"{p}state.{n}"] = t.clone()
+    ddp_more(rank, world, tensors)
     save(f"ddp.{world}.{rank}", tensors)
+
+
+def record_gradients(tensors, p, model):
+    names = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+    tensors[p + "grad_defined"] = torch.tensor([params[n].grad is not None for n in names], dtype=torch.int64)
+    for n in names:
+        if params[n].grad is not None:
+            tensors[f"{p}grad.{n}"] = params[n].grad.clone()
+
+
+def ddp_more(rank, world, tensors):
+    """DDP_MORE_SCENARIOS: each rank's gradients and state after each of its iterations, and after
+    the Join (its post-hook gives every rank the last joiner's parameters and buffers)."""
+    from torch.distributed.algorithms.join import Join
+    for s, (join, static, unused, bucket, early) in enumerate(DDP_MORE_SCENARIOS):
+        model = ddp_model()
+        for n, t in model.state_dict().items():
+            tensors[f"j{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, find_unused_parameters=bool(unused), static_graph=bool(static),
+            **({"bucket_cap_mb": bucket / 2 ** 20} if bucket else {}))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(2000 * world + 10 * rank + s)
+        with Join([ddp], enable=bool(join)):
+            for it in range(1 if join and rank == world - 1 else DDP_ITERATIONS):
+                p = f"j{s}.{it}."
+                opt.zero_grad()
+                if early:
+                    x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                    target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                    tensors[p + "early.x"], tensors[p + "early.target"] = x, target
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(x, rank == 0), target).backward()
+                x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                tensors[p + "x"], tensors[p + "target"] = x, target
+                torch.nn.functional.mse_loss(ddp(x, rank == 1 and early != 1), target).backward()
+                record_gradients(tensors, p, model)
+                opt.step()
+                for n, t in model.state_dict().items():
+                    tensors[f"{p}state.{n}"] = t.clone()
+        record_gradients(tensors, f"j{s}.final.", model)
+        for n, t in model.state_dict().items():
+            tensors[f"j{s}.final.state.{n}"] = t.clone()
 
 
 # ZeRO-1: torch.distributed.optim.ZeroRedundancyOptimizer (gloo) at 2 and 3 ranks; herd's
@@ -449,6 +502,7 @@ def distributed_checks():
         if any(r.wait(timeout=120) != 0 for r in ranks):
             sys.exit(f"parity: torch DDP or ZeroRedundancyOptimizer at {world} ranks failed")
     tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
+               "more_scenarios": torch.tensor(DDP_MORE_SCENARIOS, dtype=torch.int64),
                "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
     save("ddp", tensors)
 

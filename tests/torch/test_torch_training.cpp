@@ -298,3 +298,54 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter without a gradient rais
   CHECK_FALSE(pair2->parameters()[2].grad().defined());
   CHECK_FALSE(pair2->parameters()[3].grad().defined());
 }
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: join() shadows the others' forwards, no_sync passes and reductions", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  const int p = comm.size(), r = comm.rank();
+  for (const bool by_active : {false, true}) {
+    auto model = make_model(6);
+    herd::optimizer_options options;
+    options.uneven_inputs = true;
+    options.divide_by_active_ranks = by_active;
+    herd::torch::DistributedDataParallel net(model, comm, options);
+    auto last_bias_grad = [&] { return model->parameters()[3].grad()[0].item<float>(); };
+    float mine = 0;
+    for (int it = 0; it <= r; ++it) {  // rank r has r + 1 iterations: ranks it..p-1 train in iteration it
+      model->zero_grad();
+      {
+        const torch::NoGradGuard no_grad;
+        (void)net.forward(torch::ones({1, 6}));  // an evaluation: no reduction follows
+      }
+      {
+        auto guard = net.no_sync();
+        (net.forward(torch::ones({1, 6})).sum() * (r + 1)).backward();
+      }
+      (net.forward(torch::ones({1, 6})).sum() * (r + 1)).backward();  // 2 (r + 1) here, reduced
+      float sum = 0;
+      for (int q = it; q < p; ++q) sum += 2.0f * static_cast<float>(q + 1);
+      mine = last_bias_grad();
+      CHECK(mine == doctest::Approx(sum / static_cast<float>(by_active ? p - it : p)));
+    }
+    CHECK(net.join() == p - 1);
+    CHECK(last_bias_grad() == mine);  // the shadowed rounds reduced zeros of their own
+  }
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: static_graph on some ranks only raises from backward() on every rank", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  auto model = make_model(7);
+  herd::optimizer_options options;
+  options.find_unused_parameters = true;
+  options.static_graph = comm.rank() == 1;  // the used flags would be allreduced by some ranks only
+  herd::torch::DistributedDataParallel net(model, comm, options);
+  std::string message = "(no error)";
+  try {
+    net.forward(torch::ones({1, 6})).sum().backward();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("option static_graph differs between rank 0 and rank 1") != std::string::npos);
+}

@@ -49,6 +49,10 @@ struct optimizer_options {
   // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
   // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
   bool broadcast_buffers = true;
+  // herd::torch::DistributedDataParallel only (DDP's static_graph): the graph is the same at every
+  // iteration, so the parameters no rank used in the first synchronized pass are those of every
+  // pass (no allreduce of used flags after it), with or without find_unused_parameters.
+  bool static_graph = false;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
   // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
   // first agrees on which ranks are still training (one byte per rank). avg divides by the world

@@ -7,6 +7,7 @@
 #include <herd/collectives/allreduce.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
+#include <herd/optim/detail/bucket_plan.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <atomic>
@@ -20,6 +21,18 @@
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
+
+// Whether the bucket's gradients were all marked and follow each other in memory in its order
+// (a single gradient always does): then the bucket is reduced where they are.
+inline bool lives_in_place(const bucket_plan::bucket& plan, const std::vector<char>& marked,
+                           const std::vector<buffer_view>& views) {
+  const auto* base = static_cast<const std::byte*>(views[plan.members.front()].data);
+  for (std::size_t k = 0; k < plan.members.size(); ++k) {
+    const std::size_t i = plan.members[k];
+    if (!marked[i] || views[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
+  }
+  return true;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -66,6 +79,24 @@ struct bucket_operation {
       body(sync);
       spent->store(seconds_since(start));
     }));
+  }
+
+  // When every rank shares a node and all of the bucket's gradients were marked, its allreduce
+  // goes through shared memory straight from and into them (as gradient_as_bucket_view, without
+  // asking for a layout): no packing, nothing to unpack. False (nothing started) where that does
+  // not apply.
+  template <communicator C>
+  bool start_from_gradients(C& comm, const bucket_plan::bucket& plan, const std::vector<char>& marked,
+                            const std::vector<buffer_view>& views, reduce_op op) {
+    std::vector<buffer_view> parts;
+    parts.reserve(plan.members.size());
+    for (std::size_t i : plan.members) {
+      if (!marked[i]) return false;
+      parts.push_back(views[i]);
+    }
+    if (!reduces_in_shared_memory(comm, parts)) return false;
+    start_in_shared_memory(comm, std::move(parts), op);
+    return true;
   }
 };
 

@@ -118,7 +118,7 @@ template <communicator C> class gradient_checks {
         std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
         static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
         options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
-        static_cast<std::int64_t>(options_.accumulate)};
+        static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     herd::allgather(mine, all, control_of(comm_));
     static const char* const names[] = {"op",
@@ -132,7 +132,8 @@ template <communicator C> class gradient_checks {
                                         "gradient_as_bucket_view",
                                         "uneven_inputs",
                                         "divide_by_active_ranks",
-                                        "accumulate"};
+                                        "accumulate",
+                                        "static_graph"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {

@@ -23,7 +23,9 @@ namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // A rank's word in each agreement (the largest over the ranks wins).
-enum class join_mode : std::uint8_t { joined = 0, at_step = 1, in_buckets = 2 };
+// no_reduction: a forward pass that no reduction follows (DDP's no_sync()); the joined ranks
+// shadow what comes before the reduction only.
+enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, at_step = 2, in_buckets = 3 };
 
 // What a joined rank runs, for one joinable, in each round the others still train.
 class join_hook {

@@ -5,13 +5,15 @@
 // reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
 // marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
 // every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
-// uneven_inputs, the agreement on who still trains (detail/join.hpp), whose rounds a joined rank
-// shadows through the reducer's join_hook.
+// uneven_inputs, the agreement on who still trains (detail/join.hpp; the DDP wrapper's forward()
+// makes it instead, after agree_elsewhere()), whose rounds a joined rank shadows through the
+// reducer's join_hook.
 //
 // States and transitions (one pass, from one thread at a time):
 // - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
-//   synchronized; the first mark() instead agrees on who trains (uneven_inputs), checks the
-//   gradients on the first pass, makes the plan and the policy, and starts collecting marks.
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs, unless agreed
+//   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
+//   collecting marks.
 // - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
 //   are packed and started, in order on every rank (buckets in flight, on the progress thread).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
@@ -19,12 +21,7 @@
 //   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
 // A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
-// Step-time fusion is the reducer's "all ready at once" mode rather than every gradient marked at
-// synchronize(): it groups the gradients in their own order into fusion buffers of
-// fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
-// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
-// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
-// progress thread. Reducing it in buckets would change its results and its speed.
+// Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
 
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/broadcast.hpp>
@@ -38,6 +35,7 @@
 #include <herd/optim/detail/gradient_movers.hpp>
 #include <herd/optim/detail/join.hpp>
 #include <herd/optim/detail/reduction_policy.hpp>
+#include <herd/optim/detail/step_fusion.hpp>
 #include <herd/optim/optimizer_options.hpp>
 #include <herd/runtime/timeline.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -76,6 +74,8 @@ template <communicator C> class reducer final : public join_hook {
   join_roster& roster() noexcept { return roster_; }
   const join_roster& roster() const noexcept { return roster_; }
   std::uint32_t track() const noexcept { return track_; }
+  // The owner agrees on who trains before each pass (DDP's forward()), not the reducer.
+  void agree_elsewhere() noexcept { agreed_elsewhere_ = true; }
   template <class F> void with_mover(const std::vector<buffer_view>& grads, F&& f) {
     movers_.with(comm_, grads, std::forward<F>(f));
   }
@@ -86,12 +86,13 @@ template <communicator C> class reducer final : public join_hook {
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
     if (marks_ > 0) return finish();
-    if (options_.uneven_inputs) roster_.agree(comm_, join_mode::at_step);
+    if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
 
   // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
   void shadow(join_mode how) override {
+    if (how == join_mode::no_reduction) return;
     std::vector<buffer_view> grads = source_();
     with_mover(grads, [&](auto& mover) {
       mover.begin();
@@ -132,7 +133,7 @@ template <communicator C> class reducer final : public join_hook {
                                      comm_.size());
   }
 
-  // --- All ready at once (step-time fusion).
+  // --- All ready at once (step-time fusion, detail/step_fusion.hpp).
 
   void reduce_all() {
     std::vector<buffer_view> grads = source_();
@@ -142,87 +143,11 @@ template <communicator C> class reducer final : public join_hook {
       checks_.raise_everywhere(fault);
     }
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-    with_mover(grads, [&](auto& mover) { fuse(grads, mover); });
-  }
-
-  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
-  // of up to the fusion threshold, and reduces each buffer with one allreduce.
-  template <class Mover> void fuse(const std::vector<buffer_view>& grads, Mover& mover) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     set_policy();
-
-    std::vector<bool> done(grads.size(), false);
-    for (std::size_t first = 0; first < grads.size(); ++first) {
-      if (done[first]) continue;
-      const dtype type = grads[first].type;
-      const dtype wire = policy_.wire(type);
-      std::vector<std::size_t> bucket;
-      std::size_t bucket_bytes = 0;
-      for (std::size_t i = first; i < grads.size(); ++i) {
-        if (done[i] || grads[i].type != type) continue;
-        done[i] = true;
-        const std::size_t bytes = grads[i].count * size_of(wire);
-        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
-          reduce_fused(grads, bucket, wire, mover);
-          bucket.clear();
-          bucket_bytes = 0;
-        }
-        bucket.push_back(i);
-        bucket_bytes += bytes;
-      }
-      if (!bucket.empty()) reduce_fused(grads, bucket, wire, mover);
-    }
+    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
     reduce_seconds_ += seconds_since(start);
-  }
-
-  template <class Mover>
-  void reduce_fused(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
-                    Mover& mover) {
-    const buffer_view& lone = grads[bucket.front()];
-    if (bucket.size() == 1 && policy_.as_is(lone.type)) {
-      buffer_view in_place = lone;
-      herd::allreduce(in_place, comm_, policy_.wire_op(lone.type));
-      return;
-    }
-    if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
-      return;
-    }
-    std::size_t total = 0;
-    for (std::size_t i : bucket) total += grads[i].count;
-    buffer_view packed = mover.fusion(wire, total);
-    auto* base = static_cast<std::byte*>(packed.data);
-    std::vector<move_item> pack;
-    std::vector<move_item> unpack;
-    std::size_t at = 0;
-    for (std::size_t i : bucket) {
-      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
-      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
-      at += grads[i].count;
-    }
-    {
-      const trace::span phase(track_, "pack", trace::fields::elements(total, wire));
-      mover.begin();
-      policy_.pack(mover, pack, wire, lone.type);
-      mover.finish();
-    }
-    herd::allreduce(packed, comm_, policy_.wire_op(lone.type));
-    const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
-    mover.begin();
-    policy_.unpack(mover, unpack, lone.type, wire);
-    mover.finish();
-  }
-
-  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
-  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
-  // False (nothing done) where that does not apply.
-  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
-    std::vector<buffer_view> parts;
-    parts.reserve(bucket.size());
-    for (std::size_t i : bucket) parts.push_back(grads[i]);
-    if (!reduces_in_shared_memory(comm_, parts)) return false;
-    allreduce_in_shared_memory(comm_, parts, policy_.wire_op(parts.front().type));
-    return true;
   }
 
   // --- Buckets (marks).
@@ -262,7 +187,7 @@ template <communicator C> class reducer final : public join_hook {
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets() {
     // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+    if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
     if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
     if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
     set_policy();
@@ -312,8 +237,8 @@ template <communicator C> class reducer final : public join_hook {
         }
       }
       const bool as_is = policy_.as_is(plan.type);
-      st.in_place = as_is && lives_in_place(plan);
-      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+      st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
+      if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
         mover.finish();
         started = true;
         return;
@@ -345,33 +270,6 @@ template <communicator C> class reducer final : public join_hook {
     if (started) return;
     call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
     st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
-  }
-
-  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
-  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
-  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
-  bool shared_memory_bucket(std::size_t b) {
-    const bucket_plan::bucket& plan = plan_.buckets[b];
-    std::vector<buffer_view> parts;
-    parts.reserve(plan.members.size());
-    for (std::size_t i : plan.members) {
-      if (!marked_[i]) return false;
-      parts.push_back(ready_views_[i]);
-    }
-    if (!reduces_in_shared_memory(comm_, parts)) return false;
-    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op(plan.type));
-    return true;
-  }
-
-  // Whether the bucket's gradients were all marked and follow each other in memory in its order
-  // (a single gradient always does): then the bucket is reduced where they are.
-  bool lives_in_place(const bucket_plan::bucket& plan) const {
-    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
-    for (std::size_t k = 0; k < plan.members.size(); ++k) {
-      const std::size_t i = plan.members[k];
-      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
-    }
-    return true;
   }
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
@@ -478,6 +376,7 @@ template <communicator C> class reducer final : public join_hook {
   std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
   std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
   bool rebuilt_ = false;
+  bool agreed_elsewhere_ = false;
   overlap_stats stats_;
 };
 
