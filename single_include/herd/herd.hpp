@@ -13144,6 +13144,10 @@ struct optimizer_options {
   // herd::torch::DistributedDataParallel only (DDP's broadcast_buffers): rank 0's buffers (BatchNorm's
   // running statistics) are broadcast at each forward, as DDP does, so that every rank keeps the same.
   bool broadcast_buffers = true;
+  // herd::torch::DistributedDataParallel only (DDP's static_graph): the graph is the same at every
+  // iteration, so the parameters no rank used in the first synchronized pass are those of every
+  // pass (no allreduce of used flags after it), with or without find_unused_parameters.
+  bool static_graph = false;
   // Ranks may run out of batches at different steps (DDP's Join, Horovod's join()): a rank with
   // none left calls join(), and every reducing step (in step(), or at a pass's first mark_ready)
   // first agrees on which ranks are still training (one byte per rank). avg divides by the world
@@ -13262,13 +13266,15 @@ class local_accumulation {
 // reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
 // marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
 // every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
-// uneven_inputs, the agreement on who still trains (detail/join.hpp), whose rounds a joined rank
-// shadows through the reducer's join_hook.
+// uneven_inputs, the agreement on who still trains (detail/join.hpp; the DDP wrapper's forward()
+// makes it instead, after agree_elsewhere()), whose rounds a joined rank shadows through the
+// reducer's join_hook.
 //
 // States and transitions (one pass, from one thread at a time):
 // - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
-//   synchronized; the first mark() instead agrees on who trains (uneven_inputs), checks the
-//   gradients on the first pass, makes the plan and the policy, and starts collecting marks.
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs, unless agreed
+//   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
+//   collecting marks.
 // - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
 //   are packed and started, in order on every rank (buckets in flight, on the progress thread).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
@@ -13276,12 +13282,7 @@ class local_accumulation {
 //   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
 // A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
-// Step-time fusion is the reducer's "all ready at once" mode rather than every gradient marked at
-// synchronize(): it groups the gradients in their own order into fusion buffers of
-// fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
-// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
-// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
-// progress thread. Reducing it in buckets would change its results and its speed.
+// Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
 
 
 // ---- herd/optim/detail/bucket_operation.hpp ----
@@ -13303,6 +13304,18 @@ class local_accumulation {
 
 namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
+
+// Whether the bucket's gradients were all marked and follow each other in memory in its order
+// (a single gradient always does): then the bucket is reduced where they are.
+inline bool lives_in_place(const bucket_plan::bucket& plan, const std::vector<char>& marked,
+                           const std::vector<buffer_view>& views) {
+  const auto* base = static_cast<const std::byte*>(views[plan.members.front()].data);
+  for (std::size_t k = 0; k < plan.members.size(); ++k) {
+    const std::size_t i = plan.members[k];
+    if (!marked[i] || views[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
+  }
+  return true;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -13349,6 +13362,24 @@ struct bucket_operation {
       body(sync);
       spent->store(seconds_since(start));
     }));
+  }
+
+  // When every rank shares a node and all of the bucket's gradients were marked, its allreduce
+  // goes through shared memory straight from and into them (as gradient_as_bucket_view, without
+  // asking for a layout): no packing, nothing to unpack. False (nothing started) where that does
+  // not apply.
+  template <communicator C>
+  bool start_from_gradients(C& comm, const bucket_plan::bucket& plan, const std::vector<char>& marked,
+                            const std::vector<buffer_view>& views, reduce_op op) {
+    std::vector<buffer_view> parts;
+    parts.reserve(plan.members.size());
+    for (std::size_t i : plan.members) {
+      if (!marked[i]) return false;
+      parts.push_back(views[i]);
+    }
+    if (!reduces_in_shared_memory(comm, parts)) return false;
+    start_in_shared_memory(comm, std::move(parts), op);
+    return true;
   }
 };
 
@@ -13470,7 +13501,7 @@ template <communicator C> class gradient_checks {
         std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
         static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
         options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
-        static_cast<std::int64_t>(options_.accumulate)};
+        static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
     herd::allgather(mine, all, control_of(comm_));
     static const char* const names[] = {"op",
@@ -13484,7 +13515,8 @@ template <communicator C> class gradient_checks {
                                         "gradient_as_bucket_view",
                                         "uneven_inputs",
                                         "divide_by_active_ranks",
-                                        "accumulate"};
+                                        "accumulate",
+                                        "static_graph"};
     for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         if (all[r * mine.size() + k] != all[k]) {
@@ -13790,7 +13822,9 @@ namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // A rank's word in each agreement (the largest over the ranks wins).
-enum class join_mode : std::uint8_t { joined = 0, at_step = 1, in_buckets = 2 };
+// no_reduction: a forward pass that no reduction follows (DDP's no_sync()); the joined ranks
+// shadow what comes before the reduction only.
+enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, at_step = 2, in_buckets = 3 };
 
 // What a joined rank runs, for one joinable, in each round the others still train.
 class join_hook {
@@ -13929,6 +13963,109 @@ struct reduction_policy {
 
 #endif  // HERD_OPTIM_DETAIL_REDUCTION_POLICY_HPP
 
+// ---- herd/optim/detail/step_fusion.hpp ----
+#ifndef HERD_OPTIM_DETAIL_STEP_FUSION_HPP
+#define HERD_OPTIM_DETAIL_STEP_FUSION_HPP
+// Step-time fusion: the reducer's "all ready at once" mode (detail/reducer.hpp), rather than every
+// gradient marked at synchronize(). It groups the gradients in their own order into fusion buffers
+// of fusion_threshold_bytes (128 MiB), not into 1 MiB/25 MiB buckets in reverse order, so its
+// allreduces have other sizes (an allreduce picks its algorithm, and so its order of summation, by
+// size), and it reduces one buffer at a time on the caller's thread, without the hand-over to the
+// progress thread. Reducing it in buckets would change its results and its speed.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
+// memory and back straight from and into the gradients: no fusion buffer, no packing copies.
+// False (nothing done) where that does not apply.
+template <communicator C>
+bool reduced_in_shared_memory(C& comm, const reduction_policy& policy, const std::vector<buffer_view>& grads,
+                              const std::vector<std::size_t>& bucket) {
+  std::vector<buffer_view> parts;
+  parts.reserve(bucket.size());
+  for (std::size_t i : bucket) parts.push_back(grads[i]);
+  if (!reduces_in_shared_memory(comm, parts)) return false;
+  allreduce_in_shared_memory(comm, parts, policy.wire_op(parts.front().type));
+  return true;
+}
+
+// One fusion buffer: packed (unless a lone gradient reduces in place), reduced, unpacked.
+template <communicator C, class Mover>
+void reduce_fused(C& comm, const reduction_policy& policy, std::uint32_t track, const std::vector<buffer_view>& grads,
+                  const std::vector<std::size_t>& bucket, dtype wire, Mover& mover) {
+  const buffer_view& lone = grads[bucket.front()];
+  if (bucket.size() == 1 && policy.as_is(lone.type)) {
+    buffer_view in_place = lone;
+    herd::allreduce(in_place, comm, policy.wire_op(lone.type));
+    return;
+  }
+  if (policy.as_is(lone.type) && reduced_in_shared_memory(comm, policy, grads, bucket)) {
+    return;
+  }
+  std::size_t total = 0;
+  for (std::size_t i : bucket) total += grads[i].count;
+  buffer_view packed = mover.fusion(wire, total);
+  auto* base = static_cast<std::byte*>(packed.data);
+  std::vector<move_item> pack;
+  std::vector<move_item> unpack;
+  std::size_t at = 0;
+  for (std::size_t i : bucket) {
+    pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
+    unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
+    at += grads[i].count;
+  }
+  {
+    const trace::span phase(track, "pack", trace::fields::elements(total, wire));
+    mover.begin();
+    policy.pack(mover, pack, wire, lone.type);
+    mover.finish();
+  }
+  herd::allreduce(packed, comm, policy.wire_op(lone.type));
+  const trace::span phase(track, "unpack", trace::fields::elements(total, wire));
+  mover.begin();
+  policy.unpack(mover, unpack, lone.type, wire);
+  mover.finish();
+}
+
+// Groups the gradients by dtype (in order of first appearance), packs each group into buffers
+// of up to `threshold` bytes, and reduces each buffer with one allreduce.
+template <communicator C, class Mover>
+void fuse(C& comm, const reduction_policy& policy, std::size_t threshold, std::uint32_t track,
+          const std::vector<buffer_view>& grads, Mover& mover) {
+  std::vector<bool> done(grads.size(), false);
+  for (std::size_t first = 0; first < grads.size(); ++first) {
+    if (done[first]) continue;
+    const dtype type = grads[first].type;
+    const dtype wire = policy.wire(type);
+    std::vector<std::size_t> bucket;
+    std::size_t bucket_bytes = 0;
+    for (std::size_t i = first; i < grads.size(); ++i) {
+      if (done[i] || grads[i].type != type) continue;
+      done[i] = true;
+      const std::size_t bytes = grads[i].count * size_of(wire);
+      if (!bucket.empty() && bucket_bytes + bytes > threshold) {
+        reduce_fused(comm, policy, track, grads, bucket, wire, mover);
+        bucket.clear();
+        bucket_bytes = 0;
+      }
+      bucket.push_back(i);
+      bucket_bytes += bytes;
+    }
+    if (!bucket.empty()) reduce_fused(comm, policy, track, grads, bucket, wire, mover);
+  }
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_STEP_FUSION_HPP
+
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -13963,6 +14100,8 @@ template <communicator C> class reducer final : public join_hook {
   join_roster& roster() noexcept { return roster_; }
   const join_roster& roster() const noexcept { return roster_; }
   std::uint32_t track() const noexcept { return track_; }
+  // The owner agrees on who trains before each pass (DDP's forward()), not the reducer.
+  void agree_elsewhere() noexcept { agreed_elsewhere_ = true; }
   template <class F> void with_mover(const std::vector<buffer_view>& grads, F&& f) {
     movers_.with(comm_, grads, std::forward<F>(f));
   }
@@ -13973,12 +14112,13 @@ template <communicator C> class reducer final : public join_hook {
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
     if (marks_ > 0) return finish();
-    if (options_.uneven_inputs) roster_.agree(comm_, join_mode::at_step);
+    if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
 
   // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
   void shadow(join_mode how) override {
+    if (how == join_mode::no_reduction) return;
     std::vector<buffer_view> grads = source_();
     with_mover(grads, [&](auto& mover) {
       mover.begin();
@@ -14019,7 +14159,7 @@ template <communicator C> class reducer final : public join_hook {
                                      comm_.size());
   }
 
-  // --- All ready at once (step-time fusion).
+  // --- All ready at once (step-time fusion, detail/step_fusion.hpp).
 
   void reduce_all() {
     std::vector<buffer_view> grads = source_();
@@ -14029,87 +14169,11 @@ template <communicator C> class reducer final : public join_hook {
       checks_.raise_everywhere(fault);
     }
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-    with_mover(grads, [&](auto& mover) { fuse(grads, mover); });
-  }
-
-  // Groups the gradients by dtype (in order of first appearance), packs each group into buffers
-  // of up to the fusion threshold, and reduces each buffer with one allreduce.
-  template <class Mover> void fuse(const std::vector<buffer_view>& grads, Mover& mover) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
     set_policy();
-
-    std::vector<bool> done(grads.size(), false);
-    for (std::size_t first = 0; first < grads.size(); ++first) {
-      if (done[first]) continue;
-      const dtype type = grads[first].type;
-      const dtype wire = policy_.wire(type);
-      std::vector<std::size_t> bucket;
-      std::size_t bucket_bytes = 0;
-      for (std::size_t i = first; i < grads.size(); ++i) {
-        if (done[i] || grads[i].type != type) continue;
-        done[i] = true;
-        const std::size_t bytes = grads[i].count * size_of(wire);
-        if (!bucket.empty() && bucket_bytes + bytes > options_.fusion_threshold_bytes) {
-          reduce_fused(grads, bucket, wire, mover);
-          bucket.clear();
-          bucket_bytes = 0;
-        }
-        bucket.push_back(i);
-        bucket_bytes += bytes;
-      }
-      if (!bucket.empty()) reduce_fused(grads, bucket, wire, mover);
-    }
+    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
     reduce_seconds_ += seconds_since(start);
-  }
-
-  template <class Mover>
-  void reduce_fused(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket, dtype wire,
-                    Mover& mover) {
-    const buffer_view& lone = grads[bucket.front()];
-    if (bucket.size() == 1 && policy_.as_is(lone.type)) {
-      buffer_view in_place = lone;
-      herd::allreduce(in_place, comm_, policy_.wire_op(lone.type));
-      return;
-    }
-    if (policy_.as_is(lone.type) && reduced_in_shared_memory(grads, bucket)) {
-      return;
-    }
-    std::size_t total = 0;
-    for (std::size_t i : bucket) total += grads[i].count;
-    buffer_view packed = mover.fusion(wire, total);
-    auto* base = static_cast<std::byte*>(packed.data);
-    std::vector<move_item> pack;
-    std::vector<move_item> unpack;
-    std::size_t at = 0;
-    for (std::size_t i : bucket) {
-      pack.push_back({grads[i].data, base + at * size_of(wire), grads[i].count});
-      unpack.push_back({base + at * size_of(wire), grads[i].data, grads[i].count});
-      at += grads[i].count;
-    }
-    {
-      const trace::span phase(track_, "pack", trace::fields::elements(total, wire));
-      mover.begin();
-      policy_.pack(mover, pack, wire, lone.type);
-      mover.finish();
-    }
-    herd::allreduce(packed, comm_, policy_.wire_op(lone.type));
-    const trace::span phase(track_, "unpack", trace::fields::elements(total, wire));
-    mover.begin();
-    policy_.unpack(mover, unpack, lone.type, wire);
-    mover.finish();
-  }
-
-  // When every rank shares a node (mpi_communicator's shared memory), the group goes into shared
-  // memory and back straight from and into the gradients: no fusion buffer, no packing copies.
-  // False (nothing done) where that does not apply.
-  bool reduced_in_shared_memory(const std::vector<buffer_view>& grads, const std::vector<std::size_t>& bucket) {
-    std::vector<buffer_view> parts;
-    parts.reserve(bucket.size());
-    for (std::size_t i : bucket) parts.push_back(grads[i]);
-    if (!reduces_in_shared_memory(comm_, parts)) return false;
-    allreduce_in_shared_memory(comm_, parts, policy_.wire_op(parts.front().type));
-    return true;
   }
 
   // --- Buckets (marks).
@@ -14149,7 +14213,7 @@ template <communicator C> class reducer final : public join_hook {
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets() {
     // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+    if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
     if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
     if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
     set_policy();
@@ -14199,8 +14263,8 @@ template <communicator C> class reducer final : public join_hook {
         }
       }
       const bool as_is = policy_.as_is(plan.type);
-      st.in_place = as_is && lives_in_place(plan);
-      if (as_is && !st.in_place && shared_memory_bucket(b)) {
+      st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
+      if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
         mover.finish();
         started = true;
         return;
@@ -14232,33 +14296,6 @@ template <communicator C> class reducer final : public join_hook {
     if (started) return;
     call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
     st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
-  }
-
-  // When every rank shares a node and all of bucket b's gradients were marked, its allreduce goes
-  // through shared memory straight from and into them (as gradient_as_bucket_view, without asking
-  // for a layout): no packing, nothing to unpack. False (nothing started) where that does not apply.
-  bool shared_memory_bucket(std::size_t b) {
-    const bucket_plan::bucket& plan = plan_.buckets[b];
-    std::vector<buffer_view> parts;
-    parts.reserve(plan.members.size());
-    for (std::size_t i : plan.members) {
-      if (!marked_[i]) return false;
-      parts.push_back(ready_views_[i]);
-    }
-    if (!reduces_in_shared_memory(comm_, parts)) return false;
-    buckets_[b].start_in_shared_memory(comm_, std::move(parts), policy_.wire_op(plan.type));
-    return true;
-  }
-
-  // Whether the bucket's gradients were all marked and follow each other in memory in its order
-  // (a single gradient always does): then the bucket is reduced where they are.
-  bool lives_in_place(const bucket_plan::bucket& plan) const {
-    const auto* base = static_cast<const std::byte*>(ready_views_[plan.members.front()].data);
-    for (std::size_t k = 0; k < plan.members.size(); ++k) {
-      const std::size_t i = plan.members[k];
-      if (!marked_[i] || ready_views_[i].data != base + plan.offsets[k] * size_of(plan.type)) return false;
-    }
-    return true;
   }
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
@@ -14365,6 +14402,7 @@ template <communicator C> class reducer final : public join_hook {
   std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
   std::vector<std::size_t> ready_order_;  // the order gradients became ready, until the rebuild
   bool rebuilt_ = false;
+  bool agreed_elsewhere_ = false;
   overlap_stats stats_;
 };
 

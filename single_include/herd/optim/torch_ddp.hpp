@@ -35,12 +35,17 @@
 //   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
 // - With find_unused_parameters, a parameter no rank used in the pass keeps its gradient as it
 //   was (undefined stays undefined, so weight decay and momentum leave it alone); one that some
-//   rank used gets the average, zeros counted for the ranks that did not. One more allreduce, of
-//   a flag per parameter, finds them.
+//   rank used gets the average, counting for the ranks that did not the gradient they hold (the
+//   sum of no_sync() passes, say), or zeros. One more allreduce, of a flag per parameter, finds them.
 // - With gradient_as_bucket_view, each param.grad() is a tensor inside its bucket's storage (laid
 //   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
 //   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
 //   copied into its place when it becomes ready and param.grad() points there again.
+// - With uneven_inputs, as under DDP's Join([ddp]): each forward first agrees on who still trains,
+//   a rank out of batches calls join() and shadows the others' collectives with zeros until all
+//   have joined, then every rank takes the last joiner's parameters and buffers.
+// - With static_graph, the parameters no rank used in the first pass are the unused ones of every
+//   pass. What differs from DDP: docs/training.md.
 //
 // On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
 // stream-ordered, with no host copy of the gradients.
@@ -298,6 +303,7 @@ HERD_CONFIG_NAMESPACE_END
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -324,6 +330,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     for (auto& p : module_->parameters()) {
       if (p.requires_grad()) state_->params.push_back(p);
     }
+    state_->buffers = [m = module_] { return m->buffers(); };
     state_->used.assign(state_->params.size(), 0);
     state_->created.assign(state_->params.size(), 0);
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
@@ -352,13 +359,37 @@ template <class Module, communicator C> class DistributedDataParallel {
   auto operator->() { return &*module_; }
   template <class... Args> auto forward(Args&&... args) {
     state* s = state_.get();
-    if (s->sync_buffers_next && s->broadcast_buffers && s->comm->size() > 1) {
-      const ::torch::NoGradGuard no_grad;
-      for (auto& b : module_->buffers()) broadcast(b, *s->comm, 0);
+    const bool reduces = ::torch::GradMode::is_enabled() && !s->no_sync;
+    int root = 0;
+    if (s->uneven && s->comm->size() > 1) {
+      // As DDP in a Join: who still trains is agreed before the buffers move, and they come from
+      // the highest rank still training (rank 0 may have joined, its buffers stale).
+      s->reducer.roster().agree(*s->comm, reduces ? herd::detail::join_mode::in_buckets : herd::detail::join_mode::no_reduction);
+      root = s->reducer.roster().last_joined();
     }
+    if (s->sync_buffers_next && s->broadcast_buffers && s->comm->size() > 1) s->sync_buffers(root);
     // As DDP: the next forward syncs the buffers if this one is followed by a synchronized backward.
-    s->sync_buffers_next = ::torch::GradMode::is_enabled() && !s->no_sync;
+    s->sync_buffers_next = reduces;
     return module_->forward(std::forward<Args>(args)...);
+  }
+
+  // This rank has no batches left (options.uneven_inputs, DDP's Join([ddp])): until every rank has
+  // joined, it runs what each forward and backward of the others needs of it (the buffer broadcast,
+  // the buckets' allreduces with zeros, the used flags), without touching its own gradients. Then,
+  // as DDP's join hook, every rank takes the parameters and buffers of the last rank to join
+  // (the highest, if several), which it returns. Every rank calls it once out of batches.
+  int join() {
+    state* s = state_.get();
+    if (!s->uneven) {
+      herd::detail::raise({"DistributedDataParallel", s->comm->rank(), s->comm->size()},
+                          "join() needs optimizer_options::uneven_inputs, so that each forward agrees on who still trains",
+                          "Pass uneven_inputs = true to DistributedDataParallel on every rank");
+    }
+    herd::detail::join_hook* const hooks[] = {s};
+    int last = s->reducer.roster().join(*s->comm, hooks);
+    if (last < 0) last = s->comm->size() - 1;  // no rank trained since the start: DDP takes the highest
+    broadcast_parameters(*module_, *s->comm, last);
+    return last;
   }
 
   // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
@@ -385,19 +416,61 @@ template <class Module, communicator C> class DistributedDataParallel {
 
  private:
   // What the hooks point to: it stays where it is when the DDP object moves.
-  struct state {
+  struct state final : herd::detail::join_hook {
     // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
-    state(C& c, const optimizer_options& options)
-        : reducer(c, gradient_source(), options, nullptr),
+    // static_graph, as DDP's, allows unused parameters without find_unused_parameters.
+    state(C& c, optimizer_options options)
+        : reducer(c, gradient_source(), with_unused(options), nullptr),
           comm(&c),
           broadcast_buffers(options.broadcast_buffers),
-          find_unused(options.find_unused_parameters) {}
+          find_unused(options.find_unused_parameters || options.static_graph),
+          static_graph(options.static_graph),
+          uneven(options.uneven_inputs) {
+      if (uneven) reducer.agree_elsewhere();  // in forward(), as DDP's
+    }
+    static optimizer_options with_unused(optimizer_options o) {
+      o.find_unused_parameters = o.find_unused_parameters || o.static_graph;
+      return o;
+    }
+
+    void sync_buffers(int root) {
+      const ::torch::NoGradGuard no_grad;
+      for (auto& b : buffers()) broadcast(b, *comm, root);
+    }
+
+    // A joined rank's round (join_hook): what a forward and backward of the ranks still training
+    // run, in their order. The buckets reduce zeros in tensors of their own (the rank's gradients
+    // stay as they are, as DDP's join hook leaves them).
+    void shadow(herd::detail::join_mode how) override {
+      if (sync_buffers_next && broadcast_buffers && comm->size() > 1) sync_buffers(reducer.roster().last_joined());
+      sync_buffers_next = how != herd::detail::join_mode::no_reduction;
+      if (!sync_buffers_next) return;
+      shadowing = true;
+      try {
+        reducer.shadow(how);
+      } catch (...) {
+        shadowing = false;
+        throw;
+      }
+      shadowing = false;
+      if (find_unused && !(static_graph && used_known)) {
+        std::vector<std::int32_t> none(params.size(), 0);
+        allreduce(none, *comm, reduce_op::max);
+      }
+    }
 
     // The gradients as the reducer reads those it was not told of (unused parameters): zeros
     // for a parameter that got none, as PyTorch's DDP reduces them.
     typename herd::detail::reducer<C>::gradient_source gradient_source() {
       return [this] {
         std::vector<buffer_view> views;
+        if (shadowing) {
+          if (shadow_grads.empty()) {
+            for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
+          }
+          for (auto& g : shadow_grads) views.push_back(view_of(g));
+          return views;
+        }
         for (std::size_t i = 0; i < params.size(); ++i) {
           at::Tensor& p = params[i];
           if (!p.grad().defined()) {
@@ -480,11 +553,23 @@ template <class Module, communicator C> class DistributedDataParallel {
         const at::Tensor& g = params[i].grad();
         kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
       }
+      // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
+      // no_sync() passes, say), zeros where it holds none.
+      for (auto& [i, g] : kept) {
+        if (!g.defined()) continue;
+        repoint(i);
+        const buffer_view grad = view_of(params[i].mutable_grad());
+        reducer.mark(i, &grad);
+      }
       std::fill(created.begin(), created.end(), 0);
       reducer.synchronize();
-      std::vector<std::int32_t> anywhere(used.begin(), used.end());
+      // With static_graph, those found unused in the first pass are those of every pass.
+      if (!static_graph || !used_known) {
+        anywhere.assign(used.begin(), used.end());
+        allreduce(anywhere, *comm, reduce_op::max);
+        used_known = static_graph;
+      }
       std::fill(used.begin(), used.end(), 0);
-      allreduce(anywhere, *comm, reduce_op::max);
       const ::torch::NoGradGuard no_grad;
       for (auto& [i, g] : kept) {
         if (anywhere[i]) continue;
@@ -499,12 +584,19 @@ template <class Module, communicator C> class DistributedDataParallel {
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
     std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
+    std::vector<std::int32_t> anywhere;  // per parameter: some rank used it (in the first pass, with static_graph)
+    std::vector<at::Tensor> shadow_grads;  // what a joined rank's rounds reduce
+    std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
     C* comm = nullptr;
     std::mutex mutex;
     bool queued = false;
     bool no_sync = false;
     bool broadcast_buffers = true;
     bool find_unused = false;
+    bool static_graph = false;
+    bool uneven = false;
+    bool used_known = false;  // static_graph: anywhere holds the first pass's
+    bool shadowing = false;   // in a joined rank's round: the gradients are shadow_grads
     bool sync_buffers_next = true;
   };
 
