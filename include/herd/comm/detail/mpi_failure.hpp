@@ -45,6 +45,7 @@
 //   an entry goes once every peer has said "done" or left, or when its communicator is destroyed.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/failure.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/watchdog.hpp>
@@ -246,23 +247,17 @@ class mpi_state {
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
     std::lock_guard lock(notice_mutex);
-    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
-    for (int q = 0; q < size; ++q) {
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
-               std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && peer.aborted_at <= label.seq) {
-        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
-        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    return {};
+    return hopeless_wait(
+        size, rank, label.seq,
+        [&](int q) {
+          const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+          return peer_news{peer.departed_at, peer.aborted_at, peer.reason};
+        },
+        [&](int q) { return shown(q); },
+        outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str(),
+        [&](std::uint64_t at) {
+          return outer != nullptr ? std::string("its part across nodes") : "its operation #" + std::to_string(at);
+        });
   }
 
   // The hierarchical allreduce's communicator across nodes runs inside an operation of the
