@@ -245,7 +245,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
       continue;
     }
-    std::byte* fused = scratch(count * es, 3);
+    std::byte* fused = scratch(count * es, scratch_slot::kept);
     const std::uint32_t track = comm.operations().track();
     std::size_t at = 0;
     {
