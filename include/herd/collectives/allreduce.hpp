@@ -156,10 +156,8 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
-    host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
-    for (int r = 2; r < p; ++r) {
-      host_reduce(in.type, op, out.data, out.data, all.payload(r), in.count, r == p - 1 ? avg_ranks : 0);
-    }
+    reduce_in_rank_order(
+        in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
     return;
   }
   agree(comm, mine, check);
@@ -245,7 +243,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
       continue;
     }
-    std::byte* fused = scratch(count * es, 3);
+    std::byte* fused = scratch(count * es, scratch_slot::kept);
     const std::uint32_t track = comm.operations().track();
     std::size_t at = 0;
     {

@@ -92,7 +92,7 @@ void gather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const
   const bool at_root = comm.rank() == root;
   if (offset.back() == 0) return;
   if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
-    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), 1);
+    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), scratch_slot::staging);
     tree_gather(comm, root, bytes, mine, gathered);
     if (at_root && root != 0) rotate_blocks(bytes, root, gathered, base, true);
     return;

@@ -70,7 +70,8 @@ void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   const int p = comm.size();
   const std::size_t bytes = count * size_of(type);
   const std::vector<std::size_t> blocks(static_cast<std::size_t>(p), bytes);
-  std::byte* gathered = comm.rank() == root ? scratch(bytes * static_cast<std::size_t>(p), 1) : nullptr;
+  std::byte* gathered =
+      comm.rank() == root ? scratch(bytes * static_cast<std::size_t>(p), scratch_slot::staging) : nullptr;
   tree_gather(comm, root, blocks, in, gathered);
   if (comm.rank() != root) return;
   // Rank q's tensor is block q - root of the gathered ones (relative order).
@@ -90,12 +91,13 @@ void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   const chunk_layout chunks = chunk_layout::even(count, p);
   auto in_chunk = [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; };
   // This rank's reduced chunk: in place in the root's output, elsewhere in scratch memory.
-  std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, 3);
+  std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, scratch_slot::kept);
   if (shm_node* node = shared_node_of(comm)) {
     shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
   } else {
     // Partial results of one step are forwarded during the next, so two staging blocks alternate.
-    std::byte* partial[2] = {scratch(chunks.longest() * es, 1), scratch(chunks.longest() * es, 2)};
+    std::byte* partial[2] = {scratch(chunks.longest() * es, scratch_slot::staging),
+                             scratch(chunks.longest() * es, scratch_slot::alternate)};
     ring_reduce_scatter(comm, type, op, chunks, comm.options().ring_segment_bytes, in_chunk,
                         [&](int s, int) { return s == p - 2 ? mine : partial[s % 2]; });
   }

@@ -92,7 +92,8 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
     return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
-  std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
+  std::byte* partial[2] = {scratch(out.bytes(), scratch_slot::staging),
+                           scratch(out.bytes(), scratch_slot::alternate)};
   ring_reduce_scatter(
       comm, in.type, op, chunks, comm.options().ring_segment_bytes,
       in_chunk, [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });

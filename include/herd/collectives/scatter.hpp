@@ -94,7 +94,7 @@ void scatter_host(C& comm, const_buffer_view in, buffer_view out, std::span<cons
   if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
     const std::byte* scattered = base;
     if (at_root && root != 0) {
-      std::byte* relative = scratch(offset.back(), 1);
+      std::byte* relative = scratch(offset.back(), scratch_slot::staging);
       rotate_blocks(bytes, root, base, relative, false);
       scattered = relative;
     }

@@ -121,23 +121,13 @@ class world {
   std::string hopeless(int me, const op_label& label) {
     if (!events_.load(std::memory_order_acquire)) return {};
     std::lock_guard lock(registry_mutex_);
-    // A departure is named before an abort, which may only be another rank's report of it.
-    for (int q = 0; q < size_; ++q) {
-      const auto at = static_cast<std::size_t>(q);
-      if (q != me && departed_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
-               std::to_string(departed_at_[at] - 1) + ") while rank " + std::to_string(me) + " waits in " +
-               label.str();
-      }
-    }
-    for (int q = 0; q < size_; ++q) {
-      const auto at = static_cast<std::size_t>(q);
-      if (q != me && aborted_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(aborted_at_[at]) + " (" +
-               abort_reasons_[at] + ") while rank " + std::to_string(me) + " waits in " + label.str();
-      }
-    }
-    return {};
+    return hopeless_wait(
+        size_, me, label.seq,
+        [&](int q) {
+          const auto at = static_cast<std::size_t>(q);
+          return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
+        },
+        [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
   }
 
   // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.

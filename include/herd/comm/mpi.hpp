@@ -3,26 +3,13 @@
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
 //
 // Besides moving bytes, an mpi_communicator keeps the rules every herd communicator follows
-// (comm/detail/operation.hpp). Ranks tell each other about aborts and departures with small
-// notices on a tag of their own, which every rank waiting inside an operation polls:
-// - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
-//   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
-//   own receives, drains the messages its peers sent it in that operation (so that their sends
-//   complete), waits until its own sends are complete, says "done", and waits for the "done" of
-//   every peer that told of its own abort. Only then does the error reach the caller: MPI never
-//   reads or writes a buffer that the caller may free after catching it. (MPI cannot cancel a send
-//   once posted, so this is the only safe way: the receiver must take it.) All this takes at most
-//   the shutdown time; a send still pending then ends the job (MPI_Abort, naming the peer and the
-//   operation), or, with comm_options::end_job_if_unsettled off, is left to MPI and the error says
-//   its buffer still belongs to MPI.
-// - closed: the sender destroyed its communicator (returned from main, say) after issuing n
-//   operations. A rank waiting in operation n or later raises at once.
-// - present: the sender is in its n-th shrink() of this communicator and stays. Being notices too,
-//   they arrive before the same sender's "closed" (one tag, one receive: MPI keeps their order),
-//   which is what lets the ranks that stay agree on who they are (shrink()).
+// (comm/detail/operation.hpp). What it does when an operation fails or a rank leaves (the notices
+// ranks send each other, settling an abort within a bound, the communicators that go on draining
+// after they are destroyed) is comm/detail/mpi_failure.hpp's.
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/fault_hooks.hpp>
+#include <herd/comm/detail/mpi_failure.hpp>
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/split.hpp>
@@ -38,38 +25,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <limits>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 namespace herd {
 namespace detail {
-class mpi_state;
-
-// The communicators of this process. A destroyed communicator stays "retired" until every peer's
-// departure notice has arrived (after which nothing more can), taking in and throwing away what
-// still comes, so that no message is left unmatched; MPI_Finalize (through an attribute on
-// MPI_COMM_SELF, whose delete callback MPI runs first thing) tells the peers of communicators
-// still alive that this rank leaves, and waits a bounded time for the retired ones.
-struct mpi_registry {
-  std::recursive_mutex mutex;  // a state destroyed under it takes itself off the lists
-  std::vector<mpi_state*> live;
-  std::vector<std::unique_ptr<mpi_state>> retired;
-  // Aborted communicators some of whose peers had not settled their messages when this rank went
-  // on: every wait of this process keeps draining them, so that those peers' sends complete.
-  std::vector<mpi_state*> unsettled;
-  std::atomic<bool> anything_to_tend{false};
-  bool hooked = false;
-};
-inline mpi_registry& registry() {
-  static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
-  return r;
-}
 
 // Messages above this many bytes are sent as one message of a derived datatype, whose count fits
 // an int: MPI before version 4 counts in int. (Tests lower it to exercise that path.)
@@ -81,13 +43,7 @@ inline std::size_t& mpi_message_limit() {
 
 namespace mpi {
 
-inline bool is_initialized() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
+inline bool is_initialized() { return herd::detail::mpi_running(); }
 
 // Initializes MPI (asking for MPI_THREAD_MULTIPLE by default) unless the program already did, and
 // finalizes it on destruction only if it was the one that initialized it.
@@ -176,440 +132,7 @@ inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank
 
 namespace detail {
 
-// A committed datatype of `bytes` bytes made of pieces of `limit` bytes and a remainder, for a
-// message whose byte count does not fit an int (MPI before version 4 counts in int).
-inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type) {
-  MPI_Datatype block = MPI_DATATYPE_NULL;
-  int code = MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
-  if (code != MPI_SUCCESS) return code;
-  int lengths[2] = {static_cast<int>(bytes / limit), static_cast<int>(bytes % limit)};
-  MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(bytes / limit * limit)};
-  MPI_Datatype types[2] = {block, MPI_BYTE};
-  code = MPI_Type_create_struct(lengths[1] != 0 ? 2 : 1, lengths, offsets, types, type);
-  MPI_Type_free(&block);  // the struct keeps what it needs
-  return code == MPI_SUCCESS ? MPI_Type_commit(type) : code;
-}
 
-// A notice between the ranks of one communicator. Small enough to travel eagerly.
-struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
-  std::uint32_t magic = 0x4e544345;  // "NTCE"
-  std::uint8_t type = 0;
-  std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
-  char reason[1008] = {};
-};
-
-// What this rank has heard from a peer.
-struct mpi_peer {
-  std::uint64_t aborted_at = std::numeric_limits<std::uint64_t>::max();
-  std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
-  bool done = false;  // settled everything it had in flight after an abort
-  std::uint64_t present_in = 0;  // the last shrink it said it is in
-  std::string reason;
-};
-
-// A request of an operation dropped while still pending (the operation is failing): the abort
-// settles it.
-struct mpi_orphan {
-  MPI_Request handle = MPI_REQUEST_NULL;
-  bool receiving = false;
-  int peer = -1;
-};
-
-// Everything an mpi_communicator owns, at an address that moves of the communicator keep.
-class mpi_state {
- public:
-  static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
-
-  explicit mpi_state(const comm_options& options) : ops(options) {}
-  mpi_state(const mpi_state&) = delete;
-  mpi_state& operator=(const mpi_state&) = delete;
-
-  ~mpi_state() {
-    {
-      auto& r = registry();
-      std::lock_guard lock(r.mutex);
-      r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
-      r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
-    }
-    release();
-  }
-
-  // Gives back what MPI holds for this communicator.
-  void release() noexcept {
-    if (!mpi::is_initialized()) return;
-    if (incoming_request != MPI_REQUEST_NULL) {
-      MPI_Cancel(&incoming_request);
-      MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
-    }
-    // Notices are small and sent eagerly, so they complete at once; one that does not within a
-    // second keeps its buffer (leaked on purpose) rather than free memory MPI may still read.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (reap_outgoing() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-    for (auto& [buffer, request] : outgoing) {
-      MPI_Request_free(&request);
-      (void)buffer.release();
-    }
-    outgoing.clear();
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-    comm = MPI_COMM_NULL;
-  }
-
-  void listen() {
-    peers.assign(static_cast<std::size_t>(size), mpi_peer{});
-    MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
-  }
-
-  // --- What the peers said. Written under notice_mutex (the progress thread and the caller's
-  // may both poll), read under it too.
-
-  // Takes in the notices that arrived (unless another thread is doing so right now).
-  void poll_notices() {
-    std::unique_lock lock(notice_mutex, std::try_to_lock);
-    if (!lock || incoming_request == MPI_REQUEST_NULL) return;
-    for (;;) {
-      int arrived = 0;
-      MPI_Status status;
-      if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
-      record(incoming, status.MPI_SOURCE);
-      MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
-    }
-  }
-
-  // Whether every peer has settled the messages of an abort (or left).
-  bool all_settled() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && !peer.done && peer.departed_at == never) return false;
-    }
-    return true;
-  }
-
-  // Whether every peer that told of its own abort has also settled it (or left).
-  bool answering_settled() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
-    }
-    return true;
-  }
-
-  // Whether every peer has said it left: then no message can come any more.
-  bool all_departed() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q)
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == never) return false;
-    return true;
-  }
-
-  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
-  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
-  // its "present" comes first and it counts as staying.
-  std::vector<int> staying(std::uint64_t round) {
-    std::lock_guard lock(notice_mutex);
-    std::vector<int> result(static_cast<std::size_t>(size), -1);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      int& r = result[static_cast<std::size_t>(q)];
-      if (q == rank || peer.present_in >= round) r = 1;
-      else if (peer.departed_at != never) r = 0;
-    }
-    return result;
-  }
-
-  // Why this rank, in operation `label`, waits in vain (empty when there is hope).
-  // A departure is named before an abort, which may only be another rank's report of it.
-  std::string hopeless(const op_label& label) {
-    std::lock_guard lock(notice_mutex);
-    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
-    for (int q = 0; q < size; ++q) {
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
-               std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && peer.aborted_at <= label.seq) {
-        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
-        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    return {};
-  }
-
-  // The hierarchical allreduce's communicator across nodes runs inside an operation of the
-  // communicator that made it (`outer`): its waits listen to that one's notices too (a rank that
-  // fails in the node phase tells only the outer one's peers), and its messages name ranks as the
-  // user knows them (outer_ranks[q]: the outer rank of rank q here).
-  mpi_state* outer = nullptr;
-  std::vector<int> outer_ranks;
-  int shown(int q) const { return outer != nullptr ? outer_ranks[static_cast<std::size_t>(q)] : q; }
-
-  // --- Notices to the peers.
-
-  // `to_departed` false: not to the peers known to have left (they may have finalized MPI).
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}, bool to_departed = true) noexcept {
-    for (int q = 0; q < size; ++q) {
-      if (q == rank) continue;
-      if (!to_departed) {
-        std::lock_guard lock(notice_mutex);
-        if (peers[static_cast<std::size_t>(q)].departed_at != never) continue;
-      }
-      try {
-        auto notice = std::make_unique<mpi_notice>();
-        notice->type = type;
-        notice->seq = seq;
-        const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
-        if (n != 0) std::memcpy(notice->reason, reason.data(), n);
-        outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
-        auto& [buffer, request] = outgoing.back();
-        MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
-      } catch (...) {
-        // Out of memory: that peer will notice through its own watchdog instead.
-      }
-    }
-  }
-
-  // Forgets the notices that were delivered; true while some are still in flight.
-  bool reap_outgoing() noexcept {
-    while (!outgoing.empty()) {
-      int done = 0;
-      MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
-      if (!done) return true;
-      outgoing.pop_front();
-    }
-    return false;
-  }
-
-  // --- Draining: taking, and throwing away, what peers sent, so that their sends complete.
-
-  // After an abort: the agreements (control tag) and the data of the aborted operation, and of
-  // any later one a peer reports it aborted in (it may have sent for that one already).
-  void drain_aborted() noexcept {
-    drain_tag(control_tag);
-    drain_tag(data_tag(aborted_seq));
-    std::uint64_t seen[8];
-    int count = 0;
-    {
-      std::lock_guard lock(notice_mutex);
-      for (const mpi_peer& peer : peers) {
-        if (peer.aborted_at != never && peer.aborted_at != aborted_seq && count < 8) seen[count++] = peer.aborted_at;
-      }
-    }
-    for (int i = 0; i < count; ++i) drain_tag(data_tag(seen[i]));
-  }
-
-  // A retired communicator: everything, notices included (taken in as notices).
-  void drain_everything() noexcept {
-    for (;;) {
-      int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
-      if (status.MPI_TAG == notice_tag) {
-        mpi_notice notice;
-        MPI_Mrecv(&notice, sizeof notice, MPI_BYTE, &message, MPI_STATUS_IGNORE);
-        std::lock_guard lock(notice_mutex);
-        record(notice, status.MPI_SOURCE);
-      } else if (!take(message, status)) {
-        return;
-      }
-    }
-  }
-
-  void drain_tag(int tag) noexcept {
-    for (;;) {
-      int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
-      if (!take(message, status)) return;
-    }
-  }
-
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  bool cuda_aware = false;
-  bool departed = false;
-  std::uint64_t aborted_seq = 0;  // the operation an abort settles
-  std::uint64_t shrinks = 0;      // shrink() calls on this communicator
-  operation_state ops;
-  // The ranks of this node and their shared memory (comm/detail/shm.hpp), when the node holds more
-  // than this rank and the memory could be mapped; whether that node is the whole communicator.
-  std::unique_ptr<shm_node> node;
-  bool node_is_everyone = false;
-  std::vector<mpi_orphan> orphans;
-
- private:
-  void record(const mpi_notice& notice, int from) {
-    if (notice.magic != mpi_notice{}.magic || from < 0 || from >= size || from == rank) return;
-    mpi_peer& peer = peers[static_cast<std::size_t>(from)];
-    if (notice.type == mpi_notice::abort && notice.seq < peer.aborted_at) {
-      peer.aborted_at = notice.seq;
-      try {
-        peer.reason.assign(notice.reason, strnlen(notice.reason, sizeof notice.reason));
-      } catch (...) {
-      }
-    } else if (notice.type == mpi_notice::done) {
-      peer.done = true;
-    } else if (notice.type == mpi_notice::closed) {
-      peer.departed_at = notice.seq;
-    } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
-      peer.present_in = notice.seq;
-    }
-  }
-
-  // Receives a probed message whole (a receive into a smaller buffer is an error MPI may treat as
-  // fatal); false if no buffer that large could be had, leaving it.
-  bool take(MPI_Message& message, const MPI_Status& status) noexcept {
-    MPI_Count bytes = 0;
-    MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-    try {
-      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
-    } catch (...) {
-      return false;
-    }
-    if (bytes <= INT_MAX) {
-      MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
-    } else {
-      MPI_Datatype whole = MPI_DATATYPE_NULL;
-      make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
-      MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
-      MPI_Type_free(&whole);
-    }
-    return true;
-  }
-
-  std::vector<mpi_peer> peers;
-  mpi_notice incoming;
-  MPI_Request incoming_request = MPI_REQUEST_NULL;
-  std::deque<std::pair<std::unique_ptr<mpi_notice>, MPI_Request>> outgoing;
-  std::vector<char> sink;  // where drained messages land
-  std::mutex notice_mutex;
-};
-
-// Tells every peer that this rank leaves the communicator after the operations it issued.
-inline void depart(mpi_state& s) noexcept {
-  if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
-  s.departed = true;
-  std::uint64_t issued = 0;
-  try {
-    issued = s.ops.issued();
-  } catch (...) {
-    return;
-  }
-  s.notify_all(mpi_notice::closed, issued);
-}
-
-// Frees the retired communicators that every peer has left; `all` frees the others too.
-inline void tend_retired(mpi_registry& r, bool all) noexcept {
-  for (auto it = r.retired.begin(); it != r.retired.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain_everything();
-    s.reap_outgoing();
-    if (all || s.all_departed()) {
-      it = r.retired.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-// Called now and then by every wait of this process: drains the aborted communicators whose
-// peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
-// this rank complete even while it is busy with something else.
-inline void tend() noexcept {
-  auto& r = registry();
-  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
-  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain_aborted();
-    s.reap_outgoing();
-    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
-  }
-  tend_retired(r, false);
-  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
-}
-
-inline void add_unsettled(mpi_state* s) noexcept {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  try {
-    r.unsettled.push_back(s);
-  } catch (...) {
-    return;
-  }
-  r.anything_to_tend.store(true, std::memory_order_release);
-}
-
-inline int at_finalize(MPI_Comm, int, void*, void*) {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  for (mpi_state* s : r.live) {
-    s->ops.drain();  // queued operations first: they still need MPI
-    depart(*s);
-  }
-  // The peers' departures arrive as they destroy their communicators, normally within moments;
-  // a peer that is stuck is given up on after ten seconds.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    tend_retired(r, false);
-    bool waiting = !r.retired.empty();
-    for (mpi_state* s : r.live) {
-      s->poll_notices();
-      s->drain_everything();
-      waiting = waiting || !s->all_departed();
-    }
-    if (!waiting || std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  tend_retired(r, true);
-  for (mpi_state* s : r.live) s->release();
-  r.anything_to_tend.store(false, std::memory_order_release);
-  return MPI_SUCCESS;
-}
-
-inline void register_state(mpi_state* s) {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (!r.hooked) {
-    int key = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, nullptr);
-    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
-    r.hooked = true;
-  }
-  r.live.push_back(s);
-}
-
-// A communicator's state after its owner is gone: it tells the peers and stays retired until
-// they have all left too.
-inline void retire(std::unique_ptr<mpi_state> s) noexcept {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
-  s->node.reset();  // unmapping is local: peers keep their own mappings
-  if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
-  depart(*s);
-  try {
-    r.retired.push_back(std::move(s));
-  } catch (...) {
-    return;  // s is freed now, without waiting for the peers
-  }
-  r.anything_to_tend.store(true, std::memory_order_release);
-  tend_retired(r, false);
-  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
-}
 
 }  // namespace detail
 
@@ -815,25 +338,7 @@ class mpi_communicator {
   mpi_communicator shrink(const comm_options& options) const {
     detail::mpi_state& s = state();
     s.ops.drain();
-    const std::uint64_t round = ++s.shrinks;
-    s.notify_all(detail::mpi_notice::present, round, {}, false);
-    std::vector<int> staying = s.staying(round);
-    detail::waiting watch(options);
-    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
-      if (watch.tick()) {
-        detail::tend();
-        const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-        watch.watch({"mpi_communicator::shrink", rank(), size()},
-                    "for rank " + std::to_string(q) + " to say whether it stays or left");
-      }
-      watch.pause();
-      s.poll_notices();
-      staying = s.staying(round);
-    }
-    std::vector<int> members;
-    for (int q = 0; q < size(); ++q) {
-      if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
-    }
+    const std::vector<int> members = detail::agree_staying(s, options);
     if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
     MPI_Group all = MPI_GROUP_NULL;
     MPI_Group part = MPI_GROUP_NULL;
@@ -874,104 +379,17 @@ class mpi_communicator {
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
   // cancel a send) and every peer that answered has said it is done (this process's later waits go
   // on draining for the others: detail::tend). All within the shutdown time; past it, see
-  // give_up_settling.
+  // detail::give_up_settling.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
-    s.ops.mark_aborted(reason);
-    const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
-    s.aborted_seq = seq;
-    for (auto& o : s.orphans) {
-      if (o.receiving) MPI_Cancel(&o.handle);
-    }
-    s.notify_all(detail::mpi_notice::abort, seq, reason);
+    const std::uint64_t seq = detail::announce_abort(s, reason);
     // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
     // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
     // its node's phase hears only this one) and before settling here.
     if (across_ && !across_->operations().aborted()) across_->abort(reason);
-    // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
-    // they answer: one that told of its own abort is about to say "done"; one that said nothing
-    // (stalled, or not yet aware) is left to this process's later waits (detail::tend).
-    const double bound = s.ops.options().stall_shutdown_seconds;
-    detail::waiting watch(s.ops.options());
-    bool said_done = false;
-    bool warned = false;
-    for (;;) {
-      bool in_flight = false;
-      for (auto& o : s.orphans) {
-        int done = 0;
-        if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
-        in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
-      }
-      if (!in_flight && !said_done) {
-        s.notify_all(detail::mpi_notice::done, seq);
-        said_done = true;
-      }
-      s.poll_notices();
-      s.drain_aborted();
-      s.reap_outgoing();
-      if (watch.tick()) detail::tend();
-      if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
-      if (!said_done && bound > 0 && watch.seconds() > bound) {
-        give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
-        break;
-      }
-      if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
-        warned = true;
-        std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
-                             "an abort; its peers must take what it sent before it can return.\n",
-                     s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
-      }
-      watch.pause();
-    }
-    s.orphans.clear();
-    if (!s.all_settled()) detail::add_unsettled(&s);
+    detail::settle_abort(s, seq, reason);
   }
-
- private:
-  // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
-  // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
-  // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
-  // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
-  // error says that their buffers still belong to MPI.
-  static void give_up_settling(detail::mpi_state& s, std::string_view reason) noexcept {
-    try {
-      give_up_settling_or_throw(s, reason);
-    } catch (...) {  // out of memory for the words: the decision stands
-      if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
-    }
-    for (auto& o : s.orphans) {
-      if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
-    }
-  }
-  static void give_up_settling_or_throw(detail::mpi_state& s, std::string_view reason) {
-    std::string peers;
-    for (auto& o : s.orphans) {
-      if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
-      const std::string name = std::to_string(s.shown(o.peer));
-      if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
-    }
-    if (!peers.empty()) peers.resize(peers.size() - 2);
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
-    const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
-                             (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
-                             " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
-                             " did not take what it sent, and MPI cannot cancel a send";
-    if (s.ops.options().end_job_if_unsettled) {
-      std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
-                           "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
-                           "herd::error instead.)\n",
-                   what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
-      std::fflush(stderr);
-      MPI_Abort(s.comm, 1);
-    }
-    s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
-                         "takes them; do not free or reuse them before then.");
-    std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
-  }
-
- public:
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it

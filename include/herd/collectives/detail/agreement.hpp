@@ -202,16 +202,7 @@ inline void verify_arguments(const error_site& site, std::span<const signature> 
 template <communicator C>
 exchanged agree(C& comm, signature mine, const call_check& check, bool carries_payload = false,
                 const void* payload = nullptr, std::size_t payload_bytes = 0) {
-  const signature identity = signature_of(comm.operations());
-  mine.kind = identity.kind;
-  mine.seq = identity.seq;
-  mine.typed = identity.typed;
-  mine.check_arguments = identity.check_arguments;
-  mine.segment_bytes = identity.segment_bytes;
-  mine.algo = identity.algo;
-  mine.slice_bytes = identity.slice_bytes;
-  mine.node_size = identity.node_size;
-  mine.name = identity.name;
+  stamp_identity(mine, comm.operations());
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
   // Without argument checks a rank's own problem is not exchanged (its peers may not be in an

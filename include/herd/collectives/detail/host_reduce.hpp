@@ -88,6 +88,15 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+template <class Operand>
+void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
+                          int avg_ranks) {
+  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
+  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
+}
+
 }  // namespace herd::detail
 
 #endif  // HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP

@@ -138,7 +138,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   const std::size_t es = size_of(type);
   const segmentation seg(chunks, es, segment_bytes);
   const trace::span phase(comm.operations().track(), "ring reduce-scatter");
-  std::byte* slots = scratch(ring_window * seg.elements * es, 0);
+  std::byte* slots = scratch(ring_window * seg.elements * es, scratch_slot::transit);
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
   ring_pipeline(

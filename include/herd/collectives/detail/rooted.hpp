@@ -67,7 +67,7 @@ void tree_gather(C& comm, int root, std::span<const std::size_t> bytes, const st
     }
     return;
   }
-  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), 0);
+  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), scratch_slot::transit);
   const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
   if (own != 0 && buffer != mine) std::memcpy(buffer, mine, own);
   std::vector<typename C::request> receives;
@@ -92,7 +92,8 @@ void tree_scatter(C& comm, int root, std::span<const std::size_t> bytes, const s
   const int tag = comm.operations().data_tag();
   const std::byte* buffer = scattered;
   if (t.q != 0) {
-    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), 0);  // a leaf's is its own block
+    // A leaf's is its own block.
+    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), scratch_slot::transit);
     if (t.subtree_bytes() != 0) {
       auto r = comm.irecv(received, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
       comm.wait(r);

@@ -33,15 +33,6 @@ struct even_pieces {
   std::size_t length(std::size_t k) const { return n / parts + (k < n % parts ? 1 : 0); }
 };
 
-// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
-// (when > 0) in the last combination. dst may be operand(0) but no other operand.
-template <class Operand>
-void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
-                          int avg_ranks) {
-  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
-  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
-}
-
 // A host tensor made of consecutive parts of one dtype (a grouped allreduce's tensors, a
 // distributed optimizer's gradients), addressed as one: element i of the whole is in the part
 // whose range holds i.

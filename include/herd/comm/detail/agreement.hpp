@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace herd::detail {
@@ -250,6 +251,23 @@ template <class Field> bool differs(std::span<const signature> all, Field field)
   return false;
 }
 
+// A wire-protocol option in words, as an error names each rank's.
+template <class T> std::string option_text(T value) {
+  if constexpr (std::is_enum_v<T>) return std::string(name(value));
+  else return std::to_string(value);
+}
+
+// Raises on every rank if the wire-protocol option `variable` (`field` of a signature) differs
+// across ranks, naming each rank's; `advice` says what to do.
+template <class Field>
+void require_same_option(const error_site& site, std::span<const signature> all, const char* variable, Field field,
+                         const char* advice) {
+  if (!differs(all, field)) return;
+  raise_agreed(site, std::string(variable) + " differs across ranks (" +
+                         per_rank(all, [&](const signature& s) { return option_text(field(s)); }) + ")",
+               advice);
+}
+
 // Raises on every rank if the ranks are not in the same operation (kind and sequence number),
 // run different wire protocols, or if any rank reported a fault of its own. `own_fault()` raises
 // this rank's own fault in its own words, before the others' are named.
@@ -285,35 +303,20 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                    "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
     }
   }
-  if (differs(all, [](const signature& s) { return s.check_arguments; })) {
-    raise_agreed(site, "HERD_CHECK_ARGUMENTS differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.check_arguments); }) + ")",
-                 "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
-                 "messages a collective sends");
-  }
-  if (differs(all, [](const signature& s) { return s.segment_bytes; })) {
-    raise_agreed(site, "HERD_RING_SEGMENT_BYTES differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + ")",
-                 "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
-                 "messages must pair up one to one");
-  }
-  if (differs(all, [](const signature& s) { return s.algo; })) {
-    raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.algo)); }) + ")",
-                 "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
-                 "must take the same path");
-  }
-  if (differs(all, [](const signature& s) { return s.slice_bytes; })) {
-    raise_agreed(site, "HERD_SHM_SLICE_BYTES differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.slice_bytes); }) + ")",
-                 "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
-                 "one layout of shared memory");
-  }
-  if (differs(all, [](const signature& s) { return s.node_size; })) {
-    raise_agreed(site, "HERD_SIMULATE_NODE_SIZE differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.node_size); }) + ")",
-                 "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
-  }
+  require_same_option(site, all, "HERD_CHECK_ARGUMENTS", [](const signature& s) { return s.check_arguments; },
+                      "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
+                      "messages a collective sends");
+  require_same_option(site, all, "HERD_RING_SEGMENT_BYTES", [](const signature& s) { return s.segment_bytes; },
+                      "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
+                      "messages must pair up one to one");
+  require_same_option(site, all, "HERD_ALLREDUCE_ALGORITHM", [](const signature& s) { return s.algo; },
+                      "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
+                      "must take the same path");
+  require_same_option(site, all, "HERD_SHM_SLICE_BYTES", [](const signature& s) { return s.slice_bytes; },
+                      "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
+                      "one layout of shared memory");
+  require_same_option(site, all, "HERD_SIMULATE_NODE_SIZE", [](const signature& s) { return s.node_size; },
+                      "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
 }
 
 // The communicator small host messages (agreements) travel on: its control() when it has one
@@ -323,13 +326,11 @@ template <class C> auto& control_of(C& comm) {
   else return comm;
 }
 
-// A signature for the running operation, carrying the communicator's wire-protocol options.
-inline signature signature_of(const operation_state& ops) {
-  signature s;
+// Writes into `s` what every agreement of the running operation carries besides its arguments:
+// the operation's identity and the communicator's wire-protocol options.
+inline void stamp_identity(signature& s, const operation_state& ops) {
   s.kind = ops.current().kind;
   s.seq = ops.current().seq;
-  s.count = ops.current().count;
-  s.type = ops.current().type;
   s.typed = ops.current().typed ? 1 : 0;
   s.check_arguments = ops.options().check_arguments ? 1 : 0;
   s.segment_bytes = ops.options().ring_segment_bytes;
@@ -337,6 +338,14 @@ inline signature signature_of(const operation_state& ops) {
   s.slice_bytes = ops.options().shm_slice_bytes;
   s.node_size = ops.options().simulated_node_size;
   s.name = ops.current().name_;
+}
+
+// A signature for the running operation, carrying the communicator's wire-protocol options.
+inline signature signature_of(const operation_state& ops) {
+  signature s;
+  s.count = ops.current().count;
+  s.type = ops.current().type;
+  stamp_identity(s, ops);
   return s;
 }
 

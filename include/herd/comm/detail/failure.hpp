@@ -147,6 +147,38 @@ inline void verify_renewal(const error_site& site, const std::vector<creation_re
                "same step), then renew with comm.renew(options, herd::rolled_back)");
 }
 
+// What a rank has heard of a peer's failures, for hopeless_wait.
+struct peer_news {
+  std::uint64_t departed_at;  // it left after issuing this many operations (never: it has not)
+  std::uint64_t aborted_at;   // the operation it aborted (never: none)
+  const std::string& reason;  // the abort's
+};
+
+// Why rank `me`, waiting in operation #seq, waits in vain: a peer left before issuing it, or
+// aborted it or an earlier one; empty when there is hope. A departure is named before an abort,
+// which may only be another rank's report of it. `news(q)` is what is known of rank q, `shown(q)`
+// the number the error gives it, `in` the operation waited in and `aborted_what(at)` the words
+// for a peer's aborted operation #at. Every communicator's waits ask this, in the same words.
+template <class News, class Shown, class AbortedWhat>
+std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown shown, const std::string& in,
+                          AbortedWhat aborted_what) {
+  for (int q = 0; q < size; ++q) {
+    const peer_news peer = news(q);
+    if (q != me && peer.departed_at <= seq) {
+      return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
+             std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+    }
+  }
+  for (int q = 0; q < size; ++q) {
+    const peer_news peer = news(q);
+    if (q != me && peer.aborted_at <= seq) {
+      return "rank " + std::to_string(shown(q)) + " aborted " + aborted_what(peer.aborted_at) + " (" + peer.reason +
+             ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+    }
+  }
+  return {};
+}
+
 }  // namespace detail
 }  // namespace herd
 

@@ -258,47 +258,40 @@ class operation_state {
 
   // Runs f(seq) on this thread once every earlier operation has finished.
   template <class F> void run_blocking(F&& f) {
-    if (!queued_ever_.load(std::memory_order_relaxed)) {
-      // Nothing was ever queued, so no other thread runs operations of this communicator (its
-      // operations are issued from one thread at a time, as MPI's are): no lock needed.
-      if (busy_) refuse_nesting();
-      busy_ = true;
-      runner_ = std::this_thread::get_id();
-      const std::uint64_t seq = next_seq_++;
-      struct release {
-        operation_state* self;
-        ~release() {
+    // Until something was queued, no other thread runs operations of this communicator (its
+    // operations are issued from one thread at a time, as MPI's are): no lock needed.
+    const bool shared = queued_ever_.load(std::memory_order_relaxed);
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (shared) lock.lock();
+    refuse_nesting();
+    if (shared && (!queue_.empty() || busy_)) {
+      auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
+      lock.unlock();
+      wait(*op);
+      return;
+    }
+    busy_ = true;
+    runner_ = std::this_thread::get_id();
+    const std::uint64_t seq = next_seq_++;
+    if (shared) lock.unlock();
+    struct release {
+      operation_state* self;
+      bool shared;
+      ~release() {
+        if (!shared) {
+          self->busy_ = false;
+          self->runner_ = {};
+          return;
+        }
+        {
+          std::lock_guard guard(self->mutex_);
           self->busy_ = false;
           self->runner_ = {};
         }
-      } done{this};
-      f(seq);
-      return;
-    }
-    std::unique_lock lock(mutex_);
-    refuse_nesting();
-    if (queue_.empty() && !busy_) {
-      busy_ = true;
-      runner_ = std::this_thread::get_id();
-      const std::uint64_t seq = next_seq_++;
-      lock.unlock();
-      struct release {
-        operation_state* self;
-        ~release() {
-          {
-            std::lock_guard guard(self->mutex_);
-            self->busy_ = false;
-            self->runner_ = {};
-          }
-          self->wake_.notify_all();
-        }
-      } done{this};
-      f(seq);
-      return;
-    }
-    auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
-    lock.unlock();
-    wait(*op);
+        self->wake_.notify_all();
+      }
+    } done{this, shared};
+    f(seq);
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
