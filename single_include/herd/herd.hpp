@@ -1933,47 +1933,40 @@ class operation_state {
 
   // Runs f(seq) on this thread once every earlier operation has finished.
   template <class F> void run_blocking(F&& f) {
-    if (!queued_ever_.load(std::memory_order_relaxed)) {
-      // Nothing was ever queued, so no other thread runs operations of this communicator (its
-      // operations are issued from one thread at a time, as MPI's are): no lock needed.
-      if (busy_) refuse_nesting();
-      busy_ = true;
-      runner_ = std::this_thread::get_id();
-      const std::uint64_t seq = next_seq_++;
-      struct release {
-        operation_state* self;
-        ~release() {
+    // Until something was queued, no other thread runs operations of this communicator (its
+    // operations are issued from one thread at a time, as MPI's are): no lock needed.
+    const bool shared = queued_ever_.load(std::memory_order_relaxed);
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (shared) lock.lock();
+    refuse_nesting();
+    if (shared && (!queue_.empty() || busy_)) {
+      auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
+      lock.unlock();
+      wait(*op);
+      return;
+    }
+    busy_ = true;
+    runner_ = std::this_thread::get_id();
+    const std::uint64_t seq = next_seq_++;
+    if (shared) lock.unlock();
+    struct release {
+      operation_state* self;
+      bool shared;
+      ~release() {
+        if (!shared) {
+          self->busy_ = false;
+          self->runner_ = {};
+          return;
+        }
+        {
+          std::lock_guard guard(self->mutex_);
           self->busy_ = false;
           self->runner_ = {};
         }
-      } done{this};
-      f(seq);
-      return;
-    }
-    std::unique_lock lock(mutex_);
-    refuse_nesting();
-    if (queue_.empty() && !busy_) {
-      busy_ = true;
-      runner_ = std::this_thread::get_id();
-      const std::uint64_t seq = next_seq_++;
-      lock.unlock();
-      struct release {
-        operation_state* self;
-        ~release() {
-          {
-            std::lock_guard guard(self->mutex_);
-            self->busy_ = false;
-            self->runner_ = {};
-          }
-          self->wake_.notify_all();
-        }
-      } done{this};
-      f(seq);
-      return;
-    }
-    auto op = enqueue(lock, std::function<void(std::uint64_t)>(std::forward<F>(f)));
-    lock.unlock();
-    wait(*op);
+        self->wake_.notify_all();
+      }
+    } done{this, shared};
+    f(seq);
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
@@ -2645,6 +2638,7 @@ class shm_node {
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace herd::detail {
@@ -2871,6 +2865,23 @@ template <class Field> bool differs(std::span<const signature> all, Field field)
   return false;
 }
 
+// A wire-protocol option in words, as an error names each rank's.
+template <class T> std::string option_text(T value) {
+  if constexpr (std::is_enum_v<T>) return std::string(name(value));
+  else return std::to_string(value);
+}
+
+// Raises on every rank if the wire-protocol option `variable` (`field` of a signature) differs
+// across ranks, naming each rank's; `advice` says what to do.
+template <class Field>
+void require_same_option(const error_site& site, std::span<const signature> all, const char* variable, Field field,
+                         const char* advice) {
+  if (!differs(all, field)) return;
+  raise_agreed(site, std::string(variable) + " differs across ranks (" +
+                         per_rank(all, [&](const signature& s) { return option_text(field(s)); }) + ")",
+               advice);
+}
+
 // Raises on every rank if the ranks are not in the same operation (kind and sequence number),
 // run different wire protocols, or if any rank reported a fault of its own. `own_fault()` raises
 // this rank's own fault in its own words, before the others' are named.
@@ -2906,35 +2917,20 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
                    "Fix the call on rank " + std::to_string(i) + "; every rank stops so that none waits forever");
     }
   }
-  if (differs(all, [](const signature& s) { return s.check_arguments; })) {
-    raise_agreed(site, "HERD_CHECK_ARGUMENTS differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.check_arguments); }) + ")",
-                 "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
-                 "messages a collective sends");
-  }
-  if (differs(all, [](const signature& s) { return s.segment_bytes; })) {
-    raise_agreed(site, "HERD_RING_SEGMENT_BYTES differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.segment_bytes); }) + ")",
-                 "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
-                 "messages must pair up one to one");
-  }
-  if (differs(all, [](const signature& s) { return s.algo; })) {
-    raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.algo)); }) + ")",
-                 "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
-                 "must take the same path");
-  }
-  if (differs(all, [](const signature& s) { return s.slice_bytes; })) {
-    raise_agreed(site, "HERD_SHM_SLICE_BYTES differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.slice_bytes); }) + ")",
-                 "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
-                 "one layout of shared memory");
-  }
-  if (differs(all, [](const signature& s) { return s.node_size; })) {
-    raise_agreed(site, "HERD_SIMULATE_NODE_SIZE differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.node_size); }) + ")",
-                 "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
-  }
+  require_same_option(site, all, "HERD_CHECK_ARGUMENTS", [](const signature& s) { return s.check_arguments; },
+                      "Give every rank the same HERD_CHECK_ARGUMENTS (comm_options::check_arguments): it changes which "
+                      "messages a collective sends");
+  require_same_option(site, all, "HERD_RING_SEGMENT_BYTES", [](const signature& s) { return s.segment_bytes; },
+                      "Give every rank the same HERD_RING_SEGMENT_BYTES (comm_options::ring_segment_bytes): the ring's "
+                      "messages must pair up one to one");
+  require_same_option(site, all, "HERD_ALLREDUCE_ALGORITHM", [](const signature& s) { return s.algo; },
+                      "Give every rank the same HERD_ALLREDUCE_ALGORITHM (comm_options::allreduce_algorithm): the ranks "
+                      "must take the same path");
+  require_same_option(site, all, "HERD_SHM_SLICE_BYTES", [](const signature& s) { return s.slice_bytes; },
+                      "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
+                      "one layout of shared memory");
+  require_same_option(site, all, "HERD_SIMULATE_NODE_SIZE", [](const signature& s) { return s.node_size; },
+                      "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
 }
 
 // The communicator small host messages (agreements) travel on: its control() when it has one
@@ -2944,13 +2940,11 @@ template <class C> auto& control_of(C& comm) {
   else return comm;
 }
 
-// A signature for the running operation, carrying the communicator's wire-protocol options.
-inline signature signature_of(const operation_state& ops) {
-  signature s;
+// Writes into `s` what every agreement of the running operation carries besides its arguments:
+// the operation's identity and the communicator's wire-protocol options.
+inline void stamp_identity(signature& s, const operation_state& ops) {
   s.kind = ops.current().kind;
   s.seq = ops.current().seq;
-  s.count = ops.current().count;
-  s.type = ops.current().type;
   s.typed = ops.current().typed ? 1 : 0;
   s.check_arguments = ops.options().check_arguments ? 1 : 0;
   s.segment_bytes = ops.options().ring_segment_bytes;
@@ -2958,6 +2952,14 @@ inline signature signature_of(const operation_state& ops) {
   s.slice_bytes = ops.options().shm_slice_bytes;
   s.node_size = ops.options().simulated_node_size;
   s.name = ops.current().name_;
+}
+
+// A signature for the running operation, carrying the communicator's wire-protocol options.
+inline signature signature_of(const operation_state& ops) {
+  signature s;
+  s.count = ops.current().count;
+  s.type = ops.current().type;
+  stamp_identity(s, ops);
   return s;
 }
 
@@ -3110,6 +3112,38 @@ inline void verify_renewal(const error_site& site, const std::vector<creation_re
                    "would be in different steps and mix their data",
                "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
                "same step), then renew with comm.renew(options, herd::rolled_back)");
+}
+
+// What a rank has heard of a peer's failures, for hopeless_wait.
+struct peer_news {
+  std::uint64_t departed_at;  // it left after issuing this many operations (never: it has not)
+  std::uint64_t aborted_at;   // the operation it aborted (never: none)
+  const std::string& reason;  // the abort's
+};
+
+// Why rank `me`, waiting in operation #seq, waits in vain: a peer left before issuing it, or
+// aborted it or an earlier one; empty when there is hope. A departure is named before an abort,
+// which may only be another rank's report of it. `news(q)` is what is known of rank q, `shown(q)`
+// the number the error gives it, `in` the operation waited in and `aborted_what(at)` the words
+// for a peer's aborted operation #at. Every communicator's waits ask this, in the same words.
+template <class News, class Shown, class AbortedWhat>
+std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown shown, const std::string& in,
+                          AbortedWhat aborted_what) {
+  for (int q = 0; q < size; ++q) {
+    const peer_news peer = news(q);
+    if (q != me && peer.departed_at <= seq) {
+      return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
+             std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+    }
+  }
+  for (int q = 0; q < size; ++q) {
+    const peer_news peer = news(q);
+    if (q != me && peer.aborted_at <= seq) {
+      return "rank " + std::to_string(shown(q)) + " aborted " + aborted_what(peer.aborted_at) + " (" + peer.reason +
+             ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+    }
+  }
+  return {};
 }
 
 }  // namespace detail
@@ -3462,23 +3496,13 @@ class world {
   std::string hopeless(int me, const op_label& label) {
     if (!events_.load(std::memory_order_acquire)) return {};
     std::lock_guard lock(registry_mutex_);
-    // A departure is named before an abort, which may only be another rank's report of it.
-    for (int q = 0; q < size_; ++q) {
-      const auto at = static_cast<std::size_t>(q);
-      if (q != me && departed_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " finished (it left the communicator after operation #" +
-               std::to_string(departed_at_[at] - 1) + ") while rank " + std::to_string(me) + " waits in " +
-               label.str();
-      }
-    }
-    for (int q = 0; q < size_; ++q) {
-      const auto at = static_cast<std::size_t>(q);
-      if (q != me && aborted_at_[at] <= label.seq) {
-        return "rank " + std::to_string(q) + " aborted its operation #" + std::to_string(aborted_at_[at]) + " (" +
-               abort_reasons_[at] + ") while rank " + std::to_string(me) + " waits in " + label.str();
-      }
-    }
-    return {};
+    return hopeless_wait(
+        size_, me, label.seq,
+        [&](int q) {
+          const auto at = static_cast<std::size_t>(q);
+          return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
+        },
+        [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
   }
 
   // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.
@@ -4361,53 +4385,93 @@ inline int multiprocessors(int device) {
 // herd::mpi::environment and herd::mpi_communicator: ranks as processes, over MPI.
 //
 // Besides moving bytes, an mpi_communicator keeps the rules every herd communicator follows
-// (comm/detail/operation.hpp). Ranks tell each other about aborts and departures with small
-// notices on a tag of their own, which every rank waiting inside an operation polls:
-// - abort: the sender's operation #k failed after its agreement. A rank waiting in operation k or
-//   later raises at once. Each aborting rank then settles what it has in flight: it cancels its
-//   own receives, drains the messages its peers sent it in that operation (so that their sends
-//   complete), waits until its own sends are complete, says "done", and waits for the "done" of
-//   every peer that told of its own abort. Only then does the error reach the caller: MPI never
-//   reads or writes a buffer that the caller may free after catching it. (MPI cannot cancel a send
-//   once posted, so this is the only safe way: the receiver must take it.) All this takes at most
-//   the shutdown time; a send still pending then ends the job (MPI_Abort, naming the peer and the
-//   operation), or, with comm_options::end_job_if_unsettled off, is left to MPI and the error says
-//   its buffer still belongs to MPI.
-// - closed: the sender destroyed its communicator (returned from main, say) after issuing n
-//   operations. A rank waiting in operation n or later raises at once.
-// - present: the sender is in its n-th shrink() of this communicator and stays. Being notices too,
-//   they arrive before the same sender's "closed" (one tag, one receive: MPI keeps their order),
-//   which is what lets the ranks that stay agree on who they are (shrink()).
+// (comm/detail/operation.hpp). What it does when an operation fails or a rank leaves (the notices
+// ranks send each other, settling an abort within a bound, the communicators that go on draining
+// after they are destroyed) is comm/detail/mpi_failure.hpp's.
+
+
+// ---- herd/comm/detail/mpi_failure.hpp ----
+#ifndef HERD_COMM_DETAIL_MPI_FAILURE_HPP
+#define HERD_COMM_DETAIL_MPI_FAILURE_HPP
+// The failure protocol of herd::mpi_communicator (comm/mpi.hpp), and the state it works on.
+//
+// Notices. The ranks of a communicator tell each other about failures with small notices
+// (mpi_notice, sent eagerly) on a tag of their own (notice_tag). Each communicator keeps one
+// receive for them standing (mpi_state::listen); every wait inside an operation polls it and
+// raises when mpi_state::hopeless says the wait is in vain. There are four kinds:
+// - abort #k: the sender's operation #k failed after its agreement (detail::run_now calls
+//   mpi_communicator::abort), sent to every peer. A peer waiting in operation k or later raises.
+// - done #k: the sender has settled everything it had in flight in the aborted operation k.
+// - closed n: the sender leaves the communicator (destroyed it, left() it, or MPI_Finalize ran)
+//   after issuing n operations. A peer waiting in operation n or later raises.
+// - present r: the sender is in its r-th shrink() of the communicator and stays.
+// One tag, one receive: MPI keeps the order of one sender's notices, so a "present" arrives before
+// the same sender's "closed".
+//
+// After an abort (announce_abort, settle_abort) the aborting rank cancels its own receives, drains
+// the messages its peers sent it in that operation (and in any later one a peer reports it aborted
+// in) so that their sends complete, waits until its own sends are complete, says "done", and waits
+// for the "done" of every peer that told of its own abort. Only then does the error reach the
+// caller: MPI never touches a buffer the caller may free after catching it (MPI cannot cancel a
+// send once posted: the receiver must take it). Peers that said nothing (stalled, or not yet aware)
+// are not waited for: the communicator goes on the unsettled list below.
+//
+// The bound: all this takes at most comm_options::stall_shutdown_seconds (none when 0; then a
+// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort, with
+// a message naming the peer and the operation), as torch's NCCL watchdog does; with
+// comm_options::end_job_if_unsettled off its request is left to MPI, and the error says that its
+// buffer still belongs to MPI. Only peers' "done" still missing past the bound: the abort returns.
+//
+// A departing rank is told apart from an aborting one by its notice: "closed" carries the number
+// of operations it issued, and hopeless() names a departure before any abort (which may only be
+// another rank's report of that departure). shrink() counts a rank as staying when its "present"
+// for that round came, as gone when its "closed" came without it.
+//
+// The registries (mpi_registry), one per process:
+// - live: the communicators alive. MPI_Finalize (at_finalize) tells their peers this rank leaves,
+//   and drains them for up to ten seconds while the peers' departures arrive.
+// - retired: destroyed communicators. Each takes in and throws away whatever still comes, notices
+//   included, so that no peer's message is left unmatched, and goes once every peer has said it
+//   left (after which nothing more can come), or at MPI_Finalize after those ten seconds.
+// - unsettled: aborted communicators some of whose peers had not said "done" when the abort
+//   returned. Every wait of this process drains them (tend), so that those peers' sends complete;
+//   an entry goes once every peer has said "done" or left, or when its communicator is destroyed.
 
 
 #include <mpi.h>
-#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
-#endif
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-namespace herd {
-namespace detail {
+namespace herd::detail {
+
+// Whether MPI can be called: initialized and not yet finalized (herd::mpi::is_initialized).
+inline bool mpi_running() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
 class mpi_state;
 
-// The communicators of this process. A destroyed communicator stays "retired" until every peer's
-// departure notice has arrived (after which nothing more can), taking in and throwing away what
-// still comes, so that no message is left unmatched; MPI_Finalize (through an attribute on
-// MPI_COMM_SELF, whose delete callback MPI runs first thing) tells the peers of communicators
-// still alive that this rank leaves, and waits a bounded time for the retired ones.
+// The communicators of this process (see the top of this file). MPI_Finalize reaches at_finalize
+// through an attribute on MPI_COMM_SELF, whose delete callback MPI runs first thing.
 struct mpi_registry {
   std::recursive_mutex mutex;  // a state destroyed under it takes itself off the lists
   std::vector<mpi_state*> live;
@@ -4422,111 +4486,6 @@ inline mpi_registry& registry() {
   static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
   return r;
 }
-
-// Messages above this many bytes are sent as one message of a derived datatype, whose count fits
-// an int: MPI before version 4 counts in int. (Tests lower it to exercise that path.)
-inline std::size_t& mpi_message_limit() {
-  static std::size_t limit = static_cast<std::size_t>(INT_MAX);
-  return limit;
-}
-}  // namespace detail
-
-namespace mpi {
-
-inline bool is_initialized() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
-
-// Initializes MPI (asking for MPI_THREAD_MULTIPLE by default) unless the program already did, and
-// finalizes it on destruction only if it was the one that initialized it.
-class environment {
- public:
-  environment() : environment(nullptr, nullptr) {}
-  environment(int& argc, char**& argv, int required_thread_level = MPI_THREAD_MULTIPLE)
-      : environment(&argc, &argv, required_thread_level) {}
-
-  environment(const environment&) = delete;
-  environment& operator=(const environment&) = delete;
-
-  // MPI_Finalize first tells the peers of every communicator still alive that this rank leaves.
-  ~environment() {
-    if (owns_ && is_initialized()) MPI_Finalize();
-  }
-
-  // The thread support MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
-  int thread_level() const noexcept { return provided_; }
-  // Whether this guard initialized MPI (and so will finalize it).
-  bool owns() const noexcept { return owns_; }
-
- private:
-  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-      MPI_Query_thread(&provided_);
-      return;
-    }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) {
-      throw error("herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
-                  "Create the environment once, at the top of main.");
-    }
-    if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
-      throw error("herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
-                  "(or srun) of the same MPI it was built with.");
-    }
-    owns_ = true;
-  }
-
-  bool owns_ = false;
-  int provided_ = MPI_THREAD_SINGLE;
-};
-
-// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
-// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
-// overrides what the MPI library says (it must then be the same on every rank).
-inline bool cuda_aware() {
-  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
-    return std::string(forced) != "0";
-  }
-#if defined(MPIX_GPU_SUPPORT_CUDA)
-  int supported = 0;
-  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
-#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() != 0;
-#endif
-  return false;
-}
-
-// This process's rank among the processes of `comm` on the same node, and their number (through
-// MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
-namespace detail {
-// (rank, size) within the processes of `comm` that share this node.
-inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
-  }
-  int rank = 0;
-  int size = 1;
-  MPI_Comm_rank(node, &rank);
-  MPI_Comm_size(node, &size);
-  MPI_Comm_free(&node);
-  return {rank, size};
-}
-}  // namespace detail
-
-inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_rank").first; }
-inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_size").second; }
-
-}  // namespace mpi
-
-namespace detail {
 
 // A committed datatype of `bytes` bytes made of pieces of `limit` bytes and a remainder, for a
 // message whose byte count does not fit an int (MPI before version 4 counts in int).
@@ -4590,7 +4549,7 @@ class mpi_state {
 
   // Gives back what MPI holds for this communicator.
   void release() noexcept {
-    if (!mpi::is_initialized()) return;
+    if (!mpi_running()) return;
     if (incoming_request != MPI_REQUEST_NULL) {
       MPI_Cancel(&incoming_request);
       MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
@@ -4676,23 +4635,17 @@ class mpi_state {
   // A departure is named before an abort, which may only be another rank's report of it.
   std::string hopeless(const op_label& label) {
     std::lock_guard lock(notice_mutex);
-    const std::string in = outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str();
-    for (int q = 0; q < size; ++q) {
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at <= label.seq) {
-        return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
-               std::to_string(peers[static_cast<std::size_t>(q)].departed_at - 1) + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && peer.aborted_at <= label.seq) {
-        const std::string what = outer != nullptr ? "its part across nodes" : "its operation #" + std::to_string(peer.aborted_at);
-        return "rank " + std::to_string(shown(q)) + " aborted " + what + " (" + peer.reason + ") while rank " +
-               std::to_string(shown(rank)) + " waits in " + in;
-      }
-    }
-    return {};
+    return hopeless_wait(
+        size, rank, label.seq,
+        [&](int q) {
+          const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+          return peer_news{peer.departed_at, peer.aborted_at, peer.reason};
+        },
+        [&](int q) { return shown(q); },
+        outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str(),
+        [&](std::uint64_t at) {
+          return outer != nullptr ? std::string("its part across nodes") : "its operation #" + std::to_string(at);
+        });
   }
 
   // The hierarchical allreduce's communicator across nodes runs inside an operation of the
@@ -4849,7 +4802,7 @@ class mpi_state {
 
 // Tells every peer that this rank leaves the communicator after the operations it issued.
 inline void depart(mpi_state& s) noexcept {
-  if (s.departed || s.comm == MPI_COMM_NULL || !mpi::is_initialized()) return;
+  if (s.departed || s.comm == MPI_COMM_NULL || !mpi_running()) return;
   s.departed = true;
   std::uint64_t issued = 0;
   try {
@@ -4951,7 +4904,7 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   std::lock_guard lock(r.mutex);
   r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
   s->node.reset();  // unmapping is local: peers keep their own mappings
-  if (!mpi::is_initialized() || s->comm == MPI_COMM_NULL) return;
+  if (!mpi_running() || s->comm == MPI_COMM_NULL) return;
   depart(*s);
   try {
     r.retired.push_back(std::move(s));
@@ -4962,6 +4915,253 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   tend_retired(r, false);
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
+
+inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
+  std::string peers;
+  for (auto& o : s.orphans) {
+    if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
+    const std::string name = std::to_string(s.shown(o.peer));
+    if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
+  }
+  if (!peers.empty()) peers.resize(peers.size() - 2);
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
+  const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
+                           (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
+                           " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
+                           " did not take what it sent, and MPI cannot cancel a send";
+  if (s.ops.options().end_job_if_unsettled) {
+    std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
+                         "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
+                         "herd::error instead.)\n",
+                 what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
+    std::fflush(stderr);
+    MPI_Abort(s.comm, 1);
+  }
+  s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
+                       "takes them; do not free or reuse them before then.");
+  std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
+}
+
+// Past the shutdown time, a send of the aborted operation is still pending: its peer has not
+// taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
+// torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
+// comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
+// error says that their buffers still belong to MPI.
+inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
+  try {
+    give_up_settling_or_throw(s, reason);
+  } catch (...) {  // out of memory for the words: the decision stands
+    if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+  }
+  for (auto& o : s.orphans) {
+    if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
+  }
+}
+
+// Begins the abort of the running operation (or of the one aborted before, outside any): marks
+// the communicator aborted, cancels this rank's receives of the operation and tells every peer.
+// Returns the operation's number.
+inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
+  s.ops.mark_aborted(reason);
+  const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+  s.aborted_seq = seq;
+  for (auto& o : s.orphans) {
+    if (o.receiving) MPI_Cancel(&o.handle);
+  }
+  s.notify_all(mpi_notice::abort, seq, reason);
+  return seq;
+}
+
+// Settles abort #seq: returns once this rank's sends are complete and every peer that answered
+// has said "done", within the bound (see the top of this file).
+inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept {
+  // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
+  // they answer: one that told of its own abort is about to say "done"; one that said nothing
+  // (stalled, or not yet aware) is left to this process's later waits (tend).
+  const double bound = s.ops.options().stall_shutdown_seconds;
+  waiting watch(s.ops.options());
+  bool said_done = false;
+  bool warned = false;
+  for (;;) {
+    bool in_flight = false;
+    for (auto& o : s.orphans) {
+      int done = 0;
+      if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+      in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+    }
+    if (!in_flight && !said_done) {
+      s.notify_all(mpi_notice::done, seq);
+      said_done = true;
+    }
+    s.poll_notices();
+    s.drain_aborted();
+    s.reap_outgoing();
+    if (watch.tick()) tend();
+    if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
+    if (!said_done && bound > 0 && watch.seconds() > bound) {
+      give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
+      break;
+    }
+    if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
+      warned = true;
+      std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
+                           "an abort; its peers must take what it sent before it can return.\n",
+                   s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
+    }
+    watch.pause();
+  }
+  s.orphans.clear();
+  if (!s.all_settled()) add_unsettled(&s);
+}
+
+// shrink() number ++s.shrinks: says this rank stays, and waits (under the watchdog of `options`)
+// until every peer has said it stays or left. Returns the ranks that stay, in their order.
+inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
+  const std::uint64_t round = ++s.shrinks;
+  s.notify_all(mpi_notice::present, round, {}, false);
+  std::vector<int> staying = s.staying(round);
+  waiting watch(options);
+  while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+    if (watch.tick()) {
+      tend();
+      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
+      watch.watch({"mpi_communicator::shrink", s.rank, s.size},
+                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+    }
+    watch.pause();
+    s.poll_notices();
+    staying = s.staying(round);
+  }
+  std::vector<int> members;
+  for (int q = 0; q < s.size; ++q) {
+    if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
+  }
+  return members;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COMM_DETAIL_MPI_FAILURE_HPP
+
+#include <mpi.h>
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
+#endif
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+// Messages above this many bytes are sent as one message of a derived datatype, whose count fits
+// an int: MPI before version 4 counts in int. (Tests lower it to exercise that path.)
+inline std::size_t& mpi_message_limit() {
+  static std::size_t limit = static_cast<std::size_t>(INT_MAX);
+  return limit;
+}
+}  // namespace detail
+
+namespace mpi {
+
+inline bool is_initialized() { return herd::detail::mpi_running(); }
+
+// Initializes MPI (asking for MPI_THREAD_MULTIPLE by default) unless the program already did, and
+// finalizes it on destruction only if it was the one that initialized it.
+class environment {
+ public:
+  environment() : environment(nullptr, nullptr) {}
+  environment(int& argc, char**& argv, int required_thread_level = MPI_THREAD_MULTIPLE)
+      : environment(&argc, &argv, required_thread_level) {}
+
+  environment(const environment&) = delete;
+  environment& operator=(const environment&) = delete;
+
+  // MPI_Finalize first tells the peers of every communicator still alive that this rank leaves.
+  ~environment() {
+    if (owns_ && is_initialized()) MPI_Finalize();
+  }
+
+  // The thread support MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
+  int thread_level() const noexcept { return provided_; }
+  // Whether this guard initialized MPI (and so will finalize it).
+  bool owns() const noexcept { return owns_; }
+
+ private:
+  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) {
+      MPI_Query_thread(&provided_);
+      return;
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      throw error("herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
+                  "Create the environment once, at the top of main.");
+    }
+    if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
+      throw error("herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
+                  "(or srun) of the same MPI it was built with.");
+    }
+    owns_ = true;
+  }
+
+  bool owns_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
+};
+
+// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
+// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
+// overrides what the MPI library says (it must then be the same on every rank).
+inline bool cuda_aware() {
+  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
+    return std::string(forced) != "0";
+  }
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() != 0;
+#endif
+  return false;
+}
+
+// This process's rank among the processes of `comm` on the same node, and their number (through
+// MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
+namespace detail {
+// (rank, size) within the processes of `comm` that share this node.
+inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
+  }
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return {rank, size};
+}
+}  // namespace detail
+
+inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_rank").first; }
+inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_size").second; }
+
+}  // namespace mpi
+
+namespace detail {
+
+
 
 }  // namespace detail
 
@@ -5167,25 +5367,7 @@ class mpi_communicator {
   mpi_communicator shrink(const comm_options& options) const {
     detail::mpi_state& s = state();
     s.ops.drain();
-    const std::uint64_t round = ++s.shrinks;
-    s.notify_all(detail::mpi_notice::present, round, {}, false);
-    std::vector<int> staying = s.staying(round);
-    detail::waiting watch(options);
-    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
-      if (watch.tick()) {
-        detail::tend();
-        const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-        watch.watch({"mpi_communicator::shrink", rank(), size()},
-                    "for rank " + std::to_string(q) + " to say whether it stays or left");
-      }
-      watch.pause();
-      s.poll_notices();
-      staying = s.staying(round);
-    }
-    std::vector<int> members;
-    for (int q = 0; q < size(); ++q) {
-      if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
-    }
+    const std::vector<int> members = detail::agree_staying(s, options);
     if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
     MPI_Group all = MPI_GROUP_NULL;
     MPI_Group part = MPI_GROUP_NULL;
@@ -5226,104 +5408,17 @@ class mpi_communicator {
   // returns once this rank's sends are complete (only the peers can complete them: MPI cannot
   // cancel a send) and every peer that answered has said it is done (this process's later waits go
   // on draining for the others: detail::tend). All within the shutdown time; past it, see
-  // give_up_settling.
+  // detail::give_up_settling.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     detail::mpi_state& s = *s_;
-    s.ops.mark_aborted(reason);
-    const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
-    s.aborted_seq = seq;
-    for (auto& o : s.orphans) {
-      if (o.receiving) MPI_Cancel(&o.handle);
-    }
-    s.notify_all(detail::mpi_notice::abort, seq, reason);
+    const std::uint64_t seq = detail::announce_abort(s, reason);
     // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
     // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
     // its node's phase hears only this one) and before settling here.
     if (across_ && !across_->operations().aborted()) across_->abort(reason);
-    // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
-    // they answer: one that told of its own abort is about to say "done"; one that said nothing
-    // (stalled, or not yet aware) is left to this process's later waits (detail::tend).
-    const double bound = s.ops.options().stall_shutdown_seconds;
-    detail::waiting watch(s.ops.options());
-    bool said_done = false;
-    bool warned = false;
-    for (;;) {
-      bool in_flight = false;
-      for (auto& o : s.orphans) {
-        int done = 0;
-        if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
-        in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
-      }
-      if (!in_flight && !said_done) {
-        s.notify_all(detail::mpi_notice::done, seq);
-        said_done = true;
-      }
-      s.poll_notices();
-      s.drain_aborted();
-      s.reap_outgoing();
-      if (watch.tick()) detail::tend();
-      if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
-      if (!said_done && bound > 0 && watch.seconds() > bound) {
-        give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
-        break;
-      }
-      if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
-        warned = true;
-        std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
-                             "an abort; its peers must take what it sent before it can return.\n",
-                     s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
-      }
-      watch.pause();
-    }
-    s.orphans.clear();
-    if (!s.all_settled()) detail::add_unsettled(&s);
+    detail::settle_abort(s, seq, reason);
   }
-
- private:
-  // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
-  // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
-  // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
-  // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
-  // error says that their buffers still belong to MPI.
-  static void give_up_settling(detail::mpi_state& s, std::string_view reason) noexcept {
-    try {
-      give_up_settling_or_throw(s, reason);
-    } catch (...) {  // out of memory for the words: the decision stands
-      if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
-    }
-    for (auto& o : s.orphans) {
-      if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
-    }
-  }
-  static void give_up_settling_or_throw(detail::mpi_state& s, std::string_view reason) {
-    std::string peers;
-    for (auto& o : s.orphans) {
-      if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
-      const std::string name = std::to_string(s.shown(o.peer));
-      if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
-    }
-    if (!peers.empty()) peers.resize(peers.size() - 2);
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
-    const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
-                             (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
-                             " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
-                             " did not take what it sent, and MPI cannot cancel a send";
-    if (s.ops.options().end_job_if_unsettled) {
-      std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
-                           "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
-                           "herd::error instead.)\n",
-                   what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
-      std::fflush(stderr);
-      MPI_Abort(s.comm, 1);
-    }
-    s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
-                         "takes them; do not free or reuse them before then.");
-    std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
-  }
-
- public:
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
@@ -7141,16 +7236,7 @@ inline void verify_arguments(const error_site& site, std::span<const signature> 
 template <communicator C>
 exchanged agree(C& comm, signature mine, const call_check& check, bool carries_payload = false,
                 const void* payload = nullptr, std::size_t payload_bytes = 0) {
-  const signature identity = signature_of(comm.operations());
-  mine.kind = identity.kind;
-  mine.seq = identity.seq;
-  mine.typed = identity.typed;
-  mine.check_arguments = identity.check_arguments;
-  mine.segment_bytes = identity.segment_bytes;
-  mine.algo = identity.algo;
-  mine.slice_bytes = identity.slice_bytes;
-  mine.node_size = identity.node_size;
-  mine.name = identity.name;
+  stamp_identity(mine, comm.operations());
   mine.faulty = check.ok() ? 0 : 1;
   mine.fault_code = check.code();
   // Without argument checks a rank's own problem is not exchanged (its peers may not be in an
@@ -7296,6 +7382,15 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+template <class Operand>
+void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
+                          int avg_ranks) {
+  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
+  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
+}
+
 }  // namespace herd::detail
 
 #endif  // HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
@@ -7311,16 +7406,33 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
 
 namespace herd::detail {
 
-// Up to four independent buffers per thread; `which` picks one (0: the ring's receive slots, 1 and 2:
-// reduce_scatter's partial results, 3: a grouped allreduce's fusion buffer). The memory is uninitialized and
-// stays valid until the next call with the same `which` on this thread.
-inline std::byte* scratch(std::size_t bytes, int which = 0) {
+// The buffers, one per slot and thread. A slot's memory stays valid until the next take of the same
+// slot on this thread, so a function must not call one that takes a slot it still uses: every slot
+// and its takers are listed here, where two takers of one slot in one call chain show.
+enum class scratch_slot : int {
+  // Messages inside a transport: the ring's receive windows (detail/ring.hpp), a tree's subtree
+  // blocks (detail/rooted.hpp). They take no other slot.
+  transit = 0,
+  // A collective's staging around its transports: blocks in relative order (gather, scatter) or as
+  // gathered (reduce's small path); the first of reduce-scatter's two alternating partial results
+  // (reduce_scatter, reduce's large path).
+  staging = 1,
+  // The second of those partial results.
+  alternate = 2,
+  // What a collective keeps while its transports and staging run: a grouped allreduce's fusion
+  // buffer (allreduce.hpp), the reduced chunk of a non-root rank in reduce's large path.
+  kept = 3,
+};
+inline constexpr int scratch_slots = 4;
+
+// Uninitialized memory of at least `bytes` bytes in `slot` (see scratch_slot).
+inline std::byte* scratch(std::size_t bytes, scratch_slot slot) {
   struct buffer {
     std::unique_ptr<std::byte[]> data;
     std::size_t capacity = 0;
   };
-  thread_local buffer buffers[4];
-  buffer& b = buffers[which];
+  thread_local buffer buffers[scratch_slots];
+  buffer& b = buffers[static_cast<int>(slot)];
   if (b.capacity < bytes) {
     b.data.reset(new std::byte[bytes]);
     b.capacity = bytes;
@@ -7458,7 +7570,7 @@ void ring_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& 
   const std::size_t es = size_of(type);
   const segmentation seg(chunks, es, segment_bytes);
   const trace::span phase(comm.operations().track(), "ring reduce-scatter");
-  std::byte* slots = scratch(ring_window * seg.elements * es, 0);
+  std::byte* slots = scratch(ring_window * seg.elements * es, scratch_slot::transit);
   auto chunk_sent = [&](int s) { return ring_mod(r - s - 1, p); };
   auto chunk_received = [&](int s) { return ring_mod(r - s - 2, p); };
   ring_pipeline(
@@ -8806,15 +8918,6 @@ struct even_pieces {
   std::size_t length(std::size_t k) const { return n / parts + (k < n % parts ? 1 : 0); }
 };
 
-// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
-// (when > 0) in the last combination. dst may be operand(0) but no other operand.
-template <class Operand>
-void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
-                          int avg_ranks) {
-  host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
-  for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
-}
-
 // A host tensor made of consecutive parts of one dtype (a grouped allreduce's tensors, a
 // distributed optimizer's gradients), addressed as one: element i of the whole is in the part
 // whose range holds i.
@@ -9809,7 +9912,7 @@ void tree_gather(C& comm, int root, std::span<const std::size_t> bytes, const st
     }
     return;
   }
-  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), 0);
+  std::byte* buffer = t.q == 0 ? gathered : scratch(t.subtree_bytes(), scratch_slot::transit);
   const std::size_t own = bytes[static_cast<std::size_t>(comm.rank())];
   if (own != 0 && buffer != mine) std::memcpy(buffer, mine, own);
   std::vector<typename C::request> receives;
@@ -9834,7 +9937,8 @@ void tree_scatter(C& comm, int root, std::span<const std::size_t> bytes, const s
   const int tag = comm.operations().data_tag();
   const std::byte* buffer = scattered;
   if (t.q != 0) {
-    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), 0);  // a leaf's is its own block
+    // A leaf's is its own block.
+    std::byte* received = t.leaf() ? mine : scratch(t.subtree_bytes(), scratch_slot::transit);
     if (t.subtree_bytes() != 0) {
       auto r = comm.irecv(received, t.subtree_bytes(), t.absolute(t.q - t.span), tag);
       comm.wait(r);
@@ -10000,7 +10104,7 @@ void gather_host(C& comm, const_buffer_view in, buffer_view out, std::span<const
   const bool at_root = comm.rank() == root;
   if (offset.back() == 0) return;
   if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
-    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), 1);
+    std::byte* gathered = !at_root ? nullptr : root == 0 ? base : scratch(offset.back(), scratch_slot::staging);
     tree_gather(comm, root, bytes, mine, gathered);
     if (at_root && root != 0) rotate_blocks(bytes, root, gathered, base, true);
     return;
@@ -10296,10 +10400,8 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
-    host_reduce(in.type, op, out.data, all.payload(0), all.payload(1), in.count, p == 2 ? avg_ranks : 0);
-    for (int r = 2; r < p; ++r) {
-      host_reduce(in.type, op, out.data, out.data, all.payload(r), in.count, r == p - 1 ? avg_ranks : 0);
-    }
+    reduce_in_rank_order(
+        in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
     return;
   }
   agree(comm, mine, check);
@@ -10385,7 +10487,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       shm_allreduce(comm, *node, lead.type, call.op, whole, whole, count);
       continue;
     }
-    std::byte* fused = scratch(count * es, 3);
+    std::byte* fused = scratch(count * es, scratch_slot::kept);
     const std::uint32_t track = comm.operations().track();
     std::size_t at = 0;
     {
@@ -11356,7 +11458,8 @@ void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   const int p = comm.size();
   const std::size_t bytes = count * size_of(type);
   const std::vector<std::size_t> blocks(static_cast<std::size_t>(p), bytes);
-  std::byte* gathered = comm.rank() == root ? scratch(bytes * static_cast<std::size_t>(p), 1) : nullptr;
+  std::byte* gathered =
+      comm.rank() == root ? scratch(bytes * static_cast<std::size_t>(p), scratch_slot::staging) : nullptr;
   tree_gather(comm, root, blocks, in, gathered);
   if (comm.rank() != root) return;
   // Rank q's tensor is block q - root of the gathered ones (relative order).
@@ -11376,12 +11479,13 @@ void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   const chunk_layout chunks = chunk_layout::even(count, p);
   auto in_chunk = [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; };
   // This rank's reduced chunk: in place in the root's output, elsewhere in scratch memory.
-  std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, 3);
+  std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, scratch_slot::kept);
   if (shm_node* node = shared_node_of(comm)) {
     shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
   } else {
     // Partial results of one step are forwarded during the next, so two staging blocks alternate.
-    std::byte* partial[2] = {scratch(chunks.longest() * es, 1), scratch(chunks.longest() * es, 2)};
+    std::byte* partial[2] = {scratch(chunks.longest() * es, scratch_slot::staging),
+                             scratch(chunks.longest() * es, scratch_slot::alternate)};
     ring_reduce_scatter(comm, type, op, chunks, comm.options().ring_segment_bytes, in_chunk,
                         [&](int s, int) { return s == p - 2 ? mine : partial[s % 2]; });
   }
@@ -11538,7 +11642,8 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
     return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
-  std::byte* partial[2] = {scratch(out.bytes(), 1), scratch(out.bytes(), 2)};
+  std::byte* partial[2] = {scratch(out.bytes(), scratch_slot::staging),
+                           scratch(out.bytes(), scratch_slot::alternate)};
   ring_reduce_scatter(
       comm, in.type, op, chunks, comm.options().ring_segment_bytes,
       in_chunk, [&](int s, int) { return s == p - 2 ? dst : partial[s % 2]; });
@@ -11659,7 +11764,7 @@ void scatter_host(C& comm, const_buffer_view in, buffer_view out, std::span<cons
   if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
     const std::byte* scattered = base;
     if (at_root && root != 0) {
-      std::byte* relative = scratch(offset.back(), 1);
+      std::byte* relative = scratch(offset.back(), scratch_slot::staging);
       rotate_blocks(bytes, root, base, relative, false);
       scattered = relative;
     }
