@@ -5,7 +5,7 @@
 #
 # Each BUILD is a build folder holding examples/libtorch_mnist (cmake --build DIR --target
 # libtorch_mnist). Runs Horovod's MNIST net for one epoch and the MLP (MODEL=mlp) for STEPS steps
-# (default 30), at RANKS ranks (default 2), with both reductions (ddp: buckets during backward;
+# (default 30), at RANKS ranks (default 2), MODELS (default "cnn mlp"), with both reductions (ddp: buckets during backward;
 # optimizer: one fused allreduce after it), alternating the builds ROUNDS times (default 3) so
 # that the machine's slow moments fall on both; prints each configuration's median samples/s per
 # build and their ratio B/A. The training and its options are run.sh's.
@@ -15,6 +15,7 @@ b=${2:?usage: compare_builds.sh BUILD_A BUILD_B [ROUNDS]}
 rounds=${3:-3}
 ranks=${RANKS:-2}
 steps=${STEPS:-30}
+models=${MODELS:-cnn mlp}
 mpiexec=${MPIEXEC:-mpiexec}
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
@@ -29,7 +30,7 @@ rate() {
 }
 
 for ((r = 1; r <= rounds; ++r)); do
-  for model in cnn mlp; do
+  for model in $models; do
     for reduction in ddp optimizer; do
       for side in A B; do
         build=$a
