@@ -3,8 +3,9 @@
 #
 #   benchmarks/compare_commits.sh REF [ROUNDS] [RANKS] [MAX_BYTES]
 #
-# Builds benchmarks/allreduce at REF (in a temporary git worktree) and in build/ (the default
-# preset's folder, which must be configured), then runs the two one after the other ROUNDS times
+# Builds benchmarks/allreduce at REF (in a temporary git worktree) and in the working tree, both
+# in build folders of their own with the same settings (RelWithDebInfo, no CUDA), so that only the
+# commits differ, then runs the two one after the other ROUNDS times
 # (default 5) at RANKS ranks (default 2), sizes 8 B to MAX_BYTES (default 16384), and prints per size
 # the median over the rounds of each build's time (each itself a median of 41 repetitions) and
 # their ratio. Alternating the builds spreads the machine's slow moments over both.
@@ -17,12 +18,14 @@ rounds=${2:-5}
 ranks=${3:-2}
 max_bytes=${4:-16384}
 old_tree=$(mktemp -d)
-trap 'git worktree remove --force "$old_tree" >/dev/null 2>&1 || rm -rf "$old_tree"' EXIT
 git worktree add --detach --force "$old_tree" "$ref" >/dev/null
-cmake -S "$old_tree" -B "$old_tree/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHERD_BUILD_TESTS=OFF \
-  -DHERD_BUILD_EXAMPLES=OFF -DHERD_WITH_CUDA=OFF >/dev/null
-cmake --build "$old_tree/build" --target allreduce -j "$(nproc)" >/dev/null
-cmake --build build --target allreduce -j "$(nproc)" >/dev/null
+new_build=$(mktemp -d)
+trap 'git worktree remove --force "$old_tree" >/dev/null 2>&1 || rm -rf "$old_tree"; rm -rf "$new_build"' EXIT
+for tree in "$old_tree:$old_tree/build" ".:$new_build"; do
+  cmake -S "${tree%%:*}" -B "${tree#*:}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHERD_BUILD_TESTS=OFF \
+    -DHERD_BUILD_EXAMPLES=OFF -DHERD_WITH_CUDA=OFF >/dev/null
+  cmake --build "${tree#*:}" --target allreduce -j "$(nproc)" >/dev/null
+done
 
 # herd's time per size, one "bytes us" line each, from one run of a build's benchmark.
 run() {
@@ -36,7 +39,7 @@ run() {
 results=$(mktemp)
 for ((i = 0; i < rounds; ++i)); do
   run "$old_tree/build/benchmarks/allreduce" | sed 's/^/before /' >>"$results"
-  run build/benchmarks/allreduce "${AFTER_ENV:-}" | sed 's/^/after /' >>"$results"
+  run "$new_build/benchmarks/allreduce" "${AFTER_ENV:-}" | sed 's/^/after /' >>"$results"
 done
 echo "# herd allreduce at $ranks ranks, f32 sum: $(git rev-parse --short "$ref") (before) vs the working tree (after${AFTER_ENV:+, with $AFTER_ENV})"
 echo "# median over $rounds alternating runs of each run's median time per call"
