@@ -8,10 +8,12 @@
 
 #include <herd/herd.hpp>
 #include <herd/nn/torch.hpp>
+#include <herd/optim/torch_ddp.hpp>
 #include <herd/tensor/torch.hpp>
 
 #include "../support/mpi_test.hpp"
 
+#include <chrono>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -102,4 +104,27 @@ HERD_MPI_TEST_CASE("convert_sync_batchnorm: every BatchNorm swapped, other layer
   herd::torch::SyncBatchNorm bn(torch::nn::BatchNormOptions(3), comm);
   CHECK_THROWS_WITH_AS(bn->forward(torch::randn({2, 5})), doctest::Contains("input of shape [2, 5] for 3 channels"),
                        herd::error);
+}
+
+HERD_MPI_TEST_CASE("SyncBatchNorm is not shadowed by DistributedDataParallel's join(): every rank raises at once, none waits", 2) {
+  herd::mpi_communicator comm;  // the default watchdog (30 minutes): an error in time must come from the agreement
+  torch::set_num_threads(1);
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6), torch::nn::Linear(6, 2));
+  model = herd::torch::convert_sync_batchnorm(model, comm);
+  herd::optimizer_options options;
+  options.uneven_inputs = true;
+  herd::torch::DistributedDataParallel net(model, comm, options);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = "(no error)";
+  try {
+    if (comm.rank() != 0) net.forward(torch::randn({3, 4})).sum().backward();  // rank 0 has no batch left
+    net.join();
+  } catch (const herd::error& e) {
+    message = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(message);
+  CHECK(message.find("the ranks are in different operations") != std::string::npos);
+  CHECK(seconds < 5);
 }
