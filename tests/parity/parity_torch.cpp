@@ -136,6 +136,32 @@ std::shared_ptr<NetImpl> scenario_model(const reference& ref, const std::string&
   return model;
 }
 
+// Which gradients are defined, and their values, against reference.py's record `p`.
+void compare_gradients(comparison& cmp, std::size_t& problems, const reference& ref, const std::string& p,
+                       const ::torch::OrderedDict<std::string, ::torch::Tensor>& named) {
+  const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const auto& g = named[i].value().grad();
+    if (g.defined() != (defined[i] != 0)) {
+      if (problems++ < 4) {
+        std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
+                    g.defined() ? "defined" : "undefined", defined[i] ? "defined" : "undefined");
+      }
+    } else if (g.defined()) {
+      check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
+    }
+  }
+}
+
+// Parameters and buffers against reference.py's record `p`.
+void compare_state(comparison& cmp, const reference& ref, const std::string& p, NetImpl& model) {
+  for (auto& item : model.named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
+  for (auto& item : model.named_buffers()) {
+    check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
+          any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
+  }
+}
+
 // herd::torch::DistributedDataParallel against torch.nn.parallel.DistributedDataParallel (gloo)
 // at the same world size, on this rank's batches: which gradients are defined, their values after
 // each backward, and the parameters and buffers after each step of libtorch's SGD.
@@ -174,55 +200,15 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
           pass();
         }
       }
-      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
-      for (std::size_t i = 0; i < named.size(); ++i) {
-        const auto& g = named[i].value().grad();
-        if (g.defined() != (defined[i] != 0)) {
-          if (problems++ < 4) {
-            std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
-                        g.defined() ? "defined" : "undefined", defined[i] ? "defined" : "undefined");
-          }
-        } else if (g.defined()) {
-          check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
-        }
-      }
+      compare_gradients(cmp, problems, ref, p, named);
       sgd.step();
-      for (auto& item : model->named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
-      for (auto& item : model->named_buffers()) {
-        check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
-              any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
-      }
+      compare_state(cmp, ref, p, *model);
     }
   }
   std::printf("rank %d of %d: ", comm.rank(), comm.size());
   const int values = cmp.report("parity_ddp");
   std::printf("rank %d of %d: parity_ddp: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);
   return values == 0 && problems == 0 ? 0 : 1;
-}
-
-// Which gradients are defined, and their values, against reference.py's record `p`.
-void compare_gradients(comparison& cmp, std::size_t& problems, const reference& ref, const std::string& p,
-                       const ::torch::OrderedDict<std::string, ::torch::Tensor>& named) {
-  const auto defined = ref.get<std::int64_t>(p + "grad_defined");
-  for (std::size_t i = 0; i < named.size(); ++i) {
-    const auto& g = named[i].value().grad();
-    if (g.defined() != (defined[i] != 0)) {
-      if (problems++ < 4) {
-        std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
-                    g.defined() ? "defined" : "undefined", defined[i] ? "defined" : "undefined");
-      }
-    } else if (g.defined()) {
-      check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
-    }
-  }
-}
-
-void compare_state(comparison& cmp, const reference& ref, const std::string& p, NetImpl& model) {
-  for (auto& item : model.named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
-  for (auto& item : model.named_buffers()) {
-    check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
-          any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
-  }
 }
 
 // reference.py's DDP_MORE_SCENARIOS: uneven inputs (DDP under Join([ddp]): the last rank has one
@@ -323,11 +309,7 @@ int torch_optimizer(const fs::path& dir, herd::mpi_communicator& comm) {
           check(cmp, p + "grad." + named[i].key() + " (zeros)", g, ::torch::zeros_like(g));
         }
       }
-      for (auto& item : model->named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
-      for (auto& item : model->named_buffers()) {
-        check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
-              any_tensor(ref, p + "state." + item.key()).to(::torch::kDouble));
-      }
+      compare_state(cmp, ref, p, *model);
     }
   }
   std::printf("rank %d of %d: ", comm.rank(), comm.size());
