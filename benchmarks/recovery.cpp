@@ -144,33 +144,14 @@ int main(int argc, char** argv) {
     std::printf("%-10s %12s %12s %12s %10s\n", "fault", "median s", "min s", "max s", "exact");
   }
   int wrong = 0;
-  // 2 -> 1 included: the rank that stays goes on alone.
-  if (world.size() >= 2) {
-    const std::vector<float> reference = leave_reference(world, options);
+  // Runs one case `reps` times (run() gives a run's outcome and whether it was exact on this rank)
+  // and prints its row: the fault's time from the faulty rank, the last recovery among the ranks.
+  auto report = [&](const char* name, const std::function<std::pair<outcome, bool>()>& run) {
     std::vector<double> times;
     bool exact = true;
     for (int r = 0; r < reps; ++r) {
-      const outcome o = train_leaving(options);
-      if (world.rank() != world.size() - 1) exact = exact && o.w == reference && o.attempts == 2;
-      std::vector<double> t = {o.fault_at, o.recovered_at};
-      herd::allreduce(t, world, herd::reduce_op::max);
-      times.push_back(t[1] - t[0]);
-    }
-    std::vector<int> all_exact = {exact ? 1 : 0};
-    herd::allreduce(all_exact, world, herd::reduce_op::min);
-    wrong += all_exact[0] == 0;
-    if (world.rank() == 0) {
-      std::printf("%-10s %12.3f %12.3f %12.3f %10s\n", "leave", median(times), *std::min_element(times.begin(), times.end()),
-                  *std::max_element(times.begin(), times.end()), all_exact[0] ? "yes" : "NO");
-    }
-  }
-  for (const auto& [name, fault] : faults) {
-    std::vector<double> times;
-    bool exact = true;
-    for (int r = 0; r < reps; ++r) {
-      const outcome o = train(options, at, fault);
-      exact = exact && o.w == clean.w && o.attempts == 2;
-      // The fault's time from the faulty rank, the last recovery among the ranks.
+      const auto [o, mine] = run();
+      exact = exact && mine;
       std::vector<double> t = {o.fault_at, o.recovered_at};
       herd::allreduce(t, world, herd::reduce_op::max);
       times.push_back(t[1] - t[0]);
@@ -182,6 +163,21 @@ int main(int argc, char** argv) {
       std::printf("%-10s %12.3f %12.3f %12.3f %10s\n", name, median(times), *std::min_element(times.begin(), times.end()),
                   *std::max_element(times.begin(), times.end()), all_exact[0] ? "yes" : "NO");
     }
+  };
+  // 2 -> 1 included: the rank that stays goes on alone.
+  if (world.size() >= 2) {
+    const std::vector<float> reference = leave_reference(world, options);
+    report("leave", [&] {
+      const outcome o = train_leaving(options);
+      const bool leaves = world.rank() == world.size() - 1;
+      return std::pair{o, leaves || (o.w == reference && o.attempts == 2)};
+    });
+  }
+  for (const auto& [name, fault] : faults) {
+    report(name, [&] {
+      const outcome o = train(options, at, fault);
+      return std::pair{o, o.w == clean.w && o.attempts == 2};
+    });
   }
   return wrong == 0 ? 0 : 1;
 }
