@@ -4,6 +4,9 @@
 // - Rank 0 prints the usual report and the summary; every other rank prints only its failures,
 //   each line prefixed with "[rank k]".
 // - A failure on any rank fails every rank's exit code.
+// - With HERD_TEST_RANK_OUTPUT=PREFIX, each rank writes its output to the file PREFIX.<rank>
+//   instead: output that ranks write at once into one stream can cut each other's lines apart,
+//   so a check that reads one rank's lines reads them from that rank's own file.
 // It starts MPI itself, so that it tests herd rather than relies on it.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -11,6 +14,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <streambuf>
@@ -76,6 +80,15 @@ int HERD_MPI_DOCTEST_MAIN_NAME(int argc, char** argv) {
   int size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+  if (const char* prefix = std::getenv("HERD_TEST_RANK_OUTPUT"); prefix != nullptr && *prefix != '\0') {
+    const std::string path = std::string(prefix) + "." + std::to_string(rank);
+    if (std::freopen(path.c_str(), "w", stdout) == nullptr || std::freopen(path.c_str(), "a", stderr) == nullptr) {
+      std::fprintf(stderr, "[herd] rank %d: cannot write its output to %s\n", rank, path.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    std::setvbuf(stderr, nullptr, _IONBF, 0);
+  }
 
   doctest::Context context;
   context.applyCommandLine(argc, argv);
