@@ -14,6 +14,7 @@
 #include <herd/core/error.hpp>
 #include <herd/optim/broadcast.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
+#include <herd/optim/detail/torch_device_arithmetic.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/torch.hpp>
 
@@ -37,8 +38,11 @@ namespace herd {
 
 // The gradients of every parameter of `opt`, read afresh at each call: libtorch may replace a
 // gradient tensor between steps (zero_grad with set_to_none). A parameter that got no gradient
-// (unused in this forward pass) gets zeros, so that every rank reduces the same list.
+// (unused in this forward pass) gets zeros, so that every rank reduces the same list. CUDA
+// gradients are packed by herd's kernels under nvcc, by libtorch's in a host-compiled file
+// (link herd::nccl and reduce over a nccl_communicator): no copy through host memory.
 inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim::Optimizer& opt) {
+  detail::lend_torch_device_arithmetic();
   return [&opt] {
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
@@ -58,8 +62,9 @@ namespace detail {
 // the right one is chosen for whichever libtorch this file is compiled against.
 using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
 
-inline torch_state_key_type torch_state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<torch_state_key_type, std::string>) {
+template <class Key = torch_state_key_type>  // a template, so that only the branch of this libtorch compiles
+Key torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
     std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
     key << p.unsafeGetTensorImpl();
     return key.str();
