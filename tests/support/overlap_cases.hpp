@@ -233,6 +233,33 @@ template <class C> void a_bad_gradient_in_a_bucket_reaches_step_everywhere(C& co
   CHECK(inner.steps == 1);
 }
 
+// mark_ready with an index that names no gradient, as the pass's first mark on one rank: the
+// fault stands until step(), which raises it on every rank (the next mark must not open the pass
+// again and forget it, nor may a pass with no valid mark reduce as if nothing were marked).
+template <class C> void an_invalid_mark_reaches_step_everywhere(C& comm) {
+  model m(comm.rank());
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, m.views(), comm, small_buckets());
+  const std::string message = error_of([&] {
+    if (comm.rank() == 1) opt.mark_ready(99);
+    for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+    opt.step();
+  });
+  INFO(message);
+  if (comm.rank() == 1) CHECK(has(message, "mark_ready(99) names no gradient (there are 5)"));
+  else CHECK(has(message, "rank 1"));
+  CHECK(inner.steps == 0);
+  // Alone, too: a pass whose only mark is invalid.
+  const std::string alone = error_of([&] {
+    if (comm.rank() == 1) opt.mark_ready(7);
+    opt.step();
+  });
+  INFO(alone);
+  if (comm.rank() == 1) CHECK(has(alone, "mark_ready(7) names no gradient"));
+  CHECK_FALSE(alone.empty());
+  CHECK(inner.steps == 0);
+}
+
 // gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
 // in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
 // come in another order), and give the bits of the same gradients reduced by packing.

@@ -268,6 +268,8 @@ TEST_CASE("synchronize() reduces once; skip_synchronize() makes step() use local
     g = {1.0f, 2.0f};
     opt.synchronize();
     CHECK(g[0] == 2.0f);  // summed over two ranks, inspectable (and clippable) before the step
+    opt.synchronize();    // again before step(): reduced once already, as Horovod's (not 4)
+    CHECK(g[0] == 2.0f);
     g[1] = 100.0f;        // e.g. clipping: step() must not reduce again
     CHECK(opt.step());
     CHECK(inner.seen[0][0] == 2.0);

@@ -65,6 +65,10 @@ TEST_CASE("buckets: a bad gradient found when it is marked reaches step() on eve
   on_threads([](auto& comm) { herd_test::overlap::a_bad_gradient_in_a_bucket_reaches_step_everywhere(comm); });
 }
 
+TEST_CASE("buckets: mark_ready with an index that names no gradient reaches step() on every rank") {
+  on_threads([](auto& comm) { herd_test::overlap::an_invalid_mark_reaches_step_everywhere(comm); });
+}
+
 TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets") {
   on_threads([](auto& comm) { herd_test::overlap::gradients_in_their_buckets_reduce_in_place(comm); });
 }

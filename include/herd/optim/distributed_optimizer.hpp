@@ -125,8 +125,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   }
 
   // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
-  // them without reducing again.
+  // them without reducing again. Once per step, as Horovod's: a second call before step() finds
+  // them reduced already and does nothing (reducing the averages again would scale them).
   void synchronize() {
+    if (synchronized_) return;
     reducer_.synchronize();
     synchronized_ = true;
   }

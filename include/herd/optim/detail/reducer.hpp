@@ -85,7 +85,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
-    if (marks_ > 0) return finish();
+    if (pass_open_) return finish();
     if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
@@ -160,7 +160,10 @@ template <communicator C> class reducer final : public join_hook {
   void mark_one(std::size_t i, const buffer_view* given) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
-    if (marks_ == 0) begin_buckets();
+    if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
+      begin_buckets();
+      pass_open_ = true;
+    }
     if (i >= checks_.shapes().size()) {
       if (pass_fault_.empty()) {
         pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
@@ -312,6 +315,7 @@ template <communicator C> class reducer final : public join_hook {
     stats_.waiting += seconds_since(wait_start);
     for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
     marks_ = 0;
+    pass_open_ = false;
     if (failure) {
       end_round();  // the round is abandoned
       std::rethrow_exception(failure);
@@ -371,6 +375,7 @@ template <communicator C> class reducer final : public join_hook {
   std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
   std::vector<char> marked_;
   std::size_t marks_ = 0;                 // gradients marked in this pass
+  bool pass_open_ = false;                // this pass has had a mark (valid or not): its buckets are set up
   std::size_t next_launch_ = 0;           // the next bucket to start
   std::string pass_fault_;                // a problem of this pass not tied to one bucket
   std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
