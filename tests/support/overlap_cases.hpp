@@ -182,6 +182,27 @@ template <class C> void unused_gradient_counts_as_zeros(C& comm) {
   CHECK(inner.steps == 2);
 }
 
+// With find_unused_parameters the buckets keep their first plan (reverse order), as DDP keeps
+// them unless static_graph: the ready order of a graph with unused parameters changes.
+template <class C> void unused_parameters_keep_the_first_buckets(C& comm) {
+  for (const bool static_graph : {false, true}) {
+    CAPTURE(static_graph);
+    model m(comm.rank());
+    counting_optimizer inner;
+    herd::optimizer_options options = small_buckets();
+    options.find_unused_parameters = true;
+    options.static_graph = static_graph;
+    herd::distributed_optimizer opt(inner, m.views(), comm, options);
+    const std::vector<std::vector<std::size_t>> reverse = {{4}, {3, 2}, {1, 0}};
+    for (int step = 0; step < 2; ++step) {
+      for (std::size_t i : {std::size_t{1}, std::size_t{0}, std::size_t{4}, std::size_t{2}, std::size_t{3}}) opt.mark_ready(i);
+      opt.step();
+    }
+    if (static_graph) CHECK(opt.buckets() == std::vector<std::vector<std::size_t>>{{1, 0}, {4, 2}, {3}});
+    else CHECK(opt.buckets() == reverse);
+  }
+}
+
 // no_sync: passes under the guard accumulate (marks do nothing); the next reduces their sum
 // (passes that overwrite the gradients: accumulation::by_copy).
 template <class C> void no_sync_accumulates_then_reduces_the_sum(C& comm) {

@@ -57,6 +57,10 @@ TEST_CASE("buckets: with find_unused_parameters a gradient a rank did not produc
   on_threads([](auto& comm) { herd_test::overlap::unused_gradient_counts_as_zeros(comm); });
 }
 
+TEST_CASE("buckets: with find_unused_parameters they keep their first plan (rebuilt only with static_graph), as DDP's") {
+  on_threads([](auto& comm) { herd_test::overlap::unused_parameters_keep_the_first_buckets(comm); });
+}
+
 TEST_CASE("buckets: no_sync accumulates, the next step reduces the sum") {
   on_threads([](auto& comm) { herd_test::overlap::no_sync_accumulates_then_reduces_the_sum(comm); });
 }

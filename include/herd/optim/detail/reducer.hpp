@@ -18,7 +18,8 @@
 //   are packed and started, in order on every rank (buckets in flight, on the progress thread).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
 //   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
-//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
+//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order
+//   (as DDP, not with find_unused_parameters unless static_graph).
 // A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
 // Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
@@ -343,7 +344,11 @@ template <communicator C> class reducer final : public join_hook {
     ++stats_.steps;
     stats_.exposed += seconds_since(start);
     reduce_seconds_ += seconds_since(start);
-    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
+    // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
+    // whose order changes from pass to pass, unless the graph is declared static).
+    if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
+      rebuild();
+    }
   }
 
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
