@@ -349,3 +349,156 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: static_graph on some ranks only rai
   INFO(message);
   CHECK(message.find("option static_graph differs between rank 0 and rank 1") != std::string::npos);
 }
+
+namespace {
+// A layer `p` that a pass uses or not, as its caller says.
+struct optional_layer : torch::nn::Module {
+  optional_layer() {
+    a = register_module("a", torch::nn::Linear(4, 3));
+    p = register_module("p", torch::nn::Linear(4, 3));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_p) { return use_p ? a->forward(x) + p->forward(x) : a->forward(x); }
+  torch::nn::Linear a{nullptr}, p{nullptr};
+};
+
+// Every rank's copy of `t`, flattened, equal to rank 0's.
+bool same_on_every_rank(const torch::Tensor& t, herd::mpi_communicator& comm) {
+  const torch::Tensor flat = t.detach().reshape({-1}).to(torch::kDouble).contiguous();
+  torch::Tensor all = torch::empty({comm.size(), flat.numel()}, torch::kDouble);
+  herd::allgather(flat, all, comm);
+  bool same = true;
+  for (int r = 1; r < comm.size(); ++r) same = same && all[r].equal(all[0]);
+  return same;
+}
+}  // namespace
+
+HERD_MPI_TEST_CASE("DistributedDataParallel with find_unused_parameters: a layer unused, then used by one rank, then unused keeps every rank alike", 2) {
+  // The schedule where an earlier pass's bookkeeping once leaked into the next: the layer's
+  // gradient stayed undefined on the ranks that never used it and defined on the one that did,
+  // and SGD's momentum then moved the layer on one rank only.
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(2);
+  auto net = std::make_shared<optional_layer>();
+  herd::optimizer_options options;
+  options.find_unused_parameters = true;
+  herd::torch::DistributedDataParallel ddp(net, comm, options);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const bool uses[3] = {false, comm.rank() == 1, false};
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    for (auto& q : net->parameters()) {  // zero_grad in place (set_to_none = false), spelled out for every libtorch
+      if (q.grad().defined()) q.mutable_grad().zero_();
+    }
+    torch::manual_seed(static_cast<std::uint64_t>(10 * step + comm.rank()));
+    ddp.forward(torch::randn({5, 4}), uses[step]).pow(2).sum().backward();
+    sgd.step();
+    const std::int32_t defined = net->p->weight.grad().defined() ? 1 : 0;
+    CHECK(same_on_every_rank(torch::tensor({defined}), comm));
+    for (auto& q : net->parameters()) CHECK(same_on_every_rank(q, comm));
+  }
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: ddp->forward(x) goes through the wrapper (rank 0's buffers first), as DDP's model(x)", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  herd::torch::DistributedDataParallel ddp(model, comm);
+  {
+    const torch::NoGradGuard no_grad;
+    for (auto& b : model->buffers()) {
+      if (b.is_floating_point()) b.fill_(static_cast<float>(comm.rank() + 1));  // the ranks' buffers drift apart
+    }
+  }
+  ddp->forward(torch::randn({6, 4})).sum().backward();  // the first forward after construction broadcasts
+  ddp->forward(torch::randn({6, 4})).sum().backward();  // after a synchronized pass: broadcasts again
+  auto bn = model[1]->as<torch::nn::BatchNorm1d>();
+  {
+    const torch::NoGradGuard no_grad;
+    for (auto& b : model->buffers()) {
+      if (b.is_floating_point()) b.fill_(static_cast<float>(comm.rank() + 1));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  ddp.module()->eval();
+  ddp->forward(torch::randn({6, 4}));  // eval: no update of its own, so the buffers are rank 0's exactly
+  CHECK(bn->running_mean.equal(torch::ones_like(bn->running_mean)));
+  CHECK(bn->running_var.equal(torch::ones_like(bn->running_var)));
+  CHECK(ddp->parameters().size() == model->parameters().size());
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: static_graph with uneven inputs, a rank that joins before any synchronized pass", 2) {
+  // Rank 0 has no batch at all; the others train three steps with static_graph. The joined rank
+  // must shadow the first pass's exchange of used flags once, as the others make it once.
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  auto model = make_model(6);
+  herd::optimizer_options options;
+  options.uneven_inputs = true;
+  options.static_graph = true;
+  herd::torch::DistributedDataParallel net(model, comm, options);
+  std::string message = "(no error)";
+  int last = -1;
+  try {
+    if (comm.rank() != 0) {
+      for (int step = 0; step < 3; ++step) {
+        model->zero_grad();
+        net.forward(torch::ones({2, 6}) * (step + 1)).sum().backward();
+      }
+    }
+    last = net.join();
+  } catch (const herd::error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message == "(no error)");
+  CHECK(last == comm.size() - 1);
+  CHECK(same_on_every_rank(model->parameters()[0], comm));
+}
+
+namespace {
+// y = x + 0 * w, whose backward gives w no gradient at all (an undefined tensor), as some
+// functions do for inputs they do not differentiate: w's accumulator still runs its hooks.
+struct no_gradient_for_w : torch::autograd::Function<no_gradient_for_w> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x, torch::Tensor w) {
+    return x + 0 * w.sum();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    return {g[0], torch::Tensor()};
+  }
+};
+struct with_w : torch::nn::Module {
+  with_w() {
+    a = register_module("a", torch::nn::Linear(4, 3));
+    w = register_parameter("w", torch::ones({3}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return no_gradient_for_w::apply(a->forward(x), w); }
+  torch::nn::Linear a{nullptr};
+  torch::Tensor w;
+};
+}  // namespace
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a hook that fires with no gradient counts as an unused parameter, as DDP's", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  for (const bool find_unused : {false, true}) {
+    CAPTURE(find_unused);
+    auto net = std::make_shared<with_w>();
+    herd::optimizer_options options;
+    options.find_unused_parameters = find_unused;
+    herd::torch::DistributedDataParallel ddp(net, comm, options);
+    std::string message = "(no error)";
+    try {
+      ddp.forward(torch::ones({2, 4}) * (comm.rank() + 1)).sum().backward();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message == "(no error)");
+    // Without find_unused_parameters it is reduced as zeros (defined); with it, no rank used it,
+    // so it keeps what it had: no gradient.
+    if (find_unused) CHECK_FALSE(net->w.grad().defined());
+    else CHECK((net->w.grad().defined() && net->w.grad().abs().sum().item<float>() == 0));
+    CHECK(same_on_every_rank(net->a->weight.grad(), comm));
+  }
+}

@@ -9,6 +9,7 @@
 //   for (auto& batch : loader) {
 //     sgd.zero_grad();
 //     loss(ddp->forward(batch.data), batch.target).backward();   // buckets reduce during backward
+//                                                                 // (ddp(x) too; both go through the wrapper)
 //     sgd.step();                                                // the gradients are averaged already
 //   }
 //
@@ -40,7 +41,8 @@
 //   pass. What differs from DDP: docs/training.md.
 //
 // On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
-// stream-ordered, with no host copy of the gradients.
+// stream-ordered, with no host copy of the gradients; by herd's kernels in a file nvcc compiles,
+// by libtorch's in one g++ compiles (link herd::nccl, which defines HERD_WITH_NCCL).
 
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
@@ -76,6 +78,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   // must stay 1: use no_sync()).
   DistributedDataParallel(Module module, C& comm, optimizer_options options = {})
       : module_(std::move(module)), state_(std::make_unique<state>(comm, options)) {
+    herd::detail::lend_torch_device_arithmetic();  // libtorch's kernels pack CUDA buckets where herd's are not compiled
     if (options.backward_passes_per_step != 1) {
       herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
                     "backward_passes_per_step is for herd::distributed_optimizer",
@@ -92,7 +95,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
-      std::shared_ptr<::torch::autograd::Node> accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
+      auto accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);  // shared_ptr or intrusive_ptr
       const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
           [s, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
             s->ready(i);
@@ -111,8 +114,23 @@ template <class Module, communicator C> class DistributedDataParallel {
     for (auto& [accumulator, key] : state_->hooks) accumulator->del_post_hook(key);
   }
 
+  // The wrapped module, for what the wrapper does not pass on (its own members): as DDP's .module.
   Module& module() noexcept { return module_; }
-  auto operator->() { return &*module_; }
+  // ddp->forward(x) and ddp(x) go through the wrapper, as DDP's model(x): a call that skipped it
+  // would skip the buffer broadcast and the agreement on who still trains. The Module functions a
+  // training loop calls on a model are passed on; anything else is ddp.module()->...
+  DistributedDataParallel* operator->() noexcept { return this; }
+  template <class... Args> auto operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+  auto parameters(bool recurse = true) const { return module_->parameters(recurse); }
+  auto named_parameters(bool recurse = true) const { return module_->named_parameters(recurse); }
+  auto buffers(bool recurse = true) const { return module_->buffers(recurse); }
+  auto named_buffers(bool recurse = true) const { return module_->named_buffers(recurse); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  bool is_training() const noexcept { return module_->is_training(); }
+  template <class... Args> void zero_grad(Args&&... args) { module_->zero_grad(std::forward<Args>(args)...); }
+  template <class... Args> void to(Args&&... args) { module_->to(std::forward<Args>(args)...); }
+
   template <class... Args> auto forward(Args&&... args) {
     state* s = state_.get();
     const bool reduces = ::torch::GradMode::is_enabled() && !s->no_sync;
@@ -212,6 +230,12 @@ template <class Module, communicator C> class DistributedDataParallel {
       if (find_unused && !(static_graph && used_known)) {
         std::vector<std::int32_t> none(params.size(), 0);
         allreduce(none, *comm, reduce_op::max);
+        // With static_graph the others exchange used flags in their first synchronized pass only:
+        // this rank, joined before its own first, must count that exchange as made too.
+        if (static_graph) {
+          anywhere = none;
+          used_known = true;
+        }
       }
     }
 
@@ -274,7 +298,10 @@ template <class Module, communicator C> class DistributedDataParallel {
       g = in_bucket[i];
     }
 
-    // The hook of parameter i's gradient accumulator: its gradient is final for this pass.
+    // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
+    // may fire with no gradient (a backward function that gives its input none): as DDP's, that
+    // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
+    // holds, at the end of the pass).
     void ready(std::size_t i) {
       std::lock_guard lock(mutex);
       if (no_sync) return;
@@ -282,7 +309,13 @@ template <class Module, communicator C> class DistributedDataParallel {
         queued = true;
         ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
       }
-      used[i] = 1;
+      if (!params[i].grad().defined()) {
+        if (find_unused) return;
+        const ::torch::NoGradGuard no_grad;
+        if (in_bucket.empty()) params[i].mutable_grad() = ::torch::zeros_like(params[i]);
+      } else {
+        used[i] = 1;
+      }
       try {
         repoint(i);
         const buffer_view grad = view_of(params[i].mutable_grad());
@@ -299,6 +332,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       queued = false;
       if (!find_unused) {
         reducer.synchronize();
+        std::fill(created.begin(), created.end(), 0);
         return;
       }
       // The gradients this rank did not produce, as they were before the pass (undefined where the
@@ -317,7 +351,6 @@ template <class Module, communicator C> class DistributedDataParallel {
         const buffer_view grad = view_of(params[i].mutable_grad());
         reducer.mark(i, &grad);
       }
-      std::fill(created.begin(), created.end(), 0);
       reducer.synchronize();
       // With static_graph, those found unused in the first pass are those of every pass.
       if (!static_graph || !used_known) {
@@ -326,6 +359,10 @@ template <class Module, communicator C> class DistributedDataParallel {
         used_known = static_graph;
       }
       std::fill(used.begin(), used.end(), 0);
+      // The flags of this pass's zero-filled gradients end with it (set by the synchronize above):
+      // read in the next pass, a gradient that reduction defined (and the optimizer then used)
+      // would count as one that never existed on this rank alone, and the ranks would part.
+      std::fill(created.begin(), created.end(), 0);
       const ::torch::NoGradGuard no_grad;
       for (auto& [i, g] : kept) {
         if (anywhere[i]) continue;
@@ -336,7 +373,9 @@ template <class Module, communicator C> class DistributedDataParallel {
 
     std::vector<at::Tensor> params;
     herd::detail::reducer<C> reducer;
-    std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks;
+    // How libtorch holds autograd nodes: std::shared_ptr up to 2.14, c10::intrusive_ptr after.
+    using node_pointer = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+    std::vector<std::pair<node_pointer, std::uintptr_t>> hooks;
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
     std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
