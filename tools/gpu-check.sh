@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # herd's GPU check, in one call on a machine with an NVIDIA GPU: builds herd's CUDA code for it,
 # runs the CUDA host tests, the GPU suite under mpiexec (1, 2 and 3 processes sharing the GPU),
-# the kernel and collective benchmarks and the GPU examples, and writes everything a reader needs
-# into one folder, OUT_DIR (default: the build folder), as at most 8 files:
+# the kernel and collective benchmarks and the GPU examples; where the machine's python3 has
+# PyTorch with CUDA, also herd's libtorch parts against it, compiled by the host compiler as
+# libtorch programs are (the libtorch tests, CUDA gradients over NCCL at 1 and 2 processes,
+# libtorch_mnist on the GPU, and benchmarks/vs_pytorch_ddp on the GPU against PyTorch DDP over
+# nccl); and writes everything a reader needs into one folder, OUT_DIR (default: the build
+# folder), as at most 8 files:
 #   env.txt          OS, glibc, CMake, compilers, nvcc, driver, GPU, compute mode, PCIe link, NCCL,
 #                    MPI, /dev/shm, the commit
 #   build.txt        the configure and build logs, each line timestamped
-#   tests.txt        CUDA host tests; GPU suite at 1, 2, 3 processes; compute-sanitizer memcheck
+#   tests.txt        CUDA host tests; GPU suite at 1, 2, 3 processes; libtorch tests (CUDA over NCCL
+#                    at 1 and 2 processes, the CPU ones at 2); compute-sanitizer memcheck
 #   kernels.txt      the kernel benchmark, run twice (the spread)
 #   collectives.txt  the collective benchmark at 1 and 2 processes
-#   examples.txt     device_tensor at 2 processes, train_gpu at 1 and 2
+#   examples.txt     device_tensor at 2 processes, train_gpu at 1 and 2; libtorch_mnist on the GPU (DDP
+#                    wrapper and distributed_optimizer) at 1 and 2; vs_pytorch_ddp on the GPU
 #   summary.txt      one line per phase: passed, failed (exit status), or skipped and why
 #   logs.tgz         every log in full
 # Each run has its own timeout (RUN_SECONDS, default 150) and HERD_STALL_SHUTDOWN_TIME_SECONDS=60,
@@ -116,6 +122,19 @@ if [[ -z "${NCCL_HOME:-}" ]] && ! compgen -G "/usr/local/cuda/include/nccl.h" >/
   [[ -n "$found" ]] && export NCCL_HOME="$(dirname "$(dirname "$found")")"
 fi
 [[ -n "${NCCL_HOME:-}" ]] && export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
+
+# PyTorch's libtorch (the wheel carries it) for herd's libtorch parts, when python3 has torch.
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
+if [[ -n "$torch_prefix" ]]; then
+  prefixes="$torch_prefix"
+  for a in "${!cmake_args[@]}"; do  # one CMAKE_PREFIX_PATH, the bundle's and torch's
+    if [[ ${cmake_args[$a]} == -DCMAKE_PREFIX_PATH=* ]]; then
+      prefixes="${cmake_args[$a]#-DCMAKE_PREFIX_PATH=};$torch_prefix"
+      unset 'cmake_args[a]'
+    fi
+  done
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$prefixes")
+fi
 nccl_header=${NCCL_HOME:+$NCCL_HOME/include/nccl.h}
 nccl_header=${nccl_header:-/usr/local/cuda/include/nccl.h}
 
@@ -139,6 +158,7 @@ fi
   echo "nccl:        $nccl_header ($(awk '/define NCCL_(MAJOR|MINOR|PATCH) / {printf "%s%s", sep, $3; sep="."}' "$nccl_header" 2>/dev/null))"
   echo "mpi:         $mpiexec ($("$mpiexec" --version 2>/dev/null | grep -m1 -i version | tr -s ' \t' ' ' | sed 's/^ //'))"
   echo "python3:     $(python3 --version 2>&1)"
+  echo "torch:       $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
   echo "/dev/shm:    $(df -h /dev/shm 2>/dev/null | awk 'NR == 2 {print $2 " total, " $4 " free"}')"
   echo "gpu:"
   if [[ $gpu_present == 1 ]]; then
@@ -162,7 +182,8 @@ binary() {  # binary TARGET: its path, if it was built
   found=$(find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1)
   [[ -n "$found" ]] && echo "$found"
 }
-wanted=(cuda_host_tests gpu_tests cuda_kernels gpu_collectives device_tensor train_gpu)
+wanted=(cuda_host_tests gpu_tests cuda_kernels gpu_collectives device_tensor train_gpu torch_cuda_tests torch_mpi_tests
+        libtorch_mnist)
 [[ -n "${TARGETS:-}" ]] && read -ra wanted <<<"$TARGETS"  # a subset, to rerun a part; the rest is skipped and said
 known=$(cmake --build "$build" --target help 2>/dev/null)
 targets=()
@@ -228,8 +249,20 @@ run tests host 0 cuda_host_tests @
 for n in 1 2 3; do run tests "gpu_np$n" 1 gpu_tests "$mpiexec" -n $n @; done
 for k in 1 2; do run kernels "kernels_run$k" 1 cuda_kernels @ --max-mib 1024 --reps 20; done
 for n in 1 2; do run collectives "collectives_np$n" 1 gpu_collectives "$mpiexec" -n $n @ --max-mib 1024 --reps 7; done
+for n in 1 2; do run tests "torch_cuda_np$n" 1 torch_cuda_tests "$mpiexec" -n $n @; done
+run tests torch_cpu_np2 0 torch_mpi_tests "$mpiexec" -n 2 @
 run examples device_tensor 1 device_tensor "$mpiexec" -n 2 @
 for n in 1 2; do run examples "train_gpu_np$n" 1 train_gpu "$mpiexec" -n $n @ --data "$data" --epochs 2; done
+for n in 1 2; do
+  for reduction in ddp optimizer; do
+    run examples "libtorch_mnist_${reduction}_np$n" 1 libtorch_mnist "$mpiexec" -n $n @ --data "$data" --epochs 1 --reduction $reduction
+  done
+done
+# herd against PyTorch DDP over nccl, same model, batch and GPU; VS_DDP_ROUNDS alternating rounds.
+for ((round = 1; round <= ${VS_DDP_ROUNDS:-2}; ++round)); do
+  run examples "vs_ddp_gpu_round$round" 1 libtorch_mnist env DEVICE=cuda BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 \
+      RANKS="1 2" STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
+done
 if command -v compute-sanitizer >/dev/null; then
   if (($(left) >= 120)); then
     # API errors are not reported: NCCL's set-up probes for kernel images of other architectures

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The PyTorch DDP side of benchmarks/vs_pytorch_ddp: the training of examples/libtorch/mnist.cpp
 (Horovod's MNIST net on Fashion-MNIST, SGD lr 0.01 x world size, momentum 0.5, batch 64 per rank)
-under torch.nn.parallel.DistributedDataParallel with the gloo backend.
+under torch.nn.parallel.DistributedDataParallel with the gloo backend, or, with --device cuda, on
+the GPU (rank modulo the GPU count) with the nccl backend.
 
 One process per rank, started by hand (Debian's torchrun does not work):
 
@@ -119,6 +120,8 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--train-samples", type=int, default=0)
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the model on GPU rank %% count, DDP over nccl (libtorch_mnist uses the GPU when it sees one)")
     return p.parse_args()
 
 
@@ -134,9 +137,15 @@ def main():
         test_x, test_y = load_split(args.data, "t10k")
     except DataError as e:
         problem = str(e)
+    device = torch.device("cpu")
+    backend = "gloo"
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
     # Join the group even after a data error, so that every rank learns of it and exits.
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
-    failed = torch.tensor([1 if problem else 0])
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
+    failed = torch.tensor([1 if problem else 0], device=device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
         if problem:
@@ -149,7 +158,7 @@ def main():
         train_count = args.train_samples
 
     torch.manual_seed(args.seed)
-    model = MLP() if args.model == "mlp" else Net()
+    model = (MLP() if args.model == "mlp" else Net()).to(device)
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
     buckets = []  # (start, end) of each bucket's allreduce in the current step
 
@@ -177,7 +186,7 @@ def main():
     if 0 < args.steps < steps:
         steps = args.steps
     if rank == 0:
-        print(f"ddp_mnist: {world} rank{'s' if world > 1 else ''} (gloo), torch {torch.__version__}, "
+        print(f"ddp_mnist: {world} rank{'s' if world > 1 else ''} ({backend}, {device.type}), torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op / {torch.get_num_interop_threads()} inter-op threads per rank, "
               f"{train_count} training samples ({len(sampler)} per rank), batch {args.batch_size} per rank, "
               f"{steps} steps per epoch, SGD lr {args.lr * world:g} momentum 0.5", flush=True)
@@ -197,8 +206,8 @@ def main():
         for step in range(steps):
             index = batches[step]
             t0 = time.perf_counter()
-            x = train_x.index_select(0, index)
-            y = train_y.index_select(0, index)
+            x = train_x.index_select(0, index).to(device)  # as libtorch_mnist: select on the host, then copy
+            y = train_y.index_select(0, index).to(device)
             t1 = time.perf_counter()
             optimizer.zero_grad()
             buckets.clear()
@@ -216,10 +225,10 @@ def main():
             loss_count += len(index)
         elapsed = time.perf_counter() - start
 
-        slowest = torch.tensor([elapsed], dtype=torch.float64)
+        slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         samples = sum(len(batches[s]) for s in range(steps))
-        totals = torch.tensor([loss_sum, loss_count, samples], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, loss_count, samples], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         seconds_total += slowest.item()
         samples_total += int(totals[2].item())
@@ -228,12 +237,13 @@ def main():
         model.eval()
         with torch.no_grad():
             mine = torch.arange(rank, len(test_y), world)
-            scores = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+            scores = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
             for index in mine.split(1000):
-                out = model(test_x.index_select(0, index))
-                y = test_y.index_select(0, index)
+                out = model(test_x.index_select(0, index).to(device))
+                y = test_y.index_select(0, index).to(device)
                 scores += torch.tensor([F.nll_loss(out, y, reduction="sum").item(),
-                                        out.argmax(1).eq(y).sum().item(), len(index)], dtype=torch.float64)
+                                        out.argmax(1).eq(y).sum().item(), len(index)], dtype=torch.float64,
+                                       device=device)
         dist.all_reduce(scores)
         accuracy = (scores[1] / scores[2]).item()
         if rank == 0:
@@ -241,7 +251,7 @@ def main():
                   f"test loss {scores[0] / scores[2]:.4f}  test accuracy {accuracy:.4f}  "
                   f"train {slowest.item():.1f} s  {totals[2].item() / slowest.item():.0f} samples/s", flush=True)
 
-    mean_phases = torch.tensor(np.concatenate([phases, overlap]), dtype=torch.float64)
+    mean_phases = torch.tensor(np.concatenate([phases, overlap]), dtype=torch.float64, device=device)
     dist.all_reduce(mean_phases)
     mean_phases *= 1e3 / world / (steps * args.epochs)
     if rank == 0:

@@ -10,7 +10,10 @@
 #   STEPS=200 RANKS="1 2" benchmarks/vs_pytorch_ddp/run.sh
 #   MODEL=mlp STEPS=60 benchmarks/vs_pytorch_ddp/run.sh
 #
-# Environment: MODEL (cnn or mlp; default cnn), BATCH (samples per rank and step; default 64),
+# DEVICE=cuda runs both on the GPU (rank modulo the GPU count): herd over NCCL (libtorch_mnist built
+# with herd::nccl), DDP with the nccl backend; DEVICE=cpu (default) hides any GPU from both sides.
+#
+# Environment: DEVICE (cpu or cuda), MODEL (cnn or mlp; default cnn), BATCH (samples per rank and step; default 64),
 # BUILD_DIR (default build), RANKS (default "1 2"), EPOCHS (default 1), STEPS (at most this many
 # steps per epoch; default 0, the whole epoch), MPIEXEC (default mpiexec),
 # PYTHON (default /usr/bin/python3, the Debian python3-torch). Build the C++ side first:
@@ -35,6 +38,13 @@ model=${MODEL:-cnn}
 batch=${BATCH:-64}
 mpiexec=${MPIEXEC:-mpiexec}
 python=${PYTHON:-/usr/bin/python3}
+device=${DEVICE:-cpu}
+case "$device" in
+  cpu) export CUDA_VISIBLE_DEVICES="" ;;
+  cuda) ;;
+  *) echo "run.sh: DEVICE is cpu or cuda, not $device" >&2; exit 2 ;;
+esac
+backend=$([[ $device == cuda ]] && echo nccl || echo gloo)
 program="$build_dir/examples/libtorch_mnist"
 
 if [[ ! -x "$program" ]]; then
@@ -81,11 +91,11 @@ run_herd() {
 run_ddp() {
   local n=$1 port r status=0
   port=$(free_port)
-  echo "== PyTorch DDP (gloo), $n rank(s): RANK=r WORLD_SIZE=$n MASTER_PORT=$port $python ddp_mnist.py ${common[*]}" >&2
+  echo "== PyTorch DDP ($backend), $n rank(s): RANK=r WORLD_SIZE=$n MASTER_PORT=$port $python ddp_mnist.py ${common[*]} --device $device" >&2
   ddp_pids=()
   for ((r = 0; r < n; ++r)); do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$n \
-      "$python" "$here/ddp_mnist.py" "${common[@]}" >"$logs/ddp_${n}_$r.log" 2>&1 &
+      "$python" "$here/ddp_mnist.py" "${common[@]}" --device "$device" >"$logs/ddp_${n}_$r.log" 2>&1 &
     ddp_pids+=($!)
   done
   # A rank that fails would leave the others waiting in gloo: stop them all.
@@ -121,8 +131,9 @@ done
 echo
 echo "# herd + libtorch vs PyTorch DDP: $([[ $model == mlp ]] && echo 'MLP 784-2048-2048-10 (23 MB of f32 gradients)' || echo "Horovod's MNIST net") on Fashion-MNIST, batch $batch per rank,"
 echo "# epochs $epochs, steps per epoch $([[ $steps == 0 ]] && echo 'all' || echo "at most $steps"), 1 intra-op thread per rank;"
+echo "# on the $([[ $device == cuda ]] && echo "GPU ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)), herd over NCCL, DDP over nccl" || echo 'CPU, DDP over gloo');"
 echo "# $(nproc) cores on $(hostname), load average before the runs: $load_before"
-printf '%s\n' "${rows[@]}" | awk '
+printf '%s\n' "${rows[@]}" | awk -v backend="$backend" '
   {
     side = $1
     delete v
@@ -140,7 +151,7 @@ printf '%s\n' "${rows[@]}" | awk '
       split(order[k], parts, SUBSEP); side = parts[1]; n = parts[2]; me = order[k]
       base = rate[side, 1]
       eff = (base > 0) ? sprintf("%8.1f%%", 100 * rate[me] / (n * base)) : "        -"
-      name = (side == "herd_ddp") ? "herd overlapped" : (side == "herd_optimizer") ? "herd blocking" : "PyTorch DDP (gloo)"
+      name = (side == "herd_ddp") ? "herd overlapped" : (side == "herd_optimizer") ? "herd blocking" : "PyTorch DDP (" backend ")"
       ratio = (side != "ddp" && rate["ddp", n] > 0) ? sprintf("%8.2fx", rate[me] / rate["ddp", n]) : "         "
       share = (comm[me] > 0) ? sprintf("%8.0f%%", 100 * hidden[me] / comm[me]) : "        -"
       printf "%-28s %9.2f %11.0f %9s %9.4f %9s | %9.1f %9.1f %9.1f %9s\n", name " " n " rank" (n > 1 ? "s" : ""),

@@ -15,6 +15,9 @@
 //                                           herd::distributed_optimizer(sgd, torch_gradients(sgd), comm)
 //   metric_average(test_loss)               herd::metric (a sample-weighted mean over the ranks)
 //
+// On GPUs (built with herd::nccl), the gradients are reduced over a herd::nccl_communicator made
+// from the MPI one, on the GPU, as Horovod and DDP do with NCCL; the file stays g++-compiled.
+//
 // --model mlp trains an MLP 784-2048-2048-10 instead (23 MB of gradients per step, where
 // overlapping the reduction with backward matters).
 //
@@ -281,10 +284,12 @@ torch::Tensor index_tensor(std::span<const std::size_t> indices) {
 // ---------------------------------------------------------------------------------------------
 // GPUs
 
-// In a file built by g++ without herd::nccl, herd's distributed_optimizer reduces host memory
-// only (a CUDA gradient raises herd::error), so on a GPU the gradients travel through host copies: the
-// distributed optimizer reduces those, and this wrapper's step() copies them back before SGD
-// steps. On the CPU the example uses herd::torch_gradients(sgd) directly.
+// Built with herd::nccl (CMake links it wherever NCCL and the CUDA toolkit are found), CUDA
+// gradients are reduced on their GPU over a nccl_communicator: libtorch's own kernels pack and
+// scale them in this g++-compiled file. Without it, herd reaches host memory only, so on a GPU
+// the gradients travel through host copies: the distributed optimizer reduces those, and this
+// wrapper's step() copies them back before SGD steps.
+#if !defined(HERD_WITH_NCCL)
 class host_staged_sgd {
  public:
   explicit host_staged_sgd(torch::optim::SGD& sgd) : sgd_(sgd) {}
@@ -321,6 +326,7 @@ class host_staged_sgd {
   torch::optim::SGD& sgd_;
   std::vector<torch::Tensor> host_;
 };
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Training
@@ -362,8 +368,8 @@ struct phase_times {
 
 // SGD stepped after DistributedDataParallel reduced the gradients during backward; the shape of
 // herd::distributed_optimizer (step, reduce_seconds, overlap) for run_epochs.
-struct ddp_step {
-  herd::torch::DistributedDataParallel<Net, herd::mpi_communicator>& ddp;
+template <class Communicator> struct ddp_step {
+  herd::torch::DistributedDataParallel<Net, Communicator>& ddp;
   torch::optim::SGD& sgd;
   bool step() {
     sgd.step();
@@ -386,11 +392,13 @@ std::string save_checkpoint(Net& model, const std::filesystem::path& path) {
   return {};
 }
 
-// The epochs, with `opt` the distributed optimizer over `sgd`: a template because on a GPU it
-// wraps host_staged_sgd rather than SGD itself.
-template <class DistributedOptimizer>
+// The epochs, with `opt` the distributed optimizer over `sgd` (or ddp_step): a template because
+// on a GPU it reduces over NCCL, or wraps host_staged_sgd rather than SGD itself.
+// `forward`: the model's, or the DDP wrapper's (which must see every training forward).
+template <class DistributedOptimizer, class Forward>
 int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, torch::optim::SGD& sgd,
-               DistributedOptimizer& opt, const dataset& data, std::size_t train_count, torch::Device device) {
+               DistributedOptimizer& opt, Forward& forward, const dataset& data, std::size_t train_count,
+               torch::Device device) {
   const bool lead = comm.rank() == 0;
   const auto world = static_cast<std::size_t>(comm.size());
   herd::distributed_sampler sampler(train_count, comm, {.shuffle = true, .seed = opts.seed});
@@ -401,8 +409,8 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
   if (lead) {
     std::printf("libtorch_mnist: %d rank%s on %s, %d intra-op / %d inter-op torch threads per rank, %zu training "
                 "samples (%zu per rank), batch %zu per rank, %zu steps per epoch, SGD lr %g (%g x %d ranks) momentum %g\n",
-                comm.size(), comm.size() == 1 ? "" : "s", device.is_cuda() ? "CUDA" : "CPU", at::get_num_threads(),
-                at::get_num_interop_threads(), train_count, sampler.size(), batch_size, steps, opts.lr * comm.size(),
+                comm.size(), comm.size() == 1 ? "" : "s", device.is_cuda() ? "CUDA" : "CPU", static_cast<int>(at::get_num_threads()),
+                static_cast<int>(at::get_num_interop_threads()), train_count, sampler.size(), batch_size, steps, opts.lr * comm.size(),
                 opts.lr, comm.size(), opts.momentum);
     std::fflush(stdout);
   }
@@ -435,7 +443,7 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
       const torch::Tensor y = data.train.labels.index_select(0, index).to(device);
       auto t1 = clock_type::now();
       sgd.zero_grad();
-      const torch::Tensor loss = torch::nll_loss(model->forward(x), y);
+      const torch::Tensor loss = torch::nll_loss(forward(x), y);
       auto t2 = clock_type::now();
       const double r0 = opt.reduce_seconds();
       loss.backward();  // with DDP, buckets reduce meanwhile, and the last ones are waited for here
@@ -582,17 +590,28 @@ int train(const options& opts, herd::mpi_communicator& comm) {
       auto& state = static_cast<torch::optim::SGDParamState&>(*entry.second);
       state.momentum_buffer(state.momentum_buffer().to(device));
     }
+#if defined(HERD_WITH_NCCL)
+    herd::nccl_communicator gpus(comm, device.index());
+    if (opts.ddp) {
+      herd::torch::DistributedDataParallel ddp(model, gpus);
+      ddp_step<herd::nccl_communicator> opt{ddp, sgd};
+      return run_epochs(opts, comm, model, sgd, opt, ddp, *data, train_count, device);
+    }
+    herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), gpus);
+    return run_epochs(opts, comm, model, sgd, opt, model, *data, train_count, device);
+#else
     host_staged_sgd staged(sgd);
     herd::distributed_optimizer opt(staged, [&staged] { return staged.gradients(); }, comm);
-    return run_epochs(opts, comm, model, sgd, opt, *data, train_count, device);
+    return run_epochs(opts, comm, model, sgd, opt, model, *data, train_count, device);
+#endif
   }
   if (opts.ddp) {
     herd::torch::DistributedDataParallel ddp(model, comm);  // checks and broadcasts again: a no-op here
-    ddp_step opt{ddp, sgd};
-    return run_epochs(opts, comm, model, sgd, opt, *data, train_count, device);
+    ddp_step<herd::mpi_communicator> opt{ddp, sgd};
+    return run_epochs(opts, comm, model, sgd, opt, ddp, *data, train_count, device);
   }
   herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
-  return run_epochs(opts, comm, model, sgd, opt, *data, train_count, device);
+  return run_epochs(opts, comm, model, sgd, opt, model, *data, train_count, device);
 }
 
 }  // namespace

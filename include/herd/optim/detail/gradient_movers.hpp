@@ -4,8 +4,10 @@
 // compression, and accumulates them across backward passes:
 // - host_mover: loops over host memory;
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
-//   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
-//   fusion without compression, predivision or accumulation.
+//   in a host-compiled file linking herd::nccl, the kernels a tensor library linked into the
+//   program lends (libtorch's, through herd/tensor/torch.hpp: see lent_device_arithmetic), else
+//   plain device-to-device copies, which cover fusion without compression, predivision or
+//   accumulation.
 // Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
 
 #include <herd/core/config.hpp>
@@ -88,6 +90,29 @@ template <class Stream> upstream_set<Stream> upstreams_of(Stream caller, const s
   return set;
 }
 
+#if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
+// GPU arithmetic that a file compiled by a host compiler cannot have from herd (its kernels need
+// nvcc) but can borrow from a tensor library that brings its own: casting and scaling gradients
+// into and out of fusion buffers, and summing the passes of backward_passes_per_step. Each call
+// runs after the work queued on `stream` (herd's) so far, and the work queued there after it
+// waits for it; where the lender computes is its own business (libtorch: its current stream).
+struct lent_device_arithmetic {
+  // out_type(in * scale) for every item.
+  void (*move)(int device, cudaStream_t stream, std::span<const move_item> items, dtype out_type, dtype in_type,
+               double scale);
+  // acc = grad (first) or acc + grad, in acc's type.
+  void (*accumulate)(int device, cudaStream_t stream, const buffer_view& acc, const buffer_view& grad, bool first);
+  // grad = grad + acc, summed in acc's type.
+  void (*fold)(int device, cudaStream_t stream, const buffer_view& grad, const buffer_view& acc);
+};
+
+// The lender, if any: set once, before main, by the header of the library that lends.
+inline const lent_device_arithmetic*& device_arithmetic_lender() noexcept {
+  static const lent_device_arithmetic* lent = nullptr;
+  return lent;
+}
+#endif
+
 #if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
 class device_mover {
  public:
@@ -126,6 +151,9 @@ class device_mover {
     for (const move_item& it : items) batch_.push_back({it.in, it.out, it.count});
     copier_.run(batch_, out_type, in_type, scale, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) {
+      return lent->move(device_, stream_->get(), items, out_type, in_type, scale);
+    }
     if (out_type != in_type || scale != 1.0) needs_kernels("compression or gradient predivision");
     for (const move_item& it : items) {
       HERD_CUDA_CHECK(cudaMemcpyAsync(it.out, it.in, it.count * size_of(in_type), cudaMemcpyDeviceToDevice, stream_->get()));
@@ -148,6 +176,9 @@ class device_mover {
     cuda::cast(widened, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
     cuda::reduce(acc.type, reduce_op::sum, acc.data, acc.data, widened, grad.count, 0, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) {
+      return lent->accumulate(device_, stream_->get(), acc, grad, first);
+    }
     (void)acc, (void)grad, (void)first;
     needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
 #endif
@@ -162,6 +193,7 @@ class device_mover {
     cuda::reduce(acc.type, reduce_op::sum, sum, acc.data, sum, grad.count, 0, stream_->get());
     cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) return lent->fold(device_, stream_->get(), grad, acc);
     (void)grad, (void)acc;
     needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
 #endif
@@ -181,7 +213,8 @@ class device_mover {
  private:
   [[noreturn]] static void needs_kernels(const char* what) {
     raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
-          "Compile the file that steps the optimizer with nvcc, or turn the option off");
+          "Compile the file that steps the optimizer with nvcc, include herd/tensor/torch.hpp to use libtorch's "
+          "kernels, or turn the option off");
   }
 
   int device_;
