@@ -13391,7 +13391,8 @@ class local_accumulation {
 //   are packed and started, in order on every rank (buckets in flight, on the progress thread).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
 //   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
-//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order.
+//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order
+//   (as DDP, not with find_unused_parameters unless static_graph).
 // A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
 // Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
@@ -13684,8 +13685,10 @@ HERD_CONFIG_NAMESPACE_END
 // compression, and accumulates them across backward passes:
 // - host_mover: loops over host memory;
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
-//   in a host-compiled file linking herd::nccl, plain device-to-device copies, which cover
-//   fusion without compression, predivision or accumulation.
+//   in a host-compiled file linking herd::nccl, the kernels a tensor library linked into the
+//   program lends (libtorch's, through herd/tensor/torch.hpp: see lent_device_arithmetic), else
+//   plain device-to-device copies, which cover fusion without compression, predivision or
+//   accumulation.
 // Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
 
 
@@ -13761,6 +13764,29 @@ template <class Stream> upstream_set<Stream> upstreams_of(Stream caller, const s
   return set;
 }
 
+#if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
+// GPU arithmetic that a file compiled by a host compiler cannot have from herd (its kernels need
+// nvcc) but can borrow from a tensor library that brings its own: casting and scaling gradients
+// into and out of fusion buffers, and summing the passes of backward_passes_per_step. Each call
+// runs after the work queued on `stream` (herd's) so far, and the work queued there after it
+// waits for it; where the lender computes is its own business (libtorch: its current stream).
+struct lent_device_arithmetic {
+  // out_type(in * scale) for every item.
+  void (*move)(int device, cudaStream_t stream, std::span<const move_item> items, dtype out_type, dtype in_type,
+               double scale);
+  // acc = grad (first) or acc + grad, in acc's type.
+  void (*accumulate)(int device, cudaStream_t stream, const buffer_view& acc, const buffer_view& grad, bool first);
+  // grad = grad + acc, summed in acc's type.
+  void (*fold)(int device, cudaStream_t stream, const buffer_view& grad, const buffer_view& acc);
+};
+
+// The lender, if any: set once, before main, by the header of the library that lends.
+inline const lent_device_arithmetic*& device_arithmetic_lender() noexcept {
+  static const lent_device_arithmetic* lent = nullptr;
+  return lent;
+}
+#endif
+
 #if HERD_WITH_CUDA_KERNELS || defined(HERD_WITH_NCCL)
 class device_mover {
  public:
@@ -13799,6 +13825,9 @@ class device_mover {
     for (const move_item& it : items) batch_.push_back({it.in, it.out, it.count});
     copier_.run(batch_, out_type, in_type, scale, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) {
+      return lent->move(device_, stream_->get(), items, out_type, in_type, scale);
+    }
     if (out_type != in_type || scale != 1.0) needs_kernels("compression or gradient predivision");
     for (const move_item& it : items) {
       HERD_CUDA_CHECK(cudaMemcpyAsync(it.out, it.in, it.count * size_of(in_type), cudaMemcpyDeviceToDevice, stream_->get()));
@@ -13821,6 +13850,9 @@ class device_mover {
     cuda::cast(widened, acc.type, grad.data, grad.type, grad.count, 1.0, stream_->get());
     cuda::reduce(acc.type, reduce_op::sum, acc.data, acc.data, widened, grad.count, 0, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) {
+      return lent->accumulate(device_, stream_->get(), acc, grad, first);
+    }
     (void)acc, (void)grad, (void)first;
     needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
 #endif
@@ -13835,6 +13867,7 @@ class device_mover {
     cuda::reduce(acc.type, reduce_op::sum, sum, acc.data, sum, grad.count, 0, stream_->get());
     cuda::cast(grad.data, grad.type, sum, acc.type, grad.count, 1.0, stream_->get());
 #else
+    if (const lent_device_arithmetic* lent = device_arithmetic_lender()) return lent->fold(device_, stream_->get(), grad, acc);
     (void)grad, (void)acc;
     needs_kernels("gradient accumulation (backward_passes_per_step > 1)");
 #endif
@@ -13854,7 +13887,8 @@ class device_mover {
  private:
   [[noreturn]] static void needs_kernels(const char* what) {
     raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
-          "Compile the file that steps the optimizer with nvcc, or turn the option off");
+          "Compile the file that steps the optimizer with nvcc, include herd/tensor/torch.hpp to use libtorch's "
+          "kernels, or turn the option off");
   }
 
   int device_;
@@ -14223,7 +14257,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
-    if (marks_ > 0) return finish();
+    if (pass_open_) return finish();
     if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
@@ -14298,7 +14332,10 @@ template <communicator C> class reducer final : public join_hook {
   void mark_one(std::size_t i, const buffer_view* given) {
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
     const auto start = std::chrono::steady_clock::now();
-    if (marks_ == 0) begin_buckets();
+    if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
+      begin_buckets();
+      pass_open_ = true;
+    }
     if (i >= checks_.shapes().size()) {
       if (pass_fault_.empty()) {
         pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
@@ -14450,6 +14487,7 @@ template <communicator C> class reducer final : public join_hook {
     stats_.waiting += seconds_since(wait_start);
     for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
     marks_ = 0;
+    pass_open_ = false;
     if (failure) {
       end_round();  // the round is abandoned
       std::rethrow_exception(failure);
@@ -14477,7 +14515,11 @@ template <communicator C> class reducer final : public join_hook {
     ++stats_.steps;
     stats_.exposed += seconds_since(start);
     reduce_seconds_ += seconds_since(start);
-    if (!rebuilt_ && !options_.gradient_as_bucket_view) rebuild();
+    // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
+    // whose order changes from pass to pass, unless the graph is declared static).
+    if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
+      rebuild();
+    }
   }
 
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
@@ -14509,6 +14551,7 @@ template <communicator C> class reducer final : public join_hook {
   std::vector<buffer_view> ready_views_;  // per gradient: its view in this pass, once marked
   std::vector<char> marked_;
   std::size_t marks_ = 0;                 // gradients marked in this pass
+  bool pass_open_ = false;                // this pass has had a mark (valid or not): its buckets are set up
   std::size_t next_launch_ = 0;           // the next bucket to start
   std::string pass_fault_;                // a problem of this pass not tied to one bucket
   std::vector<buffer_view> pass_views_;   // source_() of this pass, read on demand
@@ -14583,8 +14626,10 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   }
 
   // Reduces the gradients now (folding in the passes accumulated so far); the next step() uses
-  // them without reducing again.
+  // them without reducing again. Once per step, as Horovod's: a second call before step() finds
+  // them reduced already and does nothing (reducing the averages again would scale them).
   void synchronize() {
+    if (synchronized_) return;
     reducer_.synchronize();
     synchronized_ = true;
   }

@@ -17,13 +17,161 @@
 //   model = herd::torch::convert_sync_batchnorm(model, comm);
 //   herd::torch::SyncBatchNorm bn(torch::nn::BatchNormOptions(8), comm);   // or directly, in your own module
 //
-// In training, forward sums each channel's values and squares over this rank's batch and makes
-// them global with one allreduce (herd::sync_batch_moments); backward makes the per-channel sums
-// of dy and dy * xhat global with one more (herd::sync_batch_norm_sums). Weight and bias
-// gradients are this rank's, reduced with the other gradients by DDP or the distributed
-// optimizer. Running statistics and eval() behave as BatchNorm's. Host tensors (CPU libtorch).
+// In training, forward gathers each rank's per-channel count, mean and sum of squared deviations
+// (one allgather, as PyTorch's SyncBatchNorm) and combines them in rank order into the global
+// mean and variance; backward makes the per-channel sums of dy and dy * xhat global with one
+// allreduce. Statistics are computed in f32 (f64 for f64 inputs); the output keeps the input's
+// type and memory format (channels_last too); weight and bias gradients are this rank's, in the
+// parameters' type, reduced with the other gradients by DDP or the distributed optimizer. Running
+// statistics and eval() behave as BatchNorm's. CPU tensors over any communicator; CUDA tensors
+// over a nccl_communicator (on their GPU, from a g++ build too) or through host memory over MPI.
 // The communicator must outlive the module.
 
+
+// ---- herd/tensor/detail/torch_streams.hpp ----
+#ifndef HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#define HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+// libtorch's current CUDA stream and herd's streams, ordered by events. libtorch computes on the
+// current stream of the calling thread (a stream of its pool under a c10::StreamGuard, say),
+// which herd cannot name as a cudaStream_t without libc10_cuda; c10's device-guard interface,
+// in libc10 itself, records and waits for events on it. So a program built against a libtorch
+// without CUDA still links, and never comes here (it has no CUDA tensors).
+//
+// Compiled where herd reaches GPUs from a host-compiled file (HERD_WITH_NCCL) or under nvcc.
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cuda_runtime_api.h>
+
+#define HERD_HAVE_TORCH_STREAMS 1
+
+namespace herd::detail {
+
+inline const c10::impl::DeviceGuardImplInterface& torch_cuda_guard() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+inline c10::Device torch_cuda_device(int device) { return {c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)}; }
+
+// Work queued on `waiter` from now on waits for what libtorch queued so far on its current
+// stream of `device`.
+inline void after_torch_stream(int device, cudaStream_t waiter) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::Stream torch_stream = torch_cuda_guard().getStream(where);
+  void* done = nullptr;  // a cudaEvent_t, created by c10
+  torch_cuda_guard().record(&done, torch_stream, where.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  const cudaError_t waited = cudaStreamWaitEvent(waiter, static_cast<cudaEvent_t>(done), 0);
+  torch_cuda_guard().destroyEvent(done, where.index());
+  HERD_CUDA_CHECK(waited);
+}
+
+// What libtorch queues on its current stream of `device` from now on waits for the work queued
+// so far on `upstream`.
+inline void torch_stream_after(int device, cudaStream_t upstream) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::DeviceGuard on(where);
+  cuda::event done;
+  done.record(upstream);
+  torch_cuda_guard().block(done.get(), torch_cuda_guard().getStream(where));
+}
+
+// Returns once libtorch's current stream of `device` has done what it was given so far.
+inline void settle_torch_stream(int device) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::DeviceGuard on(where);
+  void* done = nullptr;
+  torch_cuda_guard().record(&done, torch_cuda_guard().getStream(where), where.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  const cudaError_t waited = cudaEventSynchronize(static_cast<cudaEvent_t>(done));
+  torch_cuda_guard().destroyEvent(done, where.index());
+  HERD_CUDA_CHECK(waited);
+}
+
+}  // namespace herd::detail
+#else
+#define HERD_HAVE_TORCH_STREAMS 0
+#endif
+
+#endif  // HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+
+// ---- herd/tensor/torch.hpp ----
+#ifndef HERD_TENSOR_TORCH_HPP
+#define HERD_TENSOR_TORCH_HPP
+// tensor_traits for torch::Tensor (libtorch). Opt-in: the umbrella header does not include it,
+// so programs without libtorch never see it.
+//
+//   #include <torch/torch.h>
+//   #include <herd/herd.hpp>
+//   #include <herd/tensor/torch.hpp>
+//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
+//
+// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
+// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
+// sparse or quantized one, or another dtype raises herd::error saying what to do.
+
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace herd {
+namespace detail {
+
+inline const at::Tensor& require_usable(const at::Tensor& t) {
+  if (!t.defined()) {
+    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
+                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + std::string(c10::toString(t.layout())) +
+                "). Convert it with .to_dense() (or .dequantize()) first.");
+  }
+  if (!t.is_contiguous()) {
+    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
+                "and pass the result, keeping it alive while herd works on it.");
+  }
+  return t;
+}
+
+inline herd::dtype torch_dtype(const at::Tensor& t) {
+  switch (require_usable(t).scalar_type()) {
+    case at::kHalf: return dtype::f16;
+    case at::kBFloat16: return dtype::bf16;
+    case at::kFloat: return dtype::f32;
+    case at::kDouble: return dtype::f64;
+    case at::kChar: return dtype::i8;
+    case at::kByte: return dtype::u8;
+    case at::kInt: return dtype::i32;
+    case at::kLong: return dtype::i64;
+    default:
+      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
+                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
+                  "convert with .to(torch::kFloat32) or similar.");
+  }
+}
+
+}  // namespace detail
+
+template <> struct tensor_traits<at::Tensor> {
+  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
+  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
+  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
+  static herd::device device(const at::Tensor& t) {
+    const c10::Device d = detail::require_usable(t).device();
+    if (d.is_cpu()) return herd::device::cpu();
+    if (d.is_cuda()) return herd::device::cuda(d.index());
+    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
+                "CUDA device.");
+  }
+};
+
+}  // namespace herd
+
+#endif  // HERD_TENSOR_TORCH_HPP
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -31,6 +179,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,41 +193,69 @@ HERD_CONFIG_NAMESPACE_BEGIN
 namespace detail {
 
 // The two exchanges of a communicator, behind one interface so that the module is not a template.
+// Each takes a tensor where the layer computes (CPU or GPU) and moves it to where the communicator
+// reaches first, when that is elsewhere (a CUDA tensor over MPI goes through host memory; over
+// a nccl_communicator it stays on its GPU).
 class batch_norm_exchange {
  public:
   virtual ~batch_norm_exchange() = default;
-  virtual batch_moments moments(std::span<const double> sum, std::span<const double> sum_sq, double count) = 0;
-  virtual void sums(std::span<double> sum_dy, std::span<double> sum_dy_xhat) = 0;
+  // Every rank's `local` (k values), as a CPU tensor of size x k in rank order.
+  virtual ::torch::Tensor gather(const ::torch::Tensor& local) = 0;
+  // The sum of every rank's `values`, in place.
+  virtual void sum(::torch::Tensor& values) = 0;
 };
 
 template <communicator C> class exchange_over final : public batch_norm_exchange {
  public:
   explicit exchange_over(C& comm) : comm_(&comm) {}
-  batch_moments moments(std::span<const double> sum, std::span<const double> sum_sq, double count) override {
-    return sync_batch_moments(sum, sum_sq, count, *comm_);
+  ::torch::Tensor gather(const ::torch::Tensor& local) override {
+    const ::torch::Tensor mine = reachable(local);
+    ::torch::Tensor all = ::torch::empty({comm_->size(), mine.numel()}, mine.options());
+    herd::allgather(mine, all, *comm_);
+    return all.cpu();
   }
-  void sums(std::span<double> sum_dy, std::span<double> sum_dy_xhat) override {
-    sync_batch_norm_sums(sum_dy, sum_dy_xhat, *comm_);
+  void sum(::torch::Tensor& values) override {
+    ::torch::Tensor reduced = reachable(values);
+    herd::allreduce(reduced, *comm_);
+    if (!reduced.is_same(values)) values.copy_(reduced);
   }
 
  private:
+  // `t`, or a copy the communicator reaches. herd's collectives order their GPU work after its
+  // own notion of the caller's stream, which is not libtorch's: a CUDA tensor that stays on its
+  // GPU is first made ready on the host (a wait for a few kernels that sum C channels).
+  ::torch::Tensor reachable(const ::torch::Tensor& t) const {
+    const c10::Device d = t.device();
+    const herd::device where = d.is_cuda() ? herd::device::cuda(d.index()) : herd::device::cpu();
+    if (!comm_->supports(where)) return t.to(::torch::kCPU).contiguous();
+    ::torch::Tensor ready = t.contiguous();
+#if HERD_HAVE_TORCH_STREAMS
+    if (d.is_cuda()) herd::detail::settle_torch_stream(d.index());
+#endif
+    return ready;
+  }
+
   C* comm_;
 };
 
-inline std::span<double> doubles(::torch::Tensor& t) { return {t.data_ptr<double>(), static_cast<std::size_t>(t.numel())}; }
-
-// `t` (N x C x *) viewed as N x C x S, S the product of the dimensions after C: written out, not
-// -1, so that a rank whose batch is empty (N = 0) still has its view and joins the exchanges.
-inline ::torch::Tensor as_ncs(const ::torch::Tensor& t) {
-  std::int64_t spatial = 1;
-  for (std::int64_t d = 2; d < t.dim(); ++d) spatial *= t.size(d);
-  return t.contiguous().view({t.size(0), t.size(1), spatial});
+// Every dimension of an N x C x ... tensor but the channels': what a channel's statistics run over.
+inline std::vector<std::int64_t> channel_dims(const ::torch::Tensor& t) {
+  std::vector<std::int64_t> dims{0};
+  for (std::int64_t d = 2; d < t.dim(); ++d) dims.push_back(d);
+  return dims;
 }
 
-// The dimensions a channel's statistics run over in an N x C x S view.
-inline ::torch::IntArrayRef channel_dims() {
-  static const std::int64_t dims[] = {0, 2};
-  return dims;
+// A per-channel vector shaped to broadcast against an N x C x ... tensor.
+inline ::torch::Tensor per_channel(const ::torch::Tensor& v, const ::torch::Tensor& like) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(like.dim()), 1);
+  shape[1] = v.size(0);
+  return v.view(shape);
+}
+
+// The type statistics and normalization are computed in: f32 for 16-bit and f32 inputs (as
+// PyTorch's SyncBatchNorm), f64 for f64.
+inline ::torch::ScalarType accumulation_type(const ::torch::Tensor& t) {
+  return t.scalar_type() == ::torch::kDouble ? ::torch::kDouble : ::torch::kFloat;
 }
 
 // libtorch's custom autograd functions take no undefined tensor (libtorch 1.13 asks each input for
@@ -85,57 +263,104 @@ inline ::torch::IntArrayRef channel_dims() {
 inline ::torch::Tensor or_empty(const ::torch::Tensor& t) { return t.defined() ? t : ::torch::empty({0}); }
 inline bool present(const ::torch::Tensor& t) { return t.defined() && t.numel() != 0; }
 
-// The autograd function: input N x C x *, weight and bias C; running statistics updated in place.
+// The global count, mean and biased variance of each channel from every rank's (count, mean, sum
+// of squared deviations from that mean): Chan et al.'s pairwise update, in rank order, in f64, so
+// that every rank gets the same values and no E[x^2] - E[x]^2 cancellation loses the variance.
+struct global_moments {
+  double count = 0;
+  ::torch::Tensor mean, var;  // f64, on the CPU
+};
+inline global_moments combine_moments(const ::torch::Tensor& all, std::int64_t channels) {
+  global_moments g;
+  g.mean = ::torch::zeros({channels}, ::torch::kDouble);
+  ::torch::Tensor m2 = ::torch::zeros({channels}, ::torch::kDouble);
+  for (std::int64_t r = 0; r < all.size(0); ++r) {
+    const double n = all[r][0].item<double>();
+    if (n == 0) continue;
+    const ::torch::Tensor mean = all[r].slice(0, 1, 1 + channels), dev2 = all[r].slice(0, 1 + channels);
+    const double total = g.count + n;
+    const ::torch::Tensor delta = mean - g.mean;
+    g.mean += delta * (n / total);
+    m2 += dev2 + delta * delta * (g.count * n / total);
+    g.count = total;
+  }
+  g.var = m2 / std::max(g.count, 1.0);
+  return g;
+}
+
+// The autograd function: input N x C x * (any memory format: channels_last stays so), weight and
+// bias C; running statistics updated in place. Saved for backward: the input itself and two
+// values per channel, not a normalized copy of the activation.
 struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_function> {
   static ::torch::Tensor forward(::torch::autograd::AutogradContext* ctx, ::torch::Tensor input, ::torch::Tensor weight,
                                  ::torch::Tensor bias, ::torch::Tensor running_mean, ::torch::Tensor running_var,
                                  double eps, double momentum, batch_norm_exchange* exchange) {
     const auto c = input.size(1);
-    const ::torch::Tensor x = as_ncs(input).to(::torch::kDouble);
-    ::torch::Tensor sum = x.sum(channel_dims()).contiguous(), sum_sq = (x * x).sum(channel_dims()).contiguous();
-    const batch_moments m = exchange->moments(doubles(sum), doubles(sum_sq), static_cast<double>(x.size(0) * x.size(2)));
-    const auto options = ::torch::TensorOptions().dtype(::torch::kDouble);
-    const ::torch::Tensor mean = ::torch::tensor(m.mean, options), var = ::torch::tensor(m.var, options);
-    const ::torch::Tensor invstd = (var + eps).rsqrt();
+    const auto acc = accumulation_type(input);
+    const std::vector<std::int64_t> dims = channel_dims(input);
+    const ::torch::Tensor x = input.to(acc);
+    const std::int64_t n = c == 0 ? 0 : input.numel() / c;
+    ::torch::Tensor local_mean = ::torch::zeros({c}, x.options()), local_m2 = ::torch::zeros({c}, x.options());
+    if (n != 0) {
+      local_mean = x.mean(dims);
+      local_m2 = (x - per_channel(local_mean, x)).square().sum(dims);
+    }
+    const ::torch::Tensor local =
+        ::torch::cat({::torch::full({1}, static_cast<double>(n), x.options().dtype(::torch::kDouble)),
+                      local_mean.to(::torch::kDouble), local_m2.to(::torch::kDouble)});
+    const global_moments g = combine_moments(exchange->gather(local), c);
+    if (g.count < 2) {
+      herd::detail::raise({"torch::SyncBatchNorm"},
+                          "the global batch has " + std::to_string(static_cast<long long>(g.count)) + " value(s) per channel",
+                          "Batch normalization in training needs more than one value per channel over all ranks");
+    }
     {
       const ::torch::NoGradGuard no_grad;
-      if (present(running_mean)) running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype()), momentum);
+      if (present(running_mean)) running_mean.mul_(1 - momentum).add_(g.mean.to(running_mean.options()), momentum);
       if (present(running_var)) {
-        running_var.mul_(1 - momentum).add_((var * (m.count / (m.count - 1))).to(running_var.dtype()), momentum);
+        running_var.mul_(1 - momentum).add_((g.var * (g.count / (g.count - 1))).to(running_var.options()), momentum);
       }
     }
-    const ::torch::Tensor xhat = (x - mean.view({1, c, 1})) * invstd.view({1, c, 1});
-    ::torch::Tensor y = xhat;
-    if (present(weight)) y = y * weight.to(::torch::kDouble).view({1, c, 1});
-    if (present(bias)) y = y + bias.to(::torch::kDouble).view({1, c, 1});
-    ctx->save_for_backward({xhat, invstd, weight});
-    ctx->saved_data["count"] = m.count;
+    const ::torch::Tensor mean = g.mean.to(x.options()), invstd = (g.var + eps).rsqrt().to(x.options());
+    ::torch::Tensor y = (x - per_channel(mean, x)) * per_channel(invstd, x);
+    if (present(weight)) y = y * per_channel(weight.to(acc), x);
+    if (present(bias)) y = y + per_channel(bias.to(acc), x);
+    ctx->save_for_backward({input, weight, mean, invstd});
+    ctx->saved_data["count"] = g.count;
     ctx->saved_data["exchange"] = reinterpret_cast<std::int64_t>(exchange);
-    ctx->saved_data["shape"] = input.sizes().vec();
-    return y.to(input.dtype()).view(input.sizes());
+    return y.to(input.scalar_type());
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const ::torch::Tensor& xhat = saved[0];
-    const ::torch::Tensor& invstd = saved[1];
-    const ::torch::Tensor& weight = saved[2];
+    const ::torch::Tensor& input = saved[0];
+    const ::torch::Tensor& weight = saved[1];
+    const ::torch::Tensor& mean = saved[2];
+    const ::torch::Tensor& invstd = saved[3];
     const double count = ctx->saved_data["count"].toDouble();
     auto* exchange = reinterpret_cast<batch_norm_exchange*>(ctx->saved_data["exchange"].toInt());
-    const auto shape = ctx->saved_data["shape"].toIntVector();
-    const auto c = xhat.size(1);
-    const ::torch::Tensor dy = grads[0].contiguous().view(xhat.sizes()).to(::torch::kDouble);
-    ::torch::Tensor sum_dy = dy.sum(channel_dims()).contiguous(), sum_dy_xhat = (dy * xhat).sum(channel_dims()).contiguous();
-    const ::torch::Tensor grad_bias = sum_dy.clone(), grad_weight = sum_dy_xhat.clone();  // this rank's
-    exchange->sums(doubles(sum_dy), doubles(sum_dy_xhat));
+    const auto c = input.size(1);
+    const auto acc = accumulation_type(input);
+    const std::vector<std::int64_t> dims = channel_dims(input);
+    const ::torch::Tensor x = input.to(acc);
+    const ::torch::Tensor xhat = (x - per_channel(mean, x)) * per_channel(invstd, x);
+    const ::torch::Tensor dy = grads[0].to(acc);
+    ::torch::Tensor sums = ::torch::cat({dy.sum(dims), (dy * xhat).sum(dims)});  // this rank's, then everyone's
+    // Weight and bias gradients are this rank's (the optimizer or DDP averages them with the
+    // others'), in the parameters' own type: f32 parameters under f16 activations sum in f32.
+    ::torch::Tensor grad_weight, grad_bias;
+    if (present(weight)) {
+      grad_weight = sums.slice(0, c).to(weight.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+      grad_bias = sums.slice(0, 0, c).to(weight.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    }
+    exchange->sum(sums);
+    const ::torch::Tensor sum_dy = sums.slice(0, 0, c), sum_dy_xhat = sums.slice(0, c);
     ::torch::Tensor scale = invstd;
-    if (present(weight)) scale = scale * weight.to(::torch::kDouble);
-    const ::torch::Tensor dx = scale.view({1, c, 1}) * (dy - (sum_dy / count).view({1, c, 1}) -
-                                                        xhat * (sum_dy_xhat / count).view({1, c, 1}));
-    const auto type = grads[0].dtype();
-    return {dx.to(type).view(shape), present(weight) ? grad_weight.to(type) : ::torch::Tensor(),
-            present(weight) ? grad_bias.to(type) : ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor(),
+    if (present(weight)) scale = scale * weight.to(acc);
+    const ::torch::Tensor dx = per_channel(scale, x) * (dy - per_channel(sum_dy / count, x) -
+                                                        xhat * per_channel(sum_dy_xhat / count, x));
+    return {dx.to(input.scalar_type()), grad_weight, grad_bias, ::torch::Tensor(), ::torch::Tensor(),
             ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor()};
   }
 };

@@ -18,6 +18,187 @@
 //   for (auto& batch : loader) { sgd.zero_grad(); loss(batch).backward(); opt.step(); }
 
 
+// ---- herd/optim/detail/torch_device_arithmetic.hpp ----
+#ifndef HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+#define HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+// libtorch's GPU kernels lent to herd's distributed optimizer and DDP wrapper in files that a host
+// compiler builds (g++, the usual way to build a libtorch program), where herd's own kernels do
+// not exist: casting and scaling gradients into and out of fusion buffers (compression,
+// gradient_predivide_factor, 16-bit averages) and summing accumulated passes. Under nvcc herd's
+// own kernels run instead, and nothing here is compiled.
+//
+// Streams: ATen computes on the current stream of libtorch's calling thread (where autograd
+// produced the gradients); herd's packing stream and that stream are ordered both ways by events
+// (tensor/detail/torch_streams.hpp).
+
+
+#if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
+
+
+// ---- herd/tensor/detail/torch_streams.hpp ----
+#ifndef HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#define HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+// libtorch's current CUDA stream and herd's streams, ordered by events. libtorch computes on the
+// current stream of the calling thread (a stream of its pool under a c10::StreamGuard, say),
+// which herd cannot name as a cudaStream_t without libc10_cuda; c10's device-guard interface,
+// in libc10 itself, records and waits for events on it. So a program built against a libtorch
+// without CUDA still links, and never comes here (it has no CUDA tensors).
+//
+// Compiled where herd reaches GPUs from a host-compiled file (HERD_WITH_NCCL) or under nvcc.
+
+#if defined(__CUDACC__) || defined(HERD_WITH_NCCL)
+
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cuda_runtime_api.h>
+
+#define HERD_HAVE_TORCH_STREAMS 1
+
+namespace herd::detail {
+
+inline const c10::impl::DeviceGuardImplInterface& torch_cuda_guard() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+inline c10::Device torch_cuda_device(int device) { return {c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)}; }
+
+// Work queued on `waiter` from now on waits for what libtorch queued so far on its current
+// stream of `device`.
+inline void after_torch_stream(int device, cudaStream_t waiter) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::Stream torch_stream = torch_cuda_guard().getStream(where);
+  void* done = nullptr;  // a cudaEvent_t, created by c10
+  torch_cuda_guard().record(&done, torch_stream, where.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  const cudaError_t waited = cudaStreamWaitEvent(waiter, static_cast<cudaEvent_t>(done), 0);
+  torch_cuda_guard().destroyEvent(done, where.index());
+  HERD_CUDA_CHECK(waited);
+}
+
+// What libtorch queues on its current stream of `device` from now on waits for the work queued
+// so far on `upstream`.
+inline void torch_stream_after(int device, cudaStream_t upstream) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::DeviceGuard on(where);
+  cuda::event done;
+  done.record(upstream);
+  torch_cuda_guard().block(done.get(), torch_cuda_guard().getStream(where));
+}
+
+// Returns once libtorch's current stream of `device` has done what it was given so far.
+inline void settle_torch_stream(int device) {
+  const c10::Device where = torch_cuda_device(device);
+  const c10::DeviceGuard on(where);
+  void* done = nullptr;
+  torch_cuda_guard().record(&done, torch_cuda_guard().getStream(where), where.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  const cudaError_t waited = cudaEventSynchronize(static_cast<cudaEvent_t>(done));
+  torch_cuda_guard().destroyEvent(done, where.index());
+  HERD_CUDA_CHECK(waited);
+}
+
+}  // namespace herd::detail
+#else
+#define HERD_HAVE_TORCH_STREAMS 0
+#endif
+
+#endif  // HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+
+#include <ATen/ATen.h>
+
+#include <span>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+inline at::ScalarType aten_type(dtype t) {
+  switch (t) {
+    case dtype::f16: return at::kHalf;
+    case dtype::bf16: return at::kBFloat16;
+    case dtype::f32: return at::kFloat;
+    case dtype::f64: return at::kDouble;
+    case dtype::i8: return at::kChar;
+    case dtype::u8: return at::kByte;
+    case dtype::i32: return at::kInt;
+    case dtype::i64: return at::kLong;
+  }
+  return at::kByte;
+}
+
+// `count` elements of `type` at `data` on `device`, as a tensor that does not own them.
+inline at::Tensor aten_view(const void* data, dtype type, std::size_t count, int device) {
+  return at::from_blob(const_cast<void*>(data), {static_cast<std::int64_t>(count)},
+                       at::TensorOptions().dtype(aten_type(type)).device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
+// Runs `work` with libtorch's ops on its current stream of `device`, after what herd queued on
+// `stream`, and makes `stream` wait for it.
+template <class Work> void on_torch_stream(int device, cudaStream_t stream, Work&& work) {
+  const c10::DeviceGuard on(torch_cuda_device(device));
+  torch_stream_after(device, stream);
+  work();
+  after_torch_stream(device, stream);
+}
+
+// The arithmetic of herd's kernels (cuda::cast, cuda::reduce): products in f32, or in f64 where
+// either side is f64, rounded once into the destination's type.
+inline at::ScalarType compute_type(dtype a, dtype b) {
+  return a == dtype::f64 || b == dtype::f64 ? at::kDouble : at::kFloat;
+}
+
+inline const lent_device_arithmetic& torch_device_arithmetic() {
+  static const lent_device_arithmetic arithmetic{
+      [](int device, cudaStream_t stream, std::span<const move_item> items, dtype out_type, dtype in_type, double scale) {
+        on_torch_stream(device, stream, [&] {
+          for (const move_item& it : items) {
+            if (it.count == 0) continue;
+            at::Tensor out = aten_view(it.out, out_type, it.count, device);
+            const at::Tensor in = aten_view(it.in, in_type, it.count, device);
+            if (scale == 1.0) out.copy_(in);
+            else out.copy_(in.to(compute_type(out_type, in_type)).mul_(scale));
+          }
+        });
+      },
+      [](int device, cudaStream_t stream, const buffer_view& acc, const buffer_view& grad, bool first) {
+        if (grad.count == 0) return;
+        on_torch_stream(device, stream, [&] {
+          at::Tensor sum = aten_view(acc.data, acc.type, grad.count, device);
+          const at::Tensor g = aten_view(grad.data, grad.type, grad.count, device);
+          if (first) sum.copy_(g);
+          else sum.add_(g.to(sum.scalar_type()));
+        });
+      },
+      [](int device, cudaStream_t stream, const buffer_view& grad, const buffer_view& acc) {
+        if (grad.count == 0) return;
+        on_torch_stream(device, stream, [&] {
+          at::Tensor g = aten_view(grad.data, grad.type, grad.count, device);
+          const at::Tensor sum = aten_view(acc.data, acc.type, grad.count, device);
+          g.copy_(g.to(sum.scalar_type()).add_(sum));
+        });
+      }};
+  return arithmetic;
+}
+
+// Lends libtorch's kernels to every device_mover of this configuration; called by the libtorch
+// entry points (torch_gradients, the DDP wrapper) before their first step.
+inline void lend_torch_device_arithmetic() noexcept { device_arithmetic_lender() = &torch_device_arithmetic(); }
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#else
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+inline void lend_torch_device_arithmetic() noexcept {}  // herd's own kernels (nvcc), or no GPU path
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif
+
+#endif  // HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+
 // ---- herd/tensor/torch.hpp ----
 #ifndef HERD_TENSOR_TORCH_HPP
 #define HERD_TENSOR_TORCH_HPP
@@ -103,6 +284,7 @@ template <> struct tensor_traits<at::Tensor> {
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -112,8 +294,11 @@ namespace herd {
 
 // The gradients of every parameter of `opt`, read afresh at each call: libtorch may replace a
 // gradient tensor between steps (zero_grad with set_to_none). A parameter that got no gradient
-// (unused in this forward pass) gets zeros, so that every rank reduces the same list.
+// (unused in this forward pass) gets zeros, so that every rank reduces the same list. CUDA
+// gradients are packed by herd's kernels under nvcc, by libtorch's in a host-compiled file
+// (link herd::nccl and reduce over a nccl_communicator): no copy through host memory.
 inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim::Optimizer& opt) {
+  detail::lend_torch_device_arithmetic();
   return [&opt] {
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
@@ -128,8 +313,21 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
 
 namespace detail {
 
-// libtorch keys optimizer state by the parameter's TensorImpl address.
-inline std::string torch_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// libtorch keys optimizer state by the parameter's TensorImpl address: as a string up to 2.1, as
+// the address itself (void*) from 2.2. The key type is read off the optimizer's own state map, so
+// the right one is chosen for whichever libtorch this file is compiled against.
+using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
+
+template <class Key = torch_state_key_type>  // a template, so that only the branch of this libtorch compiles
+Key torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 // Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
 // filled as a first step would start from: zeros and step 0. Returns the step counters and the
@@ -138,7 +336,7 @@ inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t
   auto& state = opt.state();
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      const std::string key = torch_state_key(p);
+      const torch_state_key_type key = torch_state_key(p);
       auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
       if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
         (void)sgd;
