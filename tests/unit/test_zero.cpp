@@ -498,3 +498,32 @@ TEST_CASE("zero_optimizer with a loss scaler and fp16 on the wire: a scaled sum 
     for (float p : param) CHECK(p == -30000.0f);
   });
 }
+
+TEST_CASE("zero_optimizer on f16 gradients divides before the sum: two ranks averaging 40000 get 40000, as distributed_optimizer") {
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<herd::half> param(4, herd::half(0.0f)), grad(4, herd::half(40000.0f));  // their f16 sum is past 65504
+    herd::zero_optimizer zero(herd::views(param), herd::views(grad), comm,
+                              [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); });
+    zero.step();
+    INFO("rank ", comm.rank());
+    for (herd::half p : param) CHECK(static_cast<float>(p) == -40000.0f);
+  });
+}
+
+TEST_CASE("zero_optimizer at one rank leaves the caller's gradients as given when it unscales and clips, as at two") {
+  for (int ranks : {1, 2}) {
+    herd::local::run(ranks, [&](herd::local_communicator& comm) {
+      herd::loss_scaler scaler({.initial_scale = 4.0});
+      std::vector<float> param(3, 0.0f), grad = {12.0f, 16.0f, 0.0f};  // scaled by 4: unscaled 3, 4, 0 (norm 5)
+      herd::zero_optimizer zero(herd::views(param), herd::views(grad), comm,
+                                [](auto p, auto g) { return herd::sgd(std::move(p), std::move(g), {.lr = 1.0}); },
+                                {.max_grad_norm = 1.0, .scaler = &scaler});
+      zero.step();
+      INFO(ranks, " rank(s)");
+      CHECK(grad == std::vector<float>{12.0f, 16.0f, 0.0f});
+      CHECK(zero.grad_norm() == doctest::Approx(5.0));
+      CHECK(param[0] == doctest::Approx(-0.6f));  // clipped to norm 1: 3/5 and 4/5
+      CHECK(param[1] == doctest::Approx(-0.8f));
+    });
+  }
+}

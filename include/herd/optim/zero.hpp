@@ -58,7 +58,6 @@
 #include <vector>
 
 namespace herd {
-
 struct zero_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   compression wire = compression::none;
@@ -119,8 +118,10 @@ template <class Inner, communicator C> class zero_optimizer {
     layout_[1] = comm.rank();
     layout_[2] = static_cast<std::int64_t>(total);
     wire_ = wire_dtype(options_.wire, type_);
-    alone_ = comm.size() == 1 && wire_ == type_;
-    if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
+    // One rank: its shard is everything, and the gradients are already the average. Unscaling and
+    // clipping work on a copy, as at any other rank count: the caller's gradients stay as given.
+    alone_ = comm.size() == 1 && wire_ == type_ && options_.scaler == nullptr && options_.max_grad_norm <= 0;
+    if (alone_) {
       inner_.emplace(make(params_, grads_));
       for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back({i, 0, params_[i].count});
       learn_state_layout(make);
@@ -149,24 +150,15 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
-      if (options_.scaler != nullptr) {
-        // Its shard is the gradients themselves: they are unscaled in place, as GradScaler's unscale_.
-        bool overflow = false;
-        for (const buffer_view& g : grads_) {
-          detail::host_cast(g.data, g.type, g.data, g.type, g.count, 1.0 / options_.scaler->scale());
-          overflow = overflow || detail::has_inf_or_nan(g);
-        }
-        if (skip(overflow)) return;
-      }
-      if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
     const int p = comm.size();
     const std::size_t es = size_of(type_), ws = size_of(wire_);
-    // The gradients, flattened (cast for the wire), the padding zero. With compression the
-    // average is divided as the gradients are cast, before the f16/bf16 sum (as DDP does), so that
-    // no average within range overflows in the sum.
-    const double before = wire_ != type_ && options_.op == reduce_op::avg ? 1.0 / p : 1.0;
+    // The gradients, flattened (cast for the wire), the padding zero. An average summed in f16 or
+    // bf16 (compression, or 16-bit gradients) is divided as the gradients are copied, before the
+    // sum (as DDP and the distributed optimizer do), so that no average within range overflows.
+    const bool predivide = options_.op == reduce_op::avg && (wire_ != type_ || size_of(wire_) == 2);
+    const double before = predivide ? 1.0 / p : 1.0;
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
@@ -174,7 +166,7 @@ template <class Inner, communicator C> class zero_optimizer {
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
-    const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
+    const reduce_op wire_op = predivide ? reduce_op::sum : options_.op;
     const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
     buffer_view mine = shard_grad_.view();
     // A wrong layout on any rank travels in the reduce-scatter's agreement: every rank raises it.
