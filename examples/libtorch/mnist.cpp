@@ -402,7 +402,7 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
     std::printf("libtorch_mnist: %d rank%s on %s, %d intra-op / %d inter-op torch threads per rank, %zu training "
                 "samples (%zu per rank), batch %zu per rank, %zu steps per epoch, SGD lr %g (%g x %d ranks) momentum %g\n",
                 comm.size(), comm.size() == 1 ? "" : "s", device.is_cuda() ? "CUDA" : "CPU", at::get_num_threads(),
-                at::get_num_interop_threads(), train_count, sampler.size(), batch_size, steps, opts.lr * comm.size(),
+                static_cast<int>(at::get_num_interop_threads()), train_count, sampler.size(), batch_size, steps, opts.lr * comm.size(),
                 opts.lr, comm.size(), opts.momentum);
     std::fflush(stdout);
   }

@@ -58,8 +58,9 @@ namespace detail {
 // the right one is chosen for whichever libtorch this file is compiled against.
 using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
 
-inline torch_state_key_type torch_state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<torch_state_key_type, std::string>) {
+// A template, so that only the branch of the key type in use is compiled.
+template <class Key = torch_state_key_type> Key torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
     std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
     key << p.unsafeGetTensorImpl();
     return key.str();

@@ -92,7 +92,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
-      std::shared_ptr<::torch::autograd::Node> accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
+      accumulator_ptr accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
       const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
           [s, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
             s->ready(i);
@@ -171,6 +171,9 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
+  // A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
+  using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
   // What the hooks point to: it stays where it is when the DDP object moves.
   struct state final : herd::detail::join_hook {
     // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
@@ -336,7 +339,7 @@ template <class Module, communicator C> class DistributedDataParallel {
 
     std::vector<at::Tensor> params;
     herd::detail::reducer<C> reducer;
-    std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks;
+    std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
     std::vector<char> created;           // undefined until the reduction of this pass zero-filled it

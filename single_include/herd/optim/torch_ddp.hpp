@@ -149,6 +149,7 @@ template <> struct tensor_traits<at::Tensor> {
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -174,8 +175,21 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
 
 namespace detail {
 
-// libtorch keys optimizer state by the parameter's TensorImpl address.
-inline std::string torch_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// libtorch keys optimizer state by the parameter's TensorImpl address: as a string up to 2.1, as
+// the address itself (void*) from 2.2. The key type is read off the optimizer's own state map, so
+// the right one is chosen for whichever libtorch this file is compiled against.
+using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
+
+// A template, so that only the branch of the key type in use is compiled.
+template <class Key = torch_state_key_type> Key torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 // Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
 // filled as a first step would start from: zeros and step 0. Returns the step counters and the
@@ -184,7 +198,7 @@ inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t
   auto& state = opt.state();
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      const std::string key = torch_state_key(p);
+      const torch_state_key_type key = torch_state_key(p);
       auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
       if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
         (void)sgd;
@@ -336,7 +350,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
-      std::shared_ptr<::torch::autograd::Node> accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
+      accumulator_ptr accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
       const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
           [s, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
             s->ready(i);
@@ -415,6 +429,9 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
+  // A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
+  using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
   // What the hooks point to: it stays where it is when the DDP object moves.
   struct state final : herd::detail::join_hook {
     // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
@@ -580,7 +597,7 @@ template <class Module, communicator C> class DistributedDataParallel {
 
     std::vector<at::Tensor> params;
     herd::detail::reducer<C> reducer;
-    std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks;
+    std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
     std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
