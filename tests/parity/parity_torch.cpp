@@ -335,6 +335,7 @@ int main(int argc, char** argv) {
   }
   int failed = 0;
   try {
+    if (comm.rank() == 0) std::printf("parity_%s against PyTorch %s\n", argv[1], torch_version::of(dir).text.c_str());
     failed = check == "ddp"               ? ddp(dir, comm)
              : check == "ddp_join_static" ? ddp_join_static(dir, comm)
              : check == "torch_optimizer" ? torch_optimizer(dir, comm)
