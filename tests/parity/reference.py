@@ -416,7 +416,7 @@ def ddp_more(rank, world, tensors):
         with Join([ddp], enable=bool(join)):
             for it in range(1 if join and rank == world - 1 else DDP_ITERATIONS):
                 p = f"j{s}.{it}."
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=True)  # the default from PyTorch 2.0; 1.13's was False
                 if early:
                     x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
                     target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
