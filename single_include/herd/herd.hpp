@@ -12540,10 +12540,13 @@ HERD_CONFIG_NAMESPACE_END
 // floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
 //
 //   t += 1;  p = p * (1 - lr * weight_decay)
-//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
+//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g^2
 //   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype.
+// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype. The first
+// moment is updated as PyTorch 2.1 and later do, m.lerp_(g, 1 - beta1); PyTorch 1.13 and 2.0
+// compute m.mul_(beta1).add_(g, alpha=1 - beta1), which rounds differently in the last bit:
+// adamw_options::first_moment picks that one (adamw_first_moment::mul_add).
 
 
 // ---- herd/optim/detail/host_ops.hpp ----
@@ -12719,12 +12722,29 @@ struct parameters {
 
 namespace herd {
 
+namespace detail {
+
+// at::lerp's arithmetic (its scalar and vectorized CPU kernels alike): from the nearer end, so that
+// weight 0 gives start and weight 1 gives end exactly; each operation rounds in T.
+template <class T> inline T lerp(T start, T end, T weight) noexcept {
+  return std::abs(weight) < T(0.5) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
+}
+
+}  // namespace detail
+
+// How AdamW updates its first moment m from the gradient g.
+enum class adamw_first_moment {
+  lerp,     // m.lerp_(g, 1 - beta1): torch.optim.AdamW of PyTorch 2.1 and later
+  mul_add,  // m.mul_(beta1).add_(g, alpha=1 - beta1): PyTorch 1.13 and 2.0
+};
+
 struct adamw_options {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  adamw_first_moment first_moment = adamw_first_moment::lerp;
 };
 
 class adamw {
@@ -12778,10 +12798,11 @@ class adamw {
         const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
         const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const auto eps = static_cast<S>(options_.eps);
+        const bool lerp = options_.first_moment == adamw_first_moment::lerp;
         for (std::size_t j = 0; j < param.count; ++j) {
           const S gj = static_cast<S>(g[j]);
           const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = b1 * m[j] + keep1 * gj;
+          m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
           v[j] = b2 * v[j] + keep2 * gj * gj;
           p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
         }
@@ -15210,7 +15231,6 @@ class sgd {
 #include <vector>
 
 namespace herd {
-
 struct zero_options {
   reduce_op op = reduce_op::avg;  // avg or sum over ranks
   compression wire = compression::none;
@@ -15271,8 +15291,10 @@ template <class Inner, communicator C> class zero_optimizer {
     layout_[1] = comm.rank();
     layout_[2] = static_cast<std::int64_t>(total);
     wire_ = wire_dtype(options_.wire, type_);
-    alone_ = comm.size() == 1 && wire_ == type_;
-    if (alone_) {  // one rank: its shard is everything, and the gradients are already the average
+    // One rank: its shard is everything, and the gradients are already the average. Unscaling and
+    // clipping work on a copy, as at any other rank count: the caller's gradients stay as given.
+    alone_ = comm.size() == 1 && wire_ == type_ && options_.scaler == nullptr && options_.max_grad_norm <= 0;
+    if (alone_) {
       inner_.emplace(make(params_, grads_));
       for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back({i, 0, params_[i].count});
       learn_state_layout(make);
@@ -15301,24 +15323,15 @@ template <class Inner, communicator C> class zero_optimizer {
     C& comm = *comm_;
     if (alone_) {
       if (const std::string fault = layout_fault(); !fault.empty()) detail::raise({"zero_optimizer", 0, 1}, fault, layout_advice);
-      if (options_.scaler != nullptr) {
-        // Its shard is the gradients themselves: they are unscaled in place, as GradScaler's unscale_.
-        bool overflow = false;
-        for (const buffer_view& g : grads_) {
-          detail::host_cast(g.data, g.type, g.data, g.type, g.count, 1.0 / options_.scaler->scale());
-          overflow = overflow || detail::has_inf_or_nan(g);
-        }
-        if (skip(overflow)) return;
-      }
-      if (options_.max_grad_norm > 0) grad_norm_ = clip_grad_norm(grads_, options_.max_grad_norm);
       return inner_->step();
     }
     const int p = comm.size();
     const std::size_t es = size_of(type_), ws = size_of(wire_);
-    // The gradients, flattened (cast for the wire), the padding zero. With compression the
-    // average is divided as the gradients are cast, before the f16/bf16 sum (as DDP does), so that
-    // no average within range overflows in the sum.
-    const double before = wire_ != type_ && options_.op == reduce_op::avg ? 1.0 / p : 1.0;
+    // The gradients, flattened (cast for the wire), the padding zero. An average summed in f16 or
+    // bf16 (compression, or 16-bit gradients) is divided as the gradients are copied, before the
+    // sum (as DDP and the distributed optimizer do), so that no average within range overflows.
+    const bool predivide = options_.op == reduce_op::avg && (wire_ != type_ || size_of(wire_) == 2);
+    const double before = predivide ? 1.0 / p : 1.0;
     auto* flat = static_cast<std::byte*>(flat_.data());
     std::size_t at = 0;
     for (const auto& g : grads_) {
@@ -15326,7 +15339,7 @@ template <class Inner, communicator C> class zero_optimizer {
       at += g.count;
     }
     std::memset(flat + at * ws, 0, (flat_.count() - at) * ws);
-    const reduce_op wire_op = wire_ == type_ ? options_.op : reduce_op::sum;
+    const reduce_op wire_op = predivide ? reduce_op::sum : options_.op;
     const buffer_view all{flat, flat_.count(), wire_, device::cpu()};
     buffer_view mine = shard_grad_.view();
     // A wrong layout on any rank travels in the reduce-scatter's agreement: every rank raises it.

@@ -3,6 +3,7 @@
 
 #include <herd/core/dtype.hpp>
 #include <herd/checkpoint/checkpoint.hpp>
+#include <herd/optim/adamw.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +19,30 @@
 namespace parity {
 
 namespace fs = std::filesystem;
+
+// The PyTorch that computed the reference (torch.__version__, which reference.py writes to
+// DIR/torch_version): each check compares with what that version does.
+struct torch_version {
+  int major = 0;
+  int minor = 0;
+  std::string text = "unknown";
+
+  bool at_least(int a, int b) const { return major > a || (major == a && minor >= b); }
+
+  static torch_version of(const fs::path& dir) {
+    torch_version v;
+    std::ifstream file(dir / "torch_version");
+    if (!(file >> v.text)) throw std::runtime_error((dir / "torch_version").string() + " is missing: reference.py did not write it");
+    if (std::sscanf(v.text.c_str(), "%d.%d", &v.major, &v.minor) != 2) throw std::runtime_error("torch version " + v.text + " is not MAJOR.MINOR...");
+    return v;
+  }
+};
+
+// torch.optim.AdamW's first-moment update in that version: lerp_ from PyTorch 2.1, mul_ and add_
+// before.
+inline herd::adamw_first_moment adamw_first_moment_of(const torch_version& v) {
+  return v.at_least(2, 1) ? herd::adamw_first_moment::lerp : herd::adamw_first_moment::mul_add;
+}
 
 // The tensors of one reference file, by name.
 class reference {
@@ -59,16 +85,17 @@ class reference {
   herd::detail::ckpt::file_contents file_;
 };
 
-// Compares herd's values with PyTorch's: bit for bit (tolerance 0) or within a relative tolerance;
+// Compares herd's values with PyTorch's: bit for bit (tolerance 0) or within a relative tolerance
+// (relative to PyTorch's value, or to `scale` where that is smaller: values that cross zero);
 // keeps the largest difference and the first place that is out of bounds.
 class comparison {
  public:
-  explicit comparison(double tolerance) : tolerance_(tolerance) {}
+  explicit comparison(double tolerance, double scale = 1e-30) : tolerance_(tolerance), scale_(scale) {}
 
   template <class T> void check(const std::string& what, const T* herd, const T* torch, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       const double a = herd::detail::to_double(herd[i]), b = herd::detail::to_double(torch[i]);
-      const double diff = std::abs(a - b) / std::max(std::abs(b), 1e-30);
+      const double diff = std::abs(a - b) / std::max(std::abs(b), scale_);
       const bool same = tolerance_ == 0 ? std::memcmp(&herd[i], &torch[i], sizeof(T)) == 0 || (std::isnan(a) && std::isnan(b))
                                         : diff <= tolerance_ || (std::isnan(a) && std::isnan(b));
       if (!(diff <= largest_)) largest_ = std::isnan(diff) ? largest_ : diff;
@@ -90,12 +117,14 @@ class comparison {
 
  private:
   std::string tolerance_text() const {
-    char text[48];
-    std::snprintf(text, sizeof text, "tolerance %g relative", tolerance_);
+    char text[80];
+    if (scale_ > 1e-30) std::snprintf(text, sizeof text, "tolerance %g relative to max(|torch|, %g)", tolerance_, scale_);
+    else std::snprintf(text, sizeof text, "tolerance %g relative", tolerance_);
     return text;
   }
 
   double tolerance_;
+  double scale_;
   double largest_ = 0;
   std::size_t failures_ = 0;
 };

@@ -8,7 +8,9 @@ PyTorch computes from them; herd's parity programs compute the same from those i
 PyTorch runs its scalar CPU kernels (ATEN_CPU_CAPABILITY=default, set before torch is imported):
 its vectorized kernels fuse a + alpha * b into one FMA where the machine has one, so their last
 bit depends on the CPU; the scalar kernels round each operation, as herd does, and so can be
-compared bit for bit. Without torch it writes OUTDIR/torch_missing and the checks are skipped.
+compared bit for bit. Without torch it writes OUTDIR/torch_missing and the checks are skipped;
+with it, OUTDIR/torch_version (torch.__version__), so that herd's side compares with what that
+version does.
 
 The DDP and ZeRO checks start this script again once per rank (reference.py --rank all WORLD
 OUTDIR, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set) for torch.distributed over gloo;
@@ -32,6 +34,10 @@ except ImportError as e:
     sys.exit(0)
 if os.path.exists(os.path.join(out, "torch_missing")) and not RANK_PROCESS:
     os.remove(os.path.join(out, "torch_missing"))
+if not RANK_PROCESS:
+    # Each check compares with what this PyTorch does (AdamW's first moment, DDP's unused parameters).
+    open(os.path.join(out, "torch_version"), "w").write(torch.__version__ + "\n")
+    print(f"parity: the reference is PyTorch {torch.__version__} ({torch.__file__})")
 
 ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
              torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
@@ -68,10 +74,24 @@ def optimizer_inputs(gen, dtype):
     return init, grads
 
 
-def optimizer_check(check, cases, make):
-    """Each case's options, inputs and PyTorch's parameters after every one of STEPS steps."""
+def sqrt_correctly_rounded():
+    """[f32, f64]: whether torch.sqrt rounds to the nearest here, as IEEE 754 (and numpy) do. PyPI's
+    x86 wheels take it from MKL's vector math, within 1 ulp but not always the nearest (Debian's
+    1.13, without MKL, rounds correctly); where it does not, AdamW's parameters can only agree
+    within a bound."""
+    gen = torch.Generator().manual_seed(19)
+    exact = []
+    for dtype in (torch.float32, torch.float64):
+        xs = [torch.rand(n, generator=gen, dtype=torch.float64).to(dtype) * 10.0 ** e for n in (5, 37, 4096) for e in (-6, 0)]
+        exact.append(int(all(np.array_equal(x.sqrt().numpy(), np.sqrt(x.numpy())) for x in xs)))
+    return torch.tensor(exact, dtype=torch.int64)
+
+
+def optimizer_check(check, cases, make, state_names=()):
+    """Each case's options, inputs and PyTorch's parameters after every one of STEPS steps (and the
+    optimizer state named, after every step)."""
     gen = torch.Generator().manual_seed(18)
-    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64)}
+    tensors = {"cases": torch.tensor([len(cases)], dtype=torch.int64), "sqrt_correctly_rounded": sqrt_correctly_rounded()}
     for c, options in enumerate(cases):
         tensors[f"{c}.options"] = torch.tensor(options, dtype=torch.float64)
         for dtype, dn in ((torch.float32, "f32"), (torch.float64, "f64")):
@@ -79,16 +99,21 @@ def optimizer_check(check, cases, make):
             params = [p.clone().requires_grad_() for p in init]
             opt = make(params, options)
             trajectory = [torch.empty(STEPS, n, dtype=dtype) for n in SIZES]
+            states = {(name, k): torch.empty(STEPS, n, dtype=dtype) for name in state_names for k, n in enumerate(SIZES)}
             for s in range(STEPS):
                 for p, g in zip(params, grads):
                     p.grad = g[s].clone()
                 opt.step()
                 for k, p in enumerate(params):
                     trajectory[k][s] = p.detach()
+                    for name in state_names:
+                        states[name, k][s] = opt.state[p][name]
             for k in range(len(SIZES)):
                 tensors[f"{c}.{dn}.init.{k}"] = init[k]
                 tensors[f"{c}.{dn}.grads.{k}"] = grads[k]
                 tensors[f"{c}.{dn}.torch.{k}"] = trajectory[k]
+            for (name, k), t in states.items():
+                tensors[f"{c}.{dn}.{name}.{k}"] = t
     save(check, tensors)
 
 
@@ -115,7 +140,8 @@ def run_checks():
                                                   weight_decay=o[4]))
     # [lr, beta1, beta2, eps, weight_decay]
     optimizer_check("adamw", [[1e-3, 0.9, 0.999, 1e-8, 1e-2], [0.01, 0.8, 0.95, 1e-6, 0.1]],
-                    lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]))
+                    lambda ps, o: torch.optim.AdamW(ps, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4]),
+                    ("exp_avg", "exp_avg_sq"))
     loss_scaler_check()
     sampler_check()
     clip_check()
@@ -390,7 +416,7 @@ def ddp_more(rank, world, tensors):
         with Join([ddp], enable=bool(join)):
             for it in range(1 if join and rank == world - 1 else DDP_ITERATIONS):
                 p = f"j{s}.{it}."
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=True)  # the default from PyTorch 2.0; 1.13's was False
                 if early:
                     x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
                     target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
@@ -442,7 +468,7 @@ def zero_inputs(world, case):
 def zero_rank(rank, world):
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    tensors = {"cases": torch.tensor([len(ZERO_CASES)], dtype=torch.int64)}
+    tensors = {"cases": torch.tensor([len(ZERO_CASES)], dtype=torch.int64), "sqrt_correctly_rounded": sqrt_correctly_rounded()}
     for c, (kind, *o) in enumerate(ZERO_CASES):
         init, grads = zero_inputs(world, c)
         params = [p.clone().requires_grad_() for p in init]

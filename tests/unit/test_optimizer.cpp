@@ -86,6 +86,33 @@ TEST_CASE("adamw follows torch.optim.AdamW") {
   CHECK(opt.steps() == 4);
 }
 
+TEST_CASE("adamw's first moment: lerp as PyTorch 2.1+ (the default), mul and add as PyTorch 1.13") {
+  // One f32 step from m = 0.3 (the state after a first step with g = 3): at::lerp's arithmetic,
+  // m + w * (g - m) for w = 1 - beta1 < 0.5, against beta1 * m + (1 - beta1) * g.
+  const float b1 = 0.9f, w = static_cast<float>(1 - 0.9);
+  int differ = 0;
+  for (float g : {0.7f, -1.3f, 2.9f, 1e-3f, 5.5f, -0.01f, 0.33f, 7.25f}) {
+    const auto moment_after = [&](herd::adamw_first_moment formula) {
+      std::vector<float> p = {0.0f}, grad = {3.0f};
+      herd::adamw opt(herd::views(p), herd::views(grad), {.first_moment = formula});
+      opt.step();
+      grad[0] = g;
+      opt.step();
+      float m = 0;
+      opt.visit_state([&](const std::string& name, const herd::buffer_view& v) {
+        if (name == "exp_avg.0") m = *static_cast<const float*>(v.data);
+      });
+      return m;
+    };
+    const float first = w * 3.0f;  // both formulas from m = 0
+    CHECK(moment_after(herd::adamw_first_moment::lerp) == first + w * (g - first));
+    CHECK(moment_after(herd::adamw_first_moment::mul_add) == b1 * first + w * g);
+    differ += moment_after(herd::adamw_first_moment::lerp) != moment_after(herd::adamw_first_moment::mul_add);
+  }
+  CHECK(differ > 0);  // the two round differently somewhere, or this test would not tell them apart
+  CHECK(herd::adamw_options{}.first_moment == herd::adamw_first_moment::lerp);
+}
+
 TEST_CASE("the reference optimizers take f16, bf16 and f32 parameters too, and reject bad lists") {
   std::vector<herd::half> ph(4, herd::half(1.0f)), gh(4, herd::half(0.5f));
   std::vector<float> pf(4, 1.0f), gf(4, 0.5f);

@@ -4,10 +4,13 @@
 // floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
 //
 //   t += 1;  p = p * (1 - lr * weight_decay)
-//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
+//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g^2
 //   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype.
+// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype. The first
+// moment is updated as PyTorch 2.1 and later do, m.lerp_(g, 1 - beta1); PyTorch 1.13 and 2.0
+// compute m.mul_(beta1).add_(g, alpha=1 - beta1), which rounds differently in the last bit:
+// adamw_options::first_moment picks that one (adamw_first_moment::mul_add).
 
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/optim/parameters.hpp>
@@ -22,12 +25,29 @@
 
 namespace herd {
 
+namespace detail {
+
+// at::lerp's arithmetic (its scalar and vectorized CPU kernels alike): from the nearer end, so that
+// weight 0 gives start and weight 1 gives end exactly; each operation rounds in T.
+template <class T> inline T lerp(T start, T end, T weight) noexcept {
+  return std::abs(weight) < T(0.5) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
+}
+
+}  // namespace detail
+
+// How AdamW updates its first moment m from the gradient g.
+enum class adamw_first_moment {
+  lerp,     // m.lerp_(g, 1 - beta1): torch.optim.AdamW of PyTorch 2.1 and later
+  mul_add,  // m.mul_(beta1).add_(g, alpha=1 - beta1): PyTorch 1.13 and 2.0
+};
+
 struct adamw_options {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  adamw_first_moment first_moment = adamw_first_moment::lerp;
 };
 
 class adamw {
@@ -81,10 +101,11 @@ class adamw {
         const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
         const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const auto eps = static_cast<S>(options_.eps);
+        const bool lerp = options_.first_moment == adamw_first_moment::lerp;
         for (std::size_t j = 0; j < param.count; ++j) {
           const S gj = static_cast<S>(g[j]);
           const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = b1 * m[j] + keep1 * gj;
+          m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
           v[j] = b2 * v[j] + keep2 * gj * gj;
           p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
         }

@@ -34,17 +34,23 @@
 // As DDP (each checked against it by tests/parity, parity_ddp):
 // - forward() first broadcasts rank 0's buffers (BatchNorm's running statistics) when the last
 //   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
-// - With find_unused_parameters, a parameter no rank used in the pass keeps its gradient as it
-//   was (undefined stays undefined, so weight decay and momentum leave it alone); one that some
-//   rank used gets the average, counting for the ranks that did not the gradient they hold (the
-//   sum of no_sync() passes, say), or zeros. One more allreduce, of a flag per parameter, finds them.
+// - With find_unused_parameters, a parameter no rank used in the pass, nor in the no_sync()
+//   passes before it, keeps its gradient as it was (undefined stays undefined, so weight decay and
+//   momentum leave it alone); one that some rank used gets the average, counting for the ranks
+//   that did not the gradient they hold (the sum of no_sync() passes, say), or zeros. One more
+//   allreduce, of a flag per parameter, finds them. (PyTorch before 2.4 forgot what no_sync()
+//   passes used: pytorch/pytorch#69031.)
 // - With gradient_as_bucket_view, each param.grad() is a tensor inside its bucket's storage (laid
 //   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
 //   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
 //   copied into its place when it becomes ready and param.grad() points there again.
 // - With uneven_inputs, as under DDP's Join([ddp]): each forward first agrees on who still trains,
 //   a rank out of batches calls join() and shadows the others' collectives with zeros until all
-//   have joined, then every rank takes the last joiner's parameters and buffers.
+//   have joined, then every rank takes the last joiner's parameters and buffers. A joined rank
+//   reports as used, in every round, the parameters used in the last reduction it took part in
+//   or in a round since (its flags reduced in place, as DDP's join hook does): with
+//   find_unused_parameters such a parameter gets a gradient on the ranks still training (zeros
+//   where none of them produced one).
 // - With static_graph, the parameters no rank used in the first pass are the unused ones of every
 //   pass. What differs from DDP: docs/training.md.
 //
@@ -533,11 +539,12 @@ template <class Module, communicator C> class DistributedDataParallel {
     }
     state_->buffers = [m = module_] { return m->buffers(); };
     state_->used.assign(state_->params.size(), 0);
+    state_->used_unsynced.assign(state_->params.size(), 0);
     state_->created.assign(state_->params.size(), 0);
     if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
     state* s = state_.get();
     for (std::size_t i = 0; i < s->params.size(); ++i) {
-      auto accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);  // shared_ptr or intrusive_ptr
+      accumulator_ptr accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
       const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
           [s, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
             s->ready(i);
@@ -631,6 +638,9 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
+  // A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
+  using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
   // What the hooks point to: it stays where it is when the DDP object moves.
   struct state final : herd::detail::join_hook {
     // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
@@ -670,14 +680,12 @@ template <class Module, communicator C> class DistributedDataParallel {
       }
       shadowing = false;
       if (find_unused && !(static_graph && used_known)) {
-        std::vector<std::int32_t> none(params.size(), 0);
-        allreduce(none, *comm, reduce_op::max);
+        // The flags of the last reduction this rank took part in, kept from round to round.
+        if (anywhere.size() != params.size()) anywhere.assign(params.size(), 0);
+        allreduce(anywhere, *comm, reduce_op::max);
         // With static_graph the others exchange used flags in their first synchronized pass only:
-        // this rank, joined before its own first, must count that exchange as made too.
-        if (static_graph) {
-          anywhere = none;
-          used_known = true;
-        }
+        // this rank, joined before its own first, counts that exchange as made too.
+        if (static_graph) used_known = true;
       }
     }
 
@@ -746,7 +754,10 @@ template <class Module, communicator C> class DistributedDataParallel {
     // holds, at the end of the pass).
     void ready(std::size_t i) {
       std::lock_guard lock(mutex);
-      if (no_sync) return;
+      if (no_sync) {
+        if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
+        return;
+      }
       if (!queued) {
         queued = true;
         ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
@@ -797,6 +808,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       // With static_graph, those found unused in the first pass are those of every pass.
       if (!static_graph || !used_known) {
         anywhere.assign(used.begin(), used.end());
+        for (std::size_t i = 0; i < anywhere.size(); ++i) anywhere[i] |= used_unsynced[i];
         allreduce(anywhere, *comm, reduce_op::max);
         used_known = static_graph;
       }
@@ -805,6 +817,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       // read in the next pass, a gradient that reduction defined (and the optimizer then used)
       // would count as one that never existed on this rank alone, and the ranks would part.
       std::fill(created.begin(), created.end(), 0);
+      std::fill(used_unsynced.begin(), used_unsynced.end(), 0);
       const ::torch::NoGradGuard no_grad;
       for (auto& [i, g] : kept) {
         if (anywhere[i]) continue;
@@ -815,11 +828,10 @@ template <class Module, communicator C> class DistributedDataParallel {
 
     std::vector<at::Tensor> params;
     herd::detail::reducer<C> reducer;
-    // How libtorch holds autograd nodes: std::shared_ptr up to 2.14, c10::intrusive_ptr after.
-    using node_pointer = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-    std::vector<std::pair<node_pointer, std::uintptr_t>> hooks;
+    std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
     std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
     std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
+    std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction
     std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
     std::vector<std::int32_t> anywhere;  // per parameter: some rank used it (in the first pass, with static_graph)
     std::vector<at::Tensor> shadow_grads;  // what a joined rank's rounds reduce
