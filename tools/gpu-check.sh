@@ -123,17 +123,10 @@ if [[ -z "${NCCL_HOME:-}" ]] && ! compgen -G "/usr/local/cuda/include/nccl.h" >/
 fi
 [[ -n "${NCCL_HOME:-}" ]] && export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
 
-# PyTorch's libtorch (the wheel carries it) for herd's libtorch parts, when python3 has torch.
-torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
-if [[ -n "$torch_prefix" ]]; then
-  prefixes="$torch_prefix"
-  for a in "${!cmake_args[@]}"; do  # one CMAKE_PREFIX_PATH, the bundle's and torch's
-    if [[ ${cmake_args[$a]} == -DCMAKE_PREFIX_PATH=* ]]; then
-      prefixes="${cmake_args[$a]#-DCMAKE_PREFIX_PATH=};$torch_prefix"
-      unset 'cmake_args[a]'
-    fi
-  done
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$prefixes")
+# PyTorch's libtorch (the wheel carries it) for herd's libtorch parts, when python3 has torch:
+# CMake takes libtorch, and the parity checks their Python, from that environment.
+if python3 -c 'import torch' >/dev/null 2>&1; then
+  cmake_args+=(-DHERD_TORCH_PYTHON="$(command -v python3)")
 fi
 nccl_header=${NCCL_HOME:+$NCCL_HOME/include/nccl.h}
 nccl_header=${nccl_header:-/usr/local/cuda/include/nccl.h}
