@@ -1161,13 +1161,15 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 // options of the object it affects; the variable only sets the default.
 //
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long (60; 0 = never)
-//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever)
+//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever;
+//                                     else at least 0.1)
 //   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
-//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
+//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400;
+//                                     at least 1)
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
@@ -1175,6 +1177,7 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
 //
+// Byte counts and rank counts are whole numbers, flags 0 or 1, times seconds (fractions allowed).
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
 // creation).
@@ -1223,18 +1226,35 @@ struct settings {
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
-// The variable as a number in [0, 1e15], or `fallback` when unset, empty or malformed (then
-// `problem` says so, unless it already holds an earlier problem).
-inline double env_number(const char* variable, double fallback, std::string& problem) {
+// What a variable holds: seconds (a fraction is fine), a whole number (bytes, ranks), or a flag.
+enum class env_kind : std::uint8_t { seconds, whole, flag };
+
+// The variable as a number in [0, 1e15] (a whole one unless `kind` is seconds, 0 or 1 for a flag),
+// or `fallback` when unset, empty or malformed (then `problem` says what is wrong and what to give,
+// unless it already holds an earlier problem).
+inline double env_number(const char* variable, double fallback, std::string& problem,
+                         env_kind kind = env_kind::seconds) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
+  const bool number = errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
+  const bool fits = number && (kind == env_kind::seconds || value == static_cast<double>(static_cast<std::uint64_t>(value))) &&
+                    (kind != env_kind::flag || value <= 1);
+  if (!fits) {
     if (problem.empty()) {
-      problem = std::string("environment variable ") + variable + "='" + text +
-                "' is not a number between 0 and 1e15; unset it or give a number such as 60";
+      const std::string head = std::string("environment variable ") + variable + "='" + text + "' ";
+      switch (kind) {
+        case env_kind::seconds:
+          problem = head + "is not a number of seconds between 0 and 1e15; unset it or give one such as 60";
+          break;
+        case env_kind::whole:
+          problem = head + "is not a whole number between 0 and 1e15; unset it or give one such as " +
+                    std::to_string(static_cast<std::uint64_t>(fallback));
+          break;
+        case env_kind::flag: problem = head + "is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"; break;
+      }
     }
     return fallback;
   }
@@ -1257,19 +1277,25 @@ inline algorithm env_algorithm(std::string& problem) {
 
 inline settings read_settings() {
   settings s;
+  auto bytes = [&](const char* variable, std::size_t fallback) {
+    return static_cast<std::size_t>(env_number(variable, static_cast<double>(fallback), s.problem, env_kind::whole));
+  };
   s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
   s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
-  s.ring_segment_bytes = static_cast<std::size_t>(
-      env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
-  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
-  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
-  s.fusion_threshold_bytes = static_cast<std::size_t>(
-      env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
-  s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
-  if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
+  s.ring_segment_bytes = bytes("HERD_RING_SEGMENT_BYTES", s.ring_segment_bytes);
+  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem, env_kind::flag) != 0;
+  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem, env_kind::flag) != 0;
+  s.fusion_threshold_bytes = bytes("HERD_FUSION_THRESHOLD", s.fusion_threshold_bytes);
+  s.bucket_bytes = bytes("HERD_BUCKET_BYTES", s.bucket_bytes);
+  if (s.bucket_bytes == 0) {
+    if (s.problem.empty()) {
+      s.problem = "environment variable HERD_BUCKET_BYTES=0 leaves no room in a bucket; unset it for the default "
+                  "(26214400), or give the bytes of a bucket, at least 1";
+    }
+    s.bucket_bytes = settings{}.bucket_bytes;
+  }
   s.allreduce_algorithm = env_algorithm(s.problem);
-  s.shm_slice_bytes = static_cast<std::size_t>(
-      env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
+  s.shm_slice_bytes = bytes("HERD_SHM_SLICE_BYTES", s.shm_slice_bytes);
   if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
     if (s.problem.empty()) {
       s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
@@ -1277,8 +1303,11 @@ inline settings read_settings() {
     }
     s.shm_slice_bytes = settings{}.shm_slice_bytes;
   }
-  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem);
-  if (node_size > 65536 && s.problem.empty()) s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536";
+  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem, env_kind::whole);
+  if (node_size > 65536 && s.problem.empty()) {
+    s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536; give a number of ranks between 0 (the "
+                "real nodes) and 65536";
+  }
   s.simulated_node_size = node_size > 65536 ? 0 : static_cast<int>(node_size);
   return s;
 }
@@ -2357,10 +2386,14 @@ class waiting {
     }
     if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
       warned_ = true;
+      const std::string then = options_.stall_shutdown_seconds > 0
+                                   ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                                         number(options_.stall_shutdown_seconds) + " s"
+                                   : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
       std::fprintf(stderr,
                    "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
-                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+                   "stuck; %s.\n",
+                   text.c_str(), then.c_str());
       std::fflush(stderr);
     }
   }
@@ -3035,9 +3068,11 @@ inline std::string options_problem(const comm_options& o) {
     return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
            "; give seconds between 0 (never warn) and 1e15";
   }
-  if (seconds_bad(o.stall_shutdown_seconds)) {
+  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
+  // looks every few milliseconds, and an abort's notices take about as long).
+  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
     return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
-           number(o.stall_shutdown_seconds) + "; give seconds between 0 (never give up) and 1e15";
+           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
   }
   if (o.ring_segment_bytes == 0) {
     return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
@@ -4026,7 +4061,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 // result; NCCL's stream first waits, by an event, for the caller's stream (cuda::current_stream():
 // the default stream, or the one a cuda::use_stream scope names). While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
 // peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
-// minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
+// minutes when unset, DDP's default; 0 waits forever, as on the other communicators) aborts the NCCL communicator
 // and raises herd::error, on every rank, instead of hanging. The _async collectives are
 // stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
 // makes the caller's stream wait for them, synchronize() waits on the host.
@@ -5847,12 +5882,6 @@ struct nccl_state {
   }
 };
 
-// NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
-inline comm_options with_nccl_timeout(comm_options o) {
-  if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
-  return o;
-}
-
 }  // namespace detail
 
 class nccl_communicator {
@@ -5982,7 +6011,7 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     while (!test(r)) {
       if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
       watch.pause();
@@ -6040,7 +6069,7 @@ class nccl_communicator {
       // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
       void synchronize() override {
         if (done_.done()) return;
-        detail::waiting watch(detail::with_nccl_timeout(state_->options));
+        detail::waiting watch(state_->options);
         while (!done_.done()) {
           state_->poll_errors();
           if (watch.tick()) {
@@ -6097,7 +6126,7 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       const cudaError_t state = cudaStreamQuery(this->state().stream);
       if (state == cudaSuccess) return;
@@ -6137,7 +6166,7 @@ class nccl_communicator {
   // ncclCommInitRank, watched: NCCL's set-up waits for every rank, and a rank that never comes
   // (or a network that does not connect) would hold the others in it for ever. Non-blocking
   // initialization is polled under the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS,
-  // 30 minutes when unset); past it the communicator is aborted and every waiting rank raises.
+  // 30 minutes when unset, 0 for ever); past it the communicator is aborted and every waiting rank raises.
   void init_rank(const ncclUniqueId& id) {
     detail::nccl_state& st = state();
     const cuda::device_guard on(st.device);
@@ -6145,7 +6174,7 @@ class nccl_communicator {
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
     if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclInProgress;
       if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
@@ -6224,7 +6253,7 @@ class nccl_communicator {
   }
 
   ncclResult_t enqueued(const char* call) const {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(state_->comm, &state);

@@ -135,9 +135,92 @@ TEST_CASE("a malformed HERD_ variable is kept as a problem, not thrown, when the
   ::setenv("HERD_RING_SEGMENT_BYTES", "lots", 1);
   const herd::runtime::settings s = herd::runtime::read_settings();
   ::unsetenv("HERD_RING_SEGMENT_BYTES");
-  CHECK(has(s.problem, "HERD_RING_SEGMENT_BYTES='lots' is not a number"));
+  CHECK(has(s.problem, "HERD_RING_SEGMENT_BYTES='lots' is not a whole number"));
   CHECK(s.ring_segment_bytes == herd::runtime::settings{}.ring_segment_bytes);
   CHECK(herd::runtime::read_settings().problem.empty());
+}
+
+TEST_CASE("HERD_ variables: bytes and ranks are whole numbers, flags 0 or 1; each refusal says what to give") {
+  struct variable_case {
+    const char* variable;
+    const char* value;
+    const char* words;  // in the problem; empty: none
+  };
+  const variable_case cases[] = {
+      {"HERD_RING_SEGMENT_BYTES", "0.5", "HERD_RING_SEGMENT_BYTES='0.5' is not a whole number between 0 and 1e15; unset it or give one such as 1048576"},
+      {"HERD_SIMULATE_NODE_SIZE", "1.5", "HERD_SIMULATE_NODE_SIZE='1.5' is not a whole number"},
+      {"HERD_SHM_SLICE_BYTES", "65536.5", "HERD_SHM_SLICE_BYTES='65536.5' is not a whole number"},
+      {"HERD_FUSION_THRESHOLD", "1e3", ""},
+      {"HERD_BUCKET_BYTES", "0", "HERD_BUCKET_BYTES=0 leaves no room in a bucket; unset it for the default (26214400), or give"},
+      {"HERD_PROGRESS_THREAD", "2", "HERD_PROGRESS_THREAD='2' is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"},
+      {"HERD_CHECK_ARGUMENTS", "yes", "HERD_CHECK_ARGUMENTS='yes' is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"},
+      {"HERD_PROGRESS_THREAD", "0", ""},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "soon", "HERD_STALL_SHUTDOWN_TIME_SECONDS='soon' is not a number of seconds between 0 and 1e15; unset it or give one such as 60"},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "0.25", ""},
+      {"HERD_SIMULATE_NODE_SIZE", "2", ""},
+  };
+  for (const variable_case& c : cases) {
+    ::setenv(c.variable, c.value, 1);
+    const herd::runtime::settings s = herd::runtime::read_settings();
+    ::unsetenv(c.variable);
+    INFO(c.variable, "=", c.value, ": ", s.problem);
+    if (*c.words == '\0') {
+      CHECK(s.problem.empty());
+    } else {
+      CHECK(has(s.problem, c.words));
+      CHECK(!has(s.problem, "such as 60") == (std::string(c.variable).find("SECONDS") == std::string::npos));
+    }
+  }
+  ::setenv("HERD_PROGRESS_THREAD", "0", 1);
+  CHECK(!herd::runtime::read_settings().progress_thread);
+  ::setenv("HERD_FUSION_THRESHOLD", "1e3", 1);
+  CHECK(herd::runtime::read_settings().fusion_threshold_bytes == 1000);
+  ::setenv("HERD_SIMULATE_NODE_SIZE", "2", 1);
+  CHECK(herd::runtime::read_settings().simulated_node_size == 2);
+  ::unsetenv("HERD_PROGRESS_THREAD");
+  ::unsetenv("HERD_FUSION_THRESHOLD");
+  ::unsetenv("HERD_SIMULATE_NODE_SIZE");
+}
+
+TEST_CASE("a shutdown time below a tenth of a second is refused at creation; 0 (never) and 0.1 are taken") {
+  for (double seconds : {1e-9, 0.05, 0.0, 0.1}) {
+    herd::comm_options o;
+    o.stall_shutdown_seconds = seconds;
+    const std::string message = herd_test::error_of([&] { herd::local::run(2, [](herd::local_communicator&) {}, o); });
+    INFO(seconds, ": ", message);
+    if (seconds == 0.0 || seconds >= 0.1) {
+      CHECK(message == "(no herd::error)");
+    } else {
+      CHECK(has(message, "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is "));
+      CHECK(has(message, "; give 0 (never give up) or seconds between 0.1 and 1e15"));
+    }
+  }
+}
+
+TEST_CASE("the watchdog's warning says what comes next: the error after the shutdown time, or none when it is 0") {
+  for (double shutdown : {0.0, 5.0}) {
+    herd::comm_options o;
+    o.stall_check_seconds = 0.05;
+    o.stall_shutdown_seconds = shutdown;
+    const std::string warned = herd_test::stderr_of([&] {
+      herd::local::run(
+          2,
+          [](herd::local_communicator& comm) {
+            if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::vector<float> v(4, 1.0f);
+            herd::allreduce(v, comm);
+          },
+          o);
+    });
+    INFO(shutdown, ": ", warned);
+    CHECK(has(warned, "herd warning: rank 0 has waited "));
+    if (shutdown == 0) {
+      CHECK(has(warned, "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)"));
+      CHECK(!has(warned, "raises an error"));
+    } else {
+      CHECK(has(warned, "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=5 s"));
+    }
+  }
 }
 
 TEST_CASE("a rank delayed mid-ring: every rank gets the error, the old communicator refuses, a renewed one is exact") {
@@ -522,3 +605,4 @@ TEST_CASE("run_elastic: faults at random steps roll back to the last commit ever
     }
   }
 }
+

@@ -149,6 +149,7 @@ template <> struct tensor_traits<at::Tensor> {
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -174,8 +175,20 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
 
 namespace detail {
 
-// libtorch keys optimizer state by the parameter's TensorImpl address.
-inline std::string torch_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// libtorch keys optimizer state by the parameter's TensorImpl address: as a string up to 2.1, as
+// the address itself (void*) from 2.2. The key type is read off the optimizer's own state map, so
+// the right one is chosen for whichever libtorch this file is compiled against.
+using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
+
+inline torch_state_key_type torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<torch_state_key_type, std::string>) {
+    std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 // Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
 // filled as a first step would start from: zeros and step 0. Returns the step counters and the
@@ -184,7 +197,7 @@ inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t
   auto& state = opt.state();
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      const std::string key = torch_state_key(p);
+      const torch_state_key_type key = torch_state_key(p);
       auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
       if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
         (void)sgd;
