@@ -606,3 +606,59 @@ TEST_CASE("run_elastic: faults at random steps roll back to the last commit ever
   }
 }
 
+// Handles a failed step drops while its exception unwinds (run_elastic then rolls back) and handles
+// whose failure aborted the communicator (its next call reports it) say nothing; a handle dropped
+// unwaited whose failure nobody would hear of otherwise (an argument error, after which the
+// communicator goes on) still warns.
+TEST_CASE("dropped handles warn only of failures nobody hears of: not in a rollback, not after an abort") {
+  const std::string rollback = herd_test::stderr_of([] {
+    herd::local::run(2, [](herd::local_communicator& comm) {
+      std::vector<std::vector<float>> parts(3, std::vector<float>(1000, 1.0f));
+      std::int64_t step = 0;
+      herd::elastic_state state;
+      state.track(step);
+      for (auto& part : parts) state.track(part);
+      auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+          comm, comm.rank() == 1 ? 7 : -1, [] { throw herd::error("injected failure"); });
+      int attempts = 0;
+      herd::run_elastic(comm, state, [&](herd::local_communicator&) {
+        ++attempts;
+        while (step < 6) {
+          std::vector<herd::handle> handles;
+          for (auto& part : parts) handles.push_back(herd::allreduce_async(part, faulty));
+          for (auto& h : handles) h.wait();
+          ++step;
+          if (step % 2 == 0) state.commit();
+        }
+      });
+      CHECK(attempts == 2);
+      for (auto& part : parts) CHECK(part == std::vector<float>(1000, 64.0f));
+    }, impatient());
+  });
+  CHECK(!has(rollback, "dropped without wait()"));
+
+  const std::string dropped = herd_test::stderr_of([] {
+    herd::local::run(2, [](herd::local_communicator& comm) {
+      {
+        std::vector<float> v(static_cast<std::size_t>(4 + comm.rank()), 1.0f);  // counts differ: an argument error
+        herd::handle h = herd::allreduce_async(v, comm);
+      }
+      std::vector<float> ok(4, 1.0f);
+      herd::allreduce(ok, comm);  // the communicator goes on after an argument error
+      CHECK(ok == std::vector<float>(4, 2.0f));
+      {
+        auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+            comm, comm.rank() == 1 ? 0 : -1, [] { throw herd::error("injected failure"); });
+        herd::handle h = herd::allreduce_async(ok, faulty);  // fails and aborts: the next call says so
+      }
+      const std::string next = herd_test::error_of([&] { herd::allreduce(ok, comm); });
+      INFO(next);
+      CHECK(has(next, "aborted"));  // this rank's abort of #3, or rank 1's, found in #4
+    }, impatient());
+  });
+  CHECK(has(dropped, "herd warning: an operation whose handle was dropped without wait() failed: herd::allreduce on rank 0 of 2: the element count differs"));
+  CHECK(has(dropped, "herd warning: an operation whose handle was dropped without wait() failed: herd::allreduce on rank 1 of 2: the element count differs"));
+  const auto first = dropped.find("dropped without wait()");
+  const auto second = dropped.find("dropped without wait()", first + 1);
+  CHECK(dropped.find("dropped without wait()", second + 1) == std::string::npos);  // the aborted one says nothing
+}
