@@ -662,3 +662,33 @@ TEST_CASE("dropped handles warn only of failures nobody hears of: not in a rollb
   const auto second = dropped.find("dropped without wait()", first + 1);
   CHECK(dropped.find("dropped without wait()", second + 1) == std::string::npos);  // the aborted one says nothing
 }
+
+// A herd::error raised between operations on one rank told no peer: run_elastic aborts the
+// communicator to tell them, and every rank rolls back at once instead of at its watchdog.
+TEST_CASE("run_elastic: a herd::error raised outside any operation on one rank; every rank recovers at once") {
+  for (int p : {2, 3}) {
+    for (int on : {0, p - 1}) {
+      std::vector<std::vector<float>> results(static_cast<std::size_t>(p));
+      std::vector<int> attempts(static_cast<std::size_t>(p));
+      herd::comm_options o = impatient();
+      o.stall_shutdown_seconds = 3;
+      const auto start = clock_type::now();
+      herd::local::run(p, [&](herd::local_communicator& comm) {
+        std::vector<float> w(1000, 0.5f);
+        std::int64_t step = 0;
+        const int rank = comm.rank();
+        attempts[static_cast<std::size_t>(rank)] = herd_test::train_elastic_steps(comm, comm, w, step, 12, [&](int attempt) {
+          if (rank == on && step == 6 && attempt == 1) throw herd::error("a failure planted between operations");
+        });
+        results[static_cast<std::size_t>(rank)] = w;
+      }, o);
+      const double took = seconds_since(start);
+      INFO("p=", p, " failure on rank ", on, ", took ", took, " s");
+      CHECK(took < 1.5);
+      for (int r = 0; r < p; ++r) {
+        CHECK(attempts[static_cast<std::size_t>(r)] == 2);
+        CHECK(results[static_cast<std::size_t>(r)] == results[0]);
+      }
+    }
+  }
+}

@@ -571,12 +571,23 @@ inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
   }
 }
 
-// Begins the abort of the running operation (or of the one aborted before, outside any): marks
-// the communicator aborted, cancels this rank's receives of the operation and tells every peer.
-// Returns the operation's number.
+// Begins the abort of the running operation (outside any: of the one aborted before, or else of
+// the next one this rank would issue, which its peers may be waiting in): marks the communicator
+// aborted, cancels this rank's receives of the operation and tells every peer. Returns the
+// operation's number.
 inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
+  const bool before = s.ops.aborted();
   s.ops.mark_aborted(reason);
-  const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+  std::uint64_t seq = s.aborted_seq;
+  if (s.ops.in_operation()) {
+    seq = s.ops.current().seq;
+  } else if (!before) {
+    try {
+      seq = s.ops.issued();
+    } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
+      seq = 0;
+    }
+  }
   s.aborted_seq = seq;
   for (auto& o : s.orphans) {
     if (o.receiving) MPI_Cancel(&o.handle);
