@@ -2242,14 +2242,20 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // finished.
 
 
-// ---- herd/comm/detail/operation.hpp ----
-#ifndef HERD_COMM_DETAIL_OPERATION_HPP
-#define HERD_COMM_DETAIL_OPERATION_HPP
-// An operation of a communicator, from start to end: it takes the communicator's next sequence
-// number (in the order operations were issued on this rank, which must be the order on every
-// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
-// aborts the communicator: the transport settles every request still in flight and tells the
-// peers before the error reaches the caller.
+// ---- herd/comm/detail/failure.hpp ----
+#ifndef HERD_COMM_DETAIL_FAILURE_HPP
+#define HERD_COMM_DETAIL_FAILURE_HPP
+// What keeps a failure from turning into a wrong result later, common to every communicator:
+// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
+//   collective's data (or take a collective's data as its own);
+// - options: every number a communicator runs with is checked when it is created, whether it came
+//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
+//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
+// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
+//   up while another had already received all it needed and went on). renew() therefore compares
+//   each rank's last completed operation of the old communicator and raises on every rank if they
+//   differ: ranks that retried "the same step" from there would be in different steps, and the new
+//   communicator's agreement, whose sequence numbers start again, could not tell.
 
 
 // ---- herd/comm/detail/agreement.hpp ----
@@ -2298,7 +2304,7 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // ---- herd/comm/detail/fault_hooks.hpp ----
 #ifndef HERD_COMM_DETAIL_FAULT_HOOKS_HPP
 #define HERD_COMM_DETAIL_FAULT_HOOKS_HPP
-// Tests only: two points where a test can make this process misbehave in the middle of an
+// Tests only: three points where a test can make this process misbehave in the middle of an
 // operation (stall, throw), on every path herd has. Unset (the default) they cost one load and one
 // predictable branch. Not for production use: nothing else in herd sets them.
 // - shm_step_hook: called with each step's ticket before this process publishes it in a node's
@@ -2306,6 +2312,8 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // - post_hook: called before an mpi_communicator posts a message on one of herd's own tags (an
 //   agreement's exchange, or an operation's data), with the tag and whether it is a receive; on the
 //   thread that runs the operation (the progress thread for asynchronous ones).
+// - shrink_hook: called with this rank's number in the communicator it shrinks, after it heard
+//   who stays and before it proposes them to the others.
 
 #include <cstdint>
 
@@ -2320,6 +2328,12 @@ inline shm_hook& shm_step_hook() noexcept {
 using message_hook = void (*)(int tag, bool receiving);
 inline message_hook& post_hook() noexcept {
   static message_hook hook = nullptr;
+  return hook;
+}
+
+using rank_hook = void (*)(int rank);
+inline rank_hook& shrink_hook() noexcept {
+  static rank_hook hook = nullptr;
   return hook;
 }
 
@@ -3011,26 +3025,11 @@ inline signature signature_of(const operation_state& ops) {
 
 #endif  // HERD_COMM_DETAIL_AGREEMENT_HPP
 
-// ---- herd/comm/detail/failure.hpp ----
-#ifndef HERD_COMM_DETAIL_FAILURE_HPP
-#define HERD_COMM_DETAIL_FAILURE_HPP
-// What keeps a failure from turning into a wrong result later, common to every communicator:
-// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
-//   collective's data (or take a collective's data as its own);
-// - options: every number a communicator runs with is checked when it is created, whether it came
-//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
-//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
-// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
-//   up while another had already received all it needed and went on). renew() therefore compares
-//   each rank's last completed operation of the old communicator and raises on every rank if they
-//   differ: ranks that retried "the same step" from there would be in different steps, and the new
-//   communicator's agreement, whose sequence numbers start again, could not tell.
-
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace herd {
 
@@ -3192,10 +3191,107 @@ std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown 
   return {};
 }
 
+// shrink(), common to every communicator. It has two steps, each under the watchdog:
+// 1. Presence: each rank that stays says so ("present" in shrink number `round`) and waits until
+//    it has heard of every rank that it stays or that it left (staying_answer).
+// 2. Members: each then proposes the ranks it counted, and goes on (to create the communicator of
+//    those ranks, which needs them all) only once every one of them proposed the same
+//    (members_verdict). Ranks whose news differed (one left just after saying it stays, and only
+//    some heard of it in time) give up then, within the shutdown time, instead of creating
+//    communicators of different ranks or waiting for one that will never come.
+// A rank leaves the communicator it shrinks only after the new one was created (which needs every
+// member past step 2) or after its shrink gave up: a departure heard during steps 1 and 2 always
+// means that rank is gone, even after it said it stays.
+
+// What this rank knows of peer q in shrink `round`: 1 it stays, 0 it left, -1 not yet known.
+inline int staying_answer(std::uint64_t present_in, bool departed, std::uint64_t round) noexcept {
+  if (departed) return 0;
+  return present_in >= round ? 1 : -1;
+}
+
+// A list of ranks, as a shrink's proposal travels: how many, and a hash of which.
+struct members_digest {
+  std::uint64_t count = 0;
+  std::uint64_t hash = 14695981039346656037ull;
+  static members_digest of(const std::vector<int>& members) noexcept {
+    members_digest d;
+    d.count = members.size();
+    for (int q : members) {
+      d.hash ^= static_cast<std::uint64_t>(static_cast<std::uint32_t>(q));
+      d.hash *= 1099511628211ull;
+    }
+    return d;
+  }
+  bool operator==(const members_digest&) const = default;
+};
+
+// What this rank knows of member q in step 2.
+struct member_news {
+  bool departed = false;
+  bool proposed = false;  // its proposal for this round came
+  members_digest proposal;
+};
+
+// Step 2's state, for this rank: `waiting_for` the first member whose proposal has not come
+// (-1: none), or `problem`, why the members cannot agree. `news(q)` tells whether member q left,
+// and its proposal for this round if it made one.
+struct members_state {
+  int waiting_for = -1;
+  std::string problem;
+};
+template <class News>
+members_state members_verdict(const std::vector<int>& members, int me, const members_digest& mine, News news) {
+  members_state state;
+  for (int q : members) {
+    if (q == me) continue;
+    const member_news heard = news(q);
+    const members_digest& theirs = heard.proposal;
+    if (heard.departed) {
+      state.problem = "rank " + std::to_string(q) + " left while the ranks that stay agreed on who they are (it had "
+                      "said it stays, and only some ranks heard that it left)";
+      return state;
+    }
+    if (!heard.proposed) {
+      if (state.waiting_for < 0) state.waiting_for = q;
+      continue;
+    }
+    if (!(theirs == mine)) {
+      state.problem = "rank " + std::to_string(q) + " counted " + std::to_string(theirs.count) +
+                      " ranks that stay where rank " + std::to_string(me) + " counted " + std::to_string(mine.count) +
+                      " (a rank left while they counted)";
+      return state;
+    }
+  }
+  return state;
+}
+
+// The ranks that stay, in their order: those whose answer is 1.
+inline std::vector<int> staying_members(const std::vector<int>& answers) {
+  std::vector<int> members;
+  for (std::size_t q = 0; q < answers.size(); ++q)
+    if (answers[q] == 1) members.push_back(static_cast<int>(q));
+  return members;
+}
+
+inline const char* shrink_advice() noexcept {
+  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
+         "the ranks still here, or end the job";
+}
+
 }  // namespace detail
 }  // namespace herd
 
 #endif  // HERD_COMM_DETAIL_FAILURE_HPP
+
+// ---- herd/comm/detail/operation.hpp ----
+#ifndef HERD_COMM_DETAIL_OPERATION_HPP
+#define HERD_COMM_DETAIL_OPERATION_HPP
+// An operation of a communicator, from start to end: it takes the communicator's next sequence
+// number (in the order operations were issued on this rank, which must be the order on every
+// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
+// aborts the communicator: the transport settles every request still in flight and tells the
+// peers before the error reaches the caller.
+
 
 #include <exception>
 #include <memory>
@@ -3491,7 +3587,8 @@ class world {
       : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
         splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
         aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0) {}
+        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
+        proposals_(static_cast<std::size_t>(size)) {}
 
   int size() const noexcept { return size_; }
 
@@ -3559,17 +3656,26 @@ class world {
     }
     wake_all();
   }
-  // For each rank, 1 if it said it stays in shrink `round`, 0 if it left without saying so, -1
-  // while neither is known. A rank that stays leaves this world only after its shrink, so it
-  // counts as staying once it said so.
+  // For each rank, what is known of it in shrink `round` (staying_answer: 1 stays, 0 left, -1
+  // not yet known).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(registry_mutex_);
     std::vector<int> result(static_cast<std::size_t>(size_), -1);
-    for (std::size_t q = 0; q < result.size(); ++q) {
-      if (present_in_[q] >= round) result[q] = 1;
-      else if (departed_at_[q] != never) result[q] = 0;
-    }
+    for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
     return result;
+  }
+  // Rank `rank` proposes the members it counted in shrink `round`; what is known of rank q's proposal.
+  void propose(int rank, std::uint64_t round, members_digest members) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      proposals_[static_cast<std::size_t>(rank)] = {round, members};
+    }
+    wake_all();
+  }
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(registry_mutex_);
+    const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
+    return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
   }
   // The world of the ranks staying in shrink `round`, shared by them.
   std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
@@ -3688,6 +3794,7 @@ class world {
   std::vector<std::string> abort_reasons_;
   std::vector<std::uint64_t> departed_at_;
   std::vector<std::uint64_t> present_in_;
+  std::vector<std::pair<std::uint64_t, members_digest>> proposals_;
   pending pending_splits_;
   pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
@@ -3856,35 +3963,33 @@ class local_communicator {
   // A new communicator of the ranks that are still here, renumbered in their order here: how the
   // others go on when ranks left (their function returned, or they destroyed or left() their
   // communicator). Every staying rank calls it; as renew(options, herd::rolled_back), the caller
-  // brings the ranks back to one state. The ranks agree on who stays: each says it is here and
-  // waits until every rank has either said so or left (under the watchdog).
+  // brings the ranks back to one state. The ranks agree on who stays, in two steps under the
+  // watchdog (comm/detail/failure.hpp): each says it is here and waits until every rank has either
+  // said so or left; then each proposes the ranks it counted and waits until all of them proposed
+  // the same, or raises.
   local_communicator shrink() const { return shrink(options()); }
   local_communicator shrink(const comm_options& options) const {
     state().drain();
     const std::uint64_t round = ++shrinks_;
+    const detail::error_site site{"local_communicator::shrink", rank_, size()};
     world_->stay(rank_, round);
-    detail::local::waiter& w = world_->waiter_of(rank_);
-    detail::waiting watch(options);
     std::vector<int> staying = world_->staying(round);
-    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
-      if (world_->failed()) fail_with_world();
-      {
-        std::unique_lock lock(w.mutex);
-        w.wake.wait_for(lock, std::chrono::milliseconds(20));
-      }
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"local_communicator::shrink", rank_, size()},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+    auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+    watched_wait(options, site, [&] {
       staying = world_->staying(round);
-    }
-    int members = 0;
-    int new_rank = 0;
-    for (int q = 0; q < size(); ++q) {
-      if (staying[static_cast<std::size_t>(q)] != 1) continue;
-      if (q < rank_) ++new_rank;
-      ++members;
-    }
-    return local_communicator(world_->survivors_world(round, members), new_rank, options, nullptr);
+      return unknown() == size();
+    }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+    const std::vector<int> members = detail::staying_members(staying);
+    const detail::members_digest mine = detail::members_digest::of(members);
+    world_->propose(rank_, round, mine);
+    detail::members_state agreed;
+    watched_wait(options, site, [&] {
+      agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
+      return agreed.waiting_for < 0 || !agreed.problem.empty();
+    }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
+    if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -3982,6 +4087,22 @@ class local_communicator {
     if (!m->failure.empty()) {
       detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
                     "Post receive buffers at least as large as the messages sent to them");
+    }
+  }
+
+  // The watched wait of this rank's shrink(): until done(), woken by any news of the world, with
+  // the watchdog of `options` saying what() it waits for.
+  template <class Done, class What>
+  void watched_wait(const comm_options& options, const detail::error_site& site, Done done, What what) const {
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    detail::waiting watch(options);
+    while (!done()) {
+      if (world_->failed()) fail_with_world();
+      {
+        std::unique_lock lock(w.mutex);
+        w.wake.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      watch.watch(site, what());
     }
   }
 
@@ -4459,6 +4580,8 @@ inline int multiprocessors(int device) {
 // - closed n: the sender leaves the communicator (destroyed it, left() it, or MPI_Finalize ran)
 //   after issuing n operations. A peer waiting in operation n or later raises.
 // - present r: the sender is in its r-th shrink() of the communicator and stays.
+// - members r: the ranks the sender counted as staying in its r-th shrink() (their number and a
+//   hash of which: comm/detail/failure.hpp's members_digest).
 // One tag, one receive: MPI keeps the order of one sender's notices, so a "present" arrives before
 // the same sender's "closed".
 //
@@ -4479,7 +4602,8 @@ inline int multiprocessors(int device) {
 // A departing rank is told apart from an aborting one by its notice: "closed" carries the number
 // of operations it issued, and hopeless() names a departure before any abort (which may only be
 // another rank's report of that departure). shrink() counts a rank as staying when its "present"
-// for that round came, as gone when its "closed" came without it.
+// for that round came, as gone when its "closed" came (even after a "present": see failure.hpp),
+// and creates the new communicator only once every member proposed the same members.
 //
 // The registries (mpi_registry), one per process:
 // - live: the communicators alive. MPI_Finalize (at_finalize) tells their peers this rank leaves,
@@ -4557,11 +4681,11 @@ inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* ty
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4, members = 5 };
   std::uint32_t magic = 0x4e544345;  // "NTCE"
   std::uint8_t type = 0;
   std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present, members: the shrink
   char reason[1008] = {};
 };
 
@@ -4571,6 +4695,8 @@ struct mpi_peer {
   std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
   bool done = false;  // settled everything it had in flight after an abort
   std::uint64_t present_in = 0;  // the last shrink it said it is in
+  std::uint64_t proposed_in = 0;  // the last shrink it proposed members in, and what it proposed
+  members_digest proposal;
   std::string reason;
 };
 
@@ -4670,19 +4796,21 @@ class mpi_state {
     return true;
   }
 
-  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
-  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
-  // its "present" comes first and it counts as staying.
+  // Shrink number `round`: for each rank, what this rank knows of it (staying_answer).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(notice_mutex);
     std::vector<int> result(static_cast<std::size_t>(size), -1);
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      int& r = result[static_cast<std::size_t>(q)];
-      if (q == rank || peer.present_in >= round) r = 1;
-      else if (peer.departed_at != never) r = 0;
+      result[static_cast<std::size_t>(q)] = q == rank ? 1 : staying_answer(peer.present_in, peer.departed_at != never, round);
     }
     return result;
+  }
+  // What this rank knows of rank q's proposal in shrink `round`.
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(notice_mutex);
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    return {peer.departed_at != never, peer.proposed_in == round, peer.proposal};
   }
 
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
@@ -4822,6 +4950,10 @@ class mpi_state {
       peer.departed_at = notice.seq;
     } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
       peer.present_in = notice.seq;
+    } else if (notice.type == mpi_notice::members && notice.seq > peer.proposed_in) {
+      peer.proposed_in = notice.seq;
+      std::memcpy(&peer.proposal.count, notice.reason, sizeof(std::uint64_t));
+      std::memcpy(&peer.proposal.hash, notice.reason + sizeof(std::uint64_t), sizeof(std::uint64_t));
     }
   }
 
@@ -5080,28 +5212,86 @@ inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reaso
   if (!s.all_settled()) add_unsettled(&s);
 }
 
-// shrink() number ++s.shrinks: says this rank stays, and waits (under the watchdog of `options`)
-// until every peer has said it stays or left. Returns the ranks that stay, in their order.
-inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
-  const std::uint64_t round = ++s.shrinks;
-  s.notify_all(mpi_notice::present, round, {}, false);
-  std::vector<int> staying = s.staying(round);
+// The watched wait every blocking step of an mpi_communicator shares: polls done() (spinning,
+// yielding, then sleeping: waiting), and every few milliseconds tends this process's aborted and
+// retired communicators (tend), runs on_tick (which raises when the wait is in vain) and the
+// watchdog, which warns, then raises, naming `site` and what() it waits for.
+template <class Done, class OnTick, class What>
+void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
   waiting watch(options);
-  while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+  while (!done()) {
     if (watch.tick()) {
       tend();
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"mpi_communicator::shrink", s.rank, s.size},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+      on_tick();
+      watch.watch(site, what());
     }
     watch.pause();
+  }
+}
+
+// A blocking MPI call that returns only once other ranks make it too (the creation of a
+// communicator over some of them: MPI_Comm_create_group, MPI_Comm_split), watched: it runs on a
+// thread of its own while this one waits under the watchdog; past the shutdown time this rank
+// raises, and the call is left on that thread (it holds only what it shares with it). Ranks call
+// it after an agreement that they all will, so only a rank that died or stalled since can make it
+// wait. Without MPI_THREAD_MULTIPLE it runs here, unwatched. Returns the call's MPI code.
+template <class Call>
+int watched_mpi_call(const comm_options& options, const error_site& site, const std::string& what, MPI_Comm* result,
+                     Call call) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return call(result);
+  struct shared {
+    std::atomic<bool> done{false};
+    int code = MPI_SUCCESS;
+    MPI_Comm comm = MPI_COMM_NULL;
+  };
+  auto state = std::make_shared<shared>();
+  std::thread([state, call] {
+    state->code = call(&state->comm);
+    state->done.store(true, std::memory_order_release);
+  }).detach();
+  watched_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
+  *result = state->comm;
+  return state->code;
+}
+
+// shrink() number ++s.shrinks, its two steps (comm/detail/failure.hpp): says this rank stays and
+// waits until it heard of every peer that it stays or left; then proposes the ranks it counted and
+// waits until every one of them proposed the same. Returns them, in their order; raises (under the
+// watchdog of `options`, or at once when they cannot agree) otherwise.
+inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
+  const std::uint64_t round = ++s.shrinks;
+  const error_site site{"mpi_communicator::shrink", s.rank, s.size};
+  s.notify_all(mpi_notice::present, round, {}, false);
+  std::vector<int> staying = s.staying(round);
+  auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+  watched_wait(
+      options, site,
+      [&] {
+        s.poll_notices();
+        staying = s.staying(round);
+        return unknown() == s.size;
+      },
+      [] {}, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+  const std::vector<int> members = staying_members(staying);
+  if (rank_hook hook = shrink_hook(); hook != nullptr) hook(s.rank);
+
+  const members_digest mine = members_digest::of(members);
+  char words[2 * sizeof(std::uint64_t)];
+  std::memcpy(words, &mine.count, sizeof mine.count);
+  std::memcpy(words + sizeof mine.count, &mine.hash, sizeof mine.hash);
+  s.notify_all(mpi_notice::members, round, std::string_view(words, sizeof words), false);
+  members_state state;
+  auto verdict = [&] {
     s.poll_notices();
-    staying = s.staying(round);
-  }
-  std::vector<int> members;
-  for (int q = 0; q < s.size; ++q) {
-    if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
-  }
+    state = members_verdict(members, s.rank, mine, [&](int q) { return s.proposal_of(q, round); });
+    return state.waiting_for < 0 || !state.problem.empty();
+  };
+  watched_wait(
+      options, site, verdict, [&] { if (!state.problem.empty()) raise(site, state.problem, shrink_advice()); },
+      [&] { return "for rank " + std::to_string(state.waiting_for) + " to say which ranks it counted as staying"; });
+  if (!state.problem.empty()) raise(site, state.problem, shrink_advice());
   return members;
 }
 
@@ -5344,16 +5534,9 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::waiting watch(options());
-    for (;;) {
-      if (test(r)) return;
-      if (watch.tick()) {
-        detail::tend();
-        if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), waiting_text(r));
-      }
-      watch.pause();
-    }
+    detail::watched_wait(
+        options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
+        [&] { return waiting_text(r); });
   }
 
   // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
@@ -5438,6 +5621,7 @@ class mpi_communicator {
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    MPI_Group_free(&all);
     // Open MPI sends the creation's messages on this communicator with this tag: the highest one
     // MPI allows, above every tag herd and its users send on (a stale message of an aborted
     // operation, or the notices' standing receive, would otherwise take them).
@@ -5446,9 +5630,13 @@ class mpi_communicator {
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
     const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
-    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    // Every member agreed to come, but one may stall or die since: watched. (A call given up on
+    // keeps the group, which it may still read.)
+    const int code = detail::watched_mpi_call(
+        options, {"mpi_communicator::shrink", rank(), size()},
+        "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
+        [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
     MPI_Group_free(&part);
-    MPI_Group_free(&all);
     check(code, "MPI_Comm_create_group");
     // A duplicate of it, created and agreed on like every communicator.
     struct freed {
@@ -5514,17 +5702,14 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
+      detail::watched_wait(
+          options, {"mpi_communicator", parent_rank, parent_size},
+          [&] {
+            int done = 0;
+            check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+            return done != 0;
+          },
+          [] {}, [] { return std::string("for the other ranks to create a communicator"); });
     } catch (...) {
       (void)dup.release();
       throw;
@@ -5563,8 +5748,7 @@ class mpi_communicator {
     MPI_Comm part = MPI_COMM_NULL;
     detail::run_operation(self, {kind}, [&] {
       detail::agree_split(self, mine, ranks);
-      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
-            "MPI_Comm_split");
+      split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
     });
     if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
     return mpi_communicator(part, options(), adopt_tag{});
@@ -5583,9 +5767,13 @@ class mpi_communicator {
       const detail::error_site site{"communicator", rank(), size()};
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
-        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+        split_watched(rank() / o.simulated_node_size, rank(), &node);
       } else {
-        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
+                                       [parent = native(), key = rank()](MPI_Comm* made) {
+                                         return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
+                                       }),
+              "MPI_Comm_split_type");
       }
       int node_rank = 0;
       int node_size = 1;
@@ -5670,7 +5858,7 @@ class mpi_communicator {
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
         MPI_Comm part = MPI_COMM_NULL;
-        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        split_watched(node_rank, rank(), &part);
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
@@ -5689,6 +5877,15 @@ class mpi_communicator {
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
+  }
+
+  // MPI_Comm_split of this communicator, watched (every rank agreed to make it, in an operation).
+  void split_watched(int color, int key, MPI_Comm* part) const {
+    check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
+                                   [parent = native(), color, key](MPI_Comm* made) {
+                                     return MPI_Comm_split(parent, color, key, made);
+                                   }),
+          "MPI_Comm_split");
   }
 
   void make_state(comm_options options) {

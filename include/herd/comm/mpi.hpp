@@ -250,16 +250,9 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::waiting watch(options());
-    for (;;) {
-      if (test(r)) return;
-      if (watch.tick()) {
-        detail::tend();
-        if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), waiting_text(r));
-      }
-      watch.pause();
-    }
+    detail::watched_wait(
+        options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
+        [&] { return waiting_text(r); });
   }
 
   // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
@@ -344,6 +337,7 @@ class mpi_communicator {
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    MPI_Group_free(&all);
     // Open MPI sends the creation's messages on this communicator with this tag: the highest one
     // MPI allows, above every tag herd and its users send on (a stale message of an aborted
     // operation, or the notices' standing receive, would otherwise take them).
@@ -352,9 +346,13 @@ class mpi_communicator {
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
     const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
-    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    // Every member agreed to come, but one may stall or die since: watched. (A call given up on
+    // keeps the group, which it may still read.)
+    const int code = detail::watched_mpi_call(
+        options, {"mpi_communicator::shrink", rank(), size()},
+        "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
+        [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
     MPI_Group_free(&part);
-    MPI_Group_free(&all);
     check(code, "MPI_Comm_create_group");
     // A duplicate of it, created and agreed on like every communicator.
     struct freed {
@@ -420,17 +418,14 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
+      detail::watched_wait(
+          options, {"mpi_communicator", parent_rank, parent_size},
+          [&] {
+            int done = 0;
+            check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+            return done != 0;
+          },
+          [] {}, [] { return std::string("for the other ranks to create a communicator"); });
     } catch (...) {
       (void)dup.release();
       throw;
@@ -469,8 +464,7 @@ class mpi_communicator {
     MPI_Comm part = MPI_COMM_NULL;
     detail::run_operation(self, {kind}, [&] {
       detail::agree_split(self, mine, ranks);
-      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
-            "MPI_Comm_split");
+      split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
     });
     if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
     return mpi_communicator(part, options(), adopt_tag{});
@@ -489,9 +483,13 @@ class mpi_communicator {
       const detail::error_site site{"communicator", rank(), size()};
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
-        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+        split_watched(rank() / o.simulated_node_size, rank(), &node);
       } else {
-        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
+                                       [parent = native(), key = rank()](MPI_Comm* made) {
+                                         return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
+                                       }),
+              "MPI_Comm_split_type");
       }
       int node_rank = 0;
       int node_size = 1;
@@ -576,7 +574,7 @@ class mpi_communicator {
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
         MPI_Comm part = MPI_COMM_NULL;
-        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        split_watched(node_rank, rank(), &part);
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
@@ -595,6 +593,15 @@ class mpi_communicator {
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
+  }
+
+  // MPI_Comm_split of this communicator, watched (every rank agreed to make it, in an operation).
+  void split_watched(int color, int key, MPI_Comm* part) const {
+    check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
+                                   [parent = native(), color, key](MPI_Comm* made) {
+                                     return MPI_Comm_split(parent, color, key, made);
+                                   }),
+          "MPI_Comm_split");
   }
 
   void make_state(comm_options options) {
