@@ -26,7 +26,8 @@
 // are not waited for: the communicator goes on the unsettled list below.
 //
 // The bound: all this takes at most comm_options::stall_shutdown_seconds (none when 0; then a
-// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort, with
+// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort on
+// MPI_COMM_WORLD: end_job, with
 // a message naming the peer and the operation), as torch's NCCL watchdog does; with
 // comm_options::end_job_if_unsettled off its request is left to MPI, and the error says that its
 // buffer still belongs to MPI. Only peers' "done" still missing past the bound: the abort returns.
@@ -62,6 +63,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -540,6 +542,16 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
+// Ends the whole job. MPI_Abort on MPI_COMM_WORLD, not on the communicator that failed: MPICH
+// 4.0 (ch4) took the abort of a duplicate, or of a communicator of some ranks, as one of its
+// processes only, leaving a peer that sleeps outside MPI, or that is in MPI_Finalize, running
+// until it woke (ctest mpi_abort_job_*, measured from outside the job). The job is lost anyway:
+// MPI may still read memory this process would free.
+[[noreturn]] inline void end_job() noexcept {
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
+}
+
 inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
   std::string peers;
   for (auto& o : s.orphans) {
@@ -560,7 +572,7 @@ inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
                          "herd::error instead.)\n",
                  what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
     std::fflush(stderr);
-    MPI_Abort(s.comm, 1);
+    end_job();
   }
   s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
                        "takes them; do not free or reuse them before then.");
@@ -576,7 +588,7 @@ inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
   try {
     give_up_settling_or_throw(s, reason);
   } catch (...) {  // out of memory for the words: the decision stands
-    if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    if (s.ops.options().end_job_if_unsettled) end_job();
   }
   for (auto& o : s.orphans) {
     if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
