@@ -2289,6 +2289,12 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // has finished step t. So there is no other barrier. (The allreduce has a second counter,
 // `reduced`, for its second half-step: see shm_allreduce.)
 //
+// Operations. Each step also carries the number of the operation it belongs to (the last 8 bytes
+// of its buffer's header), and a rank that finds a peer's step t to belong to another operation
+// than its own raises instead of reading it. Ranks whose operations take different numbers of
+// steps (arguments that differ, unchecked with HERD_CHECK_ARGUMENTS=0) would otherwise pair one
+// operation's steps with the next one's, and complete it with another operation's data.
+//
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
 // herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
@@ -2606,8 +2612,15 @@ class shm_node {
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
-  // The next step's ticket (the same on every rank of the node).
-  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+  // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
+  // its number goes with the step (operation_of).
+  template <class C> std::uint64_t next_ticket(C& comm) {
+    const operation_state& ops = comm.operations();
+    operation_ = ops.in_operation() ? ops.current().seq : 0;
+    ++ticket_;
+    std::memcpy(operation_word(rank_, ticket_), &operation_, sizeof operation_);
+    return ticket_;
+  }
 
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
@@ -2622,7 +2635,31 @@ class shm_node {
   }
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
+  // Raises if a peer's step t belongs to another operation than this rank's.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    wait_for_peers(comm, t, which);
+    if (which != arrived) return;  // the same step's second half: its operation was checked
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, operation_word(i, t), sizeof theirs);
+      if (theirs != operation_) mismatched(comm, i, theirs);
+    }
+  }
+
+ private:
+  template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
+    const operation_state& ops = comm.operations();
+    raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
+          "rank " + std::to_string(member(i)) + " is in operation #" + std::to_string(theirs) + " where rank " +
+              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
+              ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
+              "same one with different arguments",
+          "Call the same collectives with the same arguments on every rank; HERD_CHECK_ARGUMENTS=1 (the default) "
+          "names the difference");
+  }
+
+  template <class C> void wait_for_peers(C& comm, std::uint64_t t, counter which) {
     std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
@@ -2650,7 +2687,6 @@ class shm_node {
     }
   }
 
- private:
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
 
@@ -2667,6 +2703,10 @@ class shm_node {
   std::byte* region(int i) const noexcept {
     return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
   }
+  // Where rank i writes the number of the operation its step t belongs to.
+  std::byte* operation_word(int i, std::uint64_t t) const noexcept {
+    return header(i, t) + shm_header_bytes - sizeof(std::uint64_t);
+  }
   std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
   }
@@ -2676,6 +2716,7 @@ class shm_node {
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
+  std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
 
 }  // namespace herd::detail
@@ -2798,8 +2839,8 @@ template <class C> std::size_t payload_capacity(C& comm) {
 // next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
 template <class C>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  static_assert(sizeof(signature) <= shm_header_bytes);
-  const std::uint64_t t = node.next_ticket();
+  static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
+  const std::uint64_t t = node.next_ticket(comm);
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
@@ -9238,7 +9279,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     const std::size_t lo = pieces.offset(g);
     const std::size_t hi = lo + pieces.length(g);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* mine = node.buffer(node.rank(), t);
     auto copy_in = [&](std::size_t from, std::size_t n) {
       in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
@@ -9303,7 +9344,7 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
   const std::byte* own = in_chunk(g);
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* buffer = node.buffer(g, t);
     {
       const trace::span phase(track, "copy in");
@@ -9348,7 +9389,7 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
   };
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     {
       const trace::span phase(track, "copy in");
       std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
@@ -9369,7 +9410,7 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
   const std::size_t slice = node.slice_bytes();
   for (std::size_t begin = 0; begin < bytes; begin += slice) {
     const std::size_t n = std::min(slice, bytes - begin);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     if (node.rank() == root) {
       const trace::span phase(comm.operations().track(), "copy in");
       std::memcpy(node.buffer(root, t), data + begin, n);

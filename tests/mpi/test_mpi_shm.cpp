@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -704,3 +705,34 @@ HERD_MPI_TEST_CASE("communicators made by split, subset and renew add nothing to
   CHECK(after.herd_memfds >= before.herd_memfds + alive.size());  // the segments exist, and are herd's
   CHECK(after.dev_shm_bytes - before.dev_shm_bytes < 1 << 20);  // the segments are anonymous (memfd): not in /dev/shm at all
 }
+
+// With argument checks off, a collective called with different counts may go wrong, but its
+// shared-memory steps must never pair with the next operation's: rank 1's extra slice would
+// otherwise take rank 0's first step of the next allreduce, and that allreduce would complete with
+// the earlier one's data. Every rank either raises or holds the exact sum of the second call.
+HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce never lends its steps to the next operation", 2) {
+  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
+  o.check_arguments = false;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 2;
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    REQUIRE(comm.shared_node() != nullptr);
+    const int rank = comm.rank();
+    const int p = comm.size();
+    const std::size_t n = 64 * 1024;  // 64 slices of 1024 floats; rank 1 has one more
+    std::vector<float> first(n + (rank == 1 ? 1024 : 0), 1.0f);
+    const std::string first_error = error_of([&] { herd::allreduce(first, comm); });
+    std::vector<float> second(n, static_cast<float>(rank + 1));
+    const std::string second_error = error_of([&] { herd::allreduce(second, comm); });
+    const auto sum = static_cast<float>(p * (p + 1) / 2);
+    const auto wrong = std::count_if(second.begin(), second.end(), [&](float x) { return x != sum; });
+    INFO("rank ", rank, ": first: ", first_error, " | second: ", second_error, " | ", wrong, " of ", n, " wrong");
+    CHECK((second_error != "(no error)" || wrong == 0));
+    if (second_error != "(no error)" && first_error == "(no error)") {
+      CHECK((has(second_error, "their shared-memory steps do not pair up") || has(second_error, "aborted")));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+

@@ -14,6 +14,12 @@
 // has finished step t. So there is no other barrier. (The allreduce has a second counter,
 // `reduced`, for its second half-step: see shm_allreduce.)
 //
+// Operations. Each step also carries the number of the operation it belongs to (the last 8 bytes
+// of its buffer's header), and a rank that finds a peer's step t to belong to another operation
+// than its own raises instead of reading it. Ranks whose operations take different numbers of
+// steps (arguments that differ, unchecked with HERD_CHECK_ARGUMENTS=0) would otherwise pair one
+// operation's steps with the next one's, and complete it with another operation's data.
+//
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
 // herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
@@ -187,8 +193,15 @@ class shm_node {
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
-  // The next step's ticket (the same on every rank of the node).
-  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+  // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
+  // its number goes with the step (operation_of).
+  template <class C> std::uint64_t next_ticket(C& comm) {
+    const operation_state& ops = comm.operations();
+    operation_ = ops.in_operation() ? ops.current().seq : 0;
+    ++ticket_;
+    std::memcpy(operation_word(rank_, ticket_), &operation_, sizeof operation_);
+    return ticket_;
+  }
 
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
@@ -203,7 +216,31 @@ class shm_node {
   }
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
+  // Raises if a peer's step t belongs to another operation than this rank's.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    wait_for_peers(comm, t, which);
+    if (which != arrived) return;  // the same step's second half: its operation was checked
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, operation_word(i, t), sizeof theirs);
+      if (theirs != operation_) mismatched(comm, i, theirs);
+    }
+  }
+
+ private:
+  template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
+    const operation_state& ops = comm.operations();
+    raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
+          "rank " + std::to_string(member(i)) + " is in operation #" + std::to_string(theirs) + " where rank " +
+              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
+              ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
+              "same one with different arguments",
+          "Call the same collectives with the same arguments on every rank; HERD_CHECK_ARGUMENTS=1 (the default) "
+          "names the difference");
+  }
+
+  template <class C> void wait_for_peers(C& comm, std::uint64_t t, counter which) {
     std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
@@ -231,7 +268,6 @@ class shm_node {
     }
   }
 
- private:
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
 
@@ -248,6 +284,10 @@ class shm_node {
   std::byte* region(int i) const noexcept {
     return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
   }
+  // Where rank i writes the number of the operation its step t belongs to.
+  std::byte* operation_word(int i, std::uint64_t t) const noexcept {
+    return header(i, t) + shm_header_bytes - sizeof(std::uint64_t);
+  }
   std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
   }
@@ -257,6 +297,7 @@ class shm_node {
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
+  std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
 
 }  // namespace herd::detail
