@@ -5669,7 +5669,7 @@ class mpi_communicator {
     detail::mpi_state& s = state();
     s.ops.drain();
     const std::vector<int> members = detail::agree_staying(s, options);
-    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
+    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr, fit_algorithm);
     MPI_Group all = MPI_GROUP_NULL;
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
@@ -5696,7 +5696,7 @@ class mpi_communicator {
       MPI_Comm& c;
       ~freed() { MPI_Comm_free(&c); }
     } free_survivors{survivors};
-    return mpi_communicator(survivors, options, nullptr);
+    return mpi_communicator(survivors, options, nullptr, fit_algorithm);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -5728,8 +5728,19 @@ class mpi_communicator {
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
-  // renews (the creation checks that every rank's is the same), or null.
+  // renews (the creation checks that every rank's is the same), or null. `fit`: an explicitly
+  // chosen algorithm that does not fit the ranks falls back to auto with a warning (after a
+  // shrink(), which the ranks cannot choose), instead of being an error.
+  struct fit_algorithm_t {};
+  static constexpr fit_algorithm_t fit_algorithm{};
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed, fit_algorithm_t)
+      : fit_algorithm_(true) {
+    create(comm, std::move(options), renewed);
+  }
   mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    create(comm, std::move(options), renewed);
+  }
+  void create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
     if (!mpi::is_initialized()) {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
@@ -5887,6 +5898,15 @@ class mpi_communicator {
         equal_sizes = equal_sizes && report.size == reports[0].size;
       }
       const bool one_node = nodes == 1;
+      const bool fits = (o.allreduce_algorithm != algorithm::shared_memory || one_node) &&
+                        (o.allreduce_algorithm != algorithm::hierarchical || equal_sizes);
+      if (!fits && fit_algorithm_) {  // every rank sees the same reports: every rank falls back
+        std::fprintf(stderr,
+                     "herd warning (rank %d of %d): HERD_ALLREDUCE_ALGORITHM=%s does not fit the ranks left after "
+                     "shrink() (%d nodes, %s ranks on each); this communicator uses auto.\n",
+                     rank(), size(), herd::name(o.allreduce_algorithm), nodes, equal_sizes ? "as many" : "not as many");
+        s_->ops.options().allreduce_algorithm = algorithm::automatic;
+      }
       if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
         detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
                                        std::to_string(nodes) + " nodes",
@@ -6048,6 +6068,7 @@ class mpi_communicator {
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
   bool member_ = true;
+  bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
 
 }  // namespace herd

@@ -6,6 +6,7 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 
@@ -736,3 +737,41 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// shrink() leaves whatever ranks stay: an algorithm chosen explicitly that no longer fits them
+// (hierarchical over nodes of 2 and 1 ranks) falls back to auto on every rank, with a warning,
+// rather than make recovery impossible.
+HERD_MPI_TEST_CASE("after shrink, an explicit hierarchical algorithm that no longer fits falls back to auto", 4) {
+  int world_rank = 0;
+  int world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  herd::comm_options o = with(herd::algorithm::hierarchical, small_slice, 2);
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 10;
+  std::vector<int> four = {0, 1, 2, 3};
+  herd::mpi_communicator all(MPI_COMM_WORLD, o);
+  herd::mpi_communicator comm = all.subset(four);  // 2 simulated nodes of 2 ranks
+  if (comm.is_member()) {
+    REQUIRE(comm.across_nodes() != nullptr);
+    if (comm.rank() == 3) {
+      comm.leave();
+    } else {
+      std::string what;
+      const std::string warned = herd_test::stderr_of([&] {
+        what = error_of([&] {
+          herd::mpi_communicator smaller = comm.shrink();
+          std::vector<int> v(5000, 1);
+          herd::allreduce(v, smaller);
+          CHECK(smaller.size() == 3);
+          CHECK(smaller.options().allreduce_algorithm == herd::algorithm::automatic);
+          CHECK(v == std::vector<int>(5000, 3));
+        });
+      });
+      INFO(what, " | ", warned);
+      CHECK(what == "(no error)");
+      CHECK(has(warned, "HERD_ALLREDUCE_ALGORITHM=hierarchical does not fit the ranks left after shrink() (2 nodes, not "
+                        "as many ranks on each); this communicator uses auto"));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
