@@ -2467,7 +2467,9 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -2489,6 +2491,7 @@ class shm_segment {
       reset();
       base_ = std::exchange(other.base_, nullptr);
       bytes_ = std::exchange(other.bytes_, 0);
+      identity_ = other.identity_;
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
       fd_ = std::exchange(other.fd_, -1);
@@ -2497,14 +2500,24 @@ class shm_segment {
   }
   ~shm_segment() { reset(); }
 
+  // What the creator writes in the last bytes of a segment and an opener compares before it uses
+  // what it mapped: a path names a file of this process's view (/proc/<pid>/fd/<n> of another PID
+  // namespace is some other process's descriptor), which may be anything.
+  struct identity {
+    std::uint64_t token[2] = {0, 0};  // random, drawn by the creator
+    std::uint64_t bytes = 0;
+    bool operator==(const identity&) const = default;
+  };
+
   // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
-  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
-  // set, on failure.
-  static shm_segment create(std::size_t bytes, std::string& problem) {
+  // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
+  // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
+  // anonymous segment (which the others reach through /proc, only in the same PID namespace).
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
     shm_segment s;
     int fd = -1;
 #if defined(MFD_CLOEXEC)
-    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
     if (fd >= 0) {
       s.fd_ = fd;
       s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
@@ -2514,7 +2527,7 @@ class shm_segment {
       static std::atomic<unsigned> counter{0};
       const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
       s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull);
+                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
       fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
         problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
@@ -2531,24 +2544,55 @@ class shm_segment {
       s.map(fd, bytes, problem);
     }
     if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) return {};
+    if (!problem.empty()) {
+      s.reset();
+      return {};
+    }
+    s.identity_.token[0] = random_word();
+    s.identity_.token[1] = random_word();
+    s.identity_.bytes = bytes;
+    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
     return s;
   }
 
-  // Maps the segment another rank of the node created (while it still holds its name).
-  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+  // Maps the segment another rank of the node created (while it still holds its name), once it
+  // found there the identity the creator sent: a file of another size, or of another identity, is
+  // left untouched (never written) and is a problem.
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
     const bool anonymous = name.rfind("/proc/", 0) == 0;
     const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
       problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+      return {};
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                           : ")");
+      ::close(fd);
       return {};
     }
     shm_segment s;
     s.map(fd, bytes, problem);
     ::close(fd);
     if (!problem.empty()) return {};
+    identity found;
+    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+    if (!(found == expected)) {
+      problem = name + " is not the node's segment (its identity differs" +
+                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                        "namespace?)"
+                                      : ")");
+      s.reset();
+      return {};
+    }
+    s.identity_ = expected;
     return s;
   }
+
+  const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
@@ -2581,8 +2625,16 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  static std::uint64_t random_word() {
+    static std::random_device device;
+    static std::mutex mutex;
+    const std::lock_guard lock(mutex);
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }
+
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
+  identity identity_;
   std::string name_;
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
@@ -2596,7 +2648,8 @@ class shm_node {
  public:
   enum counter : std::size_t { arrived = 0, reduced = 1 };
 
-  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each (its last
+  // page holds no rank's region: the segment's identity is at its end).
   static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
     return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
   }
@@ -5855,35 +5908,60 @@ class mpi_communicator {
       MPI_Group_free(&all_group);
       MPI_Comm_free(&node);
 
-      // The node's first rank creates the segment and names it; the others map it; then every rank
-      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      // The node's first rank creates the segment and sends its name and identity; the others map
+      // it and check the identity before any use; then every rank says whether that worked, and
+      // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
+      // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
+      // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
+      // named segment in /dev/shm, removed as soon as its ranks have it.
       struct node_report {
         std::int32_t first = 0;  // the node's first rank: the node's identity
         std::int32_t size = 0;
-        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+        detail::shm_segment::identity id;  // the segment's (first rank)
+        char text[1024] = {};              // the segment's name (first rank), or what went wrong
       };
       // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
       const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
       const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
-      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
-      node_report mine;
-      mine.first = members[0];
-      mine.size = node_size;
-      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      auto exchange_reports = [&] {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      std::vector<std::string> names(static_cast<std::size_t>(size()));
+      auto attach = [&](bool named) {
+        problem.clear();
+        segment = {};
+        if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
+        node_report mine;
+        mine.first = members[0];
+        mine.size = node_size;
+        mine.id = segment.id();
+        std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+        auto exchange_reports = [&] {
+          const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+          for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+        };
+        exchange_reports();
+        for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
+        const node_report& creator = reports[static_cast<std::size_t>(members[0])];
+        if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
+          segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
+        }
+        // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+        std::memset(mine.text, 0, sizeof mine.text);
+        std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+        exchange_reports();
       };
-      exchange_reports();
-      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
-      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
-      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
-      std::memset(mine.text, 0, sizeof mine.text);
-      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      exchange_reports();
+      attach(false);
+      bool unreachable = false;  // a rank could not attach to its node's anonymous segment
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
+                                      names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
+      }
+      if (unreachable) {
+        segment.release_name();
+        attach(true);
+      }
       segment.release_name();
 
       std::string trouble;
@@ -5918,7 +5996,10 @@ class mpi_communicator {
       }
       if (!trouble.empty()) {
         if (o.allreduce_algorithm != algorithm::automatic) {
-          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+          detail::raise_agreed(site, trouble,
+                               "The node's ranks could not share memory, for the reason above (through /proc, and "
+                               "then, where that failed, through a named segment in /dev/shm); use "
+                               "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
         }
         // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
         std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",

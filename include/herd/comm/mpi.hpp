@@ -518,35 +518,60 @@ class mpi_communicator {
       MPI_Group_free(&all_group);
       MPI_Comm_free(&node);
 
-      // The node's first rank creates the segment and names it; the others map it; then every rank
-      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      // The node's first rank creates the segment and sends its name and identity; the others map
+      // it and check the identity before any use; then every rank says whether that worked, and
+      // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
+      // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
+      // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
+      // named segment in /dev/shm, removed as soon as its ranks have it.
       struct node_report {
         std::int32_t first = 0;  // the node's first rank: the node's identity
         std::int32_t size = 0;
-        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+        detail::shm_segment::identity id;  // the segment's (first rank)
+        char text[1024] = {};              // the segment's name (first rank), or what went wrong
       };
       // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
       const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
       const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
-      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
-      node_report mine;
-      mine.first = members[0];
-      mine.size = node_size;
-      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      auto exchange_reports = [&] {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      std::vector<std::string> names(static_cast<std::size_t>(size()));
+      auto attach = [&](bool named) {
+        problem.clear();
+        segment = {};
+        if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
+        node_report mine;
+        mine.first = members[0];
+        mine.size = node_size;
+        mine.id = segment.id();
+        std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+        auto exchange_reports = [&] {
+          const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+          for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+        };
+        exchange_reports();
+        for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
+        const node_report& creator = reports[static_cast<std::size_t>(members[0])];
+        if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
+          segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
+        }
+        // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+        std::memset(mine.text, 0, sizeof mine.text);
+        std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+        exchange_reports();
       };
-      exchange_reports();
-      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
-      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
-      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
-      std::memset(mine.text, 0, sizeof mine.text);
-      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      exchange_reports();
+      attach(false);
+      bool unreachable = false;  // a rank could not attach to its node's anonymous segment
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
+                                      names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
+      }
+      if (unreachable) {
+        segment.release_name();
+        attach(true);
+      }
       segment.release_name();
 
       std::string trouble;
@@ -581,7 +606,10 @@ class mpi_communicator {
       }
       if (!trouble.empty()) {
         if (o.allreduce_algorithm != algorithm::automatic) {
-          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+          detail::raise_agreed(site, trouble,
+                               "The node's ranks could not share memory, for the reason above (through /proc, and "
+                               "then, where that failed, through a named segment in /dev/shm); use "
+                               "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
         }
         // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
         std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",

@@ -48,7 +48,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +72,7 @@ class shm_segment {
       reset();
       base_ = std::exchange(other.base_, nullptr);
       bytes_ = std::exchange(other.bytes_, 0);
+      identity_ = other.identity_;
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
       fd_ = std::exchange(other.fd_, -1);
@@ -78,14 +81,24 @@ class shm_segment {
   }
   ~shm_segment() { reset(); }
 
+  // What the creator writes in the last bytes of a segment and an opener compares before it uses
+  // what it mapped: a path names a file of this process's view (/proc/<pid>/fd/<n> of another PID
+  // namespace is some other process's descriptor), which may be anything.
+  struct identity {
+    std::uint64_t token[2] = {0, 0};  // random, drawn by the creator
+    std::uint64_t bytes = 0;
+    bool operator==(const identity&) const = default;
+  };
+
   // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
-  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
-  // set, on failure.
-  static shm_segment create(std::size_t bytes, std::string& problem) {
+  // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
+  // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
+  // anonymous segment (which the others reach through /proc, only in the same PID namespace).
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
     shm_segment s;
     int fd = -1;
 #if defined(MFD_CLOEXEC)
-    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
     if (fd >= 0) {
       s.fd_ = fd;
       s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
@@ -95,7 +108,7 @@ class shm_segment {
       static std::atomic<unsigned> counter{0};
       const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
       s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull);
+                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
       fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
         problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
@@ -112,24 +125,55 @@ class shm_segment {
       s.map(fd, bytes, problem);
     }
     if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) return {};
+    if (!problem.empty()) {
+      s.reset();
+      return {};
+    }
+    s.identity_.token[0] = random_word();
+    s.identity_.token[1] = random_word();
+    s.identity_.bytes = bytes;
+    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
     return s;
   }
 
-  // Maps the segment another rank of the node created (while it still holds its name).
-  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+  // Maps the segment another rank of the node created (while it still holds its name), once it
+  // found there the identity the creator sent: a file of another size, or of another identity, is
+  // left untouched (never written) and is a problem.
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
     const bool anonymous = name.rfind("/proc/", 0) == 0;
     const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
       problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+      return {};
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                           : ")");
+      ::close(fd);
       return {};
     }
     shm_segment s;
     s.map(fd, bytes, problem);
     ::close(fd);
     if (!problem.empty()) return {};
+    identity found;
+    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+    if (!(found == expected)) {
+      problem = name + " is not the node's segment (its identity differs" +
+                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                        "namespace?)"
+                                      : ")");
+      s.reset();
+      return {};
+    }
+    s.identity_ = expected;
     return s;
   }
+
+  const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
@@ -162,8 +206,16 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  static std::uint64_t random_word() {
+    static std::random_device device;
+    static std::mutex mutex;
+    const std::lock_guard lock(mutex);
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }
+
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
+  identity identity_;
   std::string name_;
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
@@ -177,7 +229,8 @@ class shm_node {
  public:
   enum counter : std::size_t { arrived = 0, reduced = 1 };
 
-  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each (its last
+  // page holds no rank's region: the segment's identity is at its end).
   static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
     return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
   }
