@@ -1161,13 +1161,15 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 // options of the object it affects; the variable only sets the default.
 //
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long (60; 0 = never)
-//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever)
+//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever;
+//                                     else at least 0.1)
 //   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
-//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
+//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400;
+//                                     at least 1)
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
@@ -1175,6 +1177,7 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
 //
+// Byte counts and rank counts are whole numbers, flags 0 or 1, times seconds (fractions allowed).
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
 // creation).
@@ -1223,18 +1226,35 @@ struct settings {
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
-// The variable as a number in [0, 1e15], or `fallback` when unset, empty or malformed (then
-// `problem` says so, unless it already holds an earlier problem).
-inline double env_number(const char* variable, double fallback, std::string& problem) {
+// What a variable holds: seconds (a fraction is fine), a whole number (bytes, ranks), or a flag.
+enum class env_kind : std::uint8_t { seconds, whole, flag };
+
+// The variable as a number in [0, 1e15] (a whole one unless `kind` is seconds, 0 or 1 for a flag),
+// or `fallback` when unset, empty or malformed (then `problem` says what is wrong and what to give,
+// unless it already holds an earlier problem).
+inline double env_number(const char* variable, double fallback, std::string& problem,
+                         env_kind kind = env_kind::seconds) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
+  const bool number = errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
+  const bool fits = number && (kind == env_kind::seconds || value == static_cast<double>(static_cast<std::uint64_t>(value))) &&
+                    (kind != env_kind::flag || value <= 1);
+  if (!fits) {
     if (problem.empty()) {
-      problem = std::string("environment variable ") + variable + "='" + text +
-                "' is not a number between 0 and 1e15; unset it or give a number such as 60";
+      const std::string head = std::string("environment variable ") + variable + "='" + text + "' ";
+      switch (kind) {
+        case env_kind::seconds:
+          problem = head + "is not a number of seconds between 0 and 1e15; unset it or give one such as 60";
+          break;
+        case env_kind::whole:
+          problem = head + "is not a whole number between 0 and 1e15; unset it or give one such as " +
+                    std::to_string(static_cast<std::uint64_t>(fallback));
+          break;
+        case env_kind::flag: problem = head + "is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"; break;
+      }
     }
     return fallback;
   }
@@ -1257,19 +1277,25 @@ inline algorithm env_algorithm(std::string& problem) {
 
 inline settings read_settings() {
   settings s;
+  auto bytes = [&](const char* variable, std::size_t fallback) {
+    return static_cast<std::size_t>(env_number(variable, static_cast<double>(fallback), s.problem, env_kind::whole));
+  };
   s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
   s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
-  s.ring_segment_bytes = static_cast<std::size_t>(
-      env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
-  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
-  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
-  s.fusion_threshold_bytes = static_cast<std::size_t>(
-      env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
-  s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
-  if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
+  s.ring_segment_bytes = bytes("HERD_RING_SEGMENT_BYTES", s.ring_segment_bytes);
+  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem, env_kind::flag) != 0;
+  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem, env_kind::flag) != 0;
+  s.fusion_threshold_bytes = bytes("HERD_FUSION_THRESHOLD", s.fusion_threshold_bytes);
+  s.bucket_bytes = bytes("HERD_BUCKET_BYTES", s.bucket_bytes);
+  if (s.bucket_bytes == 0) {
+    if (s.problem.empty()) {
+      s.problem = "environment variable HERD_BUCKET_BYTES=0 leaves no room in a bucket; unset it for the default "
+                  "(26214400), or give the bytes of a bucket, at least 1";
+    }
+    s.bucket_bytes = settings{}.bucket_bytes;
+  }
   s.allreduce_algorithm = env_algorithm(s.problem);
-  s.shm_slice_bytes = static_cast<std::size_t>(
-      env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
+  s.shm_slice_bytes = bytes("HERD_SHM_SLICE_BYTES", s.shm_slice_bytes);
   if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
     if (s.problem.empty()) {
       s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
@@ -1277,8 +1303,11 @@ inline settings read_settings() {
     }
     s.shm_slice_bytes = settings{}.shm_slice_bytes;
   }
-  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem);
-  if (node_size > 65536 && s.problem.empty()) s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536";
+  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem, env_kind::whole);
+  if (node_size > 65536 && s.problem.empty()) {
+    s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536; give a number of ranks between 0 (the "
+                "real nodes) and 65536";
+  }
   s.simulated_node_size = node_size > 65536 ? 0 : static_cast<int>(node_size);
   return s;
 }
@@ -1836,6 +1865,9 @@ struct queued_operation {
   std::function<void(std::uint64_t)> work;
   std::atomic<bool> done{false};
   std::exception_ptr failure;  // written before done
+  // The failure aborted the communicator (or it was aborted before): its every later call
+  // reports the abort again, so a handle dropped unwaited need not warn of it. Written before done.
+  bool failure_repeats = false;
 };
 
 class operation_state {
@@ -2055,6 +2087,7 @@ class operation_state {
       op->work(op->seq);
     } catch (...) {
       op->failure = std::current_exception();
+      op->failure_repeats = aborted();
     }
     op->work = nullptr;  // drops what the work captured
     lock.lock();
@@ -2209,14 +2242,20 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // finished.
 
 
-// ---- herd/comm/detail/operation.hpp ----
-#ifndef HERD_COMM_DETAIL_OPERATION_HPP
-#define HERD_COMM_DETAIL_OPERATION_HPP
-// An operation of a communicator, from start to end: it takes the communicator's next sequence
-// number (in the order operations were issued on this rank, which must be the order on every
-// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
-// aborts the communicator: the transport settles every request still in flight and tells the
-// peers before the error reaches the caller.
+// ---- herd/comm/detail/failure.hpp ----
+#ifndef HERD_COMM_DETAIL_FAILURE_HPP
+#define HERD_COMM_DETAIL_FAILURE_HPP
+// What keeps a failure from turning into a wrong result later, common to every communicator:
+// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
+//   collective's data (or take a collective's data as its own);
+// - options: every number a communicator runs with is checked when it is created, whether it came
+//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
+//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
+// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
+//   up while another had already received all it needed and went on). renew() therefore compares
+//   each rank's last completed operation of the old communicator and raises on every rank if they
+//   differ: ranks that retried "the same step" from there would be in different steps, and the new
+//   communicator's agreement, whose sequence numbers start again, could not tell.
 
 
 // ---- herd/comm/detail/agreement.hpp ----
@@ -2250,6 +2289,12 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // has finished step t. So there is no other barrier. (The allreduce has a second counter,
 // `reduced`, for its second half-step: see shm_allreduce.)
 //
+// Operations. Each step also carries the number of the operation it belongs to (the last 8 bytes
+// of its buffer's header), and a rank that finds a peer's step t to belong to another operation
+// than its own raises instead of reading it. Ranks whose operations take different numbers of
+// steps (arguments that differ, unchecked with HERD_CHECK_ARGUMENTS=0) would otherwise pair one
+// operation's steps with the next one's, and complete it with another operation's data.
+//
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
 // herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
@@ -2265,7 +2310,7 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // ---- herd/comm/detail/fault_hooks.hpp ----
 #ifndef HERD_COMM_DETAIL_FAULT_HOOKS_HPP
 #define HERD_COMM_DETAIL_FAULT_HOOKS_HPP
-// Tests only: two points where a test can make this process misbehave in the middle of an
+// Tests only: three points where a test can make this process misbehave in the middle of an
 // operation (stall, throw), on every path herd has. Unset (the default) they cost one load and one
 // predictable branch. Not for production use: nothing else in herd sets them.
 // - shm_step_hook: called with each step's ticket before this process publishes it in a node's
@@ -2273,6 +2318,8 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // - post_hook: called before an mpi_communicator posts a message on one of herd's own tags (an
 //   agreement's exchange, or an operation's data), with the tag and whether it is a receive; on the
 //   thread that runs the operation (the progress thread for asynchronous ones).
+// - shrink_hook: called with this rank's number in the communicator it shrinks, after it heard
+//   who stays and before it proposes them to the others.
 
 #include <cstdint>
 
@@ -2287,6 +2334,12 @@ inline shm_hook& shm_step_hook() noexcept {
 using message_hook = void (*)(int tag, bool receiving);
 inline message_hook& post_hook() noexcept {
   static message_hook hook = nullptr;
+  return hook;
+}
+
+using rank_hook = void (*)(int rank);
+inline rank_hook& shrink_hook() noexcept {
+  static rank_hook hook = nullptr;
   return hook;
 }
 
@@ -2357,10 +2410,14 @@ class waiting {
     }
     if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
       warned_ = true;
+      const std::string then = options_.stall_shutdown_seconds > 0
+                                   ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                                         number(options_.stall_shutdown_seconds) + " s"
+                                   : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
       std::fprintf(stderr,
                    "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
-                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+                   "stuck; %s.\n",
+                   text.c_str(), then.c_str());
       std::fflush(stderr);
     }
   }
@@ -2410,7 +2467,9 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -2432,6 +2491,7 @@ class shm_segment {
       reset();
       base_ = std::exchange(other.base_, nullptr);
       bytes_ = std::exchange(other.bytes_, 0);
+      identity_ = other.identity_;
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
       fd_ = std::exchange(other.fd_, -1);
@@ -2440,14 +2500,24 @@ class shm_segment {
   }
   ~shm_segment() { reset(); }
 
+  // What the creator writes in the last bytes of a segment and an opener compares before it uses
+  // what it mapped: a path names a file of this process's view (/proc/<pid>/fd/<n> of another PID
+  // namespace is some other process's descriptor), which may be anything.
+  struct identity {
+    std::uint64_t token[2] = {0, 0};  // random, drawn by the creator
+    std::uint64_t bytes = 0;
+    bool operator==(const identity&) const = default;
+  };
+
   // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
-  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
-  // set, on failure.
-  static shm_segment create(std::size_t bytes, std::string& problem) {
+  // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
+  // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
+  // anonymous segment (which the others reach through /proc, only in the same PID namespace).
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
     shm_segment s;
     int fd = -1;
 #if defined(MFD_CLOEXEC)
-    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
     if (fd >= 0) {
       s.fd_ = fd;
       s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
@@ -2457,7 +2527,7 @@ class shm_segment {
       static std::atomic<unsigned> counter{0};
       const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
       s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull);
+                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
       fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
         problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
@@ -2474,24 +2544,55 @@ class shm_segment {
       s.map(fd, bytes, problem);
     }
     if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) return {};
+    if (!problem.empty()) {
+      s.reset();
+      return {};
+    }
+    s.identity_.token[0] = random_word();
+    s.identity_.token[1] = random_word();
+    s.identity_.bytes = bytes;
+    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
     return s;
   }
 
-  // Maps the segment another rank of the node created (while it still holds its name).
-  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+  // Maps the segment another rank of the node created (while it still holds its name), once it
+  // found there the identity the creator sent: a file of another size, or of another identity, is
+  // left untouched (never written) and is a problem.
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
     const bool anonymous = name.rfind("/proc/", 0) == 0;
     const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
       problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+      return {};
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                           : ")");
+      ::close(fd);
       return {};
     }
     shm_segment s;
     s.map(fd, bytes, problem);
     ::close(fd);
     if (!problem.empty()) return {};
+    identity found;
+    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+    if (!(found == expected)) {
+      problem = name + " is not the node's segment (its identity differs" +
+                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                        "namespace?)"
+                                      : ")");
+      s.reset();
+      return {};
+    }
+    s.identity_ = expected;
     return s;
   }
+
+  const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
@@ -2524,8 +2625,16 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  static std::uint64_t random_word() {
+    static std::random_device device;
+    static std::mutex mutex;
+    const std::lock_guard lock(mutex);
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }
+
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
+  identity identity_;
   std::string name_;
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
@@ -2539,7 +2648,8 @@ class shm_node {
  public:
   enum counter : std::size_t { arrived = 0, reduced = 1 };
 
-  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each (its last
+  // page holds no rank's region: the segment's identity is at its end).
   static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
     return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
   }
@@ -2555,8 +2665,15 @@ class shm_node {
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
-  // The next step's ticket (the same on every rank of the node).
-  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+  // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
+  // its number goes with the step (operation_of).
+  template <class C> std::uint64_t next_ticket(C& comm) {
+    const operation_state& ops = comm.operations();
+    operation_ = ops.in_operation() ? ops.current().seq : 0;
+    ++ticket_;
+    std::memcpy(operation_word(rank_, ticket_), &operation_, sizeof operation_);
+    return ticket_;
+  }
 
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
@@ -2571,7 +2688,31 @@ class shm_node {
   }
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
+  // Raises if a peer's step t belongs to another operation than this rank's.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    wait_for_peers(comm, t, which);
+    if (which != arrived) return;  // the same step's second half: its operation was checked
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, operation_word(i, t), sizeof theirs);
+      if (theirs != operation_) mismatched(comm, i, theirs);
+    }
+  }
+
+ private:
+  template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
+    const operation_state& ops = comm.operations();
+    raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
+          "rank " + std::to_string(member(i)) + " is in operation #" + std::to_string(theirs) + " where rank " +
+              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
+              ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
+              "same one with different arguments",
+          "Call the same collectives with the same arguments on every rank; HERD_CHECK_ARGUMENTS=1 (the default) "
+          "names the difference");
+  }
+
+  template <class C> void wait_for_peers(C& comm, std::uint64_t t, counter which) {
     std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
@@ -2599,7 +2740,6 @@ class shm_node {
     }
   }
 
- private:
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
 
@@ -2616,6 +2756,10 @@ class shm_node {
   std::byte* region(int i) const noexcept {
     return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
   }
+  // Where rank i writes the number of the operation its step t belongs to.
+  std::byte* operation_word(int i, std::uint64_t t) const noexcept {
+    return header(i, t) + shm_header_bytes - sizeof(std::uint64_t);
+  }
   std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
   }
@@ -2625,6 +2769,7 @@ class shm_node {
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
+  std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
 
 }  // namespace herd::detail
@@ -2747,8 +2892,8 @@ template <class C> std::size_t payload_capacity(C& comm) {
 // next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
 template <class C>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  static_assert(sizeof(signature) <= shm_header_bytes);
-  const std::uint64_t t = node.next_ticket();
+  static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
+  const std::uint64_t t = node.next_ticket(comm);
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
@@ -2974,26 +3119,11 @@ inline signature signature_of(const operation_state& ops) {
 
 #endif  // HERD_COMM_DETAIL_AGREEMENT_HPP
 
-// ---- herd/comm/detail/failure.hpp ----
-#ifndef HERD_COMM_DETAIL_FAILURE_HPP
-#define HERD_COMM_DETAIL_FAILURE_HPP
-// What keeps a failure from turning into a wrong result later, common to every communicator:
-// - tags: a user's message may not take a tag of herd's own range, where it would be taken for a
-//   collective's data (or take a collective's data as its own);
-// - options: every number a communicator runs with is checked when it is created, whether it came
-//   from code (comm_options) or from the environment (HERD_*), so that a bad one is an error on every
-//   rank then rather than a crash (a segment of 0 bytes divides by zero) in some later collective;
-// - renewal: after an abort, the ranks' outcomes of the failed operation may differ (one rank gave
-//   up while another had already received all it needed and went on). renew() therefore compares
-//   each rank's last completed operation of the old communicator and raises on every rank if they
-//   differ: ranks that retried "the same step" from there would be in different steps, and the new
-//   communicator's agreement, whose sequence numbers start again, could not tell.
-
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace herd {
 
@@ -3035,9 +3165,11 @@ inline std::string options_problem(const comm_options& o) {
     return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
            "; give seconds between 0 (never warn) and 1e15";
   }
-  if (seconds_bad(o.stall_shutdown_seconds)) {
+  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
+  // looks every few milliseconds, and an abort's notices take about as long).
+  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
     return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
-           number(o.stall_shutdown_seconds) + "; give seconds between 0 (never give up) and 1e15";
+           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
   }
   if (o.ring_segment_bytes == 0) {
     return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
@@ -3153,10 +3285,107 @@ std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown 
   return {};
 }
 
+// shrink(), common to every communicator. It has two steps, each under the watchdog:
+// 1. Presence: each rank that stays says so ("present" in shrink number `round`) and waits until
+//    it has heard of every rank that it stays or that it left (staying_answer).
+// 2. Members: each then proposes the ranks it counted, and goes on (to create the communicator of
+//    those ranks, which needs them all) only once every one of them proposed the same
+//    (members_verdict). Ranks whose news differed (one left just after saying it stays, and only
+//    some heard of it in time) give up then, within the shutdown time, instead of creating
+//    communicators of different ranks or waiting for one that will never come.
+// A rank leaves the communicator it shrinks only after the new one was created (which needs every
+// member past step 2) or after its shrink gave up: a departure heard during steps 1 and 2 always
+// means that rank is gone, even after it said it stays.
+
+// What this rank knows of peer q in shrink `round`: 1 it stays, 0 it left, -1 not yet known.
+inline int staying_answer(std::uint64_t present_in, bool departed, std::uint64_t round) noexcept {
+  if (departed) return 0;
+  return present_in >= round ? 1 : -1;
+}
+
+// A list of ranks, as a shrink's proposal travels: how many, and a hash of which.
+struct members_digest {
+  std::uint64_t count = 0;
+  std::uint64_t hash = 14695981039346656037ull;
+  static members_digest of(const std::vector<int>& members) noexcept {
+    members_digest d;
+    d.count = members.size();
+    for (int q : members) {
+      d.hash ^= static_cast<std::uint64_t>(static_cast<std::uint32_t>(q));
+      d.hash *= 1099511628211ull;
+    }
+    return d;
+  }
+  bool operator==(const members_digest&) const = default;
+};
+
+// What this rank knows of member q in step 2.
+struct member_news {
+  bool departed = false;
+  bool proposed = false;  // its proposal for this round came
+  members_digest proposal;
+};
+
+// Step 2's state, for this rank: `waiting_for` the first member whose proposal has not come
+// (-1: none), or `problem`, why the members cannot agree. `news(q)` tells whether member q left,
+// and its proposal for this round if it made one.
+struct members_state {
+  int waiting_for = -1;
+  std::string problem;
+};
+template <class News>
+members_state members_verdict(const std::vector<int>& members, int me, const members_digest& mine, News news) {
+  members_state state;
+  for (int q : members) {
+    if (q == me) continue;
+    const member_news heard = news(q);
+    const members_digest& theirs = heard.proposal;
+    if (heard.departed) {
+      state.problem = "rank " + std::to_string(q) + " left while the ranks that stay agreed on who they are (it had "
+                      "said it stays, and only some ranks heard that it left)";
+      return state;
+    }
+    if (!heard.proposed) {
+      if (state.waiting_for < 0) state.waiting_for = q;
+      continue;
+    }
+    if (!(theirs == mine)) {
+      state.problem = "rank " + std::to_string(q) + " counted " + std::to_string(theirs.count) +
+                      " ranks that stay where rank " + std::to_string(me) + " counted " + std::to_string(mine.count) +
+                      " (a rank left while they counted)";
+      return state;
+    }
+  }
+  return state;
+}
+
+// The ranks that stay, in their order: those whose answer is 1.
+inline std::vector<int> staying_members(const std::vector<int>& answers) {
+  std::vector<int> members;
+  for (std::size_t q = 0; q < answers.size(); ++q)
+    if (answers[q] == 1) members.push_back(static_cast<int>(q));
+  return members;
+}
+
+inline const char* shrink_advice() noexcept {
+  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
+         "the ranks still here, or end the job";
+}
+
 }  // namespace detail
 }  // namespace herd
 
 #endif  // HERD_COMM_DETAIL_FAILURE_HPP
+
+// ---- herd/comm/detail/operation.hpp ----
+#ifndef HERD_COMM_DETAIL_OPERATION_HPP
+#define HERD_COMM_DETAIL_OPERATION_HPP
+// An operation of a communicator, from start to end: it takes the communicator's next sequence
+// number (in the order operations were issued on this rank, which must be the order on every
+// rank), refuses to start on an aborted communicator, runs, and if it fails after its agreement
+// aborts the communicator: the transport settles every request still in flight and tells the
+// peers before the error reaches the caller.
+
 
 #include <exception>
 #include <memory>
@@ -3452,7 +3681,8 @@ class world {
       : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
         splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
         aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0) {}
+        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
+        proposals_(static_cast<std::size_t>(size)) {}
 
   int size() const noexcept { return size_; }
 
@@ -3520,17 +3750,26 @@ class world {
     }
     wake_all();
   }
-  // For each rank, 1 if it said it stays in shrink `round`, 0 if it left without saying so, -1
-  // while neither is known. A rank that stays leaves this world only after its shrink, so it
-  // counts as staying once it said so.
+  // For each rank, what is known of it in shrink `round` (staying_answer: 1 stays, 0 left, -1
+  // not yet known).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(registry_mutex_);
     std::vector<int> result(static_cast<std::size_t>(size_), -1);
-    for (std::size_t q = 0; q < result.size(); ++q) {
-      if (present_in_[q] >= round) result[q] = 1;
-      else if (departed_at_[q] != never) result[q] = 0;
-    }
+    for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
     return result;
+  }
+  // Rank `rank` proposes the members it counted in shrink `round`; what is known of rank q's proposal.
+  void propose(int rank, std::uint64_t round, members_digest members) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      proposals_[static_cast<std::size_t>(rank)] = {round, members};
+    }
+    wake_all();
+  }
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(registry_mutex_);
+    const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
+    return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
   }
   // The world of the ranks staying in shrink `round`, shared by them.
   std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
@@ -3649,6 +3888,7 @@ class world {
   std::vector<std::string> abort_reasons_;
   std::vector<std::uint64_t> departed_at_;
   std::vector<std::uint64_t> present_in_;
+  std::vector<std::pair<std::uint64_t, members_digest>> proposals_;
   pending pending_splits_;
   pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
@@ -3817,35 +4057,33 @@ class local_communicator {
   // A new communicator of the ranks that are still here, renumbered in their order here: how the
   // others go on when ranks left (their function returned, or they destroyed or left() their
   // communicator). Every staying rank calls it; as renew(options, herd::rolled_back), the caller
-  // brings the ranks back to one state. The ranks agree on who stays: each says it is here and
-  // waits until every rank has either said so or left (under the watchdog).
+  // brings the ranks back to one state. The ranks agree on who stays, in two steps under the
+  // watchdog (comm/detail/failure.hpp): each says it is here and waits until every rank has either
+  // said so or left; then each proposes the ranks it counted and waits until all of them proposed
+  // the same, or raises.
   local_communicator shrink() const { return shrink(options()); }
   local_communicator shrink(const comm_options& options) const {
     state().drain();
     const std::uint64_t round = ++shrinks_;
+    const detail::error_site site{"local_communicator::shrink", rank_, size()};
     world_->stay(rank_, round);
-    detail::local::waiter& w = world_->waiter_of(rank_);
-    detail::waiting watch(options);
     std::vector<int> staying = world_->staying(round);
-    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
-      if (world_->failed()) fail_with_world();
-      {
-        std::unique_lock lock(w.mutex);
-        w.wake.wait_for(lock, std::chrono::milliseconds(20));
-      }
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"local_communicator::shrink", rank_, size()},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+    auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+    watched_wait(options, site, [&] {
       staying = world_->staying(round);
-    }
-    int members = 0;
-    int new_rank = 0;
-    for (int q = 0; q < size(); ++q) {
-      if (staying[static_cast<std::size_t>(q)] != 1) continue;
-      if (q < rank_) ++new_rank;
-      ++members;
-    }
-    return local_communicator(world_->survivors_world(round, members), new_rank, options, nullptr);
+      return unknown() == size();
+    }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+    const std::vector<int> members = detail::staying_members(staying);
+    const detail::members_digest mine = detail::members_digest::of(members);
+    world_->propose(rank_, round, mine);
+    detail::members_state agreed;
+    watched_wait(options, site, [&] {
+      agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
+      return agreed.waiting_for < 0 || !agreed.problem.empty();
+    }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
+    if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -3946,6 +4184,22 @@ class local_communicator {
     }
   }
 
+  // The watched wait of this rank's shrink(): until done(), woken by any news of the world, with
+  // the watchdog of `options` saying what() it waits for.
+  template <class Done, class What>
+  void watched_wait(const comm_options& options, const detail::error_site& site, Done done, What what) const {
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    detail::waiting watch(options);
+    while (!done()) {
+      if (world_->failed()) fail_with_world();
+      {
+        std::unique_lock lock(w.mutex);
+        w.wake.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      watch.watch(site, what());
+    }
+  }
+
   [[noreturn]] void fail_with_world() const {
     detail::raise(site(), "stopped because " + world_->failure(), "See the first exception, which local::run rethrows");
   }
@@ -4026,7 +4280,7 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 // result; NCCL's stream first waits, by an event, for the caller's stream (cuda::current_stream():
 // the default stream, or the one a cuda::use_stream scope names). While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
 // peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
-// minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
+// minutes when unset, DDP's default; 0 waits forever, as on the other communicators) aborts the NCCL communicator
 // and raises herd::error, on every rank, instead of hanging. The _async collectives are
 // stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
 // makes the caller's stream wait for them, synchronize() waits on the host.
@@ -4048,7 +4302,8 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 // the same on every rank. On host memory they make progress on the communicator's progress
 // thread (comm_options::progress_thread, HERD_PROGRESS_THREAD), or, without one, inside wait()
 // and test(). The tensors must stay alive and untouched until the operation completes. A handle
-// destroyed before then waits for it, so memory in flight is never freed under MPI.
+// destroyed before then waits for it, so memory in flight is never freed under MPI (and warns of
+// its failure, unless it is dropped by an exception or the failure aborted the communicator).
 //
 // On an nccl_communicator an operation is stream-ordered: it is enqueued after the work already on
 // the caller's stream, and wait() makes that stream wait for it (no host synchronization);
@@ -4128,16 +4383,23 @@ class handle {
     if (op_->failure) std::rethrow_exception(op_->failure);
   }
 
+  // Nobody is left to catch the operation's failure, so it is told on stderr, unless someone hears
+  // of it anyway: a handle dropped while an exception unwinds the stack (a failed step, which
+  // run_elastic rolls back: the exception on its way is the failure, or its cause), or a failure
+  // that aborted the communicator (its every later call reports the abort again).
   void settle() noexcept {
     if (waited_ || !valid()) return;
+    const bool unwinding = std::uncaught_exceptions() > 0;
     try {
       synchronize();
     } catch (const std::exception& e) {
-      // Nobody is left to catch it; a failure after the agreement also aborted the communicator,
-      // whose next operation reports it again.
-      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
+      if (!unwinding && !(op_ && op_->failure_repeats)) {
+        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
+      }
     } catch (...) {
-      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
+      if (!unwinding && !(op_ && op_->failure_repeats)) {
+        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
+      }
     }
   }
 
@@ -4412,6 +4674,8 @@ inline int multiprocessors(int device) {
 // - closed n: the sender leaves the communicator (destroyed it, left() it, or MPI_Finalize ran)
 //   after issuing n operations. A peer waiting in operation n or later raises.
 // - present r: the sender is in its r-th shrink() of the communicator and stays.
+// - members r: the ranks the sender counted as staying in its r-th shrink() (their number and a
+//   hash of which: comm/detail/failure.hpp's members_digest).
 // One tag, one receive: MPI keeps the order of one sender's notices, so a "present" arrives before
 // the same sender's "closed".
 //
@@ -4424,7 +4688,8 @@ inline int multiprocessors(int device) {
 // are not waited for: the communicator goes on the unsettled list below.
 //
 // The bound: all this takes at most comm_options::stall_shutdown_seconds (none when 0; then a
-// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort, with
+// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort on
+// MPI_COMM_WORLD: end_job, with
 // a message naming the peer and the operation), as torch's NCCL watchdog does; with
 // comm_options::end_job_if_unsettled off its request is left to MPI, and the error says that its
 // buffer still belongs to MPI. Only peers' "done" still missing past the bound: the abort returns.
@@ -4432,7 +4697,8 @@ inline int multiprocessors(int device) {
 // A departing rank is told apart from an aborting one by its notice: "closed" carries the number
 // of operations it issued, and hopeless() names a departure before any abort (which may only be
 // another rank's report of that departure). shrink() counts a rank as staying when its "present"
-// for that round came, as gone when its "closed" came without it.
+// for that round came, as gone when its "closed" came (even after a "present": see failure.hpp),
+// and creates the new communicator only once every member proposed the same members.
 //
 // The registries (mpi_registry), one per process:
 // - live: the communicators alive. MPI_Finalize (at_finalize) tells their peers this rank leaves,
@@ -4453,6 +4719,7 @@ inline int multiprocessors(int device) {
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -4510,11 +4777,11 @@ inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* ty
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4, members = 5 };
   std::uint32_t magic = 0x4e544345;  // "NTCE"
   std::uint8_t type = 0;
   std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present, members: the shrink
   char reason[1008] = {};
 };
 
@@ -4524,6 +4791,8 @@ struct mpi_peer {
   std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
   bool done = false;  // settled everything it had in flight after an abort
   std::uint64_t present_in = 0;  // the last shrink it said it is in
+  std::uint64_t proposed_in = 0;  // the last shrink it proposed members in, and what it proposed
+  members_digest proposal;
   std::string reason;
 };
 
@@ -4623,19 +4892,21 @@ class mpi_state {
     return true;
   }
 
-  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
-  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
-  // its "present" comes first and it counts as staying.
+  // Shrink number `round`: for each rank, what this rank knows of it (staying_answer).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(notice_mutex);
     std::vector<int> result(static_cast<std::size_t>(size), -1);
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      int& r = result[static_cast<std::size_t>(q)];
-      if (q == rank || peer.present_in >= round) r = 1;
-      else if (peer.departed_at != never) r = 0;
+      result[static_cast<std::size_t>(q)] = q == rank ? 1 : staying_answer(peer.present_in, peer.departed_at != never, round);
     }
     return result;
+  }
+  // What this rank knows of rank q's proposal in shrink `round`.
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(notice_mutex);
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    return {peer.departed_at != never, peer.proposed_in == round, peer.proposal};
   }
 
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
@@ -4775,6 +5046,10 @@ class mpi_state {
       peer.departed_at = notice.seq;
     } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
       peer.present_in = notice.seq;
+    } else if (notice.type == mpi_notice::members && notice.seq > peer.proposed_in) {
+      peer.proposed_in = notice.seq;
+      std::memcpy(&peer.proposal.count, notice.reason, sizeof(std::uint64_t));
+      std::memcpy(&peer.proposal.hash, notice.reason + sizeof(std::uint64_t), sizeof(std::uint64_t));
     }
   }
 
@@ -4923,6 +5198,16 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
+// Ends the whole job. MPI_Abort on MPI_COMM_WORLD, not on the communicator that failed: MPICH
+// 4.0 (ch4) took the abort of a duplicate, or of a communicator of some ranks, as one of its
+// processes only, leaving a peer that sleeps outside MPI, or that is in MPI_Finalize, running
+// until it woke (ctest mpi_abort_job_*, measured from outside the job). The job is lost anyway:
+// MPI may still read memory this process would free.
+[[noreturn]] inline void end_job() noexcept {
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
+}
+
 inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
   std::string peers;
   for (auto& o : s.orphans) {
@@ -4943,7 +5228,7 @@ inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
                          "herd::error instead.)\n",
                  what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
     std::fflush(stderr);
-    MPI_Abort(s.comm, 1);
+    end_job();
   }
   s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
                        "takes them; do not free or reuse them before then.");
@@ -4959,19 +5244,30 @@ inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
   try {
     give_up_settling_or_throw(s, reason);
   } catch (...) {  // out of memory for the words: the decision stands
-    if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    if (s.ops.options().end_job_if_unsettled) end_job();
   }
   for (auto& o : s.orphans) {
     if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
   }
 }
 
-// Begins the abort of the running operation (or of the one aborted before, outside any): marks
-// the communicator aborted, cancels this rank's receives of the operation and tells every peer.
-// Returns the operation's number.
+// Begins the abort of the running operation (outside any: of the one aborted before, or else of
+// the next one this rank would issue, which its peers may be waiting in): marks the communicator
+// aborted, cancels this rank's receives of the operation and tells every peer. Returns the
+// operation's number.
 inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
+  const bool before = s.ops.aborted();
   s.ops.mark_aborted(reason);
-  const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+  std::uint64_t seq = s.aborted_seq;
+  if (s.ops.in_operation()) {
+    seq = s.ops.current().seq;
+  } else if (!before) {
+    try {
+      seq = s.ops.issued();
+    } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
+      seq = 0;
+    }
+  }
   s.aborted_seq = seq;
   for (auto& o : s.orphans) {
     if (o.receiving) MPI_Cancel(&o.handle);
@@ -5022,28 +5318,86 @@ inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reaso
   if (!s.all_settled()) add_unsettled(&s);
 }
 
-// shrink() number ++s.shrinks: says this rank stays, and waits (under the watchdog of `options`)
-// until every peer has said it stays or left. Returns the ranks that stay, in their order.
-inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
-  const std::uint64_t round = ++s.shrinks;
-  s.notify_all(mpi_notice::present, round, {}, false);
-  std::vector<int> staying = s.staying(round);
+// The watched wait every blocking step of an mpi_communicator shares: polls done() (spinning,
+// yielding, then sleeping: waiting), and every few milliseconds tends this process's aborted and
+// retired communicators (tend), runs on_tick (which raises when the wait is in vain) and the
+// watchdog, which warns, then raises, naming `site` and what() it waits for.
+template <class Done, class OnTick, class What>
+void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
   waiting watch(options);
-  while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+  while (!done()) {
     if (watch.tick()) {
       tend();
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"mpi_communicator::shrink", s.rank, s.size},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+      on_tick();
+      watch.watch(site, what());
     }
     watch.pause();
+  }
+}
+
+// A blocking MPI call that returns only once other ranks make it too (the creation of a
+// communicator over some of them: MPI_Comm_create_group, MPI_Comm_split), watched: it runs on a
+// thread of its own while this one waits under the watchdog; past the shutdown time this rank
+// raises, and the call is left on that thread (it holds only what it shares with it). Ranks call
+// it after an agreement that they all will, so only a rank that died or stalled since can make it
+// wait. Without MPI_THREAD_MULTIPLE it runs here, unwatched. Returns the call's MPI code.
+template <class Call>
+int watched_mpi_call(const comm_options& options, const error_site& site, const std::string& what, MPI_Comm* result,
+                     Call call) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return call(result);
+  struct shared {
+    std::atomic<bool> done{false};
+    int code = MPI_SUCCESS;
+    MPI_Comm comm = MPI_COMM_NULL;
+  };
+  auto state = std::make_shared<shared>();
+  std::thread([state, call] {
+    state->code = call(&state->comm);
+    state->done.store(true, std::memory_order_release);
+  }).detach();
+  watched_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
+  *result = state->comm;
+  return state->code;
+}
+
+// shrink() number ++s.shrinks, its two steps (comm/detail/failure.hpp): says this rank stays and
+// waits until it heard of every peer that it stays or left; then proposes the ranks it counted and
+// waits until every one of them proposed the same. Returns them, in their order; raises (under the
+// watchdog of `options`, or at once when they cannot agree) otherwise.
+inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
+  const std::uint64_t round = ++s.shrinks;
+  const error_site site{"mpi_communicator::shrink", s.rank, s.size};
+  s.notify_all(mpi_notice::present, round, {}, false);
+  std::vector<int> staying = s.staying(round);
+  auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+  watched_wait(
+      options, site,
+      [&] {
+        s.poll_notices();
+        staying = s.staying(round);
+        return unknown() == s.size;
+      },
+      [] {}, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+  const std::vector<int> members = staying_members(staying);
+  if (rank_hook hook = shrink_hook(); hook != nullptr) hook(s.rank);
+
+  const members_digest mine = members_digest::of(members);
+  char words[2 * sizeof(std::uint64_t)];
+  std::memcpy(words, &mine.count, sizeof mine.count);
+  std::memcpy(words + sizeof mine.count, &mine.hash, sizeof mine.hash);
+  s.notify_all(mpi_notice::members, round, std::string_view(words, sizeof words), false);
+  members_state state;
+  auto verdict = [&] {
     s.poll_notices();
-    staying = s.staying(round);
-  }
-  std::vector<int> members;
-  for (int q = 0; q < s.size; ++q) {
-    if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
-  }
+    state = members_verdict(members, s.rank, mine, [&](int q) { return s.proposal_of(q, round); });
+    return state.waiting_for < 0 || !state.problem.empty();
+  };
+  watched_wait(
+      options, site, verdict, [&] { if (!state.problem.empty()) raise(site, state.problem, shrink_advice()); },
+      [&] { return "for rank " + std::to_string(state.waiting_for) + " to say which ranks it counted as staying"; });
+  if (!state.problem.empty()) raise(site, state.problem, shrink_advice());
   return members;
 }
 
@@ -5286,16 +5640,9 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::waiting watch(options());
-    for (;;) {
-      if (test(r)) return;
-      if (watch.tick()) {
-        detail::tend();
-        if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), waiting_text(r));
-      }
-      watch.pause();
-    }
+    detail::watched_wait(
+        options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
+        [&] { return waiting_text(r); });
   }
 
   // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
@@ -5375,11 +5722,12 @@ class mpi_communicator {
     detail::mpi_state& s = state();
     s.ops.drain();
     const std::vector<int> members = detail::agree_staying(s, options);
-    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
+    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr, fit_algorithm);
     MPI_Group all = MPI_GROUP_NULL;
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    MPI_Group_free(&all);
     // Open MPI sends the creation's messages on this communicator with this tag: the highest one
     // MPI allows, above every tag herd and its users send on (a stale message of an aborted
     // operation, or the notices' standing receive, would otherwise take them).
@@ -5388,16 +5736,20 @@ class mpi_communicator {
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
     const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
-    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    // Every member agreed to come, but one may stall or die since: watched. (A call given up on
+    // keeps the group, which it may still read.)
+    const int code = detail::watched_mpi_call(
+        options, {"mpi_communicator::shrink", rank(), size()},
+        "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
+        [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
     MPI_Group_free(&part);
-    MPI_Group_free(&all);
     check(code, "MPI_Comm_create_group");
     // A duplicate of it, created and agreed on like every communicator.
     struct freed {
       MPI_Comm& c;
       ~freed() { MPI_Comm_free(&c); }
     } free_survivors{survivors};
-    return mpi_communicator(survivors, options, nullptr);
+    return mpi_communicator(survivors, options, nullptr, fit_algorithm);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -5429,8 +5781,19 @@ class mpi_communicator {
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
-  // renews (the creation checks that every rank's is the same), or null.
+  // renews (the creation checks that every rank's is the same), or null. `fit`: an explicitly
+  // chosen algorithm that does not fit the ranks falls back to auto with a warning (after a
+  // shrink(), which the ranks cannot choose), instead of being an error.
+  struct fit_algorithm_t {};
+  static constexpr fit_algorithm_t fit_algorithm{};
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed, fit_algorithm_t)
+      : fit_algorithm_(true) {
+    create(comm, std::move(options), renewed);
+  }
   mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    create(comm, std::move(options), renewed);
+  }
+  void create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
     if (!mpi::is_initialized()) {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
@@ -5456,17 +5819,14 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
+      detail::watched_wait(
+          options, {"mpi_communicator", parent_rank, parent_size},
+          [&] {
+            int done = 0;
+            check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+            return done != 0;
+          },
+          [] {}, [] { return std::string("for the other ranks to create a communicator"); });
     } catch (...) {
       (void)dup.release();
       throw;
@@ -5505,8 +5865,7 @@ class mpi_communicator {
     MPI_Comm part = MPI_COMM_NULL;
     detail::run_operation(self, {kind}, [&] {
       detail::agree_split(self, mine, ranks);
-      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
-            "MPI_Comm_split");
+      split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
     });
     if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
     return mpi_communicator(part, options(), adopt_tag{});
@@ -5525,9 +5884,13 @@ class mpi_communicator {
       const detail::error_site site{"communicator", rank(), size()};
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
-        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+        split_watched(rank() / o.simulated_node_size, rank(), &node);
       } else {
-        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
+                                       [parent = native(), key = rank()](MPI_Comm* made) {
+                                         return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
+                                       }),
+              "MPI_Comm_split_type");
       }
       int node_rank = 0;
       int node_size = 1;
@@ -5545,35 +5908,60 @@ class mpi_communicator {
       MPI_Group_free(&all_group);
       MPI_Comm_free(&node);
 
-      // The node's first rank creates the segment and names it; the others map it; then every rank
-      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      // The node's first rank creates the segment and sends its name and identity; the others map
+      // it and check the identity before any use; then every rank says whether that worked, and
+      // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
+      // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
+      // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
+      // named segment in /dev/shm, removed as soon as its ranks have it.
       struct node_report {
         std::int32_t first = 0;  // the node's first rank: the node's identity
         std::int32_t size = 0;
-        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+        detail::shm_segment::identity id;  // the segment's (first rank)
+        char text[1024] = {};              // the segment's name (first rank), or what went wrong
       };
       // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
       const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
       const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
-      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
-      node_report mine;
-      mine.first = members[0];
-      mine.size = node_size;
-      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      auto exchange_reports = [&] {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      std::vector<std::string> names(static_cast<std::size_t>(size()));
+      auto attach = [&](bool named) {
+        problem.clear();
+        segment = {};
+        if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
+        node_report mine;
+        mine.first = members[0];
+        mine.size = node_size;
+        mine.id = segment.id();
+        std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+        auto exchange_reports = [&] {
+          const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+          for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+        };
+        exchange_reports();
+        for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
+        const node_report& creator = reports[static_cast<std::size_t>(members[0])];
+        if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
+          segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
+        }
+        // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+        std::memset(mine.text, 0, sizeof mine.text);
+        std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+        exchange_reports();
       };
-      exchange_reports();
-      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
-      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
-      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
-      std::memset(mine.text, 0, sizeof mine.text);
-      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      exchange_reports();
+      attach(false);
+      bool unreachable = false;  // a rank could not attach to its node's anonymous segment
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
+                                      names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
+      }
+      if (unreachable) {
+        segment.release_name();
+        attach(true);
+      }
       segment.release_name();
 
       std::string trouble;
@@ -5588,6 +5976,15 @@ class mpi_communicator {
         equal_sizes = equal_sizes && report.size == reports[0].size;
       }
       const bool one_node = nodes == 1;
+      const bool fits = (o.allreduce_algorithm != algorithm::shared_memory || one_node) &&
+                        (o.allreduce_algorithm != algorithm::hierarchical || equal_sizes);
+      if (!fits && fit_algorithm_) {  // every rank sees the same reports: every rank falls back
+        std::fprintf(stderr,
+                     "herd warning (rank %d of %d): HERD_ALLREDUCE_ALGORITHM=%s does not fit the ranks left after "
+                     "shrink() (%d nodes, %s ranks on each); this communicator uses auto.\n",
+                     rank(), size(), herd::name(o.allreduce_algorithm), nodes, equal_sizes ? "as many" : "not as many");
+        s_->ops.options().allreduce_algorithm = algorithm::automatic;
+      }
       if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
         detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
                                        std::to_string(nodes) + " nodes",
@@ -5599,7 +5996,10 @@ class mpi_communicator {
       }
       if (!trouble.empty()) {
         if (o.allreduce_algorithm != algorithm::automatic) {
-          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+          detail::raise_agreed(site, trouble,
+                               "The node's ranks could not share memory, for the reason above (through /proc, and "
+                               "then, where that failed, through a named segment in /dev/shm); use "
+                               "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
         }
         // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
         std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",
@@ -5612,7 +6012,7 @@ class mpi_communicator {
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
         MPI_Comm part = MPI_COMM_NULL;
-        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        split_watched(node_rank, rank(), &part);
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
@@ -5631,6 +6031,15 @@ class mpi_communicator {
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
+  }
+
+  // MPI_Comm_split of this communicator, watched (every rank agreed to make it, in an operation).
+  void split_watched(int color, int key, MPI_Comm* part) const {
+    check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
+                                   [parent = native(), color, key](MPI_Comm* made) {
+                                     return MPI_Comm_split(parent, color, key, made);
+                                   }),
+          "MPI_Comm_split");
   }
 
   void make_state(comm_options options) {
@@ -5740,6 +6149,7 @@ class mpi_communicator {
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
   bool member_ = true;
+  bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
 
 }  // namespace herd
@@ -5846,12 +6256,6 @@ struct nccl_state {
     comm = nullptr;
   }
 };
-
-// NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
-inline comm_options with_nccl_timeout(comm_options o) {
-  if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
-  return o;
-}
 
 }  // namespace detail
 
@@ -5982,7 +6386,7 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     while (!test(r)) {
       if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
       watch.pause();
@@ -6040,7 +6444,7 @@ class nccl_communicator {
       // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
       void synchronize() override {
         if (done_.done()) return;
-        detail::waiting watch(detail::with_nccl_timeout(state_->options));
+        detail::waiting watch(state_->options);
         while (!done_.done()) {
           state_->poll_errors();
           if (watch.tick()) {
@@ -6097,7 +6501,7 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       const cudaError_t state = cudaStreamQuery(this->state().stream);
       if (state == cudaSuccess) return;
@@ -6137,7 +6541,7 @@ class nccl_communicator {
   // ncclCommInitRank, watched: NCCL's set-up waits for every rank, and a rank that never comes
   // (or a network that does not connect) would hold the others in it for ever. Non-blocking
   // initialization is polled under the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS,
-  // 30 minutes when unset); past it the communicator is aborted and every waiting rank raises.
+  // 30 minutes when unset, 0 for ever); past it the communicator is aborted and every waiting rank raises.
   void init_rank(const ncclUniqueId& id) {
     detail::nccl_state& st = state();
     const cuda::device_guard on(st.device);
@@ -6145,7 +6549,7 @@ class nccl_communicator {
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
     if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclInProgress;
       if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
@@ -6224,7 +6628,7 @@ class nccl_communicator {
   }
 
   ncclResult_t enqueued(const char* call) const {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(state_->comm, &state);
@@ -8977,7 +9381,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     const std::size_t lo = pieces.offset(g);
     const std::size_t hi = lo + pieces.length(g);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* mine = node.buffer(node.rank(), t);
     auto copy_in = [&](std::size_t from, std::size_t n) {
       in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
@@ -9042,7 +9446,7 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
   const std::byte* own = in_chunk(g);
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* buffer = node.buffer(g, t);
     {
       const trace::span phase(track, "copy in");
@@ -9087,7 +9491,7 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
   };
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     {
       const trace::span phase(track, "copy in");
       std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
@@ -9108,7 +9512,7 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
   const std::size_t slice = node.slice_bytes();
   for (std::size_t begin = 0; begin < bytes; begin += slice) {
     const std::size_t n = std::min(slice, bytes - begin);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     if (node.rank() == root) {
       const trace::span phase(comm.operations().track(), "copy in");
       std::memcpy(node.buffer(root, t), data + begin, n);
@@ -15570,6 +15974,7 @@ HERD_CONFIG_NAMESPACE_END
 #include <cstring>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -15655,12 +16060,39 @@ class elastic_state {
   std::vector<std::function<void(int, int)>> world_changes_;
 };
 
+namespace detail {
+
+// A failure that reached run_elastic outside any operation (fn raised between collectives, or an
+// error of this rank's own) has told no peer: they would wait for this rank in their next
+// operation until the watchdog gives up. Aborting the communicator tells them at once, so that
+// every rank goes on to the renewal or shrink together. A failure inside an operation aborted it
+// already. Queued operations run first, so that the abort names the first one this rank has not
+// completed.
+template <communicator C> void announce_failure(C& comm, std::string_view what) noexcept {
+  try {
+    if constexpr (requires { comm.is_member(); }) {
+      if (!comm.is_member()) return;
+    }
+    if (comm.size() <= 1) return;
+    operation_state& ops = comm.operations();
+    ops.drain();
+    if (ops.aborted()) return;
+    comm.abort(std::string("it raised outside any operation: ") + std::string(what.substr(0, 900)));
+  } catch (...) {
+    // A communicator moved from, or no memory for the words: the peers' watchdog tells them.
+  }
+}
+
+}  // namespace detail
+
 // Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
-// failure inside an operation, a peer's abort), every rank renews `comm` (in place), agrees on the
+// failure inside an operation, a peer's abort, or one raised between operations on one rank: its
+// peers are told by an abort of the communicator), every rank renews `comm` (in place), agrees on the
 // last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
 // the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
 // raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
-// are exceptions that are not herd::error. Where the communicator can shrink() (MPI, local), the
+// are exceptions that are not herd::error, after the abort that tells the peers (the rank then
+// leaves when its communicator is destroyed, and the others shrink without it). Where the communicator can shrink() (MPI, local), the
 // ranks that left are left out of the new one, and the state's world-change callbacks run.
 template <communicator C, class Fn>
 void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
@@ -15671,8 +16103,15 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
       return;
     } catch (const detail::agreed_error&) {
       throw;
-    } catch (const error&) {
+    } catch (const error& e) {
+      detail::announce_failure(comm, e.what());
       if (failures >= max_failures) throw;
+    } catch (const std::exception& e) {
+      detail::announce_failure(comm, e.what());
+      throw;
+    } catch (...) {
+      detail::announce_failure(comm, "an exception that is not a std::exception");
+      throw;
     }
     const int old_size = static_cast<int>(comm.size());
     if constexpr (requires { comm.shrink(comm.options()); }) {

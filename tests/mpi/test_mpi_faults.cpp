@@ -420,3 +420,37 @@ HERD_MPI_TEST_CASE("run_elastic on MPI ranks: a rank failing an allreduce the ot
     CHECK(faulted == clean);
   }
 }
+
+// A herd::error raised between operations on one rank (its own code, not a collective) has told
+// no peer: run_elastic aborts the communicator to tell them, so that every rank rolls back at once,
+// well within the shutdown time, instead of each waiting for its watchdog.
+HERD_MPI_TEST_CASE("run_elastic: a herd::error raised outside any operation on one rank; every rank recovers at once", 2) {
+  const double shutdown = 3;
+  herd::comm_options o = impatient(shutdown);
+  std::vector<float> clean;
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    std::vector<float> w(4096, 0.5f);
+    std::int64_t step = 0;
+    herd_test::train_elastic_steps(comm, comm, w, step, 12);
+    clean = w;
+  }
+  int p = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  for (int on : {0, p - 1}) {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    const int rank = comm.rank();
+    std::vector<float> w(4096, 0.5f);
+    std::int64_t step = 0;
+    const auto start = clock_type::now();
+    const int attempts = herd_test::train_elastic_steps(comm, comm, w, step, 12, [&](int attempt) {
+      if (rank == on && step == 6 && attempt == 1) throw herd::error("a failure planted between operations");
+    });
+    const double took = seconds_since(start);
+    INFO("the failure on rank ", on, "; rank ", rank, " took ", took, " s");
+    CHECK(attempts == 2);
+    CHECK(w == clean);
+    CHECK(took < shutdown / 2);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}

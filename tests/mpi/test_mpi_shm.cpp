@@ -6,18 +6,22 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -459,23 +463,24 @@ std::vector<std::string> named_by(int pid) {
   return found;
 }
 
-// A child that creates a segment, writes its name to `out` and waits to be killed.
+// A child that creates a segment, writes its identity and its name to `out` and waits to be killed.
 int creating_child(int out) {
   const int pid = ::fork();
   if (pid != 0) return pid;
   std::string problem;
   herd::detail::shm_segment segment = herd::detail::shm_segment::create(1 << 20, problem);
   const std::string name = segment ? segment.name() : "";
+  (void)!::write(out, &segment.id(), sizeof segment.id());
   (void)!::write(out, name.c_str(), name.size() + 1);
   for (;;) ::pause();
 }
 
 // A child that opens the segment `name` and writes 1 (or 0) to `out`, then waits to be killed.
-int opening_child(const std::string& name, int out) {
+int opening_child(const std::string& name, const herd::detail::shm_segment::identity& id, int out) {
   const int pid = ::fork();
   if (pid != 0) return pid;
   std::string problem;
-  herd::detail::shm_segment segment = herd::detail::shm_segment::open(name, 1 << 20, problem);
+  herd::detail::shm_segment segment = herd::detail::shm_segment::open(name, 1 << 20, id, problem);
   const char ok = segment ? 1 : 0;
   (void)!::write(out, &ok, 1);
   for (;;) ::pause();
@@ -497,6 +502,8 @@ HERD_MPI_TEST_CASE("a shared-memory segment leaves nothing in /dev/shm when its 
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
     const int creator = creating_child(pipe_fds[1]);
+    herd::detail::shm_segment::identity id;
+    REQUIRE(::read(pipe_fds[0], &id, sizeof id) == static_cast<ssize_t>(sizeof id));
     char name[256] = {};
     for (std::size_t got = 0; got == 0 || name[got - 1] != '\0';) {
       const auto n = ::read(pipe_fds[0], name + got, sizeof name - 1 - got);
@@ -507,7 +514,7 @@ HERD_MPI_TEST_CASE("a shared-memory segment leaves nothing in /dev/shm when its 
     REQUIRE(name[0] != '\0');
     int opener = -1;
     if (point > 0) {
-      opener = opening_child(name, pipe_fds[1]);
+      opener = opening_child(name, id, pipe_fds[1]);
       char ok = 0;
       REQUIRE(::read(pipe_fds[0], &ok, 1) == 1);
       CHECK(ok == 1);
@@ -703,4 +710,113 @@ HERD_MPI_TEST_CASE("communicators made by split, subset and renew add nothing to
        after.herd_memfds, " after");
   CHECK(after.herd_memfds >= before.herd_memfds + alive.size());  // the segments exist, and are herd's
   CHECK(after.dev_shm_bytes - before.dev_shm_bytes < 1 << 20);  // the segments are anonymous (memfd): not in /dev/shm at all
+}
+
+// With argument checks off, a collective called with different counts may go wrong, but its
+// shared-memory steps must never pair with the next operation's: rank 1's extra slice would
+// otherwise take rank 0's first step of the next allreduce, and that allreduce would complete with
+// the earlier one's data. Every rank either raises or holds the exact sum of the second call.
+HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce never lends its steps to the next operation", 2) {
+  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
+  o.check_arguments = false;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 2;
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    REQUIRE(comm.shared_node() != nullptr);
+    const int rank = comm.rank();
+    const int p = comm.size();
+    const std::size_t n = 64 * 1024;  // 64 slices of 1024 floats; rank 1 has one more
+    std::vector<float> first(n + (rank == 1 ? 1024 : 0), 1.0f);
+    const std::string first_error = error_of([&] { herd::allreduce(first, comm); });
+    std::vector<float> second(n, static_cast<float>(rank + 1));
+    const std::string second_error = error_of([&] { herd::allreduce(second, comm); });
+    const auto sum = static_cast<float>(p * (p + 1) / 2);
+    const auto wrong = std::count_if(second.begin(), second.end(), [&](float x) { return x != sum; });
+    INFO("rank ", rank, ": first: ", first_error, " | second: ", second_error, " | ", wrong, " of ", n, " wrong");
+    CHECK((second_error != "(no error)" || wrong == 0));
+    if (second_error != "(no error)" && first_error == "(no error)") {
+      CHECK((has(second_error, "their shared-memory steps do not pair up") || has(second_error, "aborted")));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// shrink() leaves whatever ranks stay: an algorithm chosen explicitly that no longer fits them
+// (hierarchical over nodes of 2 and 1 ranks) falls back to auto on every rank, with a warning,
+// rather than make recovery impossible.
+HERD_MPI_TEST_CASE("after shrink, an explicit hierarchical algorithm that no longer fits falls back to auto", 4) {
+  int world_rank = 0;
+  int world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  herd::comm_options o = with(herd::algorithm::hierarchical, small_slice, 2);
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 10;
+  std::vector<int> four = {0, 1, 2, 3};
+  herd::mpi_communicator all(MPI_COMM_WORLD, o);
+  herd::mpi_communicator comm = all.subset(four);  // 2 simulated nodes of 2 ranks
+  if (comm.is_member()) {
+    REQUIRE(comm.across_nodes() != nullptr);
+    if (comm.rank() == 3) {
+      comm.leave();
+    } else {
+      std::string what;
+      const std::string warned = herd_test::stderr_of([&] {
+        what = error_of([&] {
+          herd::mpi_communicator smaller = comm.shrink();
+          std::vector<int> v(5000, 1);
+          herd::allreduce(v, smaller);
+          CHECK(smaller.size() == 3);
+          CHECK(smaller.options().allreduce_algorithm == herd::algorithm::automatic);
+          CHECK(v == std::vector<int>(5000, 3));
+        });
+      });
+      INFO(what, " | ", warned);
+      CHECK(what == "(no error)");
+      CHECK(has(warned, "HERD_ALLREDUCE_ALGORITHM=hierarchical does not fit the ranks left after shrink() (2 nodes, not "
+                        "as many ranks on each); this communicator uses auto"));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// What an opener maps is checked before any use: a file of another size, or of the right size but
+// another identity (another process's memfd at the descriptor number the creator sent, as ranks in
+// separate PID namespaces see each other's /proc/<pid>/fd/<n>), is refused and left unwritten.
+HERD_MPI_TEST_CASE("a shared-memory segment is checked before use: another file at its path is refused, untouched", 1) {
+  std::string problem;
+  herd::detail::shm_segment made = herd::detail::shm_segment::create(1 << 20, problem);
+  REQUIRE(made);
+  for (std::size_t size : {std::size_t{1} << 20, std::size_t{1} << 16}) {
+    const int other = ::memfd_create("not-herd", MFD_CLOEXEC);
+    REQUIRE(other >= 0);
+    REQUIRE(::ftruncate(other, static_cast<off_t>(size)) == 0);
+    const std::string path = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(other);
+    std::string refused;
+    herd::detail::shm_segment wrong = herd::detail::shm_segment::open(path, 1 << 20, made.id(), refused);
+    INFO(size, " bytes: ", refused);
+    CHECK(!wrong);
+    CHECK(has(refused, path + " is not the node's segment"));
+    std::vector<char> content(size, 1);
+    REQUIRE(::pread(other, content.data(), size, 0) == static_cast<ssize_t>(size));
+    CHECK(std::all_of(content.begin(), content.end(), [](char c) { return c == 0; }));  // never written
+    ::close(other);
+  }
+  std::string fine;
+  herd::detail::shm_segment same = herd::detail::shm_segment::open(made.name(), 1 << 20, made.id(), fine);
+  CHECK(fine == "");
+  CHECK(same);
+}
+
+// Ranks in separate PID namespaces (a container per rank): the path through /proc names another
+// process's descriptor there, so the ranks find a named segment instead, and share memory.
+// (ctest mpi_shm_pid_namespaces runs this with every rank under unshare --pid.)
+HERD_MPI_TEST_CASE("shared memory is found across PID namespaces (run under unshare --pid per rank)", 2) {
+  if (std::getenv("HERD_TEST_PID_NAMESPACES") == nullptr) return;
+  herd::mpi_communicator comm(MPI_COMM_WORLD, with(herd::algorithm::shared_memory, small_slice));
+  CHECK(comm.shared_node() != nullptr);
+  std::vector<float> v(100000, static_cast<float>(comm.rank() + 1));
+  herd::allreduce(v, comm);
+  CHECK(v == std::vector<float>(100000, static_cast<float>(comm.size() * (comm.size() + 1) / 2)));
 }

@@ -8,6 +8,10 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,42 @@ template <class Fn> std::string error_of(Fn&& fn) {
     return e.what();
   }
   return "(no herd::error)";
+}
+
+// What fn() writes to this process's stderr (file descriptor 2), which still goes there too
+// afterwards; an exception fn() raises passes through.
+template <class Fn> std::string stderr_of(Fn&& fn) {
+  std::fflush(stderr);
+  char path[] = "/tmp/herd-stderr-XXXXXX";
+  const int capture = ::mkstemp(path);
+  REQUIRE(capture >= 0);
+  ::unlink(path);
+  const int saved = ::dup(2);
+  ::dup2(capture, 2);
+  struct restore {  // stderr back, and the capture closed, however fn() ends
+    int capture, saved;
+    std::string& text;
+    ~restore() {
+      std::fflush(stderr);
+      ::dup2(saved, 2);
+      ::close(saved);
+      char buffer[4096];
+      for (off_t at = 0;;) {
+        const ssize_t got = ::pread(capture, buffer, sizeof buffer, at);
+        if (got <= 0) break;
+        text.append(buffer, static_cast<std::size_t>(got));
+        at += got;
+      }
+      ::close(capture);
+      if (::write(2, text.data(), text.size()) < 0) text += "(could not pass it on)";
+    }
+  };
+  std::string text;
+  {
+    restore r{capture, saved, text};
+    fn();
+  }
+  return text;
 }
 
 // Failures gathered on any thread (doctest's checks belong on the main one), reported once.

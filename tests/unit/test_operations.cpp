@@ -135,9 +135,92 @@ TEST_CASE("a malformed HERD_ variable is kept as a problem, not thrown, when the
   ::setenv("HERD_RING_SEGMENT_BYTES", "lots", 1);
   const herd::runtime::settings s = herd::runtime::read_settings();
   ::unsetenv("HERD_RING_SEGMENT_BYTES");
-  CHECK(has(s.problem, "HERD_RING_SEGMENT_BYTES='lots' is not a number"));
+  CHECK(has(s.problem, "HERD_RING_SEGMENT_BYTES='lots' is not a whole number"));
   CHECK(s.ring_segment_bytes == herd::runtime::settings{}.ring_segment_bytes);
   CHECK(herd::runtime::read_settings().problem.empty());
+}
+
+TEST_CASE("HERD_ variables: bytes and ranks are whole numbers, flags 0 or 1; each refusal says what to give") {
+  struct variable_case {
+    const char* variable;
+    const char* value;
+    const char* words;  // in the problem; empty: none
+  };
+  const variable_case cases[] = {
+      {"HERD_RING_SEGMENT_BYTES", "0.5", "HERD_RING_SEGMENT_BYTES='0.5' is not a whole number between 0 and 1e15; unset it or give one such as 1048576"},
+      {"HERD_SIMULATE_NODE_SIZE", "1.5", "HERD_SIMULATE_NODE_SIZE='1.5' is not a whole number"},
+      {"HERD_SHM_SLICE_BYTES", "65536.5", "HERD_SHM_SLICE_BYTES='65536.5' is not a whole number"},
+      {"HERD_FUSION_THRESHOLD", "1e3", ""},
+      {"HERD_BUCKET_BYTES", "0", "HERD_BUCKET_BYTES=0 leaves no room in a bucket; unset it for the default (26214400), or give"},
+      {"HERD_PROGRESS_THREAD", "2", "HERD_PROGRESS_THREAD='2' is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"},
+      {"HERD_CHECK_ARGUMENTS", "yes", "HERD_CHECK_ARGUMENTS='yes' is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"},
+      {"HERD_PROGRESS_THREAD", "0", ""},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "soon", "HERD_STALL_SHUTDOWN_TIME_SECONDS='soon' is not a number of seconds between 0 and 1e15; unset it or give one such as 60"},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "0.25", ""},
+      {"HERD_SIMULATE_NODE_SIZE", "2", ""},
+  };
+  for (const variable_case& c : cases) {
+    ::setenv(c.variable, c.value, 1);
+    const herd::runtime::settings s = herd::runtime::read_settings();
+    ::unsetenv(c.variable);
+    INFO(c.variable, "=", c.value, ": ", s.problem);
+    if (*c.words == '\0') {
+      CHECK(s.problem.empty());
+    } else {
+      CHECK(has(s.problem, c.words));
+      CHECK(!has(s.problem, "such as 60") == (std::string(c.variable).find("SECONDS") == std::string::npos));
+    }
+  }
+  ::setenv("HERD_PROGRESS_THREAD", "0", 1);
+  CHECK(!herd::runtime::read_settings().progress_thread);
+  ::setenv("HERD_FUSION_THRESHOLD", "1e3", 1);
+  CHECK(herd::runtime::read_settings().fusion_threshold_bytes == 1000);
+  ::setenv("HERD_SIMULATE_NODE_SIZE", "2", 1);
+  CHECK(herd::runtime::read_settings().simulated_node_size == 2);
+  ::unsetenv("HERD_PROGRESS_THREAD");
+  ::unsetenv("HERD_FUSION_THRESHOLD");
+  ::unsetenv("HERD_SIMULATE_NODE_SIZE");
+}
+
+TEST_CASE("a shutdown time below a tenth of a second is refused at creation; 0 (never) and 0.1 are taken") {
+  for (double seconds : {1e-9, 0.05, 0.0, 0.1}) {
+    herd::comm_options o;
+    o.stall_shutdown_seconds = seconds;
+    const std::string message = herd_test::error_of([&] { herd::local::run(2, [](herd::local_communicator&) {}, o); });
+    INFO(seconds, ": ", message);
+    if (seconds == 0.0 || seconds >= 0.1) {
+      CHECK(message == "(no herd::error)");
+    } else {
+      CHECK(has(message, "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is "));
+      CHECK(has(message, "; give 0 (never give up) or seconds between 0.1 and 1e15"));
+    }
+  }
+}
+
+TEST_CASE("the watchdog's warning says what comes next: the error after the shutdown time, or none when it is 0") {
+  for (double shutdown : {0.0, 5.0}) {
+    herd::comm_options o;
+    o.stall_check_seconds = 0.05;
+    o.stall_shutdown_seconds = shutdown;
+    const std::string warned = herd_test::stderr_of([&] {
+      herd::local::run(
+          2,
+          [](herd::local_communicator& comm) {
+            if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::vector<float> v(4, 1.0f);
+            herd::allreduce(v, comm);
+          },
+          o);
+    });
+    INFO(shutdown, ": ", warned);
+    CHECK(has(warned, "herd warning: rank 0 has waited "));
+    if (shutdown == 0) {
+      CHECK(has(warned, "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)"));
+      CHECK(!has(warned, "raises an error"));
+    } else {
+      CHECK(has(warned, "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=5 s"));
+    }
+  }
 }
 
 TEST_CASE("a rank delayed mid-ring: every rank gets the error, the old communicator refuses, a renewed one is exact") {
@@ -519,6 +602,93 @@ TEST_CASE("run_elastic: faults at random steps roll back to the last commit ever
       INFO("p=", p, " fault on rank ", f.rank, std::string(f.after_wait ? " after wait " : " before data send "), f.at);
       const auto faulted = train_elastic(p, f);
       for (int r = 0; r < p; ++r) CHECK(faulted[static_cast<std::size_t>(r)] == clean[0]);
+    }
+  }
+}
+
+// Handles a failed step drops while its exception unwinds (run_elastic then rolls back) and handles
+// whose failure aborted the communicator (its next call reports it) say nothing; a handle dropped
+// unwaited whose failure nobody would hear of otherwise (an argument error, after which the
+// communicator goes on) still warns.
+TEST_CASE("dropped handles warn only of failures nobody hears of: not in a rollback, not after an abort") {
+  const std::string rollback = herd_test::stderr_of([] {
+    herd::local::run(2, [](herd::local_communicator& comm) {
+      std::vector<std::vector<float>> parts(3, std::vector<float>(1000, 1.0f));
+      std::int64_t step = 0;
+      herd::elastic_state state;
+      state.track(step);
+      for (auto& part : parts) state.track(part);
+      auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+          comm, comm.rank() == 1 ? 7 : -1, [] { throw herd::error("injected failure"); });
+      int attempts = 0;
+      herd::run_elastic(comm, state, [&](herd::local_communicator&) {
+        ++attempts;
+        while (step < 6) {
+          std::vector<herd::handle> handles;
+          for (auto& part : parts) handles.push_back(herd::allreduce_async(part, faulty));
+          for (auto& h : handles) h.wait();
+          ++step;
+          if (step % 2 == 0) state.commit();
+        }
+      });
+      CHECK(attempts == 2);
+      for (auto& part : parts) CHECK(part == std::vector<float>(1000, 64.0f));
+    }, impatient());
+  });
+  CHECK(!has(rollback, "dropped without wait()"));
+
+  const std::string dropped = herd_test::stderr_of([] {
+    herd::local::run(2, [](herd::local_communicator& comm) {
+      {
+        std::vector<float> v(static_cast<std::size_t>(4 + comm.rank()), 1.0f);  // counts differ: an argument error
+        herd::handle h = herd::allreduce_async(v, comm);
+      }
+      std::vector<float> ok(4, 1.0f);
+      herd::allreduce(ok, comm);  // the communicator goes on after an argument error
+      CHECK(ok == std::vector<float>(4, 2.0f));
+      {
+        auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+            comm, comm.rank() == 1 ? 0 : -1, [] { throw herd::error("injected failure"); });
+        herd::handle h = herd::allreduce_async(ok, faulty);  // fails and aborts: the next call says so
+      }
+      const std::string next = herd_test::error_of([&] { herd::allreduce(ok, comm); });
+      INFO(next);
+      CHECK(has(next, "aborted"));  // this rank's abort of #3, or rank 1's, found in #4
+    }, impatient());
+  });
+  CHECK(has(dropped, "herd warning: an operation whose handle was dropped without wait() failed: herd::allreduce on rank 0 of 2: the element count differs"));
+  CHECK(has(dropped, "herd warning: an operation whose handle was dropped without wait() failed: herd::allreduce on rank 1 of 2: the element count differs"));
+  const auto first = dropped.find("dropped without wait()");
+  const auto second = dropped.find("dropped without wait()", first + 1);
+  CHECK(dropped.find("dropped without wait()", second + 1) == std::string::npos);  // the aborted one says nothing
+}
+
+// A herd::error raised between operations on one rank told no peer: run_elastic aborts the
+// communicator to tell them, and every rank rolls back at once instead of at its watchdog.
+TEST_CASE("run_elastic: a herd::error raised outside any operation on one rank; every rank recovers at once") {
+  for (int p : {2, 3}) {
+    for (int on : {0, p - 1}) {
+      std::vector<std::vector<float>> results(static_cast<std::size_t>(p));
+      std::vector<int> attempts(static_cast<std::size_t>(p));
+      herd::comm_options o = impatient();
+      o.stall_shutdown_seconds = 3;
+      const auto start = clock_type::now();
+      herd::local::run(p, [&](herd::local_communicator& comm) {
+        std::vector<float> w(1000, 0.5f);
+        std::int64_t step = 0;
+        const int rank = comm.rank();
+        attempts[static_cast<std::size_t>(rank)] = herd_test::train_elastic_steps(comm, comm, w, step, 12, [&](int attempt) {
+          if (rank == on && step == 6 && attempt == 1) throw herd::error("a failure planted between operations");
+        });
+        results[static_cast<std::size_t>(rank)] = w;
+      }, o);
+      const double took = seconds_since(start);
+      INFO("p=", p, " failure on rank ", on, ", took ", took, " s");
+      CHECK(took < 1.5);
+      for (int r = 0; r < p; ++r) {
+        CHECK(attempts[static_cast<std::size_t>(r)] == 2);
+        CHECK(results[static_cast<std::size_t>(r)] == results[0]);
+      }
     }
   }
 }

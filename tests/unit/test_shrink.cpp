@@ -159,3 +159,30 @@ TEST_CASE("shrink waits for every rank to say whether it stays: a late one is co
         patient_enough());
   }
 }
+
+// A rank that said it stays and then left (its own shrink gave up before the last rank came) is
+// not counted: the others go on without it instead of waiting for it in the new communicator.
+TEST_CASE("shrink: a rank that said it stays and then left is not counted") {
+  std::vector<std::string> outcome(3);
+  herd::local::run(
+      3,
+      [&](herd::local_communicator& comm) {
+        const int rank = comm.rank();
+        herd::comm_options o = patient_enough();
+        o.stall_shutdown_seconds = rank == 1 ? 0.3 : 5;  // rank 1 gives up before rank 2 comes
+        std::this_thread::sleep_for(std::chrono::milliseconds(rank == 0 ? 100 : rank == 2 ? 800 : 0));
+        try {
+          herd::local_communicator smaller = comm.shrink(o);
+          std::vector<int> v{1};
+          herd::allreduce(v, smaller);
+          outcome[static_cast<std::size_t>(rank)] = "went on as " + std::to_string(smaller.size()) + ", sum " + std::to_string(v[0]);
+        } catch (const herd::error& e) {
+          outcome[static_cast<std::size_t>(rank)] = std::string("raised: ") + e.what();
+        }
+      },
+      patient_enough());
+  INFO(outcome[0], " | ", outcome[1], " | ", outcome[2]);
+  CHECK(outcome[0] == "went on as 2, sum 2");
+  CHECK(outcome[2] == "went on as 2, sum 2");
+  CHECK(outcome[1].find("raised: herd::local_communicator::shrink on rank 1 of 3: rank 1 has waited") == 0);
+}

@@ -10,7 +10,8 @@
 // the same on every rank. On host memory they make progress on the communicator's progress
 // thread (comm_options::progress_thread, HERD_PROGRESS_THREAD), or, without one, inside wait()
 // and test(). The tensors must stay alive and untouched until the operation completes. A handle
-// destroyed before then waits for it, so memory in flight is never freed under MPI.
+// destroyed before then waits for it, so memory in flight is never freed under MPI (and warns of
+// its failure, unless it is dropped by an exception or the failure aborted the communicator).
 //
 // On an nccl_communicator an operation is stream-ordered: it is enqueued after the work already on
 // the caller's stream, and wait() makes that stream wait for it (no host synchronization);
@@ -91,16 +92,23 @@ class handle {
     if (op_->failure) std::rethrow_exception(op_->failure);
   }
 
+  // Nobody is left to catch the operation's failure, so it is told on stderr, unless someone hears
+  // of it anyway: a handle dropped while an exception unwinds the stack (a failed step, which
+  // run_elastic rolls back: the exception on its way is the failure, or its cause), or a failure
+  // that aborted the communicator (its every later call reports the abort again).
   void settle() noexcept {
     if (waited_ || !valid()) return;
+    const bool unwinding = std::uncaught_exceptions() > 0;
     try {
       synchronize();
     } catch (const std::exception& e) {
-      // Nobody is left to catch it; a failure after the agreement also aborted the communicator,
-      // whose next operation reports it again.
-      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
+      if (!unwinding && !(op_ && op_->failure_repeats)) {
+        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
+      }
     } catch (...) {
-      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
+      if (!unwinding && !(op_ && op_->failure_repeats)) {
+        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
+      }
     }
   }
 

@@ -13,6 +13,7 @@
 // finished.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/failure.hpp>
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
@@ -70,7 +71,8 @@ class world {
       : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
         splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
         aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0) {}
+        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
+        proposals_(static_cast<std::size_t>(size)) {}
 
   int size() const noexcept { return size_; }
 
@@ -138,17 +140,26 @@ class world {
     }
     wake_all();
   }
-  // For each rank, 1 if it said it stays in shrink `round`, 0 if it left without saying so, -1
-  // while neither is known. A rank that stays leaves this world only after its shrink, so it
-  // counts as staying once it said so.
+  // For each rank, what is known of it in shrink `round` (staying_answer: 1 stays, 0 left, -1
+  // not yet known).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(registry_mutex_);
     std::vector<int> result(static_cast<std::size_t>(size_), -1);
-    for (std::size_t q = 0; q < result.size(); ++q) {
-      if (present_in_[q] >= round) result[q] = 1;
-      else if (departed_at_[q] != never) result[q] = 0;
-    }
+    for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
     return result;
+  }
+  // Rank `rank` proposes the members it counted in shrink `round`; what is known of rank q's proposal.
+  void propose(int rank, std::uint64_t round, members_digest members) {
+    {
+      std::lock_guard lock(registry_mutex_);
+      proposals_[static_cast<std::size_t>(rank)] = {round, members};
+    }
+    wake_all();
+  }
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(registry_mutex_);
+    const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
+    return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
   }
   // The world of the ranks staying in shrink `round`, shared by them.
   std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
@@ -267,6 +278,7 @@ class world {
   std::vector<std::string> abort_reasons_;
   std::vector<std::uint64_t> departed_at_;
   std::vector<std::uint64_t> present_in_;
+  std::vector<std::pair<std::uint64_t, members_digest>> proposals_;
   pending pending_splits_;
   pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
@@ -435,35 +447,33 @@ class local_communicator {
   // A new communicator of the ranks that are still here, renumbered in their order here: how the
   // others go on when ranks left (their function returned, or they destroyed or left() their
   // communicator). Every staying rank calls it; as renew(options, herd::rolled_back), the caller
-  // brings the ranks back to one state. The ranks agree on who stays: each says it is here and
-  // waits until every rank has either said so or left (under the watchdog).
+  // brings the ranks back to one state. The ranks agree on who stays, in two steps under the
+  // watchdog (comm/detail/failure.hpp): each says it is here and waits until every rank has either
+  // said so or left; then each proposes the ranks it counted and waits until all of them proposed
+  // the same, or raises.
   local_communicator shrink() const { return shrink(options()); }
   local_communicator shrink(const comm_options& options) const {
     state().drain();
     const std::uint64_t round = ++shrinks_;
+    const detail::error_site site{"local_communicator::shrink", rank_, size()};
     world_->stay(rank_, round);
-    detail::local::waiter& w = world_->waiter_of(rank_);
-    detail::waiting watch(options);
     std::vector<int> staying = world_->staying(round);
-    while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
-      if (world_->failed()) fail_with_world();
-      {
-        std::unique_lock lock(w.mutex);
-        w.wake.wait_for(lock, std::chrono::milliseconds(20));
-      }
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"local_communicator::shrink", rank_, size()},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+    auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+    watched_wait(options, site, [&] {
       staying = world_->staying(round);
-    }
-    int members = 0;
-    int new_rank = 0;
-    for (int q = 0; q < size(); ++q) {
-      if (staying[static_cast<std::size_t>(q)] != 1) continue;
-      if (q < rank_) ++new_rank;
-      ++members;
-    }
-    return local_communicator(world_->survivors_world(round, members), new_rank, options, nullptr);
+      return unknown() == size();
+    }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+    const std::vector<int> members = detail::staying_members(staying);
+    const detail::members_digest mine = detail::members_digest::of(members);
+    world_->propose(rank_, round, mine);
+    detail::members_state agreed;
+    watched_wait(options, site, [&] {
+      agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
+      return agreed.waiting_for < 0 || !agreed.problem.empty();
+    }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
+    if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -561,6 +571,22 @@ class local_communicator {
     if (!m->failure.empty()) {
       detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
                     "Post receive buffers at least as large as the messages sent to them");
+    }
+  }
+
+  // The watched wait of this rank's shrink(): until done(), woken by any news of the world, with
+  // the watchdog of `options` saying what() it waits for.
+  template <class Done, class What>
+  void watched_wait(const comm_options& options, const detail::error_site& site, Done done, What what) const {
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    detail::waiting watch(options);
+    while (!done()) {
+      if (world_->failed()) fail_with_world();
+      {
+        std::unique_lock lock(w.mutex);
+        w.wake.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      watch.watch(site, what());
     }
   }
 

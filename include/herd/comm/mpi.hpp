@@ -250,16 +250,9 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::waiting watch(options());
-    for (;;) {
-      if (test(r)) return;
-      if (watch.tick()) {
-        detail::tend();
-        if (s_->ops.in_operation()) check_peers();
-        watch.watch(site(), waiting_text(r));
-      }
-      watch.pause();
-    }
+    detail::watched_wait(
+        options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
+        [&] { return waiting_text(r); });
   }
 
   // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
@@ -339,11 +332,12 @@ class mpi_communicator {
     detail::mpi_state& s = state();
     s.ops.drain();
     const std::vector<int> members = detail::agree_staying(s, options);
-    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr);
+    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr, fit_algorithm);
     MPI_Group all = MPI_GROUP_NULL;
     MPI_Group part = MPI_GROUP_NULL;
     check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+    MPI_Group_free(&all);
     // Open MPI sends the creation's messages on this communicator with this tag: the highest one
     // MPI allows, above every tag herd and its users send on (a stale message of an aborted
     // operation, or the notices' standing receive, would otherwise take them).
@@ -352,16 +346,20 @@ class mpi_communicator {
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
     const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
     MPI_Comm survivors = MPI_COMM_NULL;
-    const int code = MPI_Comm_create_group(native(), part, tag, &survivors);
+    // Every member agreed to come, but one may stall or die since: watched. (A call given up on
+    // keeps the group, which it may still read.)
+    const int code = detail::watched_mpi_call(
+        options, {"mpi_communicator::shrink", rank(), size()},
+        "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
+        [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
     MPI_Group_free(&part);
-    MPI_Group_free(&all);
     check(code, "MPI_Comm_create_group");
     // A duplicate of it, created and agreed on like every communicator.
     struct freed {
       MPI_Comm& c;
       ~freed() { MPI_Comm_free(&c); }
     } free_survivors{survivors};
-    return mpi_communicator(survivors, options, nullptr);
+    return mpi_communicator(survivors, options, nullptr, fit_algorithm);
   }
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
@@ -393,8 +391,19 @@ class mpi_communicator {
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
-  // renews (the creation checks that every rank's is the same), or null.
+  // renews (the creation checks that every rank's is the same), or null. `fit`: an explicitly
+  // chosen algorithm that does not fit the ranks falls back to auto with a warning (after a
+  // shrink(), which the ranks cannot choose), instead of being an error.
+  struct fit_algorithm_t {};
+  static constexpr fit_algorithm_t fit_algorithm{};
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed, fit_algorithm_t)
+      : fit_algorithm_(true) {
+    create(comm, std::move(options), renewed);
+  }
   mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+    create(comm, std::move(options), renewed);
+  }
+  void create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
     if (!mpi::is_initialized()) {
       throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                   "MPI_Init_thread) before any communicator.");
@@ -420,17 +429,14 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::waiting watch(options);
-      int done = 0;
-      for (;;) {
-        check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) break;
-        if (watch.tick()) {
-          detail::tend();
-          watch.watch({"mpi_communicator", parent_rank, parent_size}, "for the other ranks to create a communicator");
-        }
-        watch.pause();
-      }
+      detail::watched_wait(
+          options, {"mpi_communicator", parent_rank, parent_size},
+          [&] {
+            int done = 0;
+            check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+            return done != 0;
+          },
+          [] {}, [] { return std::string("for the other ranks to create a communicator"); });
     } catch (...) {
       (void)dup.release();
       throw;
@@ -469,8 +475,7 @@ class mpi_communicator {
     MPI_Comm part = MPI_COMM_NULL;
     detail::run_operation(self, {kind}, [&] {
       detail::agree_split(self, mine, ranks);
-      check(MPI_Comm_split(native(), mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part),
-            "MPI_Comm_split");
+      split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
     });
     if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
     return mpi_communicator(part, options(), adopt_tag{});
@@ -489,9 +494,13 @@ class mpi_communicator {
       const detail::error_site site{"communicator", rank(), size()};
       MPI_Comm node = MPI_COMM_NULL;
       if (o.simulated_node_size > 0) {
-        check(MPI_Comm_split(native(), rank() / o.simulated_node_size, rank(), &node), "MPI_Comm_split");
+        split_watched(rank() / o.simulated_node_size, rank(), &node);
       } else {
-        check(MPI_Comm_split_type(native(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
+                                       [parent = native(), key = rank()](MPI_Comm* made) {
+                                         return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
+                                       }),
+              "MPI_Comm_split_type");
       }
       int node_rank = 0;
       int node_size = 1;
@@ -509,35 +518,60 @@ class mpi_communicator {
       MPI_Group_free(&all_group);
       MPI_Comm_free(&node);
 
-      // The node's first rank creates the segment and names it; the others map it; then every rank
-      // says whether that worked, and the name goes (the memory stays while it is mapped).
+      // The node's first rank creates the segment and sends its name and identity; the others map
+      // it and check the identity before any use; then every rank says whether that worked, and
+      // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
+      // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
+      // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
+      // named segment in /dev/shm, removed as soon as its ranks have it.
       struct node_report {
         std::int32_t first = 0;  // the node's first rank: the node's identity
         std::int32_t size = 0;
-        char text[1024] = {};    // the segment's name (first rank), or what went wrong
+        detail::shm_segment::identity id;  // the segment's (first rank)
+        char text[1024] = {};              // the segment's name (first rank), or what went wrong
       };
       // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
       const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
       const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
       std::string problem;
       detail::shm_segment segment;
-      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem);
-      node_report mine;
-      mine.first = members[0];
-      mine.size = node_size;
-      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      auto exchange_reports = [&] {
-        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      std::vector<std::string> names(static_cast<std::size_t>(size()));
+      auto attach = [&](bool named) {
+        problem.clear();
+        segment = {};
+        if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
+        node_report mine;
+        mine.first = members[0];
+        mine.size = node_size;
+        mine.id = segment.id();
+        std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+        auto exchange_reports = [&] {
+          const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+          for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+        };
+        exchange_reports();
+        for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
+        const node_report& creator = reports[static_cast<std::size_t>(members[0])];
+        if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
+          segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
+        }
+        // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+        std::memset(mine.text, 0, sizeof mine.text);
+        std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+        exchange_reports();
       };
-      exchange_reports();
-      const std::string name = reports[static_cast<std::size_t>(members[0])].text;
-      if (node_size > 1 && node_rank != 0 && !name.empty()) segment = detail::shm_segment::open(name, bytes, problem);
-      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
-      std::memset(mine.text, 0, sizeof mine.text);
-      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-      exchange_reports();
+      attach(false);
+      bool unreachable = false;  // a rank could not attach to its node's anonymous segment
+      for (int r = 0; r < size(); ++r) {
+        const node_report& report = reports[static_cast<std::size_t>(r)];
+        unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
+                                      names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
+      }
+      if (unreachable) {
+        segment.release_name();
+        attach(true);
+      }
       segment.release_name();
 
       std::string trouble;
@@ -552,6 +586,15 @@ class mpi_communicator {
         equal_sizes = equal_sizes && report.size == reports[0].size;
       }
       const bool one_node = nodes == 1;
+      const bool fits = (o.allreduce_algorithm != algorithm::shared_memory || one_node) &&
+                        (o.allreduce_algorithm != algorithm::hierarchical || equal_sizes);
+      if (!fits && fit_algorithm_) {  // every rank sees the same reports: every rank falls back
+        std::fprintf(stderr,
+                     "herd warning (rank %d of %d): HERD_ALLREDUCE_ALGORITHM=%s does not fit the ranks left after "
+                     "shrink() (%d nodes, %s ranks on each); this communicator uses auto.\n",
+                     rank(), size(), herd::name(o.allreduce_algorithm), nodes, equal_sizes ? "as many" : "not as many");
+        s_->ops.options().allreduce_algorithm = algorithm::automatic;
+      }
       if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
         detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
                                        std::to_string(nodes) + " nodes",
@@ -563,7 +606,10 @@ class mpi_communicator {
       }
       if (!trouble.empty()) {
         if (o.allreduce_algorithm != algorithm::automatic) {
-          detail::raise_agreed(site, trouble, "Make shared memory available (/dev/shm), or use HERD_ALLREDUCE_ALGORITHM=auto or ring");
+          detail::raise_agreed(site, trouble,
+                               "The node's ranks could not share memory, for the reason above (through /proc, and "
+                               "then, where that failed, through a named segment in /dev/shm); use "
+                               "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
         }
         // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
         std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",
@@ -576,7 +622,7 @@ class mpi_communicator {
       }
       if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
         MPI_Comm part = MPI_COMM_NULL;
-        check(MPI_Comm_split(native(), node_rank, rank(), &part), "MPI_Comm_split");
+        split_watched(node_rank, rank(), &part);
         comm_options across = o;
         across.allreduce_algorithm = algorithm::ring;
         across_.reset(new mpi_communicator(part, across, adopt_tag{}));
@@ -595,6 +641,15 @@ class mpi_communicator {
       }
     };
     detail::run_now(*this, {detail::op_kind::create, 0}, body);
+  }
+
+  // MPI_Comm_split of this communicator, watched (every rank agreed to make it, in an operation).
+  void split_watched(int color, int key, MPI_Comm* part) const {
+    check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
+                                   [parent = native(), color, key](MPI_Comm* made) {
+                                     return MPI_Comm_split(parent, color, key, made);
+                                   }),
+          "MPI_Comm_split");
   }
 
   void make_state(comm_options options) {
@@ -704,6 +759,7 @@ class mpi_communicator {
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
   bool member_ = true;
+  bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
 
 }  // namespace herd

@@ -12,7 +12,7 @@
 // result; NCCL's stream first waits, by an event, for the caller's stream (cuda::current_stream():
 // the default stream, or the one a cuda::use_stream scope names). While waiting they poll NCCL's asynchronous errors and the peers' notices; an error, a
 // peer's abort, or no progress for the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS, 30
-// minutes when unset, DDP's default; 0 still means 30 minutes here) aborts the NCCL communicator
+// minutes when unset, DDP's default; 0 waits forever, as on the other communicators) aborts the NCCL communicator
 // and raises herd::error, on every rank, instead of hanging. The _async collectives are
 // stream-ordered: enqueued after the work on the communicator's stream, their handle's wait()
 // makes the caller's stream wait for them, synchronize() waits on the host.
@@ -131,12 +131,6 @@ struct nccl_state {
     comm = nullptr;
   }
 };
-
-// NCCL's operations get a finite patience even when herd's default (wait forever) is in force.
-inline comm_options with_nccl_timeout(comm_options o) {
-  if (o.stall_shutdown_seconds <= 0) o.stall_shutdown_seconds = 1800;
-  return o;
-}
 
 }  // namespace detail
 
@@ -267,7 +261,7 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     while (!test(r)) {
       if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
       watch.pause();
@@ -325,7 +319,7 @@ class nccl_communicator {
       // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
       void synchronize() override {
         if (done_.done()) return;
-        detail::waiting watch(detail::with_nccl_timeout(state_->options));
+        detail::waiting watch(state_->options);
         while (!done_.done()) {
           state_->poll_errors();
           if (watch.tick()) {
@@ -382,7 +376,7 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       const cudaError_t state = cudaStreamQuery(this->state().stream);
       if (state == cudaSuccess) return;
@@ -422,7 +416,7 @@ class nccl_communicator {
   // ncclCommInitRank, watched: NCCL's set-up waits for every rank, and a rank that never comes
   // (or a network that does not connect) would hold the others in it for ever. Non-blocking
   // initialization is polled under the stall shutdown time (HERD_STALL_SHUTDOWN_TIME_SECONDS,
-  // 30 minutes when unset); past it the communicator is aborted and every waiting rank raises.
+  // 30 minutes when unset, 0 for ever); past it the communicator is aborted and every waiting rank raises.
   void init_rank(const ncclUniqueId& id) {
     detail::nccl_state& st = state();
     const cuda::device_guard on(st.device);
@@ -430,7 +424,7 @@ class nccl_communicator {
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
     if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclInProgress;
       if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
@@ -509,7 +503,7 @@ class nccl_communicator {
   }
 
   ncclResult_t enqueued(const char* call) const {
-    detail::waiting watch(detail::with_nccl_timeout(options()));
+    detail::waiting watch(options());
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(state_->comm, &state);

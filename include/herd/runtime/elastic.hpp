@@ -33,6 +33,7 @@
 #include <cstring>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -118,12 +119,39 @@ class elastic_state {
   std::vector<std::function<void(int, int)>> world_changes_;
 };
 
+namespace detail {
+
+// A failure that reached run_elastic outside any operation (fn raised between collectives, or an
+// error of this rank's own) has told no peer: they would wait for this rank in their next
+// operation until the watchdog gives up. Aborting the communicator tells them at once, so that
+// every rank goes on to the renewal or shrink together. A failure inside an operation aborted it
+// already. Queued operations run first, so that the abort names the first one this rank has not
+// completed.
+template <communicator C> void announce_failure(C& comm, std::string_view what) noexcept {
+  try {
+    if constexpr (requires { comm.is_member(); }) {
+      if (!comm.is_member()) return;
+    }
+    if (comm.size() <= 1) return;
+    operation_state& ops = comm.operations();
+    ops.drain();
+    if (ops.aborted()) return;
+    comm.abort(std::string("it raised outside any operation: ") + std::string(what.substr(0, 900)));
+  } catch (...) {
+    // A communicator moved from, or no memory for the words: the peers' watchdog tells them.
+  }
+}
+
+}  // namespace detail
+
 // Calls fn(comm) until it returns. When it raises herd::error (a stall past the shutdown time, a
-// failure inside an operation, a peer's abort), every rank renews `comm` (in place), agrees on the
+// failure inside an operation, a peer's abort, or one raised between operations on one rank: its
+// peers are told by an abort of the communicator), every rank renews `comm` (in place), agrees on the
 // last commit every rank holds and restores it, and calls fn again; after `max_failures` failures
 // the error is rethrown. It commits `state` first if nothing was committed yet. Errors every rank
 // raises alike in an agreement (bad arguments) are rethrown at once: a retry would repeat them; so
-// are exceptions that are not herd::error. Where the communicator can shrink() (MPI, local), the
+// are exceptions that are not herd::error, after the abort that tells the peers (the rank then
+// leaves when its communicator is destroyed, and the others shrink without it). Where the communicator can shrink() (MPI, local), the
 // ranks that left are left out of the new one, and the state's world-change callbacks run.
 template <communicator C, class Fn>
 void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
@@ -134,8 +162,15 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
       return;
     } catch (const detail::agreed_error&) {
       throw;
-    } catch (const error&) {
+    } catch (const error& e) {
+      detail::announce_failure(comm, e.what());
       if (failures >= max_failures) throw;
+    } catch (const std::exception& e) {
+      detail::announce_failure(comm, e.what());
+      throw;
+    } catch (...) {
+      detail::announce_failure(comm, "an exception that is not a std::exception");
+      throw;
     }
     const int old_size = static_cast<int>(comm.size());
     if constexpr (requires { comm.shrink(comm.options()); }) {

@@ -4,13 +4,15 @@
 // options of the object it affects; the variable only sets the default.
 //
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long (60; 0 = never)
-//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever)
+//   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever;
+//                                     else at least 0.1)
 //   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
 //                                     0: only inside handle::wait() and handle::test()
 //   HERD_FUSION_THRESHOLD             bytes of one fusion buffer of the distributed optimizer (134217728; 0 = off)
-//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400)
+//   HERD_BUCKET_BYTES                 bytes of a bucket of the distributed optimizer, with mark_ready (26214400;
+//                                     at least 1)
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
@@ -18,6 +20,7 @@
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
 //
+// Byte counts and rank counts are whole numbers, flags 0 or 1, times seconds (fractions allowed).
 // A malformed value does not throw here: it is kept in settings::problem, and the next communicator
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
 // creation).
@@ -67,18 +70,35 @@ struct settings {
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
 
-// The variable as a number in [0, 1e15], or `fallback` when unset, empty or malformed (then
-// `problem` says so, unless it already holds an earlier problem).
-inline double env_number(const char* variable, double fallback, std::string& problem) {
+// What a variable holds: seconds (a fraction is fine), a whole number (bytes, ranks), or a flag.
+enum class env_kind : std::uint8_t { seconds, whole, flag };
+
+// The variable as a number in [0, 1e15] (a whole one unless `kind` is seconds, 0 or 1 for a flag),
+// or `fallback` when unset, empty or malformed (then `problem` says what is wrong and what to give,
+// unless it already holds an earlier problem).
+inline double env_number(const char* variable, double fallback, std::string& problem,
+                         env_kind kind = env_kind::seconds) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= 0) || !(value <= 1e15)) {
+  const bool number = errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
+  const bool fits = number && (kind == env_kind::seconds || value == static_cast<double>(static_cast<std::uint64_t>(value))) &&
+                    (kind != env_kind::flag || value <= 1);
+  if (!fits) {
     if (problem.empty()) {
-      problem = std::string("environment variable ") + variable + "='" + text +
-                "' is not a number between 0 and 1e15; unset it or give a number such as 60";
+      const std::string head = std::string("environment variable ") + variable + "='" + text + "' ";
+      switch (kind) {
+        case env_kind::seconds:
+          problem = head + "is not a number of seconds between 0 and 1e15; unset it or give one such as 60";
+          break;
+        case env_kind::whole:
+          problem = head + "is not a whole number between 0 and 1e15; unset it or give one such as " +
+                    std::to_string(static_cast<std::uint64_t>(fallback));
+          break;
+        case env_kind::flag: problem = head + "is neither 0 nor 1; unset it, or give 1 (on) or 0 (off)"; break;
+      }
     }
     return fallback;
   }
@@ -101,19 +121,25 @@ inline algorithm env_algorithm(std::string& problem) {
 
 inline settings read_settings() {
   settings s;
+  auto bytes = [&](const char* variable, std::size_t fallback) {
+    return static_cast<std::size_t>(env_number(variable, static_cast<double>(fallback), s.problem, env_kind::whole));
+  };
   s.stall_check_seconds = env_number("HERD_STALL_CHECK_TIME_SECONDS", s.stall_check_seconds, s.problem);
   s.stall_shutdown_seconds = env_number("HERD_STALL_SHUTDOWN_TIME_SECONDS", s.stall_shutdown_seconds, s.problem);
-  s.ring_segment_bytes = static_cast<std::size_t>(
-      env_number("HERD_RING_SEGMENT_BYTES", static_cast<double>(s.ring_segment_bytes), s.problem));
-  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem) != 0;
-  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem) != 0;
-  s.fusion_threshold_bytes = static_cast<std::size_t>(
-      env_number("HERD_FUSION_THRESHOLD", static_cast<double>(s.fusion_threshold_bytes), s.problem));
-  s.bucket_bytes = static_cast<std::size_t>(env_number("HERD_BUCKET_BYTES", static_cast<double>(s.bucket_bytes), s.problem));
-  if (s.bucket_bytes == 0) s.bucket_bytes = settings{}.bucket_bytes;
+  s.ring_segment_bytes = bytes("HERD_RING_SEGMENT_BYTES", s.ring_segment_bytes);
+  s.check_arguments = env_number("HERD_CHECK_ARGUMENTS", 1, s.problem, env_kind::flag) != 0;
+  s.progress_thread = env_number("HERD_PROGRESS_THREAD", 1, s.problem, env_kind::flag) != 0;
+  s.fusion_threshold_bytes = bytes("HERD_FUSION_THRESHOLD", s.fusion_threshold_bytes);
+  s.bucket_bytes = bytes("HERD_BUCKET_BYTES", s.bucket_bytes);
+  if (s.bucket_bytes == 0) {
+    if (s.problem.empty()) {
+      s.problem = "environment variable HERD_BUCKET_BYTES=0 leaves no room in a bucket; unset it for the default "
+                  "(26214400), or give the bytes of a bucket, at least 1";
+    }
+    s.bucket_bytes = settings{}.bucket_bytes;
+  }
   s.allreduce_algorithm = env_algorithm(s.problem);
-  s.shm_slice_bytes = static_cast<std::size_t>(
-      env_number("HERD_SHM_SLICE_BYTES", static_cast<double>(s.shm_slice_bytes), s.problem));
+  s.shm_slice_bytes = bytes("HERD_SHM_SLICE_BYTES", s.shm_slice_bytes);
   if (s.shm_slice_bytes < 4096 || s.shm_slice_bytes > (std::size_t{1} << 30)) {
     if (s.problem.empty()) {
       s.problem = "environment variable HERD_SHM_SLICE_BYTES=" + std::to_string(s.shm_slice_bytes) +
@@ -121,8 +147,11 @@ inline settings read_settings() {
     }
     s.shm_slice_bytes = settings{}.shm_slice_bytes;
   }
-  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem);
-  if (node_size > 65536 && s.problem.empty()) s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536";
+  const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem, env_kind::whole);
+  if (node_size > 65536 && s.problem.empty()) {
+    s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536; give a number of ranks between 0 (the "
+                "real nodes) and 65536";
+  }
   s.simulated_node_size = node_size > 65536 ? 0 : static_cast<int>(node_size);
   return s;
 }

@@ -85,7 +85,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     const std::size_t lo = pieces.offset(g);
     const std::size_t hi = lo + pieces.length(g);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* mine = node.buffer(node.rank(), t);
     auto copy_in = [&](std::size_t from, std::size_t n) {
       in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
@@ -150,7 +150,7 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
   const std::byte* own = in_chunk(g);
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     std::byte* buffer = node.buffer(g, t);
     {
       const trace::span phase(track, "copy in");
@@ -195,7 +195,7 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
   };
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     {
       const trace::span phase(track, "copy in");
       std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
@@ -216,7 +216,7 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
   const std::size_t slice = node.slice_bytes();
   for (std::size_t begin = 0; begin < bytes; begin += slice) {
     const std::size_t n = std::min(slice, bytes - begin);
-    const std::uint64_t t = node.next_ticket();
+    const std::uint64_t t = node.next_ticket(comm);
     if (node.rank() == root) {
       const trace::span phase(comm.operations().track(), "copy in");
       std::memcpy(node.buffer(root, t), data + begin, n);

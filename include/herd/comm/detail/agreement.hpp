@@ -133,8 +133,8 @@ template <class C> std::size_t payload_capacity(C& comm) {
 // next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
 template <class C>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  static_assert(sizeof(signature) <= shm_header_bytes);
-  const std::uint64_t t = node.next_ticket();
+  static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
+  const std::uint64_t t = node.next_ticket(comm);
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace herd {
 
@@ -61,9 +62,11 @@ inline std::string options_problem(const comm_options& o) {
     return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
            "; give seconds between 0 (never warn) and 1e15";
   }
-  if (seconds_bad(o.stall_shutdown_seconds)) {
+  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
+  // looks every few milliseconds, and an abort's notices take about as long).
+  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
     return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
-           number(o.stall_shutdown_seconds) + "; give seconds between 0 (never give up) and 1e15";
+           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
   }
   if (o.ring_segment_bytes == 0) {
     return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
@@ -177,6 +180,93 @@ std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown 
     }
   }
   return {};
+}
+
+// shrink(), common to every communicator. It has two steps, each under the watchdog:
+// 1. Presence: each rank that stays says so ("present" in shrink number `round`) and waits until
+//    it has heard of every rank that it stays or that it left (staying_answer).
+// 2. Members: each then proposes the ranks it counted, and goes on (to create the communicator of
+//    those ranks, which needs them all) only once every one of them proposed the same
+//    (members_verdict). Ranks whose news differed (one left just after saying it stays, and only
+//    some heard of it in time) give up then, within the shutdown time, instead of creating
+//    communicators of different ranks or waiting for one that will never come.
+// A rank leaves the communicator it shrinks only after the new one was created (which needs every
+// member past step 2) or after its shrink gave up: a departure heard during steps 1 and 2 always
+// means that rank is gone, even after it said it stays.
+
+// What this rank knows of peer q in shrink `round`: 1 it stays, 0 it left, -1 not yet known.
+inline int staying_answer(std::uint64_t present_in, bool departed, std::uint64_t round) noexcept {
+  if (departed) return 0;
+  return present_in >= round ? 1 : -1;
+}
+
+// A list of ranks, as a shrink's proposal travels: how many, and a hash of which.
+struct members_digest {
+  std::uint64_t count = 0;
+  std::uint64_t hash = 14695981039346656037ull;
+  static members_digest of(const std::vector<int>& members) noexcept {
+    members_digest d;
+    d.count = members.size();
+    for (int q : members) {
+      d.hash ^= static_cast<std::uint64_t>(static_cast<std::uint32_t>(q));
+      d.hash *= 1099511628211ull;
+    }
+    return d;
+  }
+  bool operator==(const members_digest&) const = default;
+};
+
+// What this rank knows of member q in step 2.
+struct member_news {
+  bool departed = false;
+  bool proposed = false;  // its proposal for this round came
+  members_digest proposal;
+};
+
+// Step 2's state, for this rank: `waiting_for` the first member whose proposal has not come
+// (-1: none), or `problem`, why the members cannot agree. `news(q)` tells whether member q left,
+// and its proposal for this round if it made one.
+struct members_state {
+  int waiting_for = -1;
+  std::string problem;
+};
+template <class News>
+members_state members_verdict(const std::vector<int>& members, int me, const members_digest& mine, News news) {
+  members_state state;
+  for (int q : members) {
+    if (q == me) continue;
+    const member_news heard = news(q);
+    const members_digest& theirs = heard.proposal;
+    if (heard.departed) {
+      state.problem = "rank " + std::to_string(q) + " left while the ranks that stay agreed on who they are (it had "
+                      "said it stays, and only some ranks heard that it left)";
+      return state;
+    }
+    if (!heard.proposed) {
+      if (state.waiting_for < 0) state.waiting_for = q;
+      continue;
+    }
+    if (!(theirs == mine)) {
+      state.problem = "rank " + std::to_string(q) + " counted " + std::to_string(theirs.count) +
+                      " ranks that stay where rank " + std::to_string(me) + " counted " + std::to_string(mine.count) +
+                      " (a rank left while they counted)";
+      return state;
+    }
+  }
+  return state;
+}
+
+// The ranks that stay, in their order: those whose answer is 1.
+inline std::vector<int> staying_members(const std::vector<int>& answers) {
+  std::vector<int> members;
+  for (std::size_t q = 0; q < answers.size(); ++q)
+    if (answers[q] == 1) members.push_back(static_cast<int>(q));
+  return members;
+}
+
+inline const char* shrink_advice() noexcept {
+  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
+         "the ranks still here, or end the job";
 }
 
 }  // namespace detail

@@ -12,6 +12,8 @@
 // - closed n: the sender leaves the communicator (destroyed it, left() it, or MPI_Finalize ran)
 //   after issuing n operations. A peer waiting in operation n or later raises.
 // - present r: the sender is in its r-th shrink() of the communicator and stays.
+// - members r: the ranks the sender counted as staying in its r-th shrink() (their number and a
+//   hash of which: comm/detail/failure.hpp's members_digest).
 // One tag, one receive: MPI keeps the order of one sender's notices, so a "present" arrives before
 // the same sender's "closed".
 //
@@ -24,7 +26,8 @@
 // are not waited for: the communicator goes on the unsettled list below.
 //
 // The bound: all this takes at most comm_options::stall_shutdown_seconds (none when 0; then a
-// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort, with
+// warning after a minute). A send of this rank still pending past it ends the job (MPI_Abort on
+// MPI_COMM_WORLD: end_job, with
 // a message naming the peer and the operation), as torch's NCCL watchdog does; with
 // comm_options::end_job_if_unsettled off its request is left to MPI, and the error says that its
 // buffer still belongs to MPI. Only peers' "done" still missing past the bound: the abort returns.
@@ -32,7 +35,8 @@
 // A departing rank is told apart from an aborting one by its notice: "closed" carries the number
 // of operations it issued, and hopeless() names a departure before any abort (which may only be
 // another rank's report of that departure). shrink() counts a rank as staying when its "present"
-// for that round came, as gone when its "closed" came without it.
+// for that round came, as gone when its "closed" came (even after a "present": see failure.hpp),
+// and creates the new communicator only once every member proposed the same members.
 //
 // The registries (mpi_registry), one per process:
 // - live: the communicators alive. MPI_Finalize (at_finalize) tells their peers this rank leaves,
@@ -46,6 +50,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/failure.hpp>
+#include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/watchdog.hpp>
@@ -58,6 +63,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -115,11 +121,11 @@ inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* ty
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
-  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4 };
+  enum type_t : std::uint8_t { abort = 1, done = 2, closed = 3, present = 4, members = 5 };
   std::uint32_t magic = 0x4e544345;  // "NTCE"
   std::uint8_t type = 0;
   std::uint8_t unused[3] = {};
-  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present: the shrink
+  std::uint64_t seq = 0;  // abort: the failed operation; closed: the operations issued; present, members: the shrink
   char reason[1008] = {};
 };
 
@@ -129,6 +135,8 @@ struct mpi_peer {
   std::uint64_t departed_at = std::numeric_limits<std::uint64_t>::max();
   bool done = false;  // settled everything it had in flight after an abort
   std::uint64_t present_in = 0;  // the last shrink it said it is in
+  std::uint64_t proposed_in = 0;  // the last shrink it proposed members in, and what it proposed
+  members_digest proposal;
   std::string reason;
 };
 
@@ -228,19 +236,21 @@ class mpi_state {
     return true;
   }
 
-  // Shrink number `round`: for each rank, 1 if it said it stays, 0 if it left without saying so,
-  // -1 while neither is known. A rank that says it stays leaves only after its own shrink, so
-  // its "present" comes first and it counts as staying.
+  // Shrink number `round`: for each rank, what this rank knows of it (staying_answer).
   std::vector<int> staying(std::uint64_t round) {
     std::lock_guard lock(notice_mutex);
     std::vector<int> result(static_cast<std::size_t>(size), -1);
     for (int q = 0; q < size; ++q) {
       const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      int& r = result[static_cast<std::size_t>(q)];
-      if (q == rank || peer.present_in >= round) r = 1;
-      else if (peer.departed_at != never) r = 0;
+      result[static_cast<std::size_t>(q)] = q == rank ? 1 : staying_answer(peer.present_in, peer.departed_at != never, round);
     }
     return result;
+  }
+  // What this rank knows of rank q's proposal in shrink `round`.
+  member_news proposal_of(int q, std::uint64_t round) {
+    std::lock_guard lock(notice_mutex);
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    return {peer.departed_at != never, peer.proposed_in == round, peer.proposal};
   }
 
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
@@ -380,6 +390,10 @@ class mpi_state {
       peer.departed_at = notice.seq;
     } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
       peer.present_in = notice.seq;
+    } else if (notice.type == mpi_notice::members && notice.seq > peer.proposed_in) {
+      peer.proposed_in = notice.seq;
+      std::memcpy(&peer.proposal.count, notice.reason, sizeof(std::uint64_t));
+      std::memcpy(&peer.proposal.hash, notice.reason + sizeof(std::uint64_t), sizeof(std::uint64_t));
     }
   }
 
@@ -528,6 +542,16 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
+// Ends the whole job. MPI_Abort on MPI_COMM_WORLD, not on the communicator that failed: MPICH
+// 4.0 (ch4) took the abort of a duplicate, or of a communicator of some ranks, as one of its
+// processes only, leaving a peer that sleeps outside MPI, or that is in MPI_Finalize, running
+// until it woke (ctest mpi_abort_job_*, measured from outside the job). The job is lost anyway:
+// MPI may still read memory this process would free.
+[[noreturn]] inline void end_job() noexcept {
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
+}
+
 inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
   std::string peers;
   for (auto& o : s.orphans) {
@@ -548,7 +572,7 @@ inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
                          "herd::error instead.)\n",
                  what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
     std::fflush(stderr);
-    MPI_Abort(s.comm, 1);
+    end_job();
   }
   s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
                        "takes them; do not free or reuse them before then.");
@@ -564,19 +588,30 @@ inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
   try {
     give_up_settling_or_throw(s, reason);
   } catch (...) {  // out of memory for the words: the decision stands
-    if (s.ops.options().end_job_if_unsettled) MPI_Abort(s.comm, 1);
+    if (s.ops.options().end_job_if_unsettled) end_job();
   }
   for (auto& o : s.orphans) {
     if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
   }
 }
 
-// Begins the abort of the running operation (or of the one aborted before, outside any): marks
-// the communicator aborted, cancels this rank's receives of the operation and tells every peer.
-// Returns the operation's number.
+// Begins the abort of the running operation (outside any: of the one aborted before, or else of
+// the next one this rank would issue, which its peers may be waiting in): marks the communicator
+// aborted, cancels this rank's receives of the operation and tells every peer. Returns the
+// operation's number.
 inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
+  const bool before = s.ops.aborted();
   s.ops.mark_aborted(reason);
-  const std::uint64_t seq = s.ops.in_operation() ? s.ops.current().seq : s.aborted_seq;
+  std::uint64_t seq = s.aborted_seq;
+  if (s.ops.in_operation()) {
+    seq = s.ops.current().seq;
+  } else if (!before) {
+    try {
+      seq = s.ops.issued();
+    } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
+      seq = 0;
+    }
+  }
   s.aborted_seq = seq;
   for (auto& o : s.orphans) {
     if (o.receiving) MPI_Cancel(&o.handle);
@@ -627,28 +662,86 @@ inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reaso
   if (!s.all_settled()) add_unsettled(&s);
 }
 
-// shrink() number ++s.shrinks: says this rank stays, and waits (under the watchdog of `options`)
-// until every peer has said it stays or left. Returns the ranks that stay, in their order.
-inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
-  const std::uint64_t round = ++s.shrinks;
-  s.notify_all(mpi_notice::present, round, {}, false);
-  std::vector<int> staying = s.staying(round);
+// The watched wait every blocking step of an mpi_communicator shares: polls done() (spinning,
+// yielding, then sleeping: waiting), and every few milliseconds tends this process's aborted and
+// retired communicators (tend), runs on_tick (which raises when the wait is in vain) and the
+// watchdog, which warns, then raises, naming `site` and what() it waits for.
+template <class Done, class OnTick, class What>
+void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
   waiting watch(options);
-  while (std::find(staying.begin(), staying.end(), -1) != staying.end()) {
+  while (!done()) {
     if (watch.tick()) {
       tend();
-      const int q = static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin());
-      watch.watch({"mpi_communicator::shrink", s.rank, s.size},
-                  "for rank " + std::to_string(q) + " to say whether it stays or left");
+      on_tick();
+      watch.watch(site, what());
     }
     watch.pause();
+  }
+}
+
+// A blocking MPI call that returns only once other ranks make it too (the creation of a
+// communicator over some of them: MPI_Comm_create_group, MPI_Comm_split), watched: it runs on a
+// thread of its own while this one waits under the watchdog; past the shutdown time this rank
+// raises, and the call is left on that thread (it holds only what it shares with it). Ranks call
+// it after an agreement that they all will, so only a rank that died or stalled since can make it
+// wait. Without MPI_THREAD_MULTIPLE it runs here, unwatched. Returns the call's MPI code.
+template <class Call>
+int watched_mpi_call(const comm_options& options, const error_site& site, const std::string& what, MPI_Comm* result,
+                     Call call) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return call(result);
+  struct shared {
+    std::atomic<bool> done{false};
+    int code = MPI_SUCCESS;
+    MPI_Comm comm = MPI_COMM_NULL;
+  };
+  auto state = std::make_shared<shared>();
+  std::thread([state, call] {
+    state->code = call(&state->comm);
+    state->done.store(true, std::memory_order_release);
+  }).detach();
+  watched_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
+  *result = state->comm;
+  return state->code;
+}
+
+// shrink() number ++s.shrinks, its two steps (comm/detail/failure.hpp): says this rank stays and
+// waits until it heard of every peer that it stays or left; then proposes the ranks it counted and
+// waits until every one of them proposed the same. Returns them, in their order; raises (under the
+// watchdog of `options`, or at once when they cannot agree) otherwise.
+inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
+  const std::uint64_t round = ++s.shrinks;
+  const error_site site{"mpi_communicator::shrink", s.rank, s.size};
+  s.notify_all(mpi_notice::present, round, {}, false);
+  std::vector<int> staying = s.staying(round);
+  auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+  watched_wait(
+      options, site,
+      [&] {
+        s.poll_notices();
+        staying = s.staying(round);
+        return unknown() == s.size;
+      },
+      [] {}, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+  const std::vector<int> members = staying_members(staying);
+  if (rank_hook hook = shrink_hook(); hook != nullptr) hook(s.rank);
+
+  const members_digest mine = members_digest::of(members);
+  char words[2 * sizeof(std::uint64_t)];
+  std::memcpy(words, &mine.count, sizeof mine.count);
+  std::memcpy(words + sizeof mine.count, &mine.hash, sizeof mine.hash);
+  s.notify_all(mpi_notice::members, round, std::string_view(words, sizeof words), false);
+  members_state state;
+  auto verdict = [&] {
     s.poll_notices();
-    staying = s.staying(round);
-  }
-  std::vector<int> members;
-  for (int q = 0; q < s.size; ++q) {
-    if (staying[static_cast<std::size_t>(q)] == 1) members.push_back(q);
-  }
+    state = members_verdict(members, s.rank, mine, [&](int q) { return s.proposal_of(q, round); });
+    return state.waiting_for < 0 || !state.problem.empty();
+  };
+  watched_wait(
+      options, site, verdict, [&] { if (!state.problem.empty()) raise(site, state.problem, shrink_advice()); },
+      [&] { return "for rank " + std::to_string(state.waiting_for) + " to say which ranks it counted as staying"; });
+  if (!state.problem.empty()) raise(site, state.problem, shrink_advice());
   return members;
 }
 

@@ -161,6 +161,9 @@ struct queued_operation {
   std::function<void(std::uint64_t)> work;
   std::atomic<bool> done{false};
   std::exception_ptr failure;  // written before done
+  // The failure aborted the communicator (or it was aborted before): its every later call
+  // reports the abort again, so a handle dropped unwaited need not warn of it. Written before done.
+  bool failure_repeats = false;
 };
 
 class operation_state {
@@ -380,6 +383,7 @@ class operation_state {
       op->work(op->seq);
     } catch (...) {
       op->failure = std::current_exception();
+      op->failure_repeats = aborted();
     }
     op->work = nullptr;  // drops what the work captured
     lock.lock();

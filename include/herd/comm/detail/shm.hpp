@@ -14,6 +14,12 @@
 // has finished step t. So there is no other barrier. (The allreduce has a second counter,
 // `reduced`, for its second half-step: see shm_allreduce.)
 //
+// Operations. Each step also carries the number of the operation it belongs to (the last 8 bytes
+// of its buffer's header), and a rank that finds a peer's step t to belong to another operation
+// than its own raises instead of reading it. Ranks whose operations take different numbers of
+// steps (arguments that differ, unchecked with HERD_CHECK_ARGUMENTS=0) would otherwise pair one
+// operation's steps with the next one's, and complete it with another operation's data.
+//
 // Why POSIX shared memory and not MPI_Win_allocate_shared: freeing an MPI window is collective
 // and synchronizing, so a communicator's destructor would wait for every peer to destroy theirs;
 // herd never lets a destructor hang on another rank. The segment is anonymous (shm_segment), so
@@ -42,7 +48,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +72,7 @@ class shm_segment {
       reset();
       base_ = std::exchange(other.base_, nullptr);
       bytes_ = std::exchange(other.bytes_, 0);
+      identity_ = other.identity_;
       name_ = std::move(other.name_);
       linked_ = std::exchange(other.linked_, false);
       fd_ = std::exchange(other.fd_, -1);
@@ -72,14 +81,24 @@ class shm_segment {
   }
   ~shm_segment() { reset(); }
 
+  // What the creator writes in the last bytes of a segment and an opener compares before it uses
+  // what it mapped: a path names a file of this process's view (/proc/<pid>/fd/<n> of another PID
+  // namespace is some other process's descriptor), which may be anything.
+  struct identity {
+    std::uint64_t token[2] = {0, 0};  // random, drawn by the creator
+    std::uint64_t bytes = 0;
+    bool operator==(const identity&) const = default;
+  };
+
   // Creates a segment of `bytes`, with its memory reserved (so that a lack of memory is an error
-  // here, not a SIGBUS later), and a name the node's other ranks open it by. Empty, with `problem`
-  // set, on failure.
-  static shm_segment create(std::size_t bytes, std::string& problem) {
+  // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
+  // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
+  // anonymous segment (which the others reach through /proc, only in the same PID namespace).
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
     shm_segment s;
     int fd = -1;
 #if defined(MFD_CLOEXEC)
-    fd = ::memfd_create("herd", MFD_CLOEXEC);
+    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
     if (fd >= 0) {
       s.fd_ = fd;
       s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
@@ -89,7 +108,7 @@ class shm_segment {
       static std::atomic<unsigned> counter{0};
       const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
       s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull);
+                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
       fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
         problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
@@ -106,24 +125,55 @@ class shm_segment {
       s.map(fd, bytes, problem);
     }
     if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) return {};
+    if (!problem.empty()) {
+      s.reset();
+      return {};
+    }
+    s.identity_.token[0] = random_word();
+    s.identity_.token[1] = random_word();
+    s.identity_.bytes = bytes;
+    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
     return s;
   }
 
-  // Maps the segment another rank of the node created (while it still holds its name).
-  static shm_segment open(const std::string& name, std::size_t bytes, std::string& problem) {
+  // Maps the segment another rank of the node created (while it still holds its name), once it
+  // found there the identity the creator sent: a file of another size, or of another identity, is
+  // left untouched (never written) and is a problem.
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
     const bool anonymous = name.rfind("/proc/", 0) == 0;
     const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) {
       problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+      return {};
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                           : ")");
+      ::close(fd);
       return {};
     }
     shm_segment s;
     s.map(fd, bytes, problem);
     ::close(fd);
     if (!problem.empty()) return {};
+    identity found;
+    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+    if (!(found == expected)) {
+      problem = name + " is not the node's segment (its identity differs" +
+                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                        "namespace?)"
+                                      : ")");
+      s.reset();
+      return {};
+    }
+    s.identity_ = expected;
     return s;
   }
+
+  const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
@@ -156,8 +206,16 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  static std::uint64_t random_word() {
+    static std::random_device device;
+    static std::mutex mutex;
+    const std::lock_guard lock(mutex);
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }
+
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
+  identity identity_;
   std::string name_;
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
@@ -171,7 +229,8 @@ class shm_node {
  public:
   enum counter : std::size_t { arrived = 0, reduced = 1 };
 
-  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each.
+  // The layout of a segment for `size` ranks with buffers of `slice_bytes` of data each (its last
+  // page holds no rank's region: the segment's identity is at its end).
   static std::size_t segment_bytes(int size, std::size_t slice_bytes) {
     return static_cast<std::size_t>(size) * rank_stride(slice_bytes) + page;
   }
@@ -187,8 +246,15 @@ class shm_node {
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
-  // The next step's ticket (the same on every rank of the node).
-  std::uint64_t next_ticket() noexcept { return ++ticket_; }
+  // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
+  // its number goes with the step (operation_of).
+  template <class C> std::uint64_t next_ticket(C& comm) {
+    const operation_state& ops = comm.operations();
+    operation_ = ops.in_operation() ? ops.current().seq : 0;
+    ++ticket_;
+    std::memcpy(operation_word(rank_, ticket_), &operation_, sizeof operation_);
+    return ticket_;
+  }
 
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
@@ -203,7 +269,31 @@ class shm_node {
   }
 
   // Waits until every other rank of the node published t; what they wrote before is visible after.
+  // Raises if a peer's step t belongs to another operation than this rank's.
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+    wait_for_peers(comm, t, which);
+    if (which != arrived) return;  // the same step's second half: its operation was checked
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, operation_word(i, t), sizeof theirs);
+      if (theirs != operation_) mismatched(comm, i, theirs);
+    }
+  }
+
+ private:
+  template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
+    const operation_state& ops = comm.operations();
+    raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
+          "rank " + std::to_string(member(i)) + " is in operation #" + std::to_string(theirs) + " where rank " +
+              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
+              ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
+              "same one with different arguments",
+          "Call the same collectives with the same arguments on every rank; HERD_CHECK_ARGUMENTS=1 (the default) "
+          "names the difference");
+  }
+
+  template <class C> void wait_for_peers(C& comm, std::uint64_t t, counter which) {
     std::optional<trace::span> phase;  // in the timeline from the first peer not there yet
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
@@ -231,7 +321,6 @@ class shm_node {
     }
   }
 
- private:
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
 
@@ -248,6 +337,10 @@ class shm_node {
   std::byte* region(int i) const noexcept {
     return segment_.data() + static_cast<std::size_t>(i) * rank_stride(slice_bytes_);
   }
+  // Where rank i writes the number of the operation its step t belongs to.
+  std::byte* operation_word(int i, std::uint64_t t) const noexcept {
+    return header(i, t) + shm_header_bytes - sizeof(std::uint64_t);
+  }
   std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
   }
@@ -257,6 +350,7 @@ class shm_node {
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
+  std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
 
 }  // namespace herd::detail

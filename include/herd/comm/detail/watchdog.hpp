@@ -62,10 +62,14 @@ class waiting {
     }
     if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
       warned_ = true;
+      const std::string then = options_.stall_shutdown_seconds > 0
+                                   ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                                         number(options_.stall_shutdown_seconds) + " s"
+                                   : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
       std::fprintf(stderr,
                    "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=%s.\n",
-                   text.c_str(), number(options_.stall_shutdown_seconds).c_str());
+                   "stuck; %s.\n",
+                   text.c_str(), then.c_str());
       std::fflush(stderr);
     }
   }

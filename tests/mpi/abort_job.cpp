@@ -1,0 +1,62 @@
+// An abort that cannot settle its sends ends the whole job, whatever the other ranks are doing.
+//
+//   mpiexec -n P abort_job MODE TOKEN
+//   Every rank creates a communicator; ranks 0 and 1 then allreduce 16 MiB on a communicator of
+//   their own, and rank 1 stops for 30 s before its first receive, so rank 0 gives up after the
+//   shutdown time (0.5 s), cannot settle its sends (rank 1 does not take them) and, 0.5 s later,
+//   ends the job. Meanwhile the ranks from 2 on (P > 2):
+//   MODE  asleep    sleep 30 s outside herd
+//         finalize  return from main (MPI_Finalize)
+//         dead      rank P - 1 dies (_Exit(3), without MPI_Finalize) once the allreduce began; the
+//                   others sleep
+// TOKEN marks the processes, for tests/support/job_ends.py, which checks from outside that every
+// one is gone within the bound. Rank 0 prints "abort_job: allreduce begins" first; a rank that
+// is still running after 30 s prints "abort_job: rank R still running" and exits 1.
+
+#include <herd/herd.hpp>
+
+#include "../support/faulty_communicator.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+int main(int argc, char** argv) {
+  herd::mpi::environment env(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::string mode = argc > 1 ? argv[1] : "asleep";
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 0.5;
+  o.ring_segment_bytes = 256 << 10;
+  o.allreduce_algorithm = herd::algorithm::ring;  // messages, which a stalled peer leaves unsettled
+  herd::mpi_communicator world(MPI_COMM_WORLD, o);
+  const int rank = world.rank();
+  const int p = world.size();
+  herd::mpi_communicator pair = world.subset({0, 1});
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto still_running = [&] {
+    std::printf("abort_job: rank %d still running after 30 s\n", rank);
+    return 1;
+  };
+  if (rank >= 2) {
+    if (mode == "finalize") return 0;  // MPI_Finalize, while rank 0 ends the job
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (mode == "dead" && rank == p - 1) std::_Exit(3);
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    return still_running();
+  }
+  if (rank == 0) std::printf("abort_job: allreduce begins\n");
+  auto faulty = herd_test::faulty_communicator<herd::mpi_communicator>::before_receive(
+      pair, rank == 1 ? 0 : -1, [] { std::this_thread::sleep_for(std::chrono::seconds(30)); });
+  std::vector<float> big(std::size_t{4} << 20, 1.0f);
+  try {
+    herd::allreduce(big, faulty);
+  } catch (const herd::error& e) {
+    std::printf("abort_job: rank %d raised: %s\n", rank, e.what());
+  }
+  return still_running();
+}
