@@ -15,7 +15,8 @@
 #   kernels.txt      the kernel benchmark, run twice (the spread)
 #   collectives.txt  the collective benchmark at 1 and 2 processes
 #   examples.txt     device_tensor at 2 processes, train_gpu at 1 and 2; libtorch_mnist on the GPU (DDP
-#                    wrapper and distributed_optimizer) at 1 and 2; vs_pytorch_ddp on the GPU
+#                    wrapper and distributed_optimizer) at 1 and 2; vs_pytorch_ddp on the GPU, and at
+#                    1 rank on the CPU (the forward pass in C++ and Python on one libtorch)
 #   summary.txt      one line per phase: passed, failed (exit status), or skipped and why
 #   logs.tgz         every log in full
 # Each run has its own timeout (RUN_SECONDS, default 150) and HERD_STALL_SHUTDOWN_TIME_SECONDS=60,
@@ -252,9 +253,15 @@ for n in 1 2; do
   done
 done
 # herd against PyTorch DDP over nccl, same model, batch and GPU; VS_DDP_ROUNDS alternating rounds.
+# Then the same at 1 rank on the CPU (GPU hidden), where no reduction runs: the C++ forward pass
+# beside Python's on the same libtorch, in rounds, on this machine's cores.
 for ((round = 1; round <= ${VS_DDP_ROUNDS:-2}; ++round)); do
   run examples "vs_ddp_gpu_round$round" 1 libtorch_mnist env DEVICE=cuda BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 \
       RANKS="1 2" STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
+done
+for ((round = 1; round <= ${VS_DDP_CPU_ROUNDS:-3}; ++round)); do
+  run examples "vs_ddp_cpu_round$round" 0 libtorch_mnist env DEVICE=cpu BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 \
+      RANKS=1 STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
 done
 if command -v compute-sanitizer >/dev/null; then
   if (($(left) >= 120)); then

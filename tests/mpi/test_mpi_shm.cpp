@@ -31,20 +31,12 @@
 
 namespace {
 
+using herd_test::error_of;
+using herd_test::has;
 using herd_test::rng;
 using herd_test::values;
 using bytes = std::vector<std::byte>;
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class Fn> std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const herd::error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+constexpr const char* no_error = "(no herd::error)";  // what error_of says when fn() raises none
 
 herd::comm_options with(herd::algorithm a, std::size_t slice = std::size_t{1} << 20, int node_size = 0) {
   herd::comm_options o;
@@ -734,8 +726,8 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
     const auto sum = static_cast<float>(p * (p + 1) / 2);
     const auto wrong = std::count_if(second.begin(), second.end(), [&](float x) { return x != sum; });
     INFO("rank ", rank, ": first: ", first_error, " | second: ", second_error, " | ", wrong, " of ", n, " wrong");
-    CHECK((second_error != "(no error)" || wrong == 0));
-    if (second_error != "(no error)" && first_error == "(no error)") {
+    CHECK((second_error != no_error || wrong == 0));
+    if (second_error != no_error && first_error == no_error) {
       CHECK((has(second_error, "their shared-memory steps do not pair up") || has(second_error, "aborted")));
     }
   }
@@ -773,7 +765,7 @@ HERD_MPI_TEST_CASE("after shrink, an explicit hierarchical algorithm that no lon
         });
       });
       INFO(what, " | ", warned);
-      CHECK(what == "(no error)");
+      CHECK(what == no_error);
       CHECK(has(warned, "HERD_ALLREDUCE_ALGORITHM=hierarchical does not fit the ranks left after shrink() (2 nodes, not "
                         "as many ranks on each); this communicator uses auto"));
     }
