@@ -7,6 +7,7 @@
 #include <herd/herd.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/mpi_world.hpp"
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
 
@@ -76,17 +77,7 @@ bool same_on_every_rank(const bytes& b) {
   return most[0] == ~most[1];
 }
 
-MPI_Datatype mpi_type(herd::dtype t) {
-  switch (t) {
-    case herd::dtype::f32: return MPI_FLOAT;
-    case herd::dtype::f64: return MPI_DOUBLE;
-    case herd::dtype::i32: return MPI_INT32_T;
-    case herd::dtype::i64: return MPI_INT64_T;
-    case herd::dtype::i8: return MPI_INT8_T;
-    case herd::dtype::u8: return MPI_UINT8_T;
-    default: return MPI_DATATYPE_NULL;
-  }
-}
+using herd_test::mpi_type;
 
 // Whether MPI's reductions of this dtype can serve as a reference. Not for 8-bit integers: MPICH
 // 4.0.2 compares unsigned 8-bit values as signed in MPI_MAX and MPI_MIN (the max of 10, 110 and

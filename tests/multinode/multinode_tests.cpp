@@ -9,6 +9,7 @@
 #include <herd/herd.hpp>
 
 #include "../support/mpi_test.hpp"
+#include "../support/mpi_world.hpp"
 #include "../support/reference.hpp"
 #include "../support/tiny_mlp.hpp"
 
@@ -84,15 +85,7 @@ bytes input_of(std::uint64_t seed, int r, herd::dtype t, std::size_t n, herd::re
   return out;
 }
 
-MPI_Datatype mpi_type(herd::dtype t) {
-  switch (t) {
-    case herd::dtype::f32: return MPI_FLOAT;
-    case herd::dtype::f64: return MPI_DOUBLE;
-    case herd::dtype::i32: return MPI_INT32_T;
-    case herd::dtype::i64: return MPI_INT64_T;
-    default: return MPI_DATATYPE_NULL;
-  }
-}
+using herd_test::mpi_type;
 
 // MPI's op for herd's on the values drawn (float min and max draw NaNs, which MPIs order as they like).
 MPI_Op mpi_op(herd::dtype t, herd::reduce_op op) {
