@@ -15,7 +15,7 @@
 #
 # Environment: DEVICE (cpu or cuda), MODEL (cnn or mlp; default cnn), BATCH (samples per rank and step; default 64),
 # BUILD_DIR (default build), RANKS (default "1 2"), EPOCHS (default 1), STEPS (at most this many
-# steps per epoch; default 0, the whole epoch), MPIEXEC (default mpiexec),
+# steps per epoch; default 0, the whole epoch), DATA (Fashion-MNIST's folder; default the Debian package's), MPIEXEC (default mpiexec),
 # PYTHON (default /usr/bin/python3, the Debian python3-torch). Build the C++ side first:
 #   cmake --preset default && cmake --build build -j2 --target libtorch_mnist
 #
@@ -55,6 +55,7 @@ fi
 
 common=(--epochs "$epochs" --threads 1 --batch-size "$batch" --lr 0.01 --model "$model")
 if [[ "$steps" != 0 ]]; then common+=(--steps "$steps"); fi
+if [[ -n "${DATA:-}" ]]; then common+=(--data "$DATA"); fi
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 logs=$(mktemp -d)

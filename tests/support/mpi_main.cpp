@@ -74,8 +74,12 @@ DOCTEST_REGISTER_REPORTER("herd_rank", 1, rank_reporter);
 #endif
 
 int HERD_MPI_DOCTEST_MAIN_NAME(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int initialized = 0;
+  MPI_Initialized(&initialized);  // a main in front of this one (gpu_main.cpp) may have started MPI
+  if (initialized == 0) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  }
   int rank = 0;
   int size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

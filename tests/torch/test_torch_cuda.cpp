@@ -6,8 +6,8 @@
 // Covered: the DDP wrapper (buckets during backward, fp16 compression, gradient predivision, a
 // stream of libtorch's pool), distributed_optimizer over torch_gradients with two passes summed
 // by copy (herd's accumulation), and SyncBatchNorm on f16 activations with f32 parameters.
-// Run by tools/gpu-check.sh on a GPU machine at 1 and 2 processes sharing the GPU; elsewhere it
-// exits 77 (skipped).
+// Run by tools/gpu-check.sh on a GPU machine at 1 and 2 processes, one GPU each (NCCL refuses two
+// ranks on one GPU); where a node has fewer GPUs than ranks, or none, it exits 77 (skipped).
 
 #include <torch/torch.h>
 
