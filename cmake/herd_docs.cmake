@@ -1,21 +1,33 @@
-# herd_program_from_doc(PAGE HEADING OUTPUT): writes to OUTPUT the first ```cpp block after the
-# line "HEADING" of the Markdown file PAGE, so that the program a reader copies from the
-# documentation is the one the tests build and run. Fails at configure time if the section or
-# its block is missing.
+# herd_program_from_doc(PAGE HEADING OUTPUT [N]): writes to OUTPUT the Nth (default: the first)
+# ```cpp block after the line "HEADING" of the Markdown file PAGE, so that the program a reader
+# copies from the documentation is the one the tests build and run. Fails at configure time if
+# the section or its block is missing.
 function(herd_program_from_doc page heading output)
+  set(index 1)
+  if(ARGC GREATER 3)
+    set(index ${ARGV3})
+  endif()
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${page})
   file(READ ${page} text)
+  set(text "\n${text}")  # a heading on the first line has no newline before it
   string(FIND "${text}" "\n${heading}\n" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "herd: ${page} has no section \"${heading}\" to build")
   endif()
   string(SUBSTRING "${text}" ${at} -1 text)
-  string(FIND "${text}" "```cpp\n" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "herd: the section \"${heading}\" of ${page} has no ```cpp block to build")
-  endif()
-  math(EXPR at "${at} + 7")
-  string(SUBSTRING "${text}" ${at} -1 text)
+  foreach(n RANGE 1 ${index})
+    string(FIND "${text}" "```cpp\n" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "herd: the section \"${heading}\" of ${page} has no ```cpp block number ${n} to build")
+    endif()
+    math(EXPR at "${at} + 7")
+    string(SUBSTRING "${text}" ${at} -1 text)
+    if(n LESS index)  # past this block's closing fence
+      string(FIND "${text}" "```" at)
+      math(EXPR at "${at} + 3")
+      string(SUBSTRING "${text}" ${at} -1 text)
+    endif()
+  endforeach()
   string(FIND "${text}" "```" at)
   string(SUBSTRING "${text}" 0 ${at} text)
   file(CONFIGURE OUTPUT ${output} CONTENT "${text}" @ONLY)

@@ -1,5 +1,5 @@
 // Every collective that separate compilation covers, called from a file compiled with
-// HERD_SEPARATE_COMPILATION: the engine behind them comes from implementation.cpp.
+// HERD_SEPARATE_COMPILATION: the engine behind them comes from the implementation file, the herd.cpp of docs/building.md.
 #include <herd/herd.hpp>
 
 #include <cstddef>
