@@ -7,6 +7,7 @@
 // compare with a run on one node.
 
 #include <herd/herd.hpp>
+#include <herd/runtime/elastic.hpp>
 
 #include "../support/mpi_test.hpp"
 #include "../support/mpi_world.hpp"
@@ -17,12 +18,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -465,4 +469,160 @@ HERD_MPI_TEST_CASE("distributed optimizer across nodes: the same parameters on e
       std::fflush(stdout);
     }
   }
+}
+
+// --- Failures across nodes, under run_elastic: a rank that leaves, a whole node that leaves, and
+// a node leader that stalls past the shutdown time and resumes. Integer-valued gradients summed
+// over the ranks, so every path's sums are exact and the survivors' weights must equal, bit for
+// bit, a run computed here without herd that switches to the smaller world at the commit they
+// went back to.
+
+namespace {
+
+namespace failures {
+
+constexpr double shutdown = 1.0;        // the communicators' stall_shutdown_seconds
+constexpr double stall_seconds = 1.5;   // past the shutdown time, within the shrink's wait for it
+constexpr std::size_t elements = 20000;  // 78 KiB of f32: above the agreement's payload
+constexpr std::int64_t steps = 6;
+constexpr std::int64_t fault_step = 3;  // after the commit at step 2
+
+enum class fault { rank_leaves, node_leaves, leader_stalls };
+
+float gradient(float w, int rank, std::int64_t step, std::size_t i) {
+  const std::int64_t x = static_cast<std::int64_t>(w) * (rank + 1) + step * 5 + static_cast<std::int64_t>(i);
+  return static_cast<float>(((x % 7) + 7) % 7 - 3);
+}
+
+// Without herd: `ranks` ranks train until step `switch_at`, `later_ranks` from there on.
+std::vector<float> expected_weights(int ranks, std::int64_t switch_at, int later_ranks) {
+  std::vector<float> w(elements, 1.0f);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    std::vector<float> sum(elements, 0.0f);
+    for (int r = 0; r < (step < switch_at ? ranks : later_ranks); ++r) {
+      for (std::size_t i = 0; i < elements; ++i) sum[i] += gradient(w[i], r, step, i);
+    }
+    for (std::size_t i = 0; i < elements; ++i) w[i] -= sum[i];
+  }
+  return w;
+}
+
+// Not a herd::error: run_elastic lets it pass, and the communicator destroyed on the way out tells
+// the peers that this rank left.
+struct leaves_training : std::runtime_error {
+  leaves_training() : std::runtime_error("this rank leaves the training") {}
+};
+
+struct outcome {
+  bool left = false;
+  std::string gave_up;
+  double error_seconds = -1;  // from entering the faulted step's allreduce to its error
+  std::int64_t changed_at = -1;
+  int new_size = 0;
+  std::vector<float> weights;
+};
+
+outcome train(fault f, bool faulty) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  herd::comm_options o;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = shutdown;
+  o.end_job_if_unsettled = false;  // the test's job goes on after the fault
+  herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+  outcome out;
+  std::vector<float> w(elements, 1.0f), g(elements);
+  std::int64_t step = 0;
+  int attempts = 0;
+  herd::elastic_state state;
+  state.track(w);
+  state.track(step);
+  state.on_world_change([&](int, int new_size) {
+    out.changed_at = step;
+    out.new_size = new_size;
+  });
+  try {
+    herd::run_elastic(comm, state, [&](herd::mpi_communicator& c) {
+      ++attempts;
+      while (step < steps) {
+        for (std::size_t i = 0; i < elements; ++i) g[i] = gradient(w[i], c.rank(), step, i);
+        const bool faulted_step = step == fault_step && attempts == 1;
+        if (faulted_step && faulty) {
+          if (f == fault::leader_stalls) {
+            std::this_thread::sleep_for(std::chrono::duration<double>(stall_seconds));
+          } else {
+            throw leaves_training();
+          }
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          herd::allreduce(g, c);
+        } catch (const herd::error&) {
+          if (faulted_step && out.error_seconds < 0) {
+            out.error_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          }
+          throw;
+        }
+        for (std::size_t i = 0; i < elements; ++i) w[i] -= g[i];
+        ++step;
+        if (step % 2 == 0) state.commit();
+      }
+    });
+  } catch (const herd::error& e) {
+    out.gave_up = e.what();
+  } catch (const leaves_training&) {
+    out.left = true;
+  }
+  out.weights = w;
+  return out;
+}
+
+void run_case(fault f) {
+  const std::vector<int> nodes = layout();
+  const int me = world_rank();
+  const int size = world_size();
+  const auto [node, index] = placement(nodes, me);
+  const int last_node = static_cast<int>(nodes.size()) - 1;
+  const bool faulty = f == fault::rank_leaves   ? me == size - 1
+                      : f == fault::node_leaves ? node == last_node
+                                                : node == last_node && index == 0;
+  const int leaving = f == fault::rank_leaves ? 1 : f == fault::node_leaves ? nodes.back() : 0;
+  const outcome out = train(f, faulty);
+  CHECK_MESSAGE(out.gave_up.empty(), "run_elastic gave up: ", out.gave_up);
+  if (f != fault::leader_stalls && faulty) {
+    CHECK(out.left);
+    return;
+  }
+  CHECK_FALSE(out.left);
+  // A peer of the faulty rank raises within the shutdown time + 2 s of entering the step; the
+  // stalled leader itself raises once it is back (a rank that left told the others at once).
+  if (!faulty) {
+    CHECK(out.error_seconds >= 0);
+    CHECK(out.error_seconds < shutdown + 2);
+  }
+  std::vector<float> expected;
+  if (leaving > 0) {
+    CHECK(out.changed_at == fault_step - 1);
+    CHECK(out.new_size == size - leaving);
+    expected = expected_weights(size, fault_step - 1, size - leaving);
+  } else {
+    CHECK(out.changed_at == -1);
+    expected = expected_weights(size, steps, 0);
+  }
+  CHECK(out.weights == expected);
+}
+
+}  // namespace failures
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("failures across nodes: the last rank leaves under run_elastic, the others go on exact", 2) {
+  failures::run_case(failures::fault::rank_leaves);
+}
+
+HERD_MPI_TEST_CASE("failures across nodes: the last node leaves under run_elastic, the others go on exact", 2) {
+  failures::run_case(failures::fault::node_leaves);
+}
+
+HERD_MPI_TEST_CASE("failures across nodes: the last node's leader stalls past the shutdown time, all recover exact", 2) {
+  failures::run_case(failures::fault::leader_stalls);
 }
