@@ -9,6 +9,11 @@ and /proc is watched until no process whose command line holds TOKEN is left (la
 helpers and the ranks). Prints the times and exits 0 when the last process went within SECONDS of
 TEXT, 1 otherwise (or if TEXT never came); any process still there at the end is killed, the
 launcher's session first.
+
+With --program NAME (repeatable), the bound is for the processes whose executable is named NAME
+(the ranks' program and mpiexec, say) and holding TOKEN: a harness around the launcher (the
+simulated nodes of tests/multinode, which tear down after the job) is then waited for, within the
+limit, and its end printed, but not bounded.
 """
 
 import argparse
@@ -34,7 +39,7 @@ def ancestors():
     return pids
 
 
-def processes_with(token):
+def processes_with(token, programs=None):
     found = []
     mine = ancestors()
     for entry in os.listdir("/proc"):
@@ -48,6 +53,8 @@ def processes_with(token):
         except OSError:
             continue
         if state != b"Z" and token.encode() in words:
+            if programs and os.path.basename(words[0].decode(errors="replace")) not in programs:
+                continue
             found.append(int(entry))
     return found
 
@@ -58,6 +65,7 @@ def main():
     parser.add_argument("--begin", required=True)
     parser.add_argument("--bound", type=float, required=True)
     parser.add_argument("--limit", type=float, default=60)
+    parser.add_argument("--program", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command and args.command[0] == "--" else args.command
@@ -79,9 +87,12 @@ def main():
     start = time.monotonic()
     launcher_gone = None
     last_gone = None
+    programs_gone = None
     while time.monotonic() - start < args.limit:
         if launcher_gone is None and job.poll() is not None:
             launcher_gone = time.monotonic()
+        if args.program and programs_gone is None and begun and not processes_with(args.token, args.program):
+            programs_gone = time.monotonic()
         if launcher_gone is not None and not processes_with(args.token):
             last_gone = time.monotonic()
             break
@@ -109,6 +120,10 @@ def main():
     took = last_gone - origin
     print(f"job_ends: the launcher exited {launcher_gone - origin:.2f} s and the last process went {took:.2f} s "
           f"after '{args.begin}' (bound {args.bound:.2f} s, exit code {job.returncode})")
+    if args.program:
+        took = (programs_gone if programs_gone is not None else last_gone) - origin
+        print(f"job_ends: the last of {', '.join(args.program)} went {took:.2f} s after '{args.begin}' "
+              f"(bound {args.bound:.2f} s; the rest is the harness's teardown)")
     if took > args.bound:
         print("job_ends: FAILED: past the bound")
         return 1
