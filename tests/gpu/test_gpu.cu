@@ -542,3 +542,36 @@ HERD_MPI_TEST_CASE("distributed optimizer on device gradients equals one rank wi
     }
   }
 }
+
+// docs/gpus.md's first block, as the page shows it (the build copies it into docs_gpus.inc), at one
+// process per GPU: a CUDA tensor averaged over NCCL and an optimizer's gradients fused on the GPU.
+// NCCL refuses two ranks on one GPU, so the case checks nothing where a node has more ranks.
+HERD_MPI_TEST_CASE("docs/gpus.md: its block averages a CUDA tensor and an optimizer's gradients over NCCL", 1) {
+  int devices = 0;
+  HERD_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (herd::mpi::local_size() > devices) {
+    MESSAGE("skipped: ", herd::mpi::local_size(), " ranks on this node and ", devices, " GPU(s)");
+    return;
+  }
+  HERD_CUDA_CHECK(cudaSetDevice(herd::mpi::local_rank()));
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  thrust::device_vector<float> grad(1000, static_cast<float>(rank + 1));
+  thrust::device_vector<float> grad_w(300, static_cast<float>(rank + 1)), grad_b(7, static_cast<float>(2 * (rank + 1)));
+  struct {
+    int steps = 0;
+    void step() { ++steps; }
+  } sgd;
+
+#include "docs_gpus.inc"
+
+  opt.step();
+  HERD_CUDA_CHECK(cudaDeviceSynchronize());
+  const float mean = static_cast<float>(size + 1) / 2.0f;
+  CHECK(grad[0] == mean);
+  CHECK(grad[999] == mean);
+  CHECK(grad_w[299] == mean);
+  CHECK(grad_b[6] == 2 * mean);
+  CHECK(sgd.steps == 1);
+}
