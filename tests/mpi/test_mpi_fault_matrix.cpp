@@ -118,6 +118,8 @@ struct cell {
   std::vector<int> ranks;
   int shrink_fails = -1;  // a departure cell: this rank's own shrink then fails
   double shutdown = 0;    // 0: the row's
+  bool big = false;       // tensors 64 times larger, in segments of 256 KiB: messages MPI sends by
+                          // rendezvous, which complete only once the receiver takes them
   bool faulted(int rank) const { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
 };
 
@@ -135,7 +137,16 @@ constexpr double busy_shutdown = 3.0;
 constexpr double busy_seconds = 1.5;
 constexpr double busy_peers_raise_within = 1.0;
 
-constexpr std::size_t elements = 6000;      // 23.4 KiB of f32 per step: several segments and slices
+// 6000 f32 per step (23.4 KiB: several segments and slices), or 64 times as many in a big cell.
+std::size_t elements = 6000;
+std::size_t part_begin[4] = {0, 1000, 3500, 6000};  // three tensors of unequal sizes
+void set_elements(bool big) {
+  const std::size_t scale = big ? 64 : 1;
+  elements = 6000 * scale;
+  part_begin[1] = 1000 * scale;
+  part_begin[2] = 3500 * scale;
+  part_begin[3] = elements;
+}
 constexpr std::int64_t steps = 6;
 constexpr std::int64_t fault_step = 3;  // after commit #2 (step 2), before commit #3 (step 4)
 
@@ -275,12 +286,12 @@ std::vector<float> expected_weights(int ranks, std::int64_t switch_at = steps, i
   return w;
 }
 
-herd::comm_options options_for(path p, double shutdown_seconds) {
+herd::comm_options options_for(path p, double shutdown_seconds, bool big) {
   herd::comm_options o;
   o.stall_check_seconds = 0;
   o.stall_shutdown_seconds = shutdown_seconds;
   o.end_job_if_unsettled = false;  // a peer that never resumes must not end the test's job
-  o.ring_segment_bytes = 4096;
+  o.ring_segment_bytes = big ? 256 << 10 : 4096;
   o.shm_slice_bytes = 4096;
   o.allreduce_algorithm = p == path::ring            ? herd::algorithm::ring
                           : p == path::hierarchical  ? herd::algorithm::hierarchical
@@ -297,7 +308,6 @@ struct step_gradients {
   std::vector<float> parts[3];
   std::vector<herd::buffer_view> views() { return herd::views(parts[0], parts[1], parts[2]); }
 };
-constexpr std::size_t part_begin[4] = {0, 1000, 3500, elements};
 
 // Adds the summed gradients to nothing: the weights are updated by the loop from the parts.
 struct no_step {
@@ -369,7 +379,8 @@ void reduce(path p, herd::mpi_communicator& comm, step_gradients& g) {
 // number of events of the faulted step.
 outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
   MPI_Barrier(MPI_COMM_WORLD);  // the last cell's stalled rank is back
-  herd::mpi_communicator comm(MPI_COMM_WORLD, options_for(c.p, c.shutdown > 0 ? c.shutdown : shutdown));
+  set_elements(c.big);
+  herd::mpi_communicator comm(MPI_COMM_WORLD, options_for(c.p, c.shutdown > 0 ? c.shutdown : shutdown, c.big));
   outcome out;
   std::vector<float> w(elements, 1.0f);
   std::int64_t step = 0;
@@ -488,23 +499,25 @@ constexpr phase every_phase[] = {phase::agreement, phase::mid_data, phase::last_
 
 // The events of each rank in the faulted step of a fault-free run on path p (the same in every
 // run), counted once per process. A fault-free run must give the expected bits.
-const std::vector<int>& event_counts(path p) {
-  static std::map<path, std::vector<int>> counts;
-  auto it = counts.find(p);
+const std::vector<int>& event_counts(path p, bool big) {
+  static std::map<std::pair<path, bool>, std::vector<int>> counts;
+  auto it = counts.find({p, big});
   if (it != counts.end()) return it->second;
   int count = 0;
-  const outcome clean = train({fault_kind::exception, p, phase::agreement, {}}, -1, &count);
+  cell clean_cell{fault_kind::exception, p, phase::agreement, {}};
+  clean_cell.big = big;
+  const outcome clean = train(clean_cell, -1, &count);
   REQUIRE(clean.weights == expected_weights(world_size()));
   std::vector<int> all(static_cast<std::size_t>(world_size()));
   MPI_Allgather(&count, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
   for (int n : all) REQUIRE(n > 2);
-  return counts[p] = all;
+  return counts[{p, big}] = all;
 }
 
 // The event (or, outside operations, the point) at which the cell faults on `rank`.
 int fault_event_of(const cell& c, int rank) {
   if (outside(c.kind)) return static_cast<int>(c.ph);
-  const int count = event_counts(c.p)[static_cast<std::size_t>(rank)];
+  const int count = event_counts(c.p, c.big)[static_cast<std::size_t>(rank)];
   return c.ph == phase::agreement ? 0 : c.ph == phase::mid_data ? count / 2 : count - 1;
 }
 
@@ -520,7 +533,8 @@ void run_cell(const cell& c, int number) {
   const int at = c.faulted(rank) ? fault_event_of(c, rank) : -1;
   INFO("cell " << number << ": " << std::string(name(c.kind)) << " on rank(s) " << ranks_text << ", path "
                << std::string(name(c.p)) << ", phase " << std::string(name(c.ph)) << " (event " << at << ")"
-               << (c.shrink_fails >= 0 ? ", then rank " + std::to_string(c.shrink_fails) + "'s own shrink fails" : ""));
+               << (c.shrink_fails >= 0 ? ", then rank " + std::to_string(c.shrink_fails) + "'s own shrink fails" : "")
+               << std::string(c.big ? ", big messages" : ""));
   int first_pid = static_cast<int>(::getpid());
   MPI_Bcast(&first_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
   given_up = "/tmp/herd-fault-matrix." + std::to_string(first_pid) + "." + std::to_string(number);
@@ -556,7 +570,7 @@ void run_cell(const cell& c, int number) {
   if (user.joinable()) user.join();
   poster = nullptr;
   if (!c.faulted(rank) && c.kind == fault_kind::stall_that_never_resumes) std::ofstream{given_up_by(rank)} << "gave up\n";
-  const std::vector<float> expected = expected_weights(size);
+  const std::vector<float> expected = expected_weights(size);  // of this cell's size (train set it)
   INFO("rank " << rank << ": error after " << o.seconds << " s: " << o.error << "; then " << o.gave_up);
   switch (c.kind) {
     case fault_kind::reserved_tag:
@@ -726,6 +740,10 @@ HERD_MPI_TEST_CASE("fault matrix at 4 ranks: faults outside operations, and a ra
   cells.push_back({fault_kind::leaves_outside, path::hierarchical, phase::mid_data, {0}});
   cells.push_back({fault_kind::leaves_outside, path::buckets, phase::agreement, {2}});
   cells.push_back({fault_kind::busy_after_error, path::hierarchical, phase::mid_data, {0}, -1, busy_shutdown});
+  // The busy rank's peers had sent it messages MPI completes only once it takes them: their aborts
+  // wait for those sends, which its process must take while the rank is busy.
+  cells.push_back({fault_kind::busy_after_error, path::hierarchical, phase::last_step, {1}, -1, busy_shutdown, true});
+  cells.push_back({fault_kind::busy_after_error, path::ring, phase::mid_data, {2}, -1, busy_shutdown, true});
   run_cells(cells);
 }
 // Departures: one rank of each kind on the hierarchical path (after which its nodes hold 2 and 1

@@ -99,6 +99,8 @@ struct mpi_registry {
   std::vector<mpi_state*> unsettled;
   std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
+  bool tender_started = false;  // the thread that tends while no wait of this process runs (start_tender)
+  bool finalizing = false;      // MPI_Finalize began: that thread calls MPI no more
 };
 inline mpi_registry& registry() {
   static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
@@ -294,6 +296,7 @@ class mpi_state {
         notice->seq = seq;
         const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
         if (n != 0) std::memcpy(notice->reason, reason.data(), n);
+        std::lock_guard lock(outgoing_mutex);
         outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
         auto& [buffer, request] = outgoing.back();
         MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
@@ -305,6 +308,7 @@ class mpi_state {
 
   // Forgets the notices that were delivered; true while some are still in flight.
   bool reap_outgoing() noexcept {
+    std::lock_guard lock(outgoing_mutex);
     while (!outgoing.empty()) {
       int done = 0;
       MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
@@ -422,6 +426,9 @@ class mpi_state {
   mpi_notice incoming;
   MPI_Request incoming_request = MPI_REQUEST_NULL;
   std::deque<std::pair<std::unique_ptr<mpi_notice>, MPI_Request>> outgoing;
+  // The tending thread (start_tender) reaps the notices of an aborted communicator while its owner
+  // may send more (a shrink's notices).
+  std::mutex outgoing_mutex;
   std::vector<char> sink;  // where drained messages land
   std::mutex notice_mutex;
 };
@@ -473,6 +480,37 @@ inline void tend() noexcept {
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
+// Tends (drains the aborted and retired communicators) from a thread of its own, every
+// millisecond while there is anything to tend. The waits of this process tend too, but a rank
+// whose error reached its caller may stay away from herd for a while (a step that raised, then
+// work of the user's, or a sleep): a peer that sent it a message MPI completes only once it is
+// taken (rendezvous) would then wait in its own abort, which must see its sends complete, until
+// this rank called herd again or the shutdown time ran out, instead of raising at once (ctest
+// mpi_fault_matrix_np4, "busy after its error" with big messages). Needs MPI_THREAD_MULTIPLE;
+// without it only the waits tend. The thread stops at MPI_Finalize (at_finalize sets finalizing
+// under the registry's lock, which the thread holds while it calls MPI). Called under r.mutex.
+inline void start_tender(mpi_registry& r) noexcept {
+  if (r.tender_started || r.finalizing) return;
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return;
+  try {
+    std::thread([&r] {
+      for (;;) {
+        const bool pending = r.anything_to_tend.load(std::memory_order_acquire);
+        std::this_thread::sleep_for(std::chrono::milliseconds(pending ? 1 : 20));
+        std::unique_lock lock(r.mutex, std::try_to_lock);
+        if (!lock) continue;
+        if (r.finalizing) return;
+        if (r.anything_to_tend.load(std::memory_order_acquire)) tend();
+      }
+    }).detach();
+    r.tender_started = true;
+  } catch (...) {
+    // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
+  }
+}
+
 inline void add_unsettled(mpi_state* s) noexcept {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
@@ -482,11 +520,13 @@ inline void add_unsettled(mpi_state* s) noexcept {
     return;
   }
   r.anything_to_tend.store(true, std::memory_order_release);
+  start_tender(r);
 }
 
 inline int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
+  r.finalizing = true;
   for (mpi_state* s : r.live) {
     s->ops.drain();  // queued operations first: they still need MPI
     depart(*s);
@@ -538,6 +578,7 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
     return;  // s is freed now, without waiting for the peers
   }
   r.anything_to_tend.store(true, std::memory_order_release);
+  start_tender(r);
   tend_retired(r, false);
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
