@@ -99,8 +99,8 @@ struct mpi_registry {
   std::vector<mpi_state*> unsettled;
   std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
-  bool tender_started = false;  // the thread that tends while no wait of this process runs (start_tender)
-  bool finalizing = false;      // MPI_Finalize began: that thread calls MPI no more
+  std::thread tender;       // the thread that tends while no wait of this process runs (start_tender)
+  bool finalizing = false;  // MPI_Finalize began: that thread calls MPI no more, and ends
 };
 inline mpi_registry& registry() {
   static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
@@ -487,15 +487,16 @@ inline void tend() noexcept {
 // taken (rendezvous) would then wait in its own abort, which must see its sends complete, until
 // this rank called herd again or the shutdown time ran out, instead of raising at once (ctest
 // mpi_fault_matrix_np4, "busy after its error" with big messages). Needs MPI_THREAD_MULTIPLE;
-// without it only the waits tend. The thread stops at MPI_Finalize (at_finalize sets finalizing
-// under the registry's lock, which the thread holds while it calls MPI). Called under r.mutex.
+// without it only the waits tend. The thread ends at MPI_Finalize: at_finalize sets finalizing
+// under the registry's lock, which the thread holds while it calls MPI, and joins it, so that no
+// thread of herd's is inside MPI, or ever enters it, once MPI finalizes. Called under r.mutex.
 inline void start_tender(mpi_registry& r) noexcept {
-  if (r.tender_started || r.finalizing) return;
+  if (r.tender.joinable() || r.finalizing) return;
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_MULTIPLE) return;
   try {
-    std::thread([&r] {
+    r.tender = std::thread([&r] {
       for (;;) {
         const bool pending = r.anything_to_tend.load(std::memory_order_acquire);
         std::this_thread::sleep_for(std::chrono::milliseconds(pending ? 1 : 20));
@@ -504,8 +505,7 @@ inline void start_tender(mpi_registry& r) noexcept {
         if (r.finalizing) return;
         if (r.anything_to_tend.load(std::memory_order_acquire)) tend();
       }
-    }).detach();
-    r.tender_started = true;
+    });
   } catch (...) {
     // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
   }
@@ -525,8 +525,12 @@ inline void add_unsettled(mpi_state* s) noexcept {
 
 inline int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    r.finalizing = true;
+  }
+  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
   std::lock_guard lock(r.mutex);
-  r.finalizing = true;
   for (mpi_state* s : r.live) {
     s->ops.drain();  // queued operations first: they still need MPI
     depart(*s);
