@@ -4755,8 +4755,9 @@ struct mpi_registry {
   std::vector<mpi_state*> unsettled;
   std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
-  std::thread tender;       // the thread that tends while no wait of this process runs (start_tender)
-  bool finalizing = false;  // MPI_Finalize began: that thread calls MPI no more, and ends
+  std::thread tender;           // the thread that tends while no wait of this process runs (start_tender)
+  bool tender_running = false;  // it runs (it ends once nothing is left to tend)
+  bool finalizing = false;      // MPI_Finalize began: that thread calls MPI no more, and ends
 };
 inline mpi_registry& registry() {
   static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
@@ -5120,11 +5121,8 @@ inline void tend_retired(mpi_registry& r, bool all) noexcept {
 // Called now and then by every wait of this process: drains the aborted communicators whose
 // peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
 // this rank complete even while it is busy with something else.
-inline void tend() noexcept {
-  auto& r = registry();
-  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
+// The aborted communicators' part of tend (r.mutex held).
+inline void tend_unsettled(mpi_registry& r) noexcept {
   for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
     mpi_state& s = **it;
     s.poll_notices();
@@ -5132,36 +5130,51 @@ inline void tend() noexcept {
     s.reap_outgoing();
     it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
   }
+}
+
+inline void tend() noexcept {
+  auto& r = registry();
+  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  tend_unsettled(r);
   tend_retired(r, false);
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
 
-// Tends (drains the aborted and retired communicators) from a thread of its own, every
-// millisecond while there is anything to tend. The waits of this process tend too, but a rank
-// whose error reached its caller may stay away from herd for a while (a step that raised, then
-// work of the user's, or a sleep): a peer that sent it a message MPI completes only once it is
-// taken (rendezvous) would then wait in its own abort, which must see its sends complete, until
-// this rank called herd again or the shutdown time ran out, instead of raising at once (ctest
-// mpi_fault_matrix_np4, "busy after its error" with big messages). Needs MPI_THREAD_MULTIPLE;
-// without it only the waits tend. The thread ends at MPI_Finalize: at_finalize sets finalizing
-// under the registry's lock, which the thread holds while it calls MPI, and joins it, so that no
-// thread of herd's is inside MPI, or ever enters it, once MPI finalizes. Called under r.mutex.
+// Drains the aborted communicators (tend_unsettled) from a thread of its own, every millisecond
+// while some are unsettled. The waits of this process tend too, but a rank whose error reached its
+// caller may stay away from herd for a while (a step that raised, then work of the user's, or a
+// sleep): a peer that sent it a message MPI completes only once it is taken (rendezvous) would then
+// wait in its own abort, which must see its sends complete, until this rank called herd again or
+// the shutdown time ran out, instead of raising at once (ctest mpi_fault_matrix_np4, "busy after
+// its error" with big messages). Needs MPI_THREAD_MULTIPLE; without it only the waits tend. The
+// destroyed (retired) communicators are left to the waits and to MPI_Finalize: freeing them
+// (MPI_Comm_free) from this thread made MPICH 4.0.2's MPI_Finalize fail now and then
+// ("pthread_mutex_destroy: Device or resource busy", 7 runs of 45 of a fault-matrix row; none of
+// 20 without). The thread ends once none is unsettled, and at MPI_Finalize: at_finalize sets
+// finalizing under the registry's lock, which the thread holds while it calls MPI, and joins it.
+// Called under r.mutex.
 inline void start_tender(mpi_registry& r) noexcept {
-  if (r.tender.joinable() || r.finalizing) return;
+  if (r.tender_running || r.finalizing) return;
+  if (r.tender.joinable()) r.tender.join();  // the last one, which found nothing left to tend and ended
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_MULTIPLE) return;
   try {
     r.tender = std::thread([&r] {
       for (;;) {
-        const bool pending = r.anything_to_tend.load(std::memory_order_acquire);
-        std::this_thread::sleep_for(std::chrono::milliseconds(pending ? 1 : 20));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::unique_lock lock(r.mutex, std::try_to_lock);
         if (!lock) continue;
-        if (r.finalizing) return;
-        if (r.anything_to_tend.load(std::memory_order_acquire)) tend();
+        if (!r.finalizing) tend_unsettled(r);
+        if (r.finalizing || r.unsettled.empty()) {
+          r.tender_running = false;
+          return;
+        }
       }
     });
+    r.tender_running = true;
   } catch (...) {
     // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
   }
@@ -5238,7 +5251,6 @@ inline void retire(std::unique_ptr<mpi_state> s) noexcept {
     return;  // s is freed now, without waiting for the peers
   }
   r.anything_to_tend.store(true, std::memory_order_release);
-  start_tender(r);
   tend_retired(r, false);
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
 }
