@@ -3,8 +3,8 @@
 // two) in one step, and requires:
 // - every rank raises herd::error within the shutdown time + 2 s of the fault (the stalled rank
 //   itself when it wakes), and the communicator it raised on refuses further use; where the
-//   faulted rank raised or left, it told its peers, and they raise before the shutdown time (no
-//   watchdog needed);
+//   faulted rank raised or left, it told its peers, and they raise sooner, without a watchdog
+//   (within 0.4 s at 2 ranks, 1.5 s at 3 and 4);
 // - run_elastic recovers: the final weights equal, bit for bit, those of a fault-free run computed
 //   here without herd (integer-valued gradients, so that every path's sums are exact);
 // - nothing is left in /dev/shm, and no segment of herd is still mapped in any process (its
@@ -40,15 +40,29 @@
 //   would be some 1,500 cells, and a cell at 4 ranks on this 2-core machine takes about a second,
 //   so cells are chosen: the fault goes on rank 0 (the first node's leader, which creates the
 //   segment), a middle rank (1, no leader), and at 4 ranks the second node's leader (2); the
-//   rank and phase rotate with the path so that every path meets every faulted rank and every
-//   faulted rank every phase. The cheap kinds (an exception, a departure) get most cells; the
-//   stalls, which cost their shutdown time and more, a few each. At 4 ranks the hierarchical
-//   path gets the exception on each of the three ranks at each phase (9 cells), which between
-//   them fault its shared-memory steps and its messages across nodes (checked). The shrink races
-//   are cells of the departure kind: two ranks leaving in the same step, rank 0 leaving, and a
-//   rank whose own shrink fails after it said it stays (the others then give up, within the
-//   bound, rather than create a communicator without it). The reserved tag is a check on the
-//   posting rank alone, so it runs at 2 ranks only.
+//   cheap kinds (an exception, a departure, a herd::error outside operations) get most cells, the
+//   stalls, which cost their shutdown time once or twice, a few. The reserved tag is a check on
+//   the posting rank alone, so it runs at 2 ranks only; the hierarchical path at 3 ranks would be
+//   3 nodes of one rank, which the 2-rank row covers.
+//   3 ranks, 31 cells (ring, shared memory, async, grouped, buckets):
+//     exception inside: every path x ranks 0, 1, 2, the phase rotating with path and rank, so
+//       that every rank meets every phase and every path (15); a stall that resumes (2: ring on
+//       rank 0 mid-data, buckets on 2 in the agreement); one that never resumes (1: shared memory,
+//       rank 0, mid-data); a rank that leaves inside (5: one per path, ranks 0, 1, 2, 0, 1) and
+//       outside (3); a herd::error outside (4: before, between and after operations, on ranks 0,
+//       1, 2); busy after its error (1, shared memory).
+//   4 ranks, 32 cells: the exception on the hierarchical path on ranks 0, 1 and 2 at each phase
+//     (9), which between them fault its shared-memory steps and its messages across nodes
+//     (checked), and once on each other path (5, on ranks 3, 2, 1, 0, 3); stalls on the
+//     hierarchical path (2 that resume, on ranks 1 and 2; 1 that never resumes, on 2); a
+//     herd::error outside (3) and a departure outside (2); busy after its error (3: hierarchical
+//     on rank 0; hierarchical on 1 and ring on 2 with big messages); and the shrink races, all
+//     departures: rank 0, 1 and 2 leaving alone on the hierarchical path (after which its nodes
+//     hold 2 and 1 ranks, and the algorithm falls back to auto), ranks 1 and 2 leaving in the
+//     same step, ranks 0 and 3 in the same step on the ring, and two cells where a rank leaves
+//     and another one's own shrink then fails after it said it stays (the others then give up
+//     within the bound, with the agreement's error, rather than create a communicator without
+//     it) (7).
 // - The abort that ends the job (MPI_Abort) runs outside this program, where a test can see
 //   every process go: tests/mpi/abort_job.cpp, mode "hierarchical" at 4 ranks (ctest
 //   mpi_abort_job_hierarchical_np4): the second node's leader stalls before its first message
