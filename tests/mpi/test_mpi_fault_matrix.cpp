@@ -606,7 +606,8 @@ void run_cell(const cell& c, int number) {
                << std::string(c.big ? ", big messages" : ""));
   int first_pid = static_cast<int>(::getpid());
   MPI_Bcast(&first_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  given_up = "/tmp/herd-fault-matrix." + std::to_string(first_pid) + "." + std::to_string(number);
+  // In the working directory (ctest's: the test's own folder), named by rank 0's process.
+  given_up = "herd-fault-matrix." + std::to_string(first_pid) + "." + std::to_string(number);
   not_stalled.clear();
   for (int r = 0; r < size; ++r)
     if (!c.faulted(r)) not_stalled.push_back(r);
