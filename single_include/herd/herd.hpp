@@ -4755,6 +4755,9 @@ struct mpi_registry {
   std::vector<mpi_state*> unsettled;
   std::atomic<bool> anything_to_tend{false};
   bool hooked = false;
+  std::thread tender;           // the thread that tends while no wait of this process runs (start_tender)
+  bool tender_running = false;  // it runs (it ends once nothing is left to tend)
+  bool finalizing = false;      // MPI_Finalize began: that thread calls MPI no more, and ends
 };
 inline mpi_registry& registry() {
   static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
@@ -4950,6 +4953,7 @@ class mpi_state {
         notice->seq = seq;
         const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
         if (n != 0) std::memcpy(notice->reason, reason.data(), n);
+        std::lock_guard lock(outgoing_mutex);
         outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
         auto& [buffer, request] = outgoing.back();
         MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
@@ -4961,6 +4965,7 @@ class mpi_state {
 
   // Forgets the notices that were delivered; true while some are still in flight.
   bool reap_outgoing() noexcept {
+    std::lock_guard lock(outgoing_mutex);
     while (!outgoing.empty()) {
       int done = 0;
       MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
@@ -5078,6 +5083,9 @@ class mpi_state {
   mpi_notice incoming;
   MPI_Request incoming_request = MPI_REQUEST_NULL;
   std::deque<std::pair<std::unique_ptr<mpi_notice>, MPI_Request>> outgoing;
+  // The tending thread (start_tender) reaps the notices of an aborted communicator while its owner
+  // may send more (a shrink's notices).
+  std::mutex outgoing_mutex;
   std::vector<char> sink;  // where drained messages land
   std::mutex notice_mutex;
 };
@@ -5113,11 +5121,8 @@ inline void tend_retired(mpi_registry& r, bool all) noexcept {
 // Called now and then by every wait of this process: drains the aborted communicators whose
 // peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
 // this rank complete even while it is busy with something else.
-inline void tend() noexcept {
-  auto& r = registry();
-  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
+// The aborted communicators' part of tend (r.mutex held).
+inline void tend_unsettled(mpi_registry& r) noexcept {
   for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
     mpi_state& s = **it;
     s.poll_notices();
@@ -5125,8 +5130,54 @@ inline void tend() noexcept {
     s.reap_outgoing();
     it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
   }
+}
+
+inline void tend() noexcept {
+  auto& r = registry();
+  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  tend_unsettled(r);
   tend_retired(r, false);
   r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
+}
+
+// Drains the aborted communicators (tend_unsettled) from a thread of its own, every millisecond
+// while some are unsettled. The waits of this process tend too, but a rank whose error reached its
+// caller may stay away from herd for a while (a step that raised, then work of the user's, or a
+// sleep): a peer that sent it a message MPI completes only once it is taken (rendezvous) would then
+// wait in its own abort, which must see its sends complete, until this rank called herd again or
+// the shutdown time ran out, instead of raising at once (ctest mpi_fault_matrix_np4, "busy after
+// its error" with big messages). Needs MPI_THREAD_MULTIPLE; without it only the waits tend. The
+// destroyed (retired) communicators are left to the waits and to MPI_Finalize: freeing them
+// (MPI_Comm_free) from this thread made MPICH 4.0.2's MPI_Finalize fail now and then
+// ("pthread_mutex_destroy: Device or resource busy", 7 runs of 45 of a fault-matrix row; none of
+// 20 without). The thread ends once none is unsettled, and at MPI_Finalize: at_finalize sets
+// finalizing under the registry's lock, which the thread holds while it calls MPI, and joins it.
+// Called under r.mutex.
+inline void start_tender(mpi_registry& r) noexcept {
+  if (r.tender_running || r.finalizing) return;
+  if (r.tender.joinable()) r.tender.join();  // the last one, which found nothing left to tend and ended
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return;
+  try {
+    r.tender = std::thread([&r] {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::unique_lock lock(r.mutex, std::try_to_lock);
+        if (!lock) continue;
+        if (!r.finalizing) tend_unsettled(r);
+        if (r.finalizing || r.unsettled.empty()) {
+          r.tender_running = false;
+          return;
+        }
+      }
+    });
+    r.tender_running = true;
+  } catch (...) {
+    // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
+  }
 }
 
 inline void add_unsettled(mpi_state* s) noexcept {
@@ -5138,10 +5189,16 @@ inline void add_unsettled(mpi_state* s) noexcept {
     return;
   }
   r.anything_to_tend.store(true, std::memory_order_release);
+  start_tender(r);
 }
 
 inline int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    r.finalizing = true;
+  }
+  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
   std::lock_guard lock(r.mutex);
   for (mpi_state* s : r.live) {
     s->ops.drain();  // queued operations first: they still need MPI

@@ -9,6 +9,10 @@
 //         finalize  return from main (MPI_Finalize)
 //         dead      rank P - 1 dies (_Exit(3), without MPI_Finalize) once the allreduce began; the
 //                   others sleep
+//         hierarchical  (P = 4) the fault matrix's abort cell: all ranks allreduce 16 MiB with the
+//                   hierarchical algorithm on two simulated nodes of 2 ranks, and rank 2, the second
+//                   node's leader, stops for 30 s before its first message across nodes (after the
+//                   shared-memory phase), so rank 0's send across nodes is never taken.
 // TOKEN marks the processes, for tests/support/job_ends.py, which checks from outside that every
 // one is gone within the bound. Rank 0 prints "abort_job: allreduce begins" first; a rank that
 // is still running after 30 s prints "abort_job: rank R still running" and exits 1.
@@ -17,11 +21,14 @@
 
 #include "../support/faulty_communicator.hpp"
 
+#include <herd/comm/detail/fault_hooks.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 int main(int argc, char** argv) {
@@ -33,15 +40,39 @@ int main(int argc, char** argv) {
   o.stall_shutdown_seconds = 0.5;
   o.ring_segment_bytes = 256 << 10;
   o.allreduce_algorithm = herd::algorithm::ring;  // messages, which a stalled peer leaves unsettled
+  if (mode == "hierarchical") {
+    o.allreduce_algorithm = herd::algorithm::hierarchical;
+    o.simulated_node_size = 2;
+  }
   herd::mpi_communicator world(MPI_COMM_WORLD, o);
   const int rank = world.rank();
   const int p = world.size();
-  herd::mpi_communicator pair = world.subset({0, 1});
-  MPI_Barrier(MPI_COMM_WORLD);
   auto still_running = [&] {
     std::printf("abort_job: rank %d still running after 30 s\n", rank);
     return 1;
   };
+  if (mode == "hierarchical") {
+    if (rank == 2) {
+      herd::detail::post_hook() = [](int tag, bool) {
+        static bool stopped = false;
+        if (tag >= herd::detail::data_tag_base && !std::exchange(stopped, true)) {
+          std::this_thread::sleep_for(std::chrono::seconds(30));
+        }
+      };
+    }
+    std::vector<float> big(std::size_t{4} << 20, 1.0f);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) std::printf("abort_job: allreduce begins\n");
+    try {
+      herd::allreduce(big, world);
+    } catch (const herd::error& e) {
+      std::printf("abort_job: rank %d raised: %s\n", rank, e.what());
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(30));  // the job must end around this rank
+    return still_running();
+  }
+  herd::mpi_communicator pair = world.subset({0, 1});
+  MPI_Barrier(MPI_COMM_WORLD);
   if (rank >= 2) {
     if (mode == "finalize") return 0;  // MPI_Finalize, while rank 0 ends the job
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
