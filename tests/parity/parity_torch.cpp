@@ -3,14 +3,16 @@
 // rank's part of the batch with what PyTorch computed on the whole. Exits 0 when every rank is
 // within bounds, 1 otherwise, 77 (skipped) when reference.py found no torch.
 //
-// nn/torch.hpp comes before optim/torch_ddp.hpp on purpose: the two compile in either order.
+// torch/sync_batch_norm.hpp comes before torch/distributed_data_parallel.hpp on purpose: the two
+// compile in either order.
 
 #include <torch/torch.h>
 
-#include <herd/nn/torch.hpp>
-#include <herd/optim/torch_ddp.hpp>
+#include <herd/torch/sync_batch_norm.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
 #include <herd/herd.hpp>
-#include <herd/tensor/torch.hpp>
+#include <herd/torch/gradients.hpp>
+#include <herd/torch/tensor_traits.hpp>
 
 #include "parity.hpp"
 
