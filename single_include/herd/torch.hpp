@@ -843,6 +843,7 @@ HERD_CONFIG_NAMESPACE_END
 
 
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>
@@ -974,6 +975,8 @@ inline void settle_torch_stream(int device) {
 #endif  // HERD_TORCH_DETAIL_STREAMS_HPP
 
 #include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>

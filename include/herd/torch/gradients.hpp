@@ -12,6 +12,7 @@
 #include <herd/torch/tensor_traits.hpp>
 
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>

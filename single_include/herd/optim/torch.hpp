@@ -391,6 +391,7 @@ HERD_CONFIG_NAMESPACE_END
 #endif  // HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
 
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>

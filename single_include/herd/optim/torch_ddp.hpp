@@ -836,6 +836,7 @@ HERD_CONFIG_NAMESPACE_END
 
 
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>

@@ -203,6 +203,7 @@ template <> struct tensor_traits<at::Tensor> {
 #endif  // HERD_TORCH_TENSOR_TRAITS_HPP
 
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>

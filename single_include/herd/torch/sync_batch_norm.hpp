@@ -182,6 +182,8 @@ template <> struct tensor_traits<at::Tensor> {
 #endif  // HERD_TORCH_TENSOR_TRAITS_HPP
 
 #include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>

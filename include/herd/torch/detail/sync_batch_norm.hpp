@@ -13,6 +13,8 @@
 #include <herd/torch/tensor_traits.hpp>
 
 #include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>
