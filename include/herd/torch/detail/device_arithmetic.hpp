@@ -11,7 +11,8 @@
 // (torch/detail/streams.hpp).
 
 #include <herd/core/config.hpp>
-#include <herd/torch/detail/streams.hpp>  // outside the #if: SyncBatchNorm includes it unconditionally
+// Outside the #if: SyncBatchNorm includes it unconditionally, and the single header inlines it once.
+#include <herd/torch/detail/streams.hpp>
 
 #if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
 #include <herd/cuda/runtime.hpp>
