@@ -13405,14 +13405,25 @@ inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_n
   return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
 }
 
+namespace detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
+// one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
+// clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
+  double squares = squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  herd::allreduce(scalar, comm, reduce_op::sum);
+  return squares;
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 // Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
 // the whole, the same on every rank. A collective: every rank calls it.
 template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
-  double squares = detail::squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  allreduce(scalar, comm, reduce_op::sum);
-  return detail::clip_by(grads, max_norm, std::sqrt(squares));
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::global_squared_norm(grads, comm)));
 }
 HERD_CONFIG_NAMESPACE_END
 
@@ -14991,6 +15002,38 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_OPTIM_DETAIL_REDUCER_HPP
 
+// ---- herd/optim/detail/scoped_switch.hpp ----
+#ifndef HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+#define HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+// The guards that no_sync() and skip_synchronize() return (the distributed optimizer's and the
+// libtorch DDP wrapper's): a setting turned on for as long as the guard lives.
+
+#include <optional>
+#include <utility>
+
+namespace herd::detail {
+
+// Calls flip(true) when made and flip(false) when destroyed. Movable, so that a function can
+// return it; the guard moved from lets go of the setting, which the one moved to then owns.
+template <class Flip> class scoped_switch {
+ public:
+  explicit scoped_switch(Flip flip) : flip_(std::move(flip)) { (*flip_)(true); }
+  scoped_switch(scoped_switch&& other) noexcept : flip_(std::move(other.flip_)) { other.flip_.reset(); }
+  scoped_switch(const scoped_switch&) = delete;
+  scoped_switch& operator=(const scoped_switch&) = delete;
+  scoped_switch& operator=(scoped_switch&&) = delete;
+  ~scoped_switch() {
+    if (flip_) (*flip_)(false);
+  }
+
+ private:
+  std::optional<Flip> flip_;
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -15004,6 +15047,17 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // (optim/detail/reducer.hpp); this class adds the wrapped optimizer, the rounds of local
 // accumulation (detail/accumulation.hpp), synchronize() and skip_synchronize().
 template <class Optimizer, communicator C> class distributed_optimizer {
+ private:
+  // What the guards of skip_synchronize() and no_sync() turn on and off.
+  struct skip_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->skip_ = on; }
+  };
+  struct no_sync_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->accumulation_.set_no_sync(on); }
+  };
+
  public:
   // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
   using gradient_source = std::function<std::vector<buffer_view>()>;
@@ -15080,40 +15134,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
   // some other way, or for deliberately local steps.
-  class skip_guard {
-   public:
-    explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
-    skip_guard(skip_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    skip_guard(const skip_guard&) = delete;
-    skip_guard& operator=(const skip_guard&) = delete;
-    skip_guard& operator=(skip_guard&&) = delete;
-    ~skip_guard() {
-      if (owner_) owner_->skip_ = false;
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
+  using skip_guard = detail::scoped_switch<skip_switch>;
+  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(skip_switch{this}); }
 
   // While the returned guard lives, step() only accumulates the gradients locally (and does not
   // step the wrapped optimizer): DDP's no_sync(). The first step() after it reduces the sum of
   // every pass since the last reduction.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->accumulation_.set_no_sync(true); }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->accumulation_.set_no_sync(false);
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{this}); }
 
   // Gradient i is final for this backward pass: its bucket starts reducing once all of its
   // gradients are. The first form reads the gradient from the list the optimizer was given (the
@@ -15370,19 +15398,20 @@ HERD_CONFIG_NAMESPACE_END
 // takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 
-#include <algorithm>
+// ---- herd/optim/detail/unscale.hpp ----
+#ifndef HERD_OPTIM_DETAIL_UNSCALE_HPP
+#define HERD_OPTIM_DETAIL_UNSCALE_HPP
+// What a step does with gradients that a loss scaler scaled (optim/loss_scaler.hpp): divide them
+// by the scale and look for the inf or NaN an overflow left. mixed_precision does it on whole
+// gradients, zero_optimizer on its shard of them.
+
+
 #include <cmath>
-#include <cstring>
-#include <cstdint>
-#include <optional>
-#include <string>
+#include <cstddef>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
-namespace herd {
+namespace herd::detail {
 
-namespace detail {
 // Whether a host tensor of floats holds an inf or a NaN.
 inline bool has_inf_or_nan(const const_buffer_view& v) {
   bool found = false;
@@ -15395,7 +15424,30 @@ inline bool has_inf_or_nan(const const_buffer_view& v) {
   });
   return found;
 }
-}  // namespace detail
+
+// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
+// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
+// a norm), passes check = false and saves the pass over the values.
+inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
+  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
+  return check && has_inf_or_nan(out);
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_UNSCALE_HPP
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
 
 template <class Inner> class mixed_precision {
  public:
@@ -15432,9 +15484,7 @@ template <class Inner> class mixed_precision {
     const double unscale = 1.0 / scaler_->scale();
     overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
-      const buffer_view& g = master_grad_views_[i];
-      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow_ = overflow_ || detail::has_inf_or_nan(g);
+      overflow_ = detail::unscale(master_grad_views_[i], grads_[i], unscale, !overflow_) || overflow_;
     }
     unscaled_ = true;
     return overflow_;
@@ -15774,23 +15824,22 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    // The unscaling rides on the cast back where there is one.
+    // The unscaling rides on the cast back where there is one (else it is in place, and a copy
+    // onto itself at scale 1 does nothing). With clipping, the norm finds an overflow.
     const double unscale = options_.scaler != nullptr ? 1.0 / options_.scaler->scale() : 1.0;
     const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
-    if (wire_ != type_) detail::host_cast(received.data, type_, shard_grad_.data(), wire_, shard_.per_rank, unscale);
-    else if (unscale != 1.0) detail::host_cast(received.data, type_, received.data, type_, shard_.per_rank, unscale);
+    const bool overflow_here = detail::unscale(received, const_buffer_view(shard_grad_.data(), shard_.per_rank, wire_),
+                                               unscale, options_.scaler != nullptr && options_.max_grad_norm <= 0);
     if (options_.max_grad_norm > 0) {
       // One scalar allreduce serves the norm and, with a scaler, the overflow agreement; the
       // padding adds zeros.
-      double squares = detail::squared_norm({received});
-      buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-      allreduce(scalar, comm, reduce_op::sum);
+      const double squares = detail::global_squared_norm({received}, comm);
       grad_norm_ = std::sqrt(squares);
       if (options_.scaler != nullptr && skip(!std::isfinite(squares))) return;
       detail::clip_by({received}, options_.max_grad_norm, grad_norm_);
     } else if (options_.scaler != nullptr) {
       // Only the rank holding an overflowed element sees it: the skip is decided by all of them.
-      double overflow = detail::has_inf_or_nan(received) ? 1.0 : 0.0;
+      double overflow = overflow_here ? 1.0 : 0.0;
       buffer_view flag{&overflow, 1, dtype::f64, device::cpu()};
       allreduce(flag, comm, reduce_op::max);
       if (skip(overflow != 0)) return;

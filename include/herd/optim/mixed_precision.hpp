@@ -34,6 +34,7 @@
 // takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/detail/unscale.hpp>
 #include <herd/optim/loss_scaler.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -50,21 +51,6 @@
 #include <vector>
 
 namespace herd {
-
-namespace detail {
-// Whether a host tensor of floats holds an inf or a NaN.
-inline bool has_inf_or_nan(const const_buffer_view& v) {
-  bool found = false;
-  visit(v.type, [&](auto element) {
-    using T = decltype(element);
-    if constexpr (!std::is_integral_v<T>) {
-      const auto* p = static_cast<const T*>(v.data);
-      for (std::size_t i = 0; i < v.count && !found; ++i) found = !std::isfinite(to_double(p[i]));
-    }
-  });
-  return found;
-}
-}  // namespace detail
 
 template <class Inner> class mixed_precision {
  public:
@@ -101,9 +87,7 @@ template <class Inner> class mixed_precision {
     const double unscale = 1.0 / scaler_->scale();
     overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
-      const buffer_view& g = master_grad_views_[i];
-      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow_ = overflow_ || detail::has_inf_or_nan(g);
+      overflow_ = detail::unscale(master_grad_views_[i], grads_[i], unscale, !overflow_) || overflow_;
     }
     unscaled_ = true;
     return overflow_;

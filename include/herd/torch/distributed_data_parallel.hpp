@@ -55,6 +55,7 @@
 #include <herd/core/error.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
 #include <herd/optim/detail/reducer.hpp>
+#include <herd/optim/detail/scoped_switch.hpp>
 #include <herd/optim/optimizer_options.hpp>
 #include <herd/torch/broadcast.hpp>
 #include <herd/torch/detail/ddp_state.hpp>
@@ -79,6 +80,15 @@ namespace herd::torch {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <class Module, communicator C> class DistributedDataParallel {
+ private:
+  using state = detail::ddp_state<C>;
+  // What the guard of no_sync() turns on and off: a flag of the state, which stays where it is
+  // when the wrapper moves.
+  struct no_sync_switch {
+    state* s;
+    void operator()(bool on) const noexcept { s->no_sync = on; }
+  };
+
  public:
   // `module`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Sequential,
   // TORCH_MODULE types). `options`: op, compression, gradient_predivide_factor, bucket_bytes,
@@ -176,21 +186,8 @@ template <class Module, communicator C> class DistributedDataParallel {
   }
 
   // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(DistributedDataParallel& d) : owner_(&d) { owner_->state_->no_sync = true; }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->state_->no_sync = false;
-    }
-
-   private:
-    DistributedDataParallel* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = herd::detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{state_.get()}); }
 
   // The buckets (indices into the parameters that require a gradient) and the time their
   // reductions took, hidden and not (optim/distributed_optimizer.hpp).
@@ -198,7 +195,6 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
-  using state = detail::ddp_state<C>;
   using accumulator_ptr = detail::accumulator_ptr;
 
   Module module_;

@@ -9,6 +9,7 @@
 
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/torch/detail/device_arithmetic.hpp>
+#include <herd/torch/detail/missing_gradient.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
 #include <torch/optim/optimizer.h>
@@ -30,7 +31,7 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
       for (auto& p : group.params()) {
-        if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
+        detail::fill_missing_gradient(p);
         views.push_back(view_of(p.mutable_grad()));
       }
     }

@@ -331,6 +331,31 @@ HERD_CONFIG_NAMESPACE_END
 // hook fires and when backward ends.
 
 
+// ---- herd/torch/detail/missing_gradient.hpp ----
+#ifndef HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+#define HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+// A parameter that got no gradient in a pass (unused by this rank's forward) still takes part in
+// the reduction, as zeros, so that every rank reduces the same list of tensors: torch_gradients
+// and the DDP wrapper fill it alike.
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+namespace herd::detail {
+
+// Gives `param` a gradient of zeros if it has none, in `place` (zeroed) where one is given (its
+// place in a bucket), else in a new tensor. Returns whether it had to.
+inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr) {
+  if (param.grad().defined()) return false;
+  const ::torch::NoGradGuard no_grad;
+  param.mutable_grad() = place != nullptr ? place->zero_() : ::torch::zeros_like(param);
+  return true;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -412,10 +437,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       }
       for (std::size_t i = 0; i < params.size(); ++i) {
         at::Tensor& p = params[i];
-        if (!p.grad().defined()) {
-          const ::torch::NoGradGuard no_grad;
-          p.mutable_grad() = in_bucket.empty() ? ::torch::zeros_like(p) : in_bucket[i].zero_();
-          if (!created.empty()) created[i] = 1;
+        if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
+          created[i] = 1;
         }
         views.push_back(view_of(p.mutable_grad()));
       }
@@ -473,8 +496,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
     if (!params[i].grad().defined()) {
       if (find_unused) return;
-      const ::torch::NoGradGuard no_grad;
-      if (in_bucket.empty()) params[i].mutable_grad() = ::torch::zeros_like(params[i]);
+      herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
     } else {
       used[i] = 1;
     }
@@ -763,6 +785,15 @@ namespace herd::torch {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <class Module, communicator C> class DistributedDataParallel {
+ private:
+  using state = detail::ddp_state<C>;
+  // What the guard of no_sync() turns on and off: a flag of the state, which stays where it is
+  // when the wrapper moves.
+  struct no_sync_switch {
+    state* s;
+    void operator()(bool on) const noexcept { s->no_sync = on; }
+  };
+
  public:
   // `module`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Sequential,
   // TORCH_MODULE types). `options`: op, compression, gradient_predivide_factor, bucket_bytes,
@@ -860,21 +891,8 @@ template <class Module, communicator C> class DistributedDataParallel {
   }
 
   // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(DistributedDataParallel& d) : owner_(&d) { owner_->state_->no_sync = true; }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->state_->no_sync = false;
-    }
-
-   private:
-    DistributedDataParallel* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = herd::detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{state_.get()}); }
 
   // The buckets (indices into the parameters that require a gradient) and the time their
   // reductions took, hidden and not (optim/distributed_optimizer.hpp).
@@ -882,7 +900,6 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
-  using state = detail::ddp_state<C>;
   using accumulator_ptr = detail::accumulator_ptr;
 
   Module module_;
@@ -924,7 +941,7 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
       for (auto& p : group.params()) {
-        if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
+        detail::fill_missing_gradient(p);
         views.push_back(view_of(p.mutable_grad()));
       }
     }

@@ -197,6 +197,31 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
 
+// ---- herd/torch/detail/missing_gradient.hpp ----
+#ifndef HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+#define HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+// A parameter that got no gradient in a pass (unused by this rank's forward) still takes part in
+// the reduction, as zeros, so that every rank reduces the same list of tensors: torch_gradients
+// and the DDP wrapper fill it alike.
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+namespace herd::detail {
+
+// Gives `param` a gradient of zeros if it has none, in `place` (zeroed) where one is given (its
+// place in a bucket), else in a new tensor. Returns whether it had to.
+inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr) {
+  if (param.grad().defined()) return false;
+  const ::torch::NoGradGuard no_grad;
+  param.mutable_grad() = place != nullptr ? place->zero_() : ::torch::zeros_like(param);
+  return true;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+
 // ---- herd/torch/tensor_traits.hpp ----
 #ifndef HERD_TORCH_TENSOR_TRAITS_HPP
 #define HERD_TORCH_TENSOR_TRAITS_HPP
@@ -291,7 +316,7 @@ inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim:
     std::vector<buffer_view> views;
     for (auto& group : opt.param_groups()) {
       for (auto& p : group.params()) {
-        if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
+        detail::fill_missing_gradient(p);
         views.push_back(view_of(p.mutable_grad()));
       }
     }

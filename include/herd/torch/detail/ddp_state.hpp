@@ -11,6 +11,7 @@
 #include <herd/core/config.hpp>
 #include <herd/optim/detail/reducer.hpp>
 #include <herd/optim/optimizer_options.hpp>
+#include <herd/torch/detail/missing_gradient.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
 #include <torch/csrc/autograd/engine.h>
@@ -94,10 +95,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       }
       for (std::size_t i = 0; i < params.size(); ++i) {
         at::Tensor& p = params[i];
-        if (!p.grad().defined()) {
-          const ::torch::NoGradGuard no_grad;
-          p.mutable_grad() = in_bucket.empty() ? ::torch::zeros_like(p) : in_bucket[i].zero_();
-          if (!created.empty()) created[i] = 1;
+        if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
+          created[i] = 1;
         }
         views.push_back(view_of(p.mutable_grad()));
       }
@@ -155,8 +154,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
     if (!params[i].grad().defined()) {
       if (find_unused) return;
-      const ::torch::NoGradGuard no_grad;
-      if (in_bucket.empty()) params[i].mutable_grad() = ::torch::zeros_like(params[i]);
+      herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
     } else {
       used[i] = 1;
     }
