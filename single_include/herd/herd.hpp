@@ -15037,10 +15037,18 @@ template <class Flip> class scoped_switch {
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace herd {
+namespace detail {
+// A gradient source that also wants to hear, on every rank, that the gradients were reduced.
+template <class Source, class C>
+concept reduction_aware_source = std::is_invocable_r_v<std::vector<buffer_view>, const Source&> &&
+                                 requires(const Source& source, C& comm) { source.after_reduction(comm); };
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // The reducing itself (buckets, fusion, the policy, join's rounds) is detail::reducer's
@@ -15075,6 +15083,16 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         options_(options),
         accumulation_(options.backward_passes_per_step, options.accumulate),
         reducer_(comm, std::move(gradients), options, &accumulation_) {}
+
+  // A source that also hears of each reduction (torch_gradients'): source.after_reduction(comm)
+  // runs on every rank once the gradients are reduced, before the wrapped optimizer steps. Not with
+  // uneven_inputs, where a rank that joined runs no such step of its own: there the gradients stay
+  // as the reduction left them.
+  template <detail::reduction_aware_source<C> Source>
+  distributed_optimizer(Optimizer& inner, Source source, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, gradient_source(source), comm, options) {
+    if (!options.uneven_inputs) after_reduction_ = [source = std::move(source), &comm] { source.after_reduction(comm); };
+  }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
@@ -15111,6 +15129,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (synchronized_) return;
     reducer_.synchronize();
     synchronized_ = true;
+    if (after_reduction_) after_reduction_();
   }
 
   // This rank has no batches left (with optimizer_options::uneven_inputs): until every rank has
@@ -15193,6 +15212,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   bool synchronized_ = false;
   bool skip_ = false;
   std::int64_t step_calls_ = 0;
+  std::function<void()> after_reduction_;  // the source's, if it has one
 };
 
 HERD_CONFIG_NAMESPACE_END
