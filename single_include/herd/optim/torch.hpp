@@ -523,21 +523,25 @@ class torch_gradient_source {
 
   // Every rank, after each reduction: one allreduce of a flag per parameter finds those that no
   // rank produced a gradient for in the passes since the last reduction, whose gradients go back
-  // to undefined.
+  // to undefined. The flags are host memory: over an nccl_communicator they travel on its control().
   template <communicator C> void after_reduction(C& comm) const {
-    std::vector<std::int32_t> produced;
-    std::vector<at::Tensor*> params;
-    for (auto& group : record_->opt->param_groups()) {
-      for (auto& p : group.params()) {
-        params.push_back(&p);
-        produced.push_back(zeros_of_ours(p, produced.size()) ? 0 : 1);
+    if constexpr (requires { comm.control(); }) {
+      after_reduction(comm.control());
+    } else {
+      std::vector<std::int32_t> produced;
+      std::vector<at::Tensor*> params;
+      for (auto& group : record_->opt->param_groups()) {
+        for (auto& p : group.params()) {
+          params.push_back(&p);
+          produced.push_back(zeros_of_ours(p, produced.size()) ? 0 : 1);
+        }
       }
+      herd::allreduce(produced, comm, reduce_op::max);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (produced[i] == 0) params[i]->mutable_grad() = at::Tensor();
+      }
+      record_->filled.assign(params.size(), {});
     }
-    herd::allreduce(produced, comm, reduce_op::max);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (produced[i] == 0) params[i]->mutable_grad() = at::Tensor();
-    }
-    record_->filled.assign(params.size(), {});
   }
 
  private:
