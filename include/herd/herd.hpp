@@ -47,6 +47,7 @@
 #include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/distributed_optimizer.hpp>
+#include <herd/optim/loss_scaler.hpp>
 #include <herd/optim/lr_schedule.hpp>
 #include <herd/optim/metrics.hpp>
 #include <herd/optim/mixed_precision.hpp>

@@ -10248,8 +10248,8 @@ std::string on_root(const error_site& site, C& comm, int root, const std::filesy
 #ifndef HERD_CHECKPOINT_DETAIL_SHARDED_HPP
 #define HERD_CHECKPOINT_DETAIL_SHARDED_HPP
 // Tensors split over the ranks (optim/optimizer_state.hpp's sharded_view) in a checkpoint: the
-// file holds each whole, so a save gathers the parts to the rank that writes and a load hands
-// each rank its part of what the root read.
+// file holds each whole, so a save gathers the parts to the rank that writes and a load scatters
+// to each rank its part of what the root read.
 
 
 // ---- herd/collectives/gather.hpp ----
@@ -10659,6 +10659,184 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_COLLECTIVES_GATHER_HPP
 
+// ---- herd/collectives/scatter.hpp ----
+#ifndef HERD_COLLECTIVES_SCATTER_HPP
+#define HERD_COLLECTIVES_SCATTER_HPP
+// herd::scatter and herd::scatterv: the root's tensor holds one block per rank, in rank order;
+// rank i ends with block i (MPI_Scatter, MPI_Scatterv).
+//
+//   herd::scatter(all, mine, comm, /*root=*/0);     // on the root, all.size() == mine.size() * comm.size()
+//   herd::scatterv(all, mine, counts, comm, 0);     // counts[i]: elements for rank i, the same list on every rank
+//   herd::handle h = herd::scatter_async(all, mine, comm, 0);   // h.wait() finishes it
+//
+// The input is the root's only: the other ranks may pass any tensor, an empty one too; it is
+// neither checked nor read. In place: the root passes as output its own slot of the input
+// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
+//
+// Up to 64 KiB in all, the blocks go down a binomial tree (ceil(log2 p) hops); larger ones go
+// straight from the root (detail/rooted.hpp).
+
+
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+struct scatter_call {
+  call_check check;
+  const_buffer_view in;  // the root's; empty elsewhere
+  buffer_view out;
+  std::vector<std::size_t> counts;
+  int root = 0;
+  std::size_t total = 0;  // elements of the root's input
+
+  op_label label() const { return tensor_label(check.kind(), const_buffer_view(out)); }
+};
+
+// `kind`: scatter (equal counts) or scatterv.
+template <communicator C>
+scatter_call prepare_scatterv(call_check check, const_buffer_view in, buffer_view out,
+                              std::span<const std::size_t> counts, C& comm, int root) {
+  const int r = comm.rank();
+  const bool at_root = r == root;
+  check.require_valid("output", out);
+  check.require_root(root);
+  if (at_root) {
+    check.require_valid("input", in);
+    check.require_same_dtype(in, out);
+  }
+  require_one_per_rank(check, "per-rank counts", counts, comm.size());
+  std::size_t total = 0;
+  std::size_t before = 0;
+  if (check.ok()) {
+    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
+    check.require_count("output", out.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
+    if (at_root) check.require_count("input", in.count, total, "the sum of the per-rank counts");
+  }
+  if (at_root) {
+    const auto* base = static_cast<const std::byte*>(in.data);
+    check.require_disjoint(out, in, base == nullptr ? nullptr : base + before * size_of(out.type),
+                           "this rank's own slot of the input (in place)");
+  }
+  if (at_root) require_host_tensor(check, "input", in, name(check.kind()));
+  require_host_tensor(check, "output", out, name(check.kind()));
+  scatter_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
+  call.total = total;
+  return call;
+}
+
+template <communicator C>
+void scatter_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(out.type);
+  std::vector<std::size_t> bytes(counts.size());
+  std::vector<std::size_t> offset(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    bytes[q] = counts[q] * es;
+    offset[q + 1] = offset[q] + bytes[q];
+  }
+  const auto* base = static_cast<const std::byte*>(in.data);  // the root's
+  auto* mine = static_cast<std::byte*>(out.data);
+  const bool at_root = comm.rank() == root;
+  if (offset.back() == 0) return;
+  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
+    const std::byte* scattered = base;
+    if (at_root && root != 0) {
+      std::byte* relative = scratch(offset.back(), scratch_slot::staging);
+      rotate_blocks(bytes, root, base, relative, false);
+      scattered = relative;
+    }
+    tree_scatter(comm, root, bytes, at_root ? scattered : nullptr, mine);
+    return;
+  }
+  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(mine, base + offset[r], bytes[r]);
+  direct_scatter(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
+}
+
+template <communicator C> void run_scatterv(C& comm, const scatter_call& call) {
+  const auto& check = call.check;
+  signature mine;
+  mine.type = call.out.type;
+  mine.count = check.kind() == op_kind::scatter ? call.out.count : call.total;
+  mine.layout = check.kind() == op_kind::scatterv ? hash_counts(call.counts) : 0;
+  mine.root = call.root;
+  mine.memory = call.out.device.type;
+  agree(comm, mine, check);
+  scatter_host(comm, call.in, call.out, call.counts, call.root);
+}
+
+template <class In, class Out, communicator C>
+scatter_call scatter_call_of(const In& input, Out& output, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::scatter, comm.rank(), comm.size());
+  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
+  const buffer_view out = check.view("output", output);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), out.count);
+  if (comm.rank() == root) {
+    check.require_count("input", in.count, out.count * counts.size(), "the output's elements times the ranks");
+  }
+  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
+}
+
+template <class In, class Out, communicator C>
+scatter_call scatterv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
+  require_host_communicator<C>();
+  require_tensor<In>();
+  require_writable_tensor<Out>();
+  call_check check(op_kind::scatterv, comm.rank(), comm.size());
+  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
+  const buffer_view out = check.view("output", output);
+  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Rank i's `output` receives block i of the root's `input` (comm.size() blocks of the output's
+// size). Elsewhere than on the root `input` is ignored.
+template <class In, class Out, communicator C> void scatter(const In& input, Out& output, C& comm, int root = 0) {
+  const auto call = detail::scatter_call_of(input, output, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
+}
+
+// Blocks of different counts; `counts` lists them and must be the same on every rank.
+template <class In, class Out, communicator C>
+void scatterv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
+  const auto call = detail::scatterv_call_of(input, output, counts, comm, root);
+  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
+}
+
+// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
+template <class In, class Out, communicator C>
+[[nodiscard]] handle scatter_async(const In& input, Out& output, C& comm, int root = 0) {
+  auto call = detail::scatter_call_of(input, output, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
+}
+
+template <class In, class Out, communicator C>
+[[nodiscard]] handle scatterv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
+                                    int root = 0) {
+  auto call = detail::scatterv_call_of(input, output, counts, comm, root);
+  const auto label = call.label();
+  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_COLLECTIVES_SCATTER_HPP
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -10703,10 +10881,32 @@ host_tensor gather_whole(const std::string& name, buffer_view part, std::size_t 
 }
 
 // Every rank's `part` (elements [offset, offset + part.count) of a tensor of `whole` elements)
-// from the whole tensor, whose bytes root has at `root_bytes` (null elsewhere).
+// from the whole tensor, whose bytes root has at `root_bytes` (null elsewhere). Where the ranks'
+// parts follow one another in rank order and cover the whole (zero_optimizer's shards), root
+// scatters them: each rank receives its own part and no more. Parts laid out otherwise get the
+// whole tensor, from which each rank keeps its part. Every rank sees every part's place (one
+// small allgather), so every rank takes the same way.
 template <communicator C>
 void scatter_whole(const std::byte* root_bytes, buffer_view part, std::size_t offset, std::size_t whole, C& comm,
                    int root) {
+  std::int64_t mine[2] = {static_cast<std::int64_t>(offset), static_cast<std::int64_t>(part.count)};
+  std::vector<std::int64_t> table(2 * static_cast<std::size_t>(comm.size()));
+  allgather(buffer_view{mine, 2, dtype::i64}, table, comm);
+  std::vector<std::size_t> counts;
+  std::size_t next = 0;
+  bool in_rank_order = true;
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto at = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r)]);
+    const auto n = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r) + 1]);
+    if (n != 0 && at != next) in_rank_order = false;
+    next += n;
+    counts.push_back(n);
+  }
+  if (in_rank_order && next == whole) {
+    const const_buffer_view all(root_bytes, comm.rank() == root ? whole : 0, part.type);
+    scatterv(all, part, counts, comm, root);
+    return;
+  }
   host_tensor all(part.type, whole);
   if (comm.rank() == root && all.bytes() != 0) std::memcpy(all.data(), root_bytes, all.bytes());
   buffer_view view = all.view();
@@ -11409,8 +11609,8 @@ class checkpoint {
                       "Register the same entries on every rank");
       }
     }
-    // Root copies each tensor out of the file and sends it; a split one goes whole to every rank,
-    // which keeps its own part.
+    // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
+    // own part.
     for (const auto& [t, v] : order) {
       const entry& e = entries_[v];
       if (e.split) {
@@ -12143,184 +12343,6 @@ HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #endif  // HERD_COLLECTIVES_REDUCE_SCATTER_HPP
-
-// ---- herd/collectives/scatter.hpp ----
-#ifndef HERD_COLLECTIVES_SCATTER_HPP
-#define HERD_COLLECTIVES_SCATTER_HPP
-// herd::scatter and herd::scatterv: the root's tensor holds one block per rank, in rank order;
-// rank i ends with block i (MPI_Scatter, MPI_Scatterv).
-//
-//   herd::scatter(all, mine, comm, /*root=*/0);     // on the root, all.size() == mine.size() * comm.size()
-//   herd::scatterv(all, mine, counts, comm, 0);     // counts[i]: elements for rank i, the same list on every rank
-//   herd::handle h = herd::scatter_async(all, mine, comm, 0);   // h.wait() finishes it
-//
-// The input is the root's only: the other ranks may pass any tensor, an empty one too; it is
-// neither checked nor read. In place: the root passes as output its own slot of the input
-// (all.data() + root * n). Host tensors only; on nccl_communicator it does not compile.
-//
-// Up to 64 KiB in all, the blocks go down a binomial tree (ceil(log2 p) hops); larger ones go
-// straight from the root (detail/rooted.hpp).
-
-
-#include <cstring>
-#include <numeric>
-#include <span>
-#include <vector>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-struct scatter_call {
-  call_check check;
-  const_buffer_view in;  // the root's; empty elsewhere
-  buffer_view out;
-  std::vector<std::size_t> counts;
-  int root = 0;
-  std::size_t total = 0;  // elements of the root's input
-
-  op_label label() const { return tensor_label(check.kind(), const_buffer_view(out)); }
-};
-
-// `kind`: scatter (equal counts) or scatterv.
-template <communicator C>
-scatter_call prepare_scatterv(call_check check, const_buffer_view in, buffer_view out,
-                              std::span<const std::size_t> counts, C& comm, int root) {
-  const int r = comm.rank();
-  const bool at_root = r == root;
-  check.require_valid("output", out);
-  check.require_root(root);
-  if (at_root) {
-    check.require_valid("input", in);
-    check.require_same_dtype(in, out);
-  }
-  require_one_per_rank(check, "per-rank counts", counts, comm.size());
-  std::size_t total = 0;
-  std::size_t before = 0;
-  if (check.ok()) {
-    total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    before = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
-    check.require_count("output", out.count, counts[static_cast<std::size_t>(r)], "the count listed for this rank");
-    if (at_root) check.require_count("input", in.count, total, "the sum of the per-rank counts");
-  }
-  if (at_root) {
-    const auto* base = static_cast<const std::byte*>(in.data);
-    check.require_disjoint(out, in, base == nullptr ? nullptr : base + before * size_of(out.type),
-                           "this rank's own slot of the input (in place)");
-  }
-  if (at_root) require_host_tensor(check, "input", in, name(check.kind()));
-  require_host_tensor(check, "output", out, name(check.kind()));
-  scatter_call call{std::move(check), in, out, {counts.begin(), counts.end()}, root};
-  call.total = total;
-  return call;
-}
-
-template <communicator C>
-void scatter_host(C& comm, const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, int root) {
-  const int p = comm.size();
-  const auto r = static_cast<std::size_t>(comm.rank());
-  const std::size_t es = size_of(out.type);
-  std::vector<std::size_t> bytes(counts.size());
-  std::vector<std::size_t> offset(counts.size() + 1, 0);
-  for (std::size_t q = 0; q < counts.size(); ++q) {
-    bytes[q] = counts[q] * es;
-    offset[q + 1] = offset[q] + bytes[q];
-  }
-  const auto* base = static_cast<const std::byte*>(in.data);  // the root's
-  auto* mine = static_cast<std::byte*>(out.data);
-  const bool at_root = comm.rank() == root;
-  if (offset.back() == 0) return;
-  if (p > 1 && offset.back() <= rooted_tree_max_bytes) {
-    const std::byte* scattered = base;
-    if (at_root && root != 0) {
-      std::byte* relative = scratch(offset.back(), scratch_slot::staging);
-      rotate_blocks(bytes, root, base, relative, false);
-      scattered = relative;
-    }
-    tree_scatter(comm, root, bytes, at_root ? scattered : nullptr, mine);
-    return;
-  }
-  if (at_root && bytes[r] != 0 && mine != base + offset[r]) std::memcpy(mine, base + offset[r], bytes[r]);
-  direct_scatter(comm, root, bytes, mine, [&](int q) { return base + offset[static_cast<std::size_t>(q)]; });
-}
-
-template <communicator C> void run_scatterv(C& comm, const scatter_call& call) {
-  const auto& check = call.check;
-  signature mine;
-  mine.type = call.out.type;
-  mine.count = check.kind() == op_kind::scatter ? call.out.count : call.total;
-  mine.layout = check.kind() == op_kind::scatterv ? hash_counts(call.counts) : 0;
-  mine.root = call.root;
-  mine.memory = call.out.device.type;
-  agree(comm, mine, check);
-  scatter_host(comm, call.in, call.out, call.counts, call.root);
-}
-
-template <class In, class Out, communicator C>
-scatter_call scatter_call_of(const In& input, Out& output, C& comm, int root) {
-  require_host_communicator<C>();
-  require_tensor<In>();
-  require_writable_tensor<Out>();
-  call_check check(op_kind::scatter, comm.rank(), comm.size());
-  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
-  const buffer_view out = check.view("output", output);
-  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), out.count);
-  if (comm.rank() == root) {
-    check.require_count("input", in.count, out.count * counts.size(), "the output's elements times the ranks");
-  }
-  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
-}
-
-template <class In, class Out, communicator C>
-scatter_call scatterv_call_of(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root) {
-  require_host_communicator<C>();
-  require_tensor<In>();
-  require_writable_tensor<Out>();
-  call_check check(op_kind::scatterv, comm.rank(), comm.size());
-  const const_buffer_view in = comm.rank() == root ? check.const_view("input", input) : const_buffer_view{};
-  const buffer_view out = check.view("output", output);
-  return prepare_scatterv(std::move(check), in, out, counts, comm, root);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-namespace herd {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// Rank i's `output` receives block i of the root's `input` (comm.size() blocks of the output's
-// size). Elsewhere than on the root `input` is ignored.
-template <class In, class Out, communicator C> void scatter(const In& input, Out& output, C& comm, int root = 0) {
-  const auto call = detail::scatter_call_of(input, output, comm, root);
-  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
-}
-
-// Blocks of different counts; `counts` lists them and must be the same on every rank.
-template <class In, class Out, communicator C>
-void scatterv(const In& input, Out& output, std::span<const std::size_t> counts, C& comm, int root = 0) {
-  const auto call = detail::scatterv_call_of(input, output, counts, comm, root);
-  detail::run_collective(comm, call.label(), [&](bool) { detail::run_scatterv(comm, call); });
-}
-
-// Asynchronous forms: the operation starts, the handle finishes it (herd::handle).
-template <class In, class Out, communicator C>
-[[nodiscard]] handle scatter_async(const In& input, Out& output, C& comm, int root = 0) {
-  auto call = detail::scatter_call_of(input, output, comm, root);
-  const auto label = call.label();
-  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
-}
-
-template <class In, class Out, communicator C>
-[[nodiscard]] handle scatterv_async(const In& input, Out& output, std::span<const std::size_t> counts, C& comm,
-                                    int root = 0) {
-  auto call = detail::scatterv_call_of(input, output, counts, comm, root);
-  const auto label = call.label();
-  return detail::start_collective(comm, label, [&comm, call = std::move(call)](bool) { detail::run_scatterv(comm, call); });
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_COLLECTIVES_SCATTER_HPP
 
 // ---- herd/collectives/separate_compilation.hpp ----
 #ifndef HERD_COLLECTIVES_SEPARATE_COMPILATION_HPP
@@ -13462,14 +13484,25 @@ inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_n
   return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
 }
 
+namespace detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
+// one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
+// clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
+  double squares = squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  herd::allreduce(scalar, comm, reduce_op::sum);
+  return squares;
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 // Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
 // the whole, the same on every rank. A collective: every rank calls it.
 template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
-  double squares = detail::squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  allreduce(scalar, comm, reduce_op::sum);
-  return detail::clip_by(grads, max_norm, std::sqrt(squares));
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::global_squared_norm(grads, comm)));
 }
 HERD_CONFIG_NAMESPACE_END
 
@@ -14168,7 +14201,7 @@ HERD_CONFIG_NAMESPACE_END
 // - host_mover: loops over host memory;
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
 //   in a host-compiled file linking herd::nccl, the kernels a tensor library linked into the
-//   program lends (libtorch's, through herd/tensor/torch.hpp: see lent_device_arithmetic), else
+//   program lends (libtorch's, through herd/torch/: see lent_device_arithmetic), else
 //   plain device-to-device copies, which cover fusion without compression, predivision or
 //   accumulation.
 // Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
@@ -14369,8 +14402,8 @@ class device_mover {
  private:
   [[noreturn]] static void needs_kernels(const char* what) {
     raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
-          "Compile the file that steps the optimizer with nvcc, include herd/tensor/torch.hpp to use libtorch's "
-          "kernels, or turn the option off");
+          "Compile the file that steps the optimizer with nvcc, reduce libtorch tensors through herd/torch/ "
+          "(torch_gradients, DistributedDataParallel), which lends libtorch's kernels, or turn the option off");
   }
 
   int device_;
@@ -15048,19 +15081,70 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif  // HERD_OPTIM_DETAIL_REDUCER_HPP
 
+// ---- herd/optim/detail/scoped_switch.hpp ----
+#ifndef HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+#define HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+// The guards that no_sync() and skip_synchronize() return (the distributed optimizer's and the
+// libtorch DDP wrapper's): a setting turned on for as long as the guard lives.
+
+#include <optional>
+#include <utility>
+
+namespace herd::detail {
+
+// Calls flip(true) when made and flip(false) when destroyed. Movable, so that a function can
+// return it; the guard moved from lets go of the setting, which the one moved to then owns.
+template <class Flip> class scoped_switch {
+ public:
+  explicit scoped_switch(Flip flip) : flip_(std::move(flip)) { (*flip_)(true); }
+  scoped_switch(scoped_switch&& other) noexcept : flip_(std::move(other.flip_)) { other.flip_.reset(); }
+  scoped_switch(const scoped_switch&) = delete;
+  scoped_switch& operator=(const scoped_switch&) = delete;
+  scoped_switch& operator=(scoped_switch&&) = delete;
+  ~scoped_switch() {
+    if (flip_) (*flip_)(false);
+  }
+
+ private:
+  std::optional<Flip> flip_;
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP
+
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace herd {
+namespace detail {
+// A gradient source that also wants to hear, on every rank, that the gradients were reduced.
+template <class Source, class C>
+concept reduction_aware_source = std::is_invocable_r_v<std::vector<buffer_view>, const Source&> &&
+                                 requires(const Source& source, C& comm) { source.after_reduction(comm); };
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // The reducing itself (buckets, fusion, the policy, join's rounds) is detail::reducer's
 // (optim/detail/reducer.hpp); this class adds the wrapped optimizer, the rounds of local
 // accumulation (detail/accumulation.hpp), synchronize() and skip_synchronize().
 template <class Optimizer, communicator C> class distributed_optimizer {
+ private:
+  // What the guards of skip_synchronize() and no_sync() turn on and off.
+  struct skip_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->skip_ = on; }
+  };
+  struct no_sync_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->accumulation_.set_no_sync(on); }
+  };
+
  public:
   // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
   using gradient_source = std::function<std::vector<buffer_view>()>;
@@ -15078,6 +15162,16 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         options_(options),
         accumulation_(options.backward_passes_per_step, options.accumulate),
         reducer_(comm, std::move(gradients), options, &accumulation_) {}
+
+  // A source that also hears of each reduction (torch_gradients'): source.after_reduction(comm)
+  // runs on every rank once the gradients are reduced, before the wrapped optimizer steps. Not with
+  // uneven_inputs, where a rank that joined runs no such step of its own: there the gradients stay
+  // as the reduction left them.
+  template <detail::reduction_aware_source<C> Source>
+  distributed_optimizer(Optimizer& inner, Source source, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, gradient_source(source), comm, options) {
+    if (!options.uneven_inputs) after_reduction_ = [source = std::move(source), &comm] { source.after_reduction(comm); };
+  }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
@@ -15114,6 +15208,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (synchronized_) return;
     reducer_.synchronize();
     synchronized_ = true;
+    if (after_reduction_) after_reduction_();
   }
 
   // This rank has no batches left (with optimizer_options::uneven_inputs): until every rank has
@@ -15137,40 +15232,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
   // some other way, or for deliberately local steps.
-  class skip_guard {
-   public:
-    explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
-    skip_guard(skip_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    skip_guard(const skip_guard&) = delete;
-    skip_guard& operator=(const skip_guard&) = delete;
-    skip_guard& operator=(skip_guard&&) = delete;
-    ~skip_guard() {
-      if (owner_) owner_->skip_ = false;
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
+  using skip_guard = detail::scoped_switch<skip_switch>;
+  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(skip_switch{this}); }
 
   // While the returned guard lives, step() only accumulates the gradients locally (and does not
   // step the wrapped optimizer): DDP's no_sync(). The first step() after it reduces the sum of
   // every pass since the last reduction.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->accumulation_.set_no_sync(true); }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->accumulation_.set_no_sync(false);
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{this}); }
 
   // Gradient i is final for this backward pass: its bucket starts reducing once all of its
   // gradients are. The first form reads the gradient from the list the optimizer was given (the
@@ -15222,12 +15291,86 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   bool synchronized_ = false;
   bool skip_ = false;
   std::int64_t step_calls_ = 0;
+  std::function<void()> after_reduction_;  // the source's, if it has one
 };
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #endif  // HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
+
+// ---- herd/optim/loss_scaler.hpp ----
+#ifndef HERD_OPTIM_LOSS_SCALER_HPP
+#define HERD_OPTIM_LOSS_SCALER_HPP
+// herd::loss_scaler: dynamic loss scaling for f16/bf16 training, as torch.cuda.amp's GradScaler
+// and apex's: backward starts from loss * scale(); a step whose gradients overflowed is skipped
+// and the scale backs off, growth_interval clean steps in a row grow it. Both mixed_precision
+// (optim/mixed_precision.hpp) and zero_optimizer (optim/zero.hpp, zero_options::scaler) take one.
+//
+//   herd::loss_scaler scaler;   // 2^16, x2 after 2000 clean steps, x0.5 on overflow
+
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace herd {
+
+struct loss_scaler_options {
+  double initial_scale = 65536.0;  // 2^16, as apex's and torch.cuda.amp's
+  double growth_factor = 2.0;      // after growth_interval steps without an overflow
+  double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
+  std::int64_t growth_interval = 2000;
+  double max_scale = 16777216.0;   // 2^24, apex's cap: growth stops there (GradScaler has none: pass inf)
+};
+
+class loss_scaler {
+ public:
+  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
+    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
+        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
+      detail::raise({"loss_scaler"},
+                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
+                    "max scale >= initial scale)",
+                    "Adjust loss_scaler_options");
+    }
+  }
+
+  // Multiply the loss (or the gradient backward starts from) by this.
+  double scale() const noexcept { return scale_; }
+  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it,
+  // up to max_scale (torch.cuda.amp.GradScaler's rule, with apex's cap).
+  void update(bool overflow) noexcept {
+    if (overflow) {
+      scale_ *= options_.backoff_factor;
+      clean_steps_ = 0;
+      ++skipped_;
+      return;
+    }
+    if (++clean_steps_ == options_.growth_interval) {
+      scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
+      clean_steps_ = 0;
+    }
+  }
+  std::int64_t skipped_steps() const noexcept { return skipped_; }
+  const loss_scaler_options& options() const noexcept { return options_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("scale"), buffer_view{&scale_, 1, dtype::f64, device::cpu()});
+    f(std::string("clean_steps"), buffer_view{&clean_steps_, 1, dtype::i64, device::cpu()});
+    f(std::string("skipped_steps"), buffer_view{&skipped_, 1, dtype::i64, device::cpu()});
+  }
+
+ private:
+  loss_scaler_options options_;
+  double scale_;
+  std::int64_t clean_steps_ = 0;
+  std::int64_t skipped_ = 0;
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_LOSS_SCALER_HPP
 
 // ---- herd/optim/lr_schedule.hpp ----
 #ifndef HERD_OPTIM_LR_SCHEDULE_HPP
@@ -15354,71 +15497,20 @@ HERD_CONFIG_NAMESPACE_END
 // takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 
-#include <algorithm>
+// ---- herd/optim/detail/unscale.hpp ----
+#ifndef HERD_OPTIM_DETAIL_UNSCALE_HPP
+#define HERD_OPTIM_DETAIL_UNSCALE_HPP
+// What a step does with gradients that a loss scaler scaled (optim/loss_scaler.hpp): divide them
+// by the scale and look for the inf or NaN an overflow left. mixed_precision does it on whole
+// gradients, zero_optimizer on its shard of them.
+
+
 #include <cmath>
-#include <cstring>
-#include <cstdint>
-#include <optional>
-#include <string>
+#include <cstddef>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
-namespace herd {
+namespace herd::detail {
 
-struct loss_scaler_options {
-  double initial_scale = 65536.0;  // 2^16, as apex's and torch.cuda.amp's
-  double growth_factor = 2.0;      // after growth_interval steps without an overflow
-  double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
-  std::int64_t growth_interval = 2000;
-  double max_scale = 16777216.0;   // 2^24, apex's cap: growth stops there (GradScaler has none: pass inf)
-};
-
-class loss_scaler {
- public:
-  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
-    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
-      detail::raise({"loss_scaler"},
-                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
-                    "max scale >= initial scale)",
-                    "Adjust loss_scaler_options");
-    }
-  }
-
-  // Multiply the loss (or the gradient backward starts from) by this.
-  double scale() const noexcept { return scale_; }
-  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it,
-  // up to max_scale (torch.cuda.amp.GradScaler's rule, with apex's cap).
-  void update(bool overflow) noexcept {
-    if (overflow) {
-      scale_ *= options_.backoff_factor;
-      clean_steps_ = 0;
-      ++skipped_;
-      return;
-    }
-    if (++clean_steps_ == options_.growth_interval) {
-      scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
-      clean_steps_ = 0;
-    }
-  }
-  std::int64_t skipped_steps() const noexcept { return skipped_; }
-  const loss_scaler_options& options() const noexcept { return options_; }
-
-  template <class F> void visit_state(F&& f) {
-    f(std::string("scale"), buffer_view{&scale_, 1, dtype::f64, device::cpu()});
-    f(std::string("clean_steps"), buffer_view{&clean_steps_, 1, dtype::i64, device::cpu()});
-    f(std::string("skipped_steps"), buffer_view{&skipped_, 1, dtype::i64, device::cpu()});
-  }
-
- private:
-  loss_scaler_options options_;
-  double scale_;
-  std::int64_t clean_steps_ = 0;
-  std::int64_t skipped_ = 0;
-};
-
-namespace detail {
 // Whether a host tensor of floats holds an inf or a NaN.
 inline bool has_inf_or_nan(const const_buffer_view& v) {
   bool found = false;
@@ -15431,7 +15523,30 @@ inline bool has_inf_or_nan(const const_buffer_view& v) {
   });
   return found;
 }
-}  // namespace detail
+
+// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
+// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
+// a norm), passes check = false and saves the pass over the values.
+inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
+  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
+  return check && has_inf_or_nan(out);
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_UNSCALE_HPP
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
 
 template <class Inner> class mixed_precision {
  public:
@@ -15468,9 +15583,7 @@ template <class Inner> class mixed_precision {
     const double unscale = 1.0 / scaler_->scale();
     overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
-      const buffer_view& g = master_grad_views_[i];
-      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow_ = overflow_ || detail::has_inf_or_nan(g);
+      overflow_ = detail::unscale(master_grad_views_[i], grads_[i], unscale, !overflow_) || overflow_;
     }
     unscaled_ = true;
     return overflow_;
@@ -15810,23 +15923,22 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    // The unscaling rides on the cast back where there is one.
+    // The unscaling rides on the cast back where there is one (else it is in place, and a copy
+    // onto itself at scale 1 does nothing). With clipping, the norm finds an overflow.
     const double unscale = options_.scaler != nullptr ? 1.0 / options_.scaler->scale() : 1.0;
     const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
-    if (wire_ != type_) detail::host_cast(received.data, type_, shard_grad_.data(), wire_, shard_.per_rank, unscale);
-    else if (unscale != 1.0) detail::host_cast(received.data, type_, received.data, type_, shard_.per_rank, unscale);
+    const bool overflow_here = detail::unscale(received, const_buffer_view(shard_grad_.data(), shard_.per_rank, wire_),
+                                               unscale, options_.scaler != nullptr && options_.max_grad_norm <= 0);
     if (options_.max_grad_norm > 0) {
       // One scalar allreduce serves the norm and, with a scaler, the overflow agreement; the
       // padding adds zeros.
-      double squares = detail::squared_norm({received});
-      buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-      allreduce(scalar, comm, reduce_op::sum);
+      const double squares = detail::global_squared_norm({received}, comm);
       grad_norm_ = std::sqrt(squares);
       if (options_.scaler != nullptr && skip(!std::isfinite(squares))) return;
       detail::clip_by({received}, options_.max_grad_norm, grad_norm_);
     } else if (options_.scaler != nullptr) {
       // Only the rank holding an overflowed element sees it: the skip is decided by all of them.
-      double overflow = detail::has_inf_or_nan(received) ? 1.0 : 0.0;
+      double overflow = overflow_here ? 1.0 : 0.0;
       buffer_view flag{&overflow, 1, dtype::f64, device::cpu()};
       allreduce(flag, comm, reduce_op::max);
       if (skip(overflow != 0)) return;

@@ -3,14 +3,16 @@
 // rank's part of the batch with what PyTorch computed on the whole. Exits 0 when every rank is
 // within bounds, 1 otherwise, 77 (skipped) when reference.py found no torch.
 //
-// nn/torch.hpp comes before optim/torch_ddp.hpp on purpose: the two compile in either order.
+// torch/sync_batch_norm.hpp comes before torch/distributed_data_parallel.hpp on purpose: the two
+// compile in either order.
 
 #include <torch/torch.h>
 
-#include <herd/nn/torch.hpp>
-#include <herd/optim/torch_ddp.hpp>
+#include <herd/torch/sync_batch_norm.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
 #include <herd/herd.hpp>
-#include <herd/tensor/torch.hpp>
+#include <herd/torch/gradients.hpp>
+#include <herd/torch/tensor_traits.hpp>
 
 #include "parity.hpp"
 
@@ -268,8 +270,8 @@ int ddp_join_static(const fs::path& dir, herd::mpi_communicator& comm, const tor
 // backward pass, the gradients left to accumulate in .grad between zero_grad() calls) against the
 // same DDP runs (the first k - 1 of k passes under no_sync() there): the reduced gradients and the
 // parameters and buffers after every step. Where DDP leaves a gradient undefined (a parameter no
-// rank used), torch_gradients reduces zeros, as Horovod does: those must be zero. Rank 0's buffers
-// are broadcast before each iteration's first forward, where DDP broadcasts them.
+// rank used), torch_gradients' must be undefined too. Rank 0's buffers are broadcast before each
+// iteration's first forward, where DDP broadcasts them.
 int torch_optimizer(const fs::path& dir, herd::mpi_communicator& comm) {
   comparison cmp(1e-9);
   const reference scenarios(dir / "ddp.safetensors");
@@ -303,17 +305,7 @@ int torch_optimizer(const fs::path& dir, herd::mpi_communicator& comm) {
                       static_cast<long long>(o[4]), stepped ? "stepped" : "did not step");
         }
       }
-      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
-      for (std::size_t i = 0; i < named.size(); ++i) {
-        const auto& g = named[i].value().grad();
-        if (!g.defined()) {
-          if (problems++ < 4) std::printf("  %s: the gradient of %s is undefined\n", p.c_str(), named[i].key().c_str());
-        } else if (defined[i] != 0) {
-          check(cmp, p + "grad." + named[i].key(), g, tensor(ref, p + "grad." + named[i].key()));
-        } else {
-          check(cmp, p + "grad." + named[i].key() + " (zeros)", g, ::torch::zeros_like(g));
-        }
-      }
+      compare_gradients(cmp, problems, ref, p, named);
       compare_state(cmp, ref, p, *model);
     }
   }
@@ -323,14 +315,61 @@ int torch_optimizer(const fs::path& dir, herd::mpi_communicator& comm) {
   return values == 0 && problems == 0 ? 0 : 1;
 }
 
+// herd::distributed_optimizer over herd::torch_gradients against PyTorch's SGD (momentum, weight
+// decay) and AdamW stepping the ranks' averaged gradients (reference.py): a parameter that no rank
+// used in a step has no gradient there either, so that neither momentum nor weight decay moves it
+// (`unused`, and `extra` after the first iteration, where rank 1 alone uses it).
+int unused_gradients(const reference& ref, herd::mpi_communicator& comm) {
+  comparison cmp(1e-9);
+  const auto shape = ref.get<std::int64_t>("shape");
+  const auto cases = ref.get<double>("cases");
+  ::torch::set_default_dtype(::caffe2::TypeMeta::Make<double>());
+  std::size_t problems = 0;
+  for (std::size_t c = 0; c < cases.size() / 4; ++c) {
+    const double* o = &cases[4 * c];
+    const std::string p0 = std::to_string(comm.size()) + "." + std::to_string(c) + ".";
+    auto model = scenario_model(ref, p0);
+    std::unique_ptr<::torch::optim::Optimizer> inner;
+    if (o[0] == 0) {
+      inner = std::make_unique<::torch::optim::SGD>(model->parameters(),
+                                                    ::torch::optim::SGDOptions(o[1]).momentum(o[2]).weight_decay(o[3]));
+    } else {
+      inner = std::make_unique<::torch::optim::AdamW>(
+          model->parameters(), ::torch::optim::AdamWOptions(o[1]).betas({o[2], 0.999}).weight_decay(o[3]));
+    }
+    herd::distributed_optimizer opt(*inner, herd::torch_gradients(*inner), comm);
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      const std::string q = p + std::to_string(comm.rank()) + ".";
+      model->zero_grad(true);
+      ::torch::mse_loss(model->forward(tensor(ref, q + "x"), comm.rank() == 1 && it == 0), tensor(ref, q + "target")).backward();
+      opt.step();
+      const auto defined = ref.get<std::int64_t>(p + "grad_defined");
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        if (named[i].value().grad().defined() != (defined[i] != 0) && problems++ < 4) {
+          std::printf("  %s: the gradient of %s is %s here, %s in torch\n", p.c_str(), named[i].key().c_str(),
+                      defined[i] ? "undefined" : "defined", defined[i] ? "defined" : "undefined");
+        }
+        check(cmp, p + "state." + named[i].key(), named[i].value(), tensor(ref, p + "state." + named[i].key()));
+      }
+    }
+  }
+  std::printf("rank %d of %d: ", comm.rank(), comm.size());
+  const int values = cmp.report("parity_unused_gradients");
+  std::printf("rank %d of %d: parity_unused_gradients: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);
+  return values == 0 && problems == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   herd::mpi::environment mpi(argc, argv);
   herd::mpi_communicator comm;
   const std::string check = argc == 3 ? argv[1] : "";
-  if (check != "sync_batch_norm" && check != "ddp" && check != "ddp_join_static" && check != "torch_optimizer") {
-    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|ddp_join_static|torch_optimizer DIR\n");
+  if (check != "sync_batch_norm" && check != "ddp" && check != "ddp_join_static" && check != "torch_optimizer" &&
+      check != "unused_gradients") {
+    std::fprintf(stderr, "usage: parity_torch sync_batch_norm|ddp|ddp_join_static|torch_optimizer|unused_gradients DIR\n");
     return 2;
   }
   const fs::path dir = argv[2];
@@ -344,6 +383,7 @@ int main(int argc, char** argv) {
     failed = check == "ddp"               ? ddp(dir, comm)
              : check == "ddp_join_static" ? ddp_join_static(dir, comm, torch_version::of(dir))
              : check == "torch_optimizer" ? torch_optimizer(dir, comm)
+             : check == "unused_gradients" ? unused_gradients(reference(dir / "unused_gradients.safetensors"), comm)
                                           : sync_batch_norm(reference(dir / "sync_batch_norm.safetensors"), comm);
   } catch (const std::exception& e) {
     std::printf("rank %d: parity_%s: %s\n", comm.rank(), argv[1], e.what());

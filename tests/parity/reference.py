@@ -147,6 +147,7 @@ def run_checks():
     clip_check()
     safetensors_check()
     sync_batch_norm_check()
+    unused_gradients_check()
     distributed_checks()
 
 
@@ -434,6 +435,53 @@ def ddp_more(rank, world, tensors):
         record_gradients(tensors, f"j{s}.final.", model)
         for n, t in model.state_dict().items():
             tensors[f"j{s}.final.state.{n}"] = t.clone()
+
+
+# herd::distributed_optimizer over herd::torch_gradients at 2 and 3 ranks against what PyTorch's
+# own optimizers do with the ranks' averaged gradients: a gradient that no rank produced stays
+# None, and the optimizer skips that parameter, so that neither momentum nor weight decay moves
+# it. The model of the DDP checks; `extra` is used by rank 1 in the first iteration only, `unused`
+# by no rank. Each rank's gradients are computed here one after the other on one model (in
+# training, BatchNorm normalizes with the batch's own statistics, so the running ones, which this
+# sharing mixes, do not enter the gradients; they are not compared).
+# [0 (SGD), lr, momentum, weight_decay] or [1 (AdamW), lr, beta1, weight_decay]
+UNUSED_CASES = [[0, 0.1, 0.9, 0.01], [1, 0.01, 0.9, 0.1]]
+
+
+def unused_gradients_check():
+    tensors = {"cases": torch.tensor(UNUSED_CASES, dtype=torch.float64),
+               "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
+    for world in (2, 3):
+        for c, (kind, lr, beta, decay) in enumerate(UNUSED_CASES):
+            p0 = f"{world}.{c}."
+            model = ddp_model()
+            for n, t in model.state_dict().items():
+                tensors[f"{p0}init.{n}"] = t.clone()
+            if kind == 0:
+                opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=beta, weight_decay=decay)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta, 0.999), weight_decay=decay)
+            params = dict(model.named_parameters())
+            gen = torch.Generator().manual_seed(3000 * world + c)
+            for it in range(DDP_ITERATIONS):
+                p = f"{p0}{it}."
+                sums = {}
+                for rank in range(world):
+                    x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                    target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                    tensors[f"{p}{rank}.x"], tensors[f"{p}{rank}.target"] = x, target
+                    model.zero_grad(set_to_none=True)
+                    torch.nn.functional.mse_loss(model(x, rank == 1 and it == 0), target).backward()
+                    for n, q in params.items():
+                        if q.grad is not None:
+                            sums[n] = q.grad.clone() if n not in sums else sums[n] + q.grad
+                for n, q in params.items():
+                    q.grad = sums[n] / world if n in sums else None
+                tensors[p + "grad_defined"] = torch.tensor([n in sums for n in params], dtype=torch.int64)
+                opt.step()
+                for n, q in params.items():
+                    tensors[f"{p}state.{n}"] = q.detach().clone()
+    save("unused_gradients", tensors)
 
 
 # ZeRO-1: torch.distributed.optim.ZeroRedundancyOptimizer (gloo) at 2 and 3 ranks; herd's

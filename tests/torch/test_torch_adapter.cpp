@@ -1,4 +1,7 @@
 // The torch::Tensor adapter: every dtype, the devices, and the tensors it must refuse.
+//
+// Included through the paths the libtorch headers had before herd/torch/, which forward there:
+// programs that still name them build and run as before.
 
 #include <torch/torch.h>
 

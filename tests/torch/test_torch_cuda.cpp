@@ -1,6 +1,5 @@
 // libtorch on CUDA reduced over NCCL from a file that g++ compiles (herd's own kernels absent:
-// libtorch's are lent to herd, tensor/detail/torch_streams.hpp and
-// optim/detail/torch_device_arithmetic.hpp). Every rank trains on its own batches; the result
+// libtorch's are lent to herd, torch/detail/streams.hpp and torch/detail/device_arithmetic.hpp). Every rank trains on its own batches; the result
 // must equal one process that computes each rank's gradients itself on the CPU, averages them and
 // steps the same optimizer (what data-parallel training must equal, computed without herd).
 // Covered: the DDP wrapper (buckets during backward, fp16 compression, gradient predivision, a
@@ -13,9 +12,9 @@
 
 #include <herd/comm/nccl.hpp>
 #include <herd/herd.hpp>
-#include <herd/nn/torch.hpp>
-#include <herd/optim/torch.hpp>
-#include <herd/optim/torch_ddp.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
+#include <herd/torch/gradients.hpp>
+#include <herd/torch/sync_batch_norm.hpp>
 
 #include <c10/core/StreamGuard.h>
 

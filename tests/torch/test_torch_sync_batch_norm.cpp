@@ -7,9 +7,9 @@
 #include <torch/torch.h>
 
 #include <herd/herd.hpp>
-#include <herd/nn/torch.hpp>
-#include <herd/optim/torch_ddp.hpp>
-#include <herd/tensor/torch.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
+#include <herd/torch/sync_batch_norm.hpp>
+#include <herd/torch/tensor_traits.hpp>
 
 #include "../support/mpi_test.hpp"
 

@@ -7,8 +7,9 @@
 #include <torch/torch.h>
 
 #include <herd/herd.hpp>
-#include <herd/optim/torch.hpp>
-#include <herd/optim/torch_ddp.hpp>
+#include <herd/torch/broadcast.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
+#include <herd/torch/gradients.hpp>
 
 #include "../support/mpi_test.hpp"
 

@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,6 +22,7 @@
 #include <iterator>
 #include <unistd.h>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -273,6 +275,77 @@ TEST_CASE("zero_optimizer's checkpoint is one file of the whole state: saved at 
       return herd::adamw(std::move(p), std::move(g), {.lr = 0.01, .weight_decay = 0.1});
     });
   }
+}
+
+namespace {
+// A local_communicator that counts the bytes its rank sends: how much a collective moved.
+struct counting_communicator {
+  using request = herd::local_communicator::request;
+  herd::local_communicator inner;
+  std::atomic<std::size_t>* sent;
+
+  int rank() const noexcept { return inner.rank(); }
+  int size() const noexcept { return inner.size(); }
+  const herd::comm_options& options() const { return inner.options(); }
+  bool supports(herd::device d) const noexcept { return inner.supports(d); }
+  herd::detail::operation_state& operations() { return inner.operations(); }
+  request isend(const void* data, std::size_t bytes, int peer, int tag) {
+    *sent += bytes;
+    return inner.isend(data, bytes, peer, tag);
+  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag) { return inner.irecv(data, bytes, peer, tag); }
+  bool test(request& r) { return inner.test(r); }
+  void wait(request& r) { inner.wait(r); }
+  void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
+                int source, int tag) {
+    *sent += send_bytes;
+    inner.sendrecv(send, send_bytes, destination, receive, receive_bytes, source, tag);
+  }
+  counting_communicator split(int color, int key) const { return {inner.split(color, key), sent}; }
+  void abort(std::string_view reason) noexcept { inner.abort(reason); }
+};
+static_assert(herd::communicator<counting_communicator>);
+
+std::vector<std::string> state_bytes_of(auto& opt) {
+  std::vector<std::string> out;
+  opt.visit_state([&](const auto&, herd::buffer_view v) { out.emplace_back(static_cast<const char*>(v.data), v.bytes()); });
+  return out;
+}
+}  // namespace
+
+// Loading hands each rank its shard of each split tensor: the ranks together send less than one
+// copy of the state, where sending every rank the whole of it moves it size - 1 times or more.
+TEST_CASE("zero_optimizer's checkpoint loads each rank only its own shard of the state") {
+  const std::vector<std::size_t> sizes = {30011, 20011};
+  const std::size_t state_bytes = (30011 + 20011) * sizeof(float);  // the momentum buffers, whole
+  const auto file = std::filesystem::temp_directory_path() / ("herd_zero_load_" + std::to_string(::getpid()));
+  herd::local::run(4, [&](herd::local_communicator& comm) {
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make_momentum_sgd);
+    m.fill_grads(comm.rank(), 0);
+    zero.step();
+    herd::checkpoint state;
+    state.add_optimizer_state("opt.", zero);
+    state.save(file, comm);
+  });
+  std::atomic<std::size_t> sent{0};
+  herd::local::run(4, [&](herd::local_communicator& comm) {
+    model twin(sizes);  // the state the file holds, made again
+    herd::zero_optimizer expected(twin.param_views(), twin.grad_views(), comm, make_momentum_sgd);
+    twin.fill_grads(comm.rank(), 0);
+    expected.step();
+    counting_communicator counted{comm.split(0, comm.rank()), &sent};
+    model m(sizes);
+    herd::zero_optimizer zero(m.param_views(), m.grad_views(), counted, make_momentum_sgd);
+    herd::checkpoint state;
+    state.add_optimizer_state("opt.", zero);
+    REQUIRE(state.load(file, counted));
+    INFO("rank ", comm.rank());
+    CHECK(state_bytes_of(zero) == state_bytes_of(expected));
+  });
+  INFO(sent.load(), " bytes sent to load ", state_bytes, " bytes of state");
+  CHECK(sent.load() < state_bytes);
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("zero_optimizer's state saved without a communicator is refused where it is split, and loads part by part") {

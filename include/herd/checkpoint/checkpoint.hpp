@@ -260,8 +260,8 @@ class checkpoint {
                       "Register the same entries on every rank");
       }
     }
-    // Root copies each tensor out of the file and sends it; a split one goes whole to every rank,
-    // which keeps its own part.
+    // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
+    // own part.
     for (const auto& [t, v] : order) {
       const entry& e = entries_[v];
       if (e.split) {

@@ -67,14 +67,25 @@ inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_n
   return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
 }
 
+namespace detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
+// one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
+// clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
+  double squares = squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  herd::allreduce(scalar, comm, reduce_op::sum);
+  return squares;
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 // Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
 // the whole, the same on every rank. A collective: every rank calls it.
 template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
-  double squares = detail::squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  allreduce(scalar, comm, reduce_op::sum);
-  return detail::clip_by(grads, max_norm, std::sqrt(squares));
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::global_squared_norm(grads, comm)));
 }
 HERD_CONFIG_NAMESPACE_END
 

@@ -60,6 +60,7 @@
 #include <herd/core/config.hpp>
 #include <herd/optim/detail/accumulation.hpp>
 #include <herd/optim/detail/reducer.hpp>
+#include <herd/optim/detail/scoped_switch.hpp>
 #include <herd/optim/optimizer_options.hpp>
 #include <herd/optim/parameters.hpp>
 #include <herd/runtime/timeline.hpp>
@@ -68,16 +69,35 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace herd {
+namespace detail {
+// A gradient source that also wants to hear, on every rank, that the gradients were reduced.
+template <class Source, class C>
+concept reduction_aware_source = std::is_invocable_r_v<std::vector<buffer_view>, const Source&> &&
+                                 requires(const Source& source, C& comm) { source.after_reduction(comm); };
+}  // namespace detail
+
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // The reducing itself (buckets, fusion, the policy, join's rounds) is detail::reducer's
 // (optim/detail/reducer.hpp); this class adds the wrapped optimizer, the rounds of local
 // accumulation (detail/accumulation.hpp), synchronize() and skip_synchronize().
 template <class Optimizer, communicator C> class distributed_optimizer {
+ private:
+  // What the guards of skip_synchronize() and no_sync() turn on and off.
+  struct skip_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->skip_ = on; }
+  };
+  struct no_sync_switch {
+    distributed_optimizer* owner;
+    void operator()(bool on) const noexcept { owner->accumulation_.set_no_sync(on); }
+  };
+
  public:
   // Returns the current gradient views; for tensor libraries that reallocate gradients between steps.
   using gradient_source = std::function<std::vector<buffer_view>()>;
@@ -95,6 +115,16 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         options_(options),
         accumulation_(options.backward_passes_per_step, options.accumulate),
         reducer_(comm, std::move(gradients), options, &accumulation_) {}
+
+  // A source that also hears of each reduction (torch_gradients'): source.after_reduction(comm)
+  // runs on every rank once the gradients are reduced, before the wrapped optimizer steps. Not with
+  // uneven_inputs, where a rank that joined runs no such step of its own: there the gradients stay
+  // as the reduction left them.
+  template <detail::reduction_aware_source<C> Source>
+  distributed_optimizer(Optimizer& inner, Source source, C& comm, optimizer_options options = {})
+      : distributed_optimizer(inner, gradient_source(source), comm, options) {
+    if (!options.uneven_inputs) after_reduction_ = [source = std::move(source), &comm] { source.after_reduction(comm); };
+  }
 
   distributed_optimizer(const distributed_optimizer&) = delete;
   distributed_optimizer& operator=(const distributed_optimizer&) = delete;
@@ -131,6 +161,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
     if (synchronized_) return;
     reducer_.synchronize();
     synchronized_ = true;
+    if (after_reduction_) after_reduction_();
   }
 
   // This rank has no batches left (with optimizer_options::uneven_inputs): until every rank has
@@ -154,40 +185,14 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // While the returned guard lives, step() does not reduce (each call steps the wrapped optimizer
   // with the local gradients, folding in any passes accumulated so far): for gradients reduced
   // some other way, or for deliberately local steps.
-  class skip_guard {
-   public:
-    explicit skip_guard(distributed_optimizer& o) : owner_(&o) { owner_->skip_ = true; }
-    skip_guard(skip_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    skip_guard(const skip_guard&) = delete;
-    skip_guard& operator=(const skip_guard&) = delete;
-    skip_guard& operator=(skip_guard&&) = delete;
-    ~skip_guard() {
-      if (owner_) owner_->skip_ = false;
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(*this); }
+  using skip_guard = detail::scoped_switch<skip_switch>;
+  [[nodiscard]] skip_guard skip_synchronize() { return skip_guard(skip_switch{this}); }
 
   // While the returned guard lives, step() only accumulates the gradients locally (and does not
   // step the wrapped optimizer): DDP's no_sync(). The first step() after it reduces the sum of
   // every pass since the last reduction.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(distributed_optimizer& o) : owner_(&o) { owner_->accumulation_.set_no_sync(true); }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->accumulation_.set_no_sync(false);
-    }
-
-   private:
-    distributed_optimizer* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{this}); }
 
   // Gradient i is final for this backward pass: its bucket starts reducing once all of its
   // gradients are. The first form reads the gradient from the list the optimizer was given (the
@@ -239,6 +244,7 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   bool synchronized_ = false;
   bool skip_ = false;
   std::int64_t step_calls_ = 0;
+  std::function<void()> after_reduction_;  // the source's, if it has one
 };
 
 HERD_CONFIG_NAMESPACE_END

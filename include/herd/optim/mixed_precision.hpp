@@ -34,6 +34,8 @@
 // takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
 
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/detail/unscale.hpp>
+#include <herd/optim/loss_scaler.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/tensor/buffer_view.hpp>
 #include <herd/tensor/host_tensor.hpp>
@@ -49,73 +51,6 @@
 #include <vector>
 
 namespace herd {
-
-struct loss_scaler_options {
-  double initial_scale = 65536.0;  // 2^16, as apex's and torch.cuda.amp's
-  double growth_factor = 2.0;      // after growth_interval steps without an overflow
-  double backoff_factor = 0.5;     // on an overflow (and the step is skipped)
-  std::int64_t growth_interval = 2000;
-  double max_scale = 16777216.0;   // 2^24, apex's cap: growth stops there (GradScaler has none: pass inf)
-};
-
-class loss_scaler {
- public:
-  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
-    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
-      detail::raise({"loss_scaler"},
-                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
-                    "max scale >= initial scale)",
-                    "Adjust loss_scaler_options");
-    }
-  }
-
-  // Multiply the loss (or the gradient backward starts from) by this.
-  double scale() const noexcept { return scale_; }
-  // Records a step: an overflow backs the scale off; growth_interval clean steps in a row grow it,
-  // up to max_scale (torch.cuda.amp.GradScaler's rule, with apex's cap).
-  void update(bool overflow) noexcept {
-    if (overflow) {
-      scale_ *= options_.backoff_factor;
-      clean_steps_ = 0;
-      ++skipped_;
-      return;
-    }
-    if (++clean_steps_ == options_.growth_interval) {
-      scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
-      clean_steps_ = 0;
-    }
-  }
-  std::int64_t skipped_steps() const noexcept { return skipped_; }
-  const loss_scaler_options& options() const noexcept { return options_; }
-
-  template <class F> void visit_state(F&& f) {
-    f(std::string("scale"), buffer_view{&scale_, 1, dtype::f64, device::cpu()});
-    f(std::string("clean_steps"), buffer_view{&clean_steps_, 1, dtype::i64, device::cpu()});
-    f(std::string("skipped_steps"), buffer_view{&skipped_, 1, dtype::i64, device::cpu()});
-  }
-
- private:
-  loss_scaler_options options_;
-  double scale_;
-  std::int64_t clean_steps_ = 0;
-  std::int64_t skipped_ = 0;
-};
-
-namespace detail {
-// Whether a host tensor of floats holds an inf or a NaN.
-inline bool has_inf_or_nan(const const_buffer_view& v) {
-  bool found = false;
-  visit(v.type, [&](auto element) {
-    using T = decltype(element);
-    if constexpr (!std::is_integral_v<T>) {
-      const auto* p = static_cast<const T*>(v.data);
-      for (std::size_t i = 0; i < v.count && !found; ++i) found = !std::isfinite(to_double(p[i]));
-    }
-  });
-  return found;
-}
-}  // namespace detail
 
 template <class Inner> class mixed_precision {
  public:
@@ -152,9 +87,7 @@ template <class Inner> class mixed_precision {
     const double unscale = 1.0 / scaler_->scale();
     overflow_ = false;
     for (std::size_t i = 0; i < grads_.size(); ++i) {
-      const buffer_view& g = master_grad_views_[i];
-      detail::host_cast(g.data, g.type, grads_[i].data, grads_[i].type, g.count, unscale);
-      overflow_ = overflow_ || detail::has_inf_or_nan(g);
+      overflow_ = detail::unscale(master_grad_views_[i], grads_[i], unscale, !overflow_) || overflow_;
     }
     unscaled_ = true;
     return overflow_;

@@ -41,6 +41,7 @@
 #include <herd/optim/clip.hpp>
 #include <herd/optim/compression.hpp>
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/detail/unscale.hpp>
 #include <herd/optim/mixed_precision.hpp>
 #include <herd/optim/optimizer_state.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -176,23 +177,22 @@ template <class Inner, communicator C> class zero_optimizer {
       call.check.fail(17, fault, layout_advice);
     }
     detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_reduce_scatter(comm, call, sync); });
-    // The unscaling rides on the cast back where there is one.
+    // The unscaling rides on the cast back where there is one (else it is in place, and a copy
+    // onto itself at scale 1 does nothing). With clipping, the norm finds an overflow.
     const double unscale = options_.scaler != nullptr ? 1.0 / options_.scaler->scale() : 1.0;
     const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
-    if (wire_ != type_) detail::host_cast(received.data, type_, shard_grad_.data(), wire_, shard_.per_rank, unscale);
-    else if (unscale != 1.0) detail::host_cast(received.data, type_, received.data, type_, shard_.per_rank, unscale);
+    const bool overflow_here = detail::unscale(received, const_buffer_view(shard_grad_.data(), shard_.per_rank, wire_),
+                                               unscale, options_.scaler != nullptr && options_.max_grad_norm <= 0);
     if (options_.max_grad_norm > 0) {
       // One scalar allreduce serves the norm and, with a scaler, the overflow agreement; the
       // padding adds zeros.
-      double squares = detail::squared_norm({received});
-      buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-      allreduce(scalar, comm, reduce_op::sum);
+      const double squares = detail::global_squared_norm({received}, comm);
       grad_norm_ = std::sqrt(squares);
       if (options_.scaler != nullptr && skip(!std::isfinite(squares))) return;
       detail::clip_by({received}, options_.max_grad_norm, grad_norm_);
     } else if (options_.scaler != nullptr) {
       // Only the rank holding an overflowed element sees it: the skip is decided by all of them.
-      double overflow = detail::has_inf_or_nan(received) ? 1.0 : 0.0;
+      double overflow = overflow_here ? 1.0 : 0.0;
       buffer_view flag{&overflow, 1, dtype::f64, device::cpu()};
       allreduce(flag, comm, reduce_op::max);
       if (skip(overflow != 0)) return;

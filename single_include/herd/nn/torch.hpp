@@ -8,6 +8,13 @@
 // ---- herd/nn/torch.hpp ----
 #ifndef HERD_NN_TORCH_HPP
 #define HERD_NN_TORCH_HPP
+// Moved: herd::torch::SyncBatchNorm and convert_sync_batchnorm are in herd/torch/sync_batch_norm.hpp.
+// This path keeps working for programs that include it.
+
+
+// ---- herd/torch/sync_batch_norm.hpp ----
+#ifndef HERD_TORCH_SYNC_BATCH_NORM_HPP
+#define HERD_TORCH_SYNC_BATCH_NORM_HPP
 // herd::torch::SyncBatchNorm for libtorch, which has none: BatchNorm whose batch statistics are
 // those of every rank's batch together, and convert_sync_batchnorm, which gives a Sequential
 // with its BatchNorm1d/2d/3d layers swapped for it (as torch.nn.SyncBatchNorm.
@@ -28,9 +35,17 @@
 // The communicator must outlive the module.
 
 
-// ---- herd/tensor/detail/torch_streams.hpp ----
-#ifndef HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
-#define HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+// ---- herd/torch/detail/sync_batch_norm.hpp ----
+#ifndef HERD_TORCH_DETAIL_SYNC_BATCH_NORM_HPP
+#define HERD_TORCH_DETAIL_SYNC_BATCH_NORM_HPP
+// The arithmetic and exchanges of herd::torch::SyncBatchNorm (torch/sync_batch_norm.hpp): its
+// autograd function, the combination of every rank's moments, and the communicator behind an
+// interface, so that the module is not a template.
+
+
+// ---- herd/torch/detail/streams.hpp ----
+#ifndef HERD_TORCH_DETAIL_STREAMS_HPP
+#define HERD_TORCH_DETAIL_STREAMS_HPP
 // libtorch's current CUDA stream and herd's streams, ordered by events. libtorch computes on the
 // current stream of the calling thread (a stream of its pool under a c10::StreamGuard, say),
 // which herd cannot name as a cudaStream_t without libc10_cuda; c10's device-guard interface,
@@ -96,17 +111,17 @@ inline void settle_torch_stream(int device) {
 #define HERD_HAVE_TORCH_STREAMS 0
 #endif
 
-#endif  // HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#endif  // HERD_TORCH_DETAIL_STREAMS_HPP
 
-// ---- herd/tensor/torch.hpp ----
-#ifndef HERD_TENSOR_TORCH_HPP
-#define HERD_TENSOR_TORCH_HPP
-// tensor_traits for torch::Tensor (libtorch). Opt-in: the umbrella header does not include it,
-// so programs without libtorch never see it.
+// ---- herd/torch/tensor_traits.hpp ----
+#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
+#define HERD_TORCH_TENSOR_TRAITS_HPP
+// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
+// the umbrella header does not include it, so programs without libtorch never see it.
 //
 //   #include <torch/torch.h>
 //   #include <herd/herd.hpp>
-//   #include <herd/tensor/torch.hpp>
+//   #include <herd/torch/tensor_traits.hpp>
 //   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
 //
 // Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
@@ -171,19 +186,14 @@ template <> struct tensor_traits<at::Tensor> {
 
 }  // namespace herd
 
-#endif  // HERD_TENSOR_TORCH_HPP
+#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
 
-#include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
-#include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/pimpl.h>
 #include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -367,6 +377,28 @@ struct sync_batch_norm_function : ::torch::autograd::Function<sync_batch_norm_fu
 
 }  // namespace detail
 
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::torch
+
+#endif  // HERD_TORCH_DETAIL_SYNC_BATCH_NORM_HPP
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace herd::torch {
+HERD_CONFIG_NAMESPACE_BEGIN
+
 class SyncBatchNormImpl : public ::torch::nn::Module {
  public:
   template <communicator C>
@@ -476,5 +508,7 @@ template <communicator C> ::torch::nn::Sequential convert_sync_batchnorm(const :
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::torch
+
+#endif  // HERD_TORCH_SYNC_BATCH_NORM_HPP
 
 #endif  // HERD_NN_TORCH_HPP

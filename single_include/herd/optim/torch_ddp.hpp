@@ -8,6 +8,269 @@
 // ---- herd/optim/torch_ddp.hpp ----
 #ifndef HERD_OPTIM_TORCH_DDP_HPP
 #define HERD_OPTIM_TORCH_DDP_HPP
+// Moved: herd::torch::DistributedDataParallel is in herd/torch/distributed_data_parallel.hpp. This
+// path keeps working for programs that include it, and still gives what it gave beside the
+// wrapper (herd/torch/gradients.hpp and herd/torch/broadcast.hpp).
+
+
+// ---- herd/torch/broadcast.hpp ----
+#ifndef HERD_TORCH_BROADCAST_HPP
+#define HERD_TORCH_BROADCAST_HPP
+// Every rank starts from the same model and optimizer, as Horovod's broadcast_parameters and
+// broadcast_optimizer_state for PyTorch. Opt-in: include it after <torch/torch.h>.
+//
+//   herd::broadcast_parameters(*model, comm, 0);     // parameters and buffers
+//   herd::broadcast_optimizer_state(sgd, comm, 0);   // after loading a checkpoint on rank 0
+
+
+// ---- herd/torch/detail/optimizer_state.hpp ----
+#ifndef HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
+#define HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
+// The state and hyperparameters of libtorch's SGD, Adam and AdamW, as broadcast_optimizer_state
+// (torch/broadcast.hpp) moves them.
+
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+// libtorch keys optimizer state by the parameter's TensorImpl address: as a string up to 2.1, as
+// the address itself (void*) from 2.2. The key type is read off the optimizer's own state map, so
+// the right one is chosen for whichever libtorch this file is compiled against.
+using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
+
+template <class Key = torch_state_key_type>  // a template, so that only the branch of this libtorch compiles
+Key torch_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+// Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
+// filled as a first step would start from: zeros and step 0. Returns the step counters and the
+// state tensors, in parameter order.
+inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t*>& steps, std::vector<at::Tensor*>& tensors) {
+  auto& state = opt.state();
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
+      const torch_state_key_type key = torch_state_key(p);
+      auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
+      if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
+        (void)sgd;
+        if (static_cast<::torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
+        if (!state.count(key)) {
+          auto s = std::make_unique<::torch::optim::SGDParamState>();
+          s->momentum_buffer(zeros());
+          state[key] = std::move(s);
+        }
+        tensors.push_back(&static_cast<::torch::optim::SGDParamState&>(*state[key]).momentum_buffer());
+      } else if (dynamic_cast<::torch::optim::Adam*>(&opt) || dynamic_cast<::torch::optim::AdamW*>(&opt)) {
+        const bool is_adam = dynamic_cast<::torch::optim::Adam*>(&opt) != nullptr;
+        const bool amsgrad = is_adam ? static_cast<::torch::optim::AdamOptions&>(group.options()).amsgrad()
+                                     : static_cast<::torch::optim::AdamWOptions&>(group.options()).amsgrad();
+        auto fill = [&](auto& s) {
+          if (!s.exp_avg().defined()) {
+            s.step(0);
+            s.exp_avg(zeros());
+            s.exp_avg_sq(zeros());
+            if (amsgrad) s.max_exp_avg_sq(zeros());
+          }
+          steps.push_back(&s.step());
+          tensors.push_back(&s.exp_avg());
+          tensors.push_back(&s.exp_avg_sq());
+          if (amsgrad) tensors.push_back(&s.max_exp_avg_sq());
+        };
+        if (is_adam) {
+          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamParamState>();
+          fill(static_cast<::torch::optim::AdamParamState&>(*state[key]));
+        } else {
+          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamWParamState>();
+          fill(static_cast<::torch::optim::AdamWParamState&>(*state[key]));
+        }
+      } else {
+        raise({"broadcast_optimizer_state"}, "herd knows the state of libtorch's SGD, Adam and AdamW only",
+              "For another optimizer, broadcast its state tensors with herd::broadcast, or save it with torch::save "
+              "on rank 0 and load it on every rank");
+      }
+    }
+  }
+}
+
+// f(value) for each hyperparameter of `group` (a double& or bool&): all of SGD's, Adam's and
+// AdamW's options; the learning rate alone for another optimizer.
+template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::torch::optim::OptimizerParamGroup& group, F&& f) {
+  auto& o = group.options();
+  const auto adam_like = [&](auto& a) {
+    f(a.lr()), f(std::get<0>(a.betas())), f(std::get<1>(a.betas())), f(a.eps()), f(a.weight_decay()), f(a.amsgrad());
+  };
+  if (dynamic_cast<::torch::optim::SGD*>(&opt)) {
+    auto& s = static_cast<::torch::optim::SGDOptions&>(o);
+    f(s.lr()), f(s.momentum()), f(s.dampening()), f(s.weight_decay()), f(s.nesterov());
+  } else if (dynamic_cast<::torch::optim::Adam*>(&opt)) {
+    adam_like(static_cast<::torch::optim::AdamOptions&>(o));
+  } else if (dynamic_cast<::torch::optim::AdamW*>(&opt)) {
+    adam_like(static_cast<::torch::optim::AdamWOptions&>(o));
+  } else {
+    double lr = o.get_lr();
+    f(lr);
+    o.set_lr(lr);
+  }
+}
+
+}  // namespace detail
+}  // namespace herd
+
+#endif  // HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
+
+// ---- herd/torch/tensor_traits.hpp ----
+#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
+#define HERD_TORCH_TENSOR_TRAITS_HPP
+// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
+// the umbrella header does not include it, so programs without libtorch never see it.
+//
+//   #include <torch/torch.h>
+//   #include <herd/herd.hpp>
+//   #include <herd/torch/tensor_traits.hpp>
+//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
+//
+// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
+// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
+// sparse or quantized one, or another dtype raises herd::error saying what to do.
+
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace herd {
+namespace detail {
+
+inline const at::Tensor& require_usable(const at::Tensor& t) {
+  if (!t.defined()) {
+    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
+                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + std::string(c10::toString(t.layout())) +
+                "). Convert it with .to_dense() (or .dequantize()) first.");
+  }
+  if (!t.is_contiguous()) {
+    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
+                "and pass the result, keeping it alive while herd works on it.");
+  }
+  return t;
+}
+
+inline herd::dtype torch_dtype(const at::Tensor& t) {
+  switch (require_usable(t).scalar_type()) {
+    case at::kHalf: return dtype::f16;
+    case at::kBFloat16: return dtype::bf16;
+    case at::kFloat: return dtype::f32;
+    case at::kDouble: return dtype::f64;
+    case at::kChar: return dtype::i8;
+    case at::kByte: return dtype::u8;
+    case at::kInt: return dtype::i32;
+    case at::kLong: return dtype::i64;
+    default:
+      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
+                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
+                  "convert with .to(torch::kFloat32) or similar.");
+  }
+}
+
+}  // namespace detail
+
+template <> struct tensor_traits<at::Tensor> {
+  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
+  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
+  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
+  static herd::device device(const at::Tensor& t) {
+    const c10::Device d = detail::require_usable(t).device();
+    if (d.is_cpu()) return herd::device::cpu();
+    if (d.is_cuda()) return herd::device::cuda(d.index());
+    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
+                "CUDA device.");
+  }
+};
+
+}  // namespace herd
+
+#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
+template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
+  std::vector<buffer_view> views;
+  for (auto& p : module.parameters()) views.push_back(view_of(p));
+  for (auto& b : module.buffers()) views.push_back(view_of(b));
+  broadcast_parameters(views, comm, root);
+}
+
+// Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
+// learning rate of another optimizer's) and the state of every parameter (momentum buffers for
+// SGD; step, moments for Adam and AdamW) end equal to the root's. Ranks whose
+// optimizer has not stepped yet get their state created first, as zeros: the state a first step
+// starts from (for SGD with dampening, a fresh libtorch SGD would instead copy the first gradient).
+template <class Optimizer, communicator C>
+  requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
+void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
+  std::vector<std::int64_t*> steps;
+  std::vector<at::Tensor*> tensors;
+  detail::torch_state(opt, steps, tensors);
+  std::vector<buffer_view> views;
+  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
+  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  std::vector<double> scalars;
+  for (auto& group : opt.param_groups()) {
+    detail::visit_hyperparameters(opt, group, [&](auto& value) { scalars.push_back(static_cast<double>(value)); });
+  }
+  for (std::int64_t* s : steps) scalars.push_back(static_cast<double>(*s));
+  broadcast_object(scalars, comm, root);
+  std::size_t at = 0;
+  for (auto& group : opt.param_groups()) {
+    detail::visit_hyperparameters(opt, group, [&](auto& value) {
+      value = static_cast<std::remove_reference_t<decltype(value)>>(scalars[at++]);
+    });
+  }
+  for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
+  for (buffer_view v : views) broadcast(v, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_TORCH_BROADCAST_HPP
+
+// ---- herd/torch/distributed_data_parallel.hpp ----
+#ifndef HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
+#define HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
 // herd::torch::DistributedDataParallel: PyTorch's DistributedDataParallel for libtorch, which has
 // none (pytorch/pytorch#48959). Opt-in: include it after <torch/torch.h>.
 //
@@ -59,22 +322,273 @@
 // by libtorch's in one g++ compiles (link herd::nccl, which defines HERD_WITH_NCCL).
 
 
-// ---- herd/optim/torch.hpp ----
-#ifndef HERD_OPTIM_TORCH_HPP
-#define HERD_OPTIM_TORCH_HPP
-// libtorch training with herd, the DistributedDataParallel that libtorch lacks. Opt-in: include
-// it after <torch/torch.h>.
-//
-//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
-//   herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
-//   herd::broadcast_parameters(*model, comm, 0);     // parameters and buffers
-//   herd::broadcast_optimizer_state(sgd, comm, 0);   // after loading a checkpoint on rank 0
-//   for (auto& batch : loader) { sgd.zero_grad(); loss(batch).backward(); opt.step(); }
+// ---- herd/torch/detail/ddp_state.hpp ----
+#ifndef HERD_TORCH_DETAIL_DDP_STATE_HPP
+#define HERD_TORCH_DETAIL_DDP_STATE_HPP
+// What herd::torch::DistributedDataParallel (torch/distributed_data_parallel.hpp) keeps behind a
+// pointer, for the hooks on the gradient accumulators to reach: the reducer, the flags of which
+// parameters each pass used, the gradients' places in their buckets, and what happens when a
+// hook fires and when backward ends.
 
 
-// ---- herd/optim/detail/torch_device_arithmetic.hpp ----
-#ifndef HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
-#define HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+// ---- herd/torch/detail/missing_gradient.hpp ----
+#ifndef HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+#define HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+// A parameter that got no gradient in a pass (unused by this rank's forward) still takes part in
+// the reduction, as zeros, so that every rank reduces the same list of tensors: torch_gradients
+// and the DDP wrapper fill it alike.
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+namespace herd::detail {
+
+// Gives `param` a gradient of zeros if it has none, in `place` (zeroed) where one is given (its
+// place in a bucket), else in a new tensor. Returns whether it had to.
+inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr) {
+  if (param.grad().defined()) return false;
+  const ::torch::NoGradGuard no_grad;
+  param.mutable_grad() = place != nullptr ? place->zero_() : ::torch::zeros_like(param);
+  return true;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_TORCH_DETAIL_MISSING_GRADIENT_HPP
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace herd::torch {
+HERD_CONFIG_NAMESPACE_BEGIN
+namespace detail {
+
+// A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
+using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// What the hooks point to: it stays where it is when the DDP object moves.
+template <communicator C> struct ddp_state final : herd::detail::join_hook {
+  // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
+  // static_graph, as DDP's, allows unused parameters without find_unused_parameters.
+  ddp_state(C& c, optimizer_options options)
+      : reducer(c, gradient_source(), with_unused(options), nullptr),
+        comm(&c),
+        broadcast_buffers(options.broadcast_buffers),
+        find_unused(options.find_unused_parameters || options.static_graph),
+        static_graph(options.static_graph),
+        uneven(options.uneven_inputs) {
+    if (uneven) reducer.agree_elsewhere();  // in forward(), as DDP's
+  }
+  static optimizer_options with_unused(optimizer_options o) {
+    o.find_unused_parameters = o.find_unused_parameters || o.static_graph;
+    return o;
+  }
+
+  void sync_buffers(int root) {
+    const ::torch::NoGradGuard no_grad;
+    for (auto& b : buffers()) broadcast(b, *comm, root);
+  }
+
+  // A joined rank's round (join_hook): what a forward and backward of the ranks still training
+  // run, in their order. The buckets reduce zeros in tensors of their own (the rank's gradients
+  // stay as they are, as DDP's join hook leaves them).
+  void shadow(herd::detail::join_mode how) override {
+    if (sync_buffers_next && broadcast_buffers && comm->size() > 1) sync_buffers(reducer.roster().last_joined());
+    sync_buffers_next = how != herd::detail::join_mode::no_reduction;
+    if (!sync_buffers_next) return;
+    shadowing = true;
+    try {
+      reducer.shadow(how);
+    } catch (...) {
+      shadowing = false;
+      throw;
+    }
+    shadowing = false;
+    if (find_unused && !(static_graph && used_known)) {
+      // The flags of the last reduction this rank took part in, kept from round to round.
+      if (anywhere.size() != params.size()) anywhere.assign(params.size(), 0);
+      allreduce(anywhere, *comm, reduce_op::max);
+      // With static_graph the others exchange used flags in their first synchronized pass only:
+      // this rank, joined before its own first, counts that exchange as made too.
+      if (static_graph) used_known = true;
+    }
+  }
+
+  // The gradients as the reducer reads those it was not told of (unused parameters): zeros
+  // for a parameter that got none, as PyTorch's DDP reduces them.
+  typename herd::detail::reducer<C>::gradient_source gradient_source() {
+    return [this] {
+      std::vector<buffer_view> views;
+      if (shadowing) {
+        if (shadow_grads.empty()) {
+          for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
+        }
+        for (auto& g : shadow_grads) views.push_back(view_of(g));
+        return views;
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        at::Tensor& p = params[i];
+        if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
+          created[i] = 1;
+        }
+        views.push_back(view_of(p.mutable_grad()));
+      }
+      return views;
+    };
+  }
+
+  // Makes every defined gradient a tensor inside its bucket's storage (its current values kept). Not a
+  // view in autograd's sense (zero_grad() detaches gradients in place, which views refuse): a
+  // tensor on the bucket's storage at the gradient's offset.
+  void place_gradients_in_buckets(const optimizer_options& options) {
+    ::torch::NoGradGuard no_grad;
+    in_bucket.resize(params.size());
+    std::vector<std::pair<std::size_t, dtype>> shapes;
+    for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
+    for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
+      const at::Tensor& first = params[b.members.front()];
+      at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        at::Tensor& p = params[b.members[k]];
+        at::Tensor g = ::torch::empty({0}, first.options());
+        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
+        if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
+          g.copy_(p.grad());
+          p.mutable_grad() = g;
+        }
+        in_bucket[b.members[k]] = g;
+      }
+    }
+  }
+
+  // With gradient_as_bucket_view: gradient i in its place in the bucket again, if it left it.
+  void repoint(std::size_t i) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (in_bucket.empty() || (g.defined() && g.data_ptr() == in_bucket[i].data_ptr())) return;
+    const ::torch::NoGradGuard no_grad;
+    if (g.defined()) in_bucket[i].copy_(g);
+    else in_bucket[i].zero_();
+    g = in_bucket[i];
+  }
+
+  // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
+  // may fire with no gradient (a backward function that gives its input none): as DDP's, that
+  // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
+  // holds, at the end of the pass).
+  void ready(std::size_t i) {
+    std::lock_guard lock(mutex);
+    if (no_sync) {
+      if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
+      return;
+    }
+    if (!queued) {
+      queued = true;
+      ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
+    }
+    if (!params[i].grad().defined()) {
+      if (find_unused) return;
+      herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
+    } else {
+      used[i] = 1;
+    }
+    try {
+      repoint(i);
+      const buffer_view grad = view_of(params[i].mutable_grad());
+      reducer.mark(i, &grad);
+    } catch (...) {
+      queued = false;
+      throw;
+    }
+  }
+
+  // At the end of backward: waits for the buckets and writes the averages into the gradients.
+  void finish() {
+    std::lock_guard lock(mutex);
+    queued = false;
+    if (!find_unused) {
+      reducer.synchronize();
+      std::fill(created.begin(), created.end(), 0);
+      return;
+    }
+    // The gradients this rank did not produce, as they were before the pass (undefined where the
+    // reduction had to create them), for those that no rank produced.
+    std::vector<std::pair<std::size_t, at::Tensor>> kept;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (used[i]) continue;
+      const at::Tensor& g = params[i].grad();
+      kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+    }
+    // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
+    // no_sync() passes, say), zeros where it holds none.
+    for (auto& [i, g] : kept) {
+      if (!g.defined()) continue;
+      repoint(i);
+      const buffer_view grad = view_of(params[i].mutable_grad());
+      reducer.mark(i, &grad);
+    }
+    reducer.synchronize();
+    // With static_graph, those found unused in the first pass are those of every pass.
+    if (!static_graph || !used_known) {
+      anywhere.assign(used.begin(), used.end());
+      for (std::size_t i = 0; i < anywhere.size(); ++i) anywhere[i] |= used_unsynced[i];
+      allreduce(anywhere, *comm, reduce_op::max);
+      used_known = static_graph;
+    }
+    std::fill(used.begin(), used.end(), 0);
+    // The flags of this pass's zero-filled gradients end with it (set by the synchronize above):
+    // read in the next pass, a gradient that reduction defined (and the optimizer then used)
+    // would count as one that never existed on this rank alone, and the ranks would part.
+    std::fill(created.begin(), created.end(), 0);
+    std::fill(used_unsynced.begin(), used_unsynced.end(), 0);
+    const ::torch::NoGradGuard no_grad;
+    for (auto& [i, g] : kept) {
+      if (anywhere[i]) continue;
+      if (!g.defined()) params[i].mutable_grad() = at::Tensor();
+      else params[i].mutable_grad().copy_(g);
+    }
+  }
+
+  std::vector<at::Tensor> params;
+  herd::detail::reducer<C> reducer;
+  std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
+  std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
+  std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
+  std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction
+  std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
+  std::vector<std::int32_t> anywhere;  // per parameter: some rank used it (in the first pass, with static_graph)
+  std::vector<at::Tensor> shadow_grads;  // what a joined rank's rounds reduce
+  std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
+  C* comm = nullptr;
+  std::mutex mutex;
+  bool queued = false;
+  bool no_sync = false;
+  bool broadcast_buffers = true;
+  bool find_unused = false;
+  bool static_graph = false;
+  bool uneven = false;
+  bool used_known = false;  // static_graph: anywhere holds the first pass's
+  bool shadowing = false;   // in a joined rank's round: the gradients are shadow_grads
+  bool sync_buffers_next = true;
+};
+
+}  // namespace detail
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::torch
+
+#endif  // HERD_TORCH_DETAIL_DDP_STATE_HPP
+
+// ---- herd/torch/detail/device_arithmetic.hpp ----
+#ifndef HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
+#define HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
 // libtorch's GPU kernels lent to herd's distributed optimizer and DDP wrapper in files that a host
 // compiler builds (g++, the usual way to build a libtorch program), where herd's own kernels do
 // not exist: casting and scaling gradients into and out of fusion buffers (compression,
@@ -83,15 +597,13 @@
 //
 // Streams: ATen computes on the current stream of libtorch's calling thread (where autograd
 // produced the gradients); herd's packing stream and that stream are ordered both ways by events
-// (tensor/detail/torch_streams.hpp).
+// (torch/detail/streams.hpp).
 
+// Outside the #if: SyncBatchNorm includes it unconditionally, and the single header inlines it once.
 
-#if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
-
-
-// ---- herd/tensor/detail/torch_streams.hpp ----
-#ifndef HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
-#define HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+// ---- herd/torch/detail/streams.hpp ----
+#ifndef HERD_TORCH_DETAIL_STREAMS_HPP
+#define HERD_TORCH_DETAIL_STREAMS_HPP
 // libtorch's current CUDA stream and herd's streams, ordered by events. libtorch computes on the
 // current stream of the calling thread (a stream of its pool under a c10::StreamGuard, say),
 // which herd cannot name as a cudaStream_t without libc10_cuda; c10's device-guard interface,
@@ -157,7 +669,9 @@ inline void settle_torch_stream(int device) {
 #define HERD_HAVE_TORCH_STREAMS 0
 #endif
 
-#endif  // HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#endif  // HERD_TORCH_DETAIL_STREAMS_HPP
+
+#if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
 
 #include <ATen/ATen.h>
 
@@ -251,255 +765,7 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif
 
-#endif  // HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
-
-// ---- herd/tensor/torch.hpp ----
-#ifndef HERD_TENSOR_TORCH_HPP
-#define HERD_TENSOR_TORCH_HPP
-// tensor_traits for torch::Tensor (libtorch). Opt-in: the umbrella header does not include it,
-// so programs without libtorch never see it.
-//
-//   #include <torch/torch.h>
-//   #include <herd/herd.hpp>
-//   #include <herd/tensor/torch.hpp>
-//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
-//
-// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
-// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
-// sparse or quantized one, or another dtype raises herd::error saying what to do.
-
-
-#include <ATen/ATen.h>
-
-#include <string>
-
-namespace herd {
-namespace detail {
-
-inline const at::Tensor& require_usable(const at::Tensor& t) {
-  if (!t.defined()) {
-    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
-                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
-  }
-  if (t.layout() != at::kStrided || t.is_quantized()) {
-    throw error("herd: the torch::Tensor is not a dense tensor (layout " + std::string(c10::toString(t.layout())) +
-                "). Convert it with .to_dense() (or .dequantize()) first.");
-  }
-  if (!t.is_contiguous()) {
-    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
-                "and pass the result, keeping it alive while herd works on it.");
-  }
-  return t;
-}
-
-inline herd::dtype torch_dtype(const at::Tensor& t) {
-  switch (require_usable(t).scalar_type()) {
-    case at::kHalf: return dtype::f16;
-    case at::kBFloat16: return dtype::bf16;
-    case at::kFloat: return dtype::f32;
-    case at::kDouble: return dtype::f64;
-    case at::kChar: return dtype::i8;
-    case at::kByte: return dtype::u8;
-    case at::kInt: return dtype::i32;
-    case at::kLong: return dtype::i64;
-    default:
-      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
-                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
-                  "convert with .to(torch::kFloat32) or similar.");
-  }
-}
-
-}  // namespace detail
-
-template <> struct tensor_traits<at::Tensor> {
-  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
-  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
-  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
-  static herd::device device(const at::Tensor& t) {
-    const c10::Device d = detail::require_usable(t).device();
-    if (d.is_cpu()) return herd::device::cpu();
-    if (d.is_cuda()) return herd::device::cuda(d.index());
-    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
-                "CUDA device.");
-  }
-};
-
-}  // namespace herd
-
-#endif  // HERD_TENSOR_TORCH_HPP
-
-#include <torch/nn/module.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/optimizer.h>
-#include <torch/optim/sgd.h>
-
-#include <concepts>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <sstream>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <vector>
-
-namespace herd {
-
-// The gradients of every parameter of `opt`, read afresh at each call: libtorch may replace a
-// gradient tensor between steps (zero_grad with set_to_none). A parameter that got no gradient
-// (unused in this forward pass) gets zeros, so that every rank reduces the same list. CUDA
-// gradients are packed by herd's kernels under nvcc, by libtorch's in a host-compiled file
-// (link herd::nccl and reduce over a nccl_communicator): no copy through host memory.
-inline std::function<std::vector<buffer_view>()> torch_gradients(::torch::optim::Optimizer& opt) {
-  detail::lend_torch_device_arithmetic();
-  return [&opt] {
-    std::vector<buffer_view> views;
-    for (auto& group : opt.param_groups()) {
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);
-        views.push_back(view_of(p.mutable_grad()));
-      }
-    }
-    return views;
-  };
-}
-
-namespace detail {
-
-// libtorch keys optimizer state by the parameter's TensorImpl address: as a string up to 2.1, as
-// the address itself (void*) from 2.2. The key type is read off the optimizer's own state map, so
-// the right one is chosen for whichever libtorch this file is compiled against.
-using torch_state_key_type = typename std::decay_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>::key_type;
-
-template <class Key = torch_state_key_type>  // a template, so that only the branch of this libtorch compiles
-Key torch_state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;  // the form libtorch 1.x writes (c10::guts::to_string of the pointer)
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
-// Makes sure `opt` holds state for every parameter (libtorch creates it lazily at the first step),
-// filled as a first step would start from: zeros and step 0. Returns the step counters and the
-// state tensors, in parameter order.
-inline void torch_state(::torch::optim::Optimizer& opt, std::vector<std::int64_t*>& steps, std::vector<at::Tensor*>& tensors) {
-  auto& state = opt.state();
-  for (auto& group : opt.param_groups()) {
-    for (auto& p : group.params()) {
-      const torch_state_key_type key = torch_state_key(p);
-      auto zeros = [&] { return ::torch::zeros_like(p, at::MemoryFormat::Contiguous); };
-      if (auto* sgd = dynamic_cast<::torch::optim::SGD*>(&opt)) {
-        (void)sgd;
-        if (static_cast<::torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
-        if (!state.count(key)) {
-          auto s = std::make_unique<::torch::optim::SGDParamState>();
-          s->momentum_buffer(zeros());
-          state[key] = std::move(s);
-        }
-        tensors.push_back(&static_cast<::torch::optim::SGDParamState&>(*state[key]).momentum_buffer());
-      } else if (dynamic_cast<::torch::optim::Adam*>(&opt) || dynamic_cast<::torch::optim::AdamW*>(&opt)) {
-        const bool is_adam = dynamic_cast<::torch::optim::Adam*>(&opt) != nullptr;
-        const bool amsgrad = is_adam ? static_cast<::torch::optim::AdamOptions&>(group.options()).amsgrad()
-                                     : static_cast<::torch::optim::AdamWOptions&>(group.options()).amsgrad();
-        auto fill = [&](auto& s) {
-          if (!s.exp_avg().defined()) {
-            s.step(0);
-            s.exp_avg(zeros());
-            s.exp_avg_sq(zeros());
-            if (amsgrad) s.max_exp_avg_sq(zeros());
-          }
-          steps.push_back(&s.step());
-          tensors.push_back(&s.exp_avg());
-          tensors.push_back(&s.exp_avg_sq());
-          if (amsgrad) tensors.push_back(&s.max_exp_avg_sq());
-        };
-        if (is_adam) {
-          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamParamState>();
-          fill(static_cast<::torch::optim::AdamParamState&>(*state[key]));
-        } else {
-          if (!state.count(key)) state[key] = std::make_unique<::torch::optim::AdamWParamState>();
-          fill(static_cast<::torch::optim::AdamWParamState&>(*state[key]));
-        }
-      } else {
-        raise({"broadcast_optimizer_state"}, "herd knows the state of libtorch's SGD, Adam and AdamW only",
-              "For another optimizer, broadcast its state tensors with herd::broadcast, or save it with torch::save "
-              "on rank 0 and load it on every rank");
-      }
-    }
-  }
-}
-
-// f(value) for each hyperparameter of `group` (a double& or bool&): all of SGD's, Adam's and
-// AdamW's options; the learning rate alone for another optimizer.
-template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::torch::optim::OptimizerParamGroup& group, F&& f) {
-  auto& o = group.options();
-  const auto adam_like = [&](auto& a) {
-    f(a.lr()), f(std::get<0>(a.betas())), f(std::get<1>(a.betas())), f(a.eps()), f(a.weight_decay()), f(a.amsgrad());
-  };
-  if (dynamic_cast<::torch::optim::SGD*>(&opt)) {
-    auto& s = static_cast<::torch::optim::SGDOptions&>(o);
-    f(s.lr()), f(s.momentum()), f(s.dampening()), f(s.weight_decay()), f(s.nesterov());
-  } else if (dynamic_cast<::torch::optim::Adam*>(&opt)) {
-    adam_like(static_cast<::torch::optim::AdamOptions&>(o));
-  } else if (dynamic_cast<::torch::optim::AdamW*>(&opt)) {
-    adam_like(static_cast<::torch::optim::AdamWOptions&>(o));
-  } else {
-    double lr = o.get_lr();
-    f(lr);
-    o.set_lr(lr);
-  }
-}
-
-}  // namespace detail
-
-HERD_CONFIG_NAMESPACE_BEGIN
-
-// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
-template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
-  std::vector<buffer_view> views;
-  for (auto& p : module.parameters()) views.push_back(view_of(p));
-  for (auto& b : module.buffers()) views.push_back(view_of(b));
-  broadcast_parameters(views, comm, root);
-}
-
-// Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
-// learning rate of another optimizer's) and the state of every parameter (momentum buffers for
-// SGD; step, moments for Adam and AdamW) end equal to the root's. Ranks whose
-// optimizer has not stepped yet get their state created first, as zeros: the state a first step
-// starts from (for SGD with dampening, a fresh libtorch SGD would instead copy the first gradient).
-template <class Optimizer, communicator C>
-  requires std::derived_from<Optimizer, ::torch::optim::Optimizer>
-void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
-  std::vector<std::int64_t*> steps;
-  std::vector<at::Tensor*> tensors;
-  detail::torch_state(opt, steps, tensors);
-  std::vector<buffer_view> views;
-  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
-  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
-  std::vector<double> scalars;
-  for (auto& group : opt.param_groups()) {
-    detail::visit_hyperparameters(opt, group, [&](auto& value) { scalars.push_back(static_cast<double>(value)); });
-  }
-  for (std::int64_t* s : steps) scalars.push_back(static_cast<double>(*s));
-  broadcast_object(scalars, comm, root);
-  std::size_t at = 0;
-  for (auto& group : opt.param_groups()) {
-    detail::visit_hyperparameters(opt, group, [&](auto& value) {
-      value = static_cast<std::remove_reference_t<decltype(value)>>(scalars[at++]);
-    });
-  }
-  for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
-  for (buffer_view v : views) broadcast(v, comm, root);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_OPTIM_TORCH_HPP
+#endif  // HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -519,6 +785,15 @@ namespace herd::torch {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <class Module, communicator C> class DistributedDataParallel {
+ private:
+  using state = detail::ddp_state<C>;
+  // What the guard of no_sync() turns on and off: a flag of the state, which stays where it is
+  // when the wrapper moves.
+  struct no_sync_switch {
+    state* s;
+    void operator()(bool on) const noexcept { s->no_sync = on; }
+  };
+
  public:
   // `module`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Sequential,
   // TORCH_MODULE types). `options`: op, compression, gradient_predivide_factor, bucket_bytes,
@@ -616,21 +891,8 @@ template <class Module, communicator C> class DistributedDataParallel {
   }
 
   // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(DistributedDataParallel& d) : owner_(&d) { owner_->state_->no_sync = true; }
-    no_sync_guard(no_sync_guard&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(no_sync_guard&&) = delete;
-    ~no_sync_guard() {
-      if (owner_) owner_->state_->no_sync = false;
-    }
-
-   private:
-    DistributedDataParallel* owner_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = herd::detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{state_.get()}); }
 
   // The buckets (indices into the parameters that require a gradient) and the time their
   // reductions took, hidden and not (optim/distributed_optimizer.hpp).
@@ -638,216 +900,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
 
  private:
-  // A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
-  using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-
-  // What the hooks point to: it stays where it is when the DDP object moves.
-  struct state final : herd::detail::join_hook {
-    // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
-    // static_graph, as DDP's, allows unused parameters without find_unused_parameters.
-    state(C& c, optimizer_options options)
-        : reducer(c, gradient_source(), with_unused(options), nullptr),
-          comm(&c),
-          broadcast_buffers(options.broadcast_buffers),
-          find_unused(options.find_unused_parameters || options.static_graph),
-          static_graph(options.static_graph),
-          uneven(options.uneven_inputs) {
-      if (uneven) reducer.agree_elsewhere();  // in forward(), as DDP's
-    }
-    static optimizer_options with_unused(optimizer_options o) {
-      o.find_unused_parameters = o.find_unused_parameters || o.static_graph;
-      return o;
-    }
-
-    void sync_buffers(int root) {
-      const ::torch::NoGradGuard no_grad;
-      for (auto& b : buffers()) broadcast(b, *comm, root);
-    }
-
-    // A joined rank's round (join_hook): what a forward and backward of the ranks still training
-    // run, in their order. The buckets reduce zeros in tensors of their own (the rank's gradients
-    // stay as they are, as DDP's join hook leaves them).
-    void shadow(herd::detail::join_mode how) override {
-      if (sync_buffers_next && broadcast_buffers && comm->size() > 1) sync_buffers(reducer.roster().last_joined());
-      sync_buffers_next = how != herd::detail::join_mode::no_reduction;
-      if (!sync_buffers_next) return;
-      shadowing = true;
-      try {
-        reducer.shadow(how);
-      } catch (...) {
-        shadowing = false;
-        throw;
-      }
-      shadowing = false;
-      if (find_unused && !(static_graph && used_known)) {
-        // The flags of the last reduction this rank took part in, kept from round to round.
-        if (anywhere.size() != params.size()) anywhere.assign(params.size(), 0);
-        allreduce(anywhere, *comm, reduce_op::max);
-        // With static_graph the others exchange used flags in their first synchronized pass only:
-        // this rank, joined before its own first, counts that exchange as made too.
-        if (static_graph) used_known = true;
-      }
-    }
-
-    // The gradients as the reducer reads those it was not told of (unused parameters): zeros
-    // for a parameter that got none, as PyTorch's DDP reduces them.
-    typename herd::detail::reducer<C>::gradient_source gradient_source() {
-      return [this] {
-        std::vector<buffer_view> views;
-        if (shadowing) {
-          if (shadow_grads.empty()) {
-            for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
-          }
-          for (auto& g : shadow_grads) views.push_back(view_of(g));
-          return views;
-        }
-        for (std::size_t i = 0; i < params.size(); ++i) {
-          at::Tensor& p = params[i];
-          if (!p.grad().defined()) {
-            const ::torch::NoGradGuard no_grad;
-            p.mutable_grad() = in_bucket.empty() ? ::torch::zeros_like(p) : in_bucket[i].zero_();
-            if (!created.empty()) created[i] = 1;
-          }
-          views.push_back(view_of(p.mutable_grad()));
-        }
-        return views;
-      };
-    }
-
-    // Makes every defined gradient a tensor inside its bucket's storage (its current values kept). Not a
-    // view in autograd's sense (zero_grad() detaches gradients in place, which views refuse): a
-    // tensor on the bucket's storage at the gradient's offset.
-    void place_gradients_in_buckets(const optimizer_options& options) {
-      ::torch::NoGradGuard no_grad;
-      in_bucket.resize(params.size());
-      std::vector<std::pair<std::size_t, dtype>> shapes;
-      for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-      for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
-        const at::Tensor& first = params[b.members.front()];
-        at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
-        for (std::size_t k = 0; k < b.members.size(); ++k) {
-          at::Tensor& p = params[b.members[k]];
-          at::Tensor g = ::torch::empty({0}, first.options());
-          g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
-          if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
-            g.copy_(p.grad());
-            p.mutable_grad() = g;
-          }
-          in_bucket[b.members[k]] = g;
-        }
-      }
-    }
-
-    // With gradient_as_bucket_view: gradient i in its place in the bucket again, if it left it.
-    void repoint(std::size_t i) {
-      at::Tensor& g = params[i].mutable_grad();
-      if (in_bucket.empty() || (g.defined() && g.data_ptr() == in_bucket[i].data_ptr())) return;
-      const ::torch::NoGradGuard no_grad;
-      if (g.defined()) in_bucket[i].copy_(g);
-      else in_bucket[i].zero_();
-      g = in_bucket[i];
-    }
-
-    // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
-    // may fire with no gradient (a backward function that gives its input none): as DDP's, that
-    // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
-    // holds, at the end of the pass).
-    void ready(std::size_t i) {
-      std::lock_guard lock(mutex);
-      if (no_sync) {
-        if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
-        return;
-      }
-      if (!queued) {
-        queued = true;
-        ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
-      }
-      if (!params[i].grad().defined()) {
-        if (find_unused) return;
-        const ::torch::NoGradGuard no_grad;
-        if (in_bucket.empty()) params[i].mutable_grad() = ::torch::zeros_like(params[i]);
-      } else {
-        used[i] = 1;
-      }
-      try {
-        repoint(i);
-        const buffer_view grad = view_of(params[i].mutable_grad());
-        reducer.mark(i, &grad);
-      } catch (...) {
-        queued = false;
-        throw;
-      }
-    }
-
-    // At the end of backward: waits for the buckets and writes the averages into the gradients.
-    void finish() {
-      std::lock_guard lock(mutex);
-      queued = false;
-      if (!find_unused) {
-        reducer.synchronize();
-        std::fill(created.begin(), created.end(), 0);
-        return;
-      }
-      // The gradients this rank did not produce, as they were before the pass (undefined where the
-      // reduction had to create them), for those that no rank produced.
-      std::vector<std::pair<std::size_t, at::Tensor>> kept;
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        if (used[i]) continue;
-        const at::Tensor& g = params[i].grad();
-        kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
-      }
-      // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
-      // no_sync() passes, say), zeros where it holds none.
-      for (auto& [i, g] : kept) {
-        if (!g.defined()) continue;
-        repoint(i);
-        const buffer_view grad = view_of(params[i].mutable_grad());
-        reducer.mark(i, &grad);
-      }
-      reducer.synchronize();
-      // With static_graph, those found unused in the first pass are those of every pass.
-      if (!static_graph || !used_known) {
-        anywhere.assign(used.begin(), used.end());
-        for (std::size_t i = 0; i < anywhere.size(); ++i) anywhere[i] |= used_unsynced[i];
-        allreduce(anywhere, *comm, reduce_op::max);
-        used_known = static_graph;
-      }
-      std::fill(used.begin(), used.end(), 0);
-      // The flags of this pass's zero-filled gradients end with it (set by the synchronize above):
-      // read in the next pass, a gradient that reduction defined (and the optimizer then used)
-      // would count as one that never existed on this rank alone, and the ranks would part.
-      std::fill(created.begin(), created.end(), 0);
-      std::fill(used_unsynced.begin(), used_unsynced.end(), 0);
-      const ::torch::NoGradGuard no_grad;
-      for (auto& [i, g] : kept) {
-        if (anywhere[i]) continue;
-        if (!g.defined()) params[i].mutable_grad() = at::Tensor();
-        else params[i].mutable_grad().copy_(g);
-      }
-    }
-
-    std::vector<at::Tensor> params;
-    herd::detail::reducer<C> reducer;
-    std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
-    std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
-    std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
-    std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction
-    std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
-    std::vector<std::int32_t> anywhere;  // per parameter: some rank used it (in the first pass, with static_graph)
-    std::vector<at::Tensor> shadow_grads;  // what a joined rank's rounds reduce
-    std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
-    C* comm = nullptr;
-    std::mutex mutex;
-    bool queued = false;
-    bool no_sync = false;
-    bool broadcast_buffers = true;
-    bool find_unused = false;
-    bool static_graph = false;
-    bool uneven = false;
-    bool used_known = false;  // static_graph: anywhere holds the first pass's
-    bool shadowing = false;   // in a joined rank's round: the gradients are shadow_grads
-    bool sync_buffers_next = true;
-  };
+  using accumulator_ptr = detail::accumulator_ptr;
 
   Module module_;
   std::unique_ptr<state> state_;
@@ -855,5 +908,110 @@ template <class Module, communicator C> class DistributedDataParallel {
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::torch
+
+#endif  // HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
+
+// ---- herd/torch/gradients.hpp ----
+#ifndef HERD_TORCH_GRADIENTS_HPP
+#define HERD_TORCH_GRADIENTS_HPP
+// The gradients of a libtorch optimizer's parameters as herd reduces them: hand them to
+// herd::distributed_optimizer. Opt-in: include it after <torch/torch.h>.
+//
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+//   herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
+//   for (auto& batch : loader) { sgd.zero_grad(); loss(batch).backward(); opt.step(); }
+
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// What torch_gradients returns: called, the gradient of every parameter of the optimizer, read
+// afresh (libtorch may replace a gradient tensor between steps: zero_grad with set_to_none). A
+// parameter without one (unused in this rank's passes) gets zeros, so that every rank reduces the
+// same list; once the gradients are reduced (after_reduction, which distributed_optimizer calls),
+// those no rank produced are undefined again, as they are in PyTorch, whose optimizers then leave
+// the parameter alone: neither momentum nor weight decay moves it. Copies share what they record.
+class torch_gradient_source {
+ public:
+  explicit torch_gradient_source(::torch::optim::Optimizer& opt) : record_(std::make_shared<record>()) {
+    record_->opt = &opt;
+  }
+
+  std::vector<buffer_view> operator()() const {
+    std::vector<buffer_view> views;
+    std::size_t i = 0;
+    for (auto& group : record_->opt->param_groups()) {
+      for (auto& p : group.params()) {
+        if (record_->filled.size() <= i) record_->filled.resize(i + 1);
+        if (detail::fill_missing_gradient(p)) record_->filled[i] = {p.grad().unsafeGetTensorImpl(), p.grad()._version()};
+        views.push_back(view_of(p.mutable_grad()));
+        ++i;
+      }
+    }
+    return views;
+  }
+
+  // Every rank, after each reduction: one allreduce of a flag per parameter finds those that no
+  // rank produced a gradient for in the passes since the last reduction, whose gradients go back
+  // to undefined. The flags are host memory: over an nccl_communicator they travel on its control().
+  template <communicator C> void after_reduction(C& comm) const {
+    if constexpr (requires { comm.control(); }) {
+      after_reduction(comm.control());
+    } else {
+      std::vector<std::int32_t> produced;
+      std::vector<at::Tensor*> params;
+      for (auto& group : record_->opt->param_groups()) {
+        for (auto& p : group.params()) {
+          params.push_back(&p);
+          produced.push_back(zeros_of_ours(p, produced.size()) ? 0 : 1);
+        }
+      }
+      herd::allreduce(produced, comm, reduce_op::max);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (produced[i] == 0) params[i]->mutable_grad() = at::Tensor();
+      }
+      record_->filled.assign(params.size(), {});
+    }
+  }
+
+ private:
+  struct fill {
+    const void* tensor = nullptr;  // the zeros given to the parameter (its TensorImpl)
+    std::int64_t version = 0;      // their version then: a later pass that adds into them changes it
+  };
+  struct record {
+    ::torch::optim::Optimizer* opt = nullptr;
+    std::vector<fill> filled;  // per parameter, since the last reduction
+  };
+
+  // Whether parameter i's gradient is still the zeros this source gave it, untouched by backward.
+  bool zeros_of_ours(const at::Tensor& p, std::size_t i) const {
+    if (i >= record_->filled.size() || record_->filled[i].tensor == nullptr || !p.grad().defined()) return false;
+    return p.grad().unsafeGetTensorImpl() == record_->filled[i].tensor && p.grad()._version() == record_->filled[i].version;
+  }
+
+  std::shared_ptr<record> record_;
+};
+
+// The gradients of every parameter of `opt`, for herd::distributed_optimizer (see
+// torch_gradient_source). CUDA gradients are packed by herd's kernels under nvcc, by libtorch's in
+// a host-compiled file (link herd::nccl and reduce over a nccl_communicator): no copy through host
+// memory.
+inline torch_gradient_source torch_gradients(::torch::optim::Optimizer& opt) {
+  detail::lend_torch_device_arithmetic();
+  return torch_gradient_source(opt);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_TORCH_GRADIENTS_HPP
 
 #endif  // HERD_OPTIM_TORCH_DDP_HPP

@@ -8,12 +8,19 @@
 // ---- herd/tensor/torch.hpp ----
 #ifndef HERD_TENSOR_TORCH_HPP
 #define HERD_TENSOR_TORCH_HPP
-// tensor_traits for torch::Tensor (libtorch). Opt-in: the umbrella header does not include it,
-// so programs without libtorch never see it.
+// Moved to herd/torch/tensor_traits.hpp, with the rest of herd's libtorch support in herd/torch/.
+// This path keeps working for programs that include it.
+
+
+// ---- herd/torch/tensor_traits.hpp ----
+#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
+#define HERD_TORCH_TENSOR_TRAITS_HPP
+// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
+// the umbrella header does not include it, so programs without libtorch never see it.
 //
 //   #include <torch/torch.h>
 //   #include <herd/herd.hpp>
-//   #include <herd/tensor/torch.hpp>
+//   #include <herd/torch/tensor_traits.hpp>
 //   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
 //
 // Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
@@ -77,5 +84,7 @@ template <> struct tensor_traits<at::Tensor> {
 };
 
 }  // namespace herd
+
+#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
 
 #endif  // HERD_TENSOR_TORCH_HPP

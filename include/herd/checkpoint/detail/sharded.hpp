@@ -1,14 +1,15 @@
 #ifndef HERD_CHECKPOINT_DETAIL_SHARDED_HPP
 #define HERD_CHECKPOINT_DETAIL_SHARDED_HPP
 // Tensors split over the ranks (optim/optimizer_state.hpp's sharded_view) in a checkpoint: the
-// file holds each whole, so a save gathers the parts to the rank that writes and a load hands
-// each rank its part of what the root read.
+// file holds each whole, so a save gathers the parts to the rank that writes and a load scatters
+// to each rank its part of what the root read.
 
 #include <herd/checkpoint/detail/file.hpp>
 #include <herd/checkpoint/detail/safetensors.hpp>
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/broadcast.hpp>
 #include <herd/collectives/gather.hpp>
+#include <herd/collectives/scatter.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -59,10 +60,32 @@ host_tensor gather_whole(const std::string& name, buffer_view part, std::size_t 
 }
 
 // Every rank's `part` (elements [offset, offset + part.count) of a tensor of `whole` elements)
-// from the whole tensor, whose bytes root has at `root_bytes` (null elsewhere).
+// from the whole tensor, whose bytes root has at `root_bytes` (null elsewhere). Where the ranks'
+// parts follow one another in rank order and cover the whole (zero_optimizer's shards), root
+// scatters them: each rank receives its own part and no more. Parts laid out otherwise get the
+// whole tensor, from which each rank keeps its part. Every rank sees every part's place (one
+// small allgather), so every rank takes the same way.
 template <communicator C>
 void scatter_whole(const std::byte* root_bytes, buffer_view part, std::size_t offset, std::size_t whole, C& comm,
                    int root) {
+  std::int64_t mine[2] = {static_cast<std::int64_t>(offset), static_cast<std::int64_t>(part.count)};
+  std::vector<std::int64_t> table(2 * static_cast<std::size_t>(comm.size()));
+  allgather(buffer_view{mine, 2, dtype::i64}, table, comm);
+  std::vector<std::size_t> counts;
+  std::size_t next = 0;
+  bool in_rank_order = true;
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto at = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r)]);
+    const auto n = static_cast<std::size_t>(table[2 * static_cast<std::size_t>(r) + 1]);
+    if (n != 0 && at != next) in_rank_order = false;
+    next += n;
+    counts.push_back(n);
+  }
+  if (in_rank_order && next == whole) {
+    const const_buffer_view all(root_bytes, comm.rank() == root ? whole : 0, part.type);
+    scatterv(all, part, counts, comm, root);
+    return;
+  }
   host_tensor all(part.type, whole);
   if (comm.rank() == root && all.bytes() != 0) std::memcpy(all.data(), root_bytes, all.bytes());
   buffer_view view = all.view();

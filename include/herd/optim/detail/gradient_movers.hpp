@@ -5,7 +5,7 @@
 // - host_mover: loops over host memory;
 // - device_mover: for GPU gradients, herd's kernels on a stream of herd's own (under nvcc), or,
 //   in a host-compiled file linking herd::nccl, the kernels a tensor library linked into the
-//   program lends (libtorch's, through herd/tensor/torch.hpp: see lent_device_arithmetic), else
+//   program lends (libtorch's, through herd/torch/: see lent_device_arithmetic), else
 //   plain device-to-device copies, which cover fusion without compression, predivision or
 //   accumulation.
 // Both take the same calls, so the reducer's bucketing is written once; mover_set picks one.
@@ -213,8 +213,8 @@ class device_mover {
  private:
   [[noreturn]] static void needs_kernels(const char* what) {
     raise({"distributed_optimizer"}, std::string(what) + " on GPU gradients needs herd's CUDA kernels",
-          "Compile the file that steps the optimizer with nvcc, include herd/tensor/torch.hpp to use libtorch's "
-          "kernels, or turn the option off");
+          "Compile the file that steps the optimizer with nvcc, reduce libtorch tensors through herd/torch/ "
+          "(torch_gradients, DistributedDataParallel), which lends libtorch's kernels, or turn the option off");
   }
 
   int device_;

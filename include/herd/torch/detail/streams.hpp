@@ -1,5 +1,5 @@
-#ifndef HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
-#define HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#ifndef HERD_TORCH_DETAIL_STREAMS_HPP
+#define HERD_TORCH_DETAIL_STREAMS_HPP
 // libtorch's current CUDA stream and herd's streams, ordered by events. libtorch computes on the
 // current stream of the calling thread (a stream of its pool under a c10::StreamGuard, say),
 // which herd cannot name as a cudaStream_t without libc10_cuda; c10's device-guard interface,
@@ -67,4 +67,4 @@ inline void settle_torch_stream(int device) {
 #define HERD_HAVE_TORCH_STREAMS 0
 #endif
 
-#endif  // HERD_TENSOR_DETAIL_TORCH_STREAMS_HPP
+#endif  // HERD_TORCH_DETAIL_STREAMS_HPP

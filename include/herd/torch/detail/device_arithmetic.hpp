@@ -1,5 +1,5 @@
-#ifndef HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
-#define HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+#ifndef HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
+#define HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP
 // libtorch's GPU kernels lent to herd's distributed optimizer and DDP wrapper in files that a host
 // compiler builds (g++, the usual way to build a libtorch program), where herd's own kernels do
 // not exist: casting and scaling gradients into and out of fusion buffers (compression,
@@ -8,15 +8,15 @@
 //
 // Streams: ATen computes on the current stream of libtorch's calling thread (where autograd
 // produced the gradients); herd's packing stream and that stream are ordered both ways by events
-// (tensor/detail/torch_streams.hpp).
+// (torch/detail/streams.hpp).
 
 #include <herd/core/config.hpp>
+// Outside the #if: SyncBatchNorm includes it unconditionally, and the single header inlines it once.
+#include <herd/torch/detail/streams.hpp>
 
 #if !HERD_WITH_CUDA_KERNELS && defined(HERD_WITH_NCCL)
 #include <herd/cuda/runtime.hpp>
 #include <herd/optim/detail/gradient_movers.hpp>
-
-#include <herd/tensor/detail/torch_streams.hpp>
 
 #include <ATen/ATen.h>
 
@@ -110,4 +110,4 @@ HERD_CONFIG_NAMESPACE_END
 
 #endif
 
-#endif  // HERD_OPTIM_DETAIL_TORCH_DEVICE_ARITHMETIC_HPP
+#endif  // HERD_TORCH_DETAIL_DEVICE_ARITHMETIC_HPP

@@ -1,0 +1,245 @@
+#ifndef HERD_TORCH_DETAIL_DDP_STATE_HPP
+#define HERD_TORCH_DETAIL_DDP_STATE_HPP
+// What herd::torch::DistributedDataParallel (torch/distributed_data_parallel.hpp) keeps behind a
+// pointer, for the hooks on the gradient accumulators to reach: the reducer, the flags of which
+// parameters each pass used, the gradients' places in their buckets, and what happens when a
+// hook fires and when backward ends.
+
+#include <herd/collectives/allreduce.hpp>
+#include <herd/collectives/broadcast.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/optim/detail/reducer.hpp>
+#include <herd/optim/optimizer_options.hpp>
+#include <herd/torch/detail/missing_gradient.hpp>
+#include <herd/torch/tensor_traits.hpp>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace herd::torch {
+HERD_CONFIG_NAMESPACE_BEGIN
+namespace detail {
+
+// A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
+using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// What the hooks point to: it stays where it is when the DDP object moves.
+template <communicator C> struct ddp_state final : herd::detail::join_hook {
+  // No local accumulation: under no_sync() libtorch adds the passes up in param.grad() itself.
+  // static_graph, as DDP's, allows unused parameters without find_unused_parameters.
+  ddp_state(C& c, optimizer_options options)
+      : reducer(c, gradient_source(), with_unused(options), nullptr),
+        comm(&c),
+        broadcast_buffers(options.broadcast_buffers),
+        find_unused(options.find_unused_parameters || options.static_graph),
+        static_graph(options.static_graph),
+        uneven(options.uneven_inputs) {
+    if (uneven) reducer.agree_elsewhere();  // in forward(), as DDP's
+  }
+  static optimizer_options with_unused(optimizer_options o) {
+    o.find_unused_parameters = o.find_unused_parameters || o.static_graph;
+    return o;
+  }
+
+  void sync_buffers(int root) {
+    const ::torch::NoGradGuard no_grad;
+    for (auto& b : buffers()) broadcast(b, *comm, root);
+  }
+
+  // A joined rank's round (join_hook): what a forward and backward of the ranks still training
+  // run, in their order. The buckets reduce zeros in tensors of their own (the rank's gradients
+  // stay as they are, as DDP's join hook leaves them).
+  void shadow(herd::detail::join_mode how) override {
+    if (sync_buffers_next && broadcast_buffers && comm->size() > 1) sync_buffers(reducer.roster().last_joined());
+    sync_buffers_next = how != herd::detail::join_mode::no_reduction;
+    if (!sync_buffers_next) return;
+    shadowing = true;
+    try {
+      reducer.shadow(how);
+    } catch (...) {
+      shadowing = false;
+      throw;
+    }
+    shadowing = false;
+    if (find_unused && !(static_graph && used_known)) {
+      // The flags of the last reduction this rank took part in, kept from round to round.
+      if (anywhere.size() != params.size()) anywhere.assign(params.size(), 0);
+      allreduce(anywhere, *comm, reduce_op::max);
+      // With static_graph the others exchange used flags in their first synchronized pass only:
+      // this rank, joined before its own first, counts that exchange as made too.
+      if (static_graph) used_known = true;
+    }
+  }
+
+  // The gradients as the reducer reads those it was not told of (unused parameters): zeros
+  // for a parameter that got none, as PyTorch's DDP reduces them.
+  typename herd::detail::reducer<C>::gradient_source gradient_source() {
+    return [this] {
+      std::vector<buffer_view> views;
+      if (shadowing) {
+        if (shadow_grads.empty()) {
+          for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
+        }
+        for (auto& g : shadow_grads) views.push_back(view_of(g));
+        return views;
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        at::Tensor& p = params[i];
+        if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
+          created[i] = 1;
+        }
+        views.push_back(view_of(p.mutable_grad()));
+      }
+      return views;
+    };
+  }
+
+  // Makes every defined gradient a tensor inside its bucket's storage (its current values kept). Not a
+  // view in autograd's sense (zero_grad() detaches gradients in place, which views refuse): a
+  // tensor on the bucket's storage at the gradient's offset.
+  void place_gradients_in_buckets(const optimizer_options& options) {
+    ::torch::NoGradGuard no_grad;
+    in_bucket.resize(params.size());
+    std::vector<std::pair<std::size_t, dtype>> shapes;
+    for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
+    for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
+      const at::Tensor& first = params[b.members.front()];
+      at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        at::Tensor& p = params[b.members[k]];
+        at::Tensor g = ::torch::empty({0}, first.options());
+        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
+        if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
+          g.copy_(p.grad());
+          p.mutable_grad() = g;
+        }
+        in_bucket[b.members[k]] = g;
+      }
+    }
+  }
+
+  // With gradient_as_bucket_view: gradient i in its place in the bucket again, if it left it.
+  void repoint(std::size_t i) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (in_bucket.empty() || (g.defined() && g.data_ptr() == in_bucket[i].data_ptr())) return;
+    const ::torch::NoGradGuard no_grad;
+    if (g.defined()) in_bucket[i].copy_(g);
+    else in_bucket[i].zero_();
+    g = in_bucket[i];
+  }
+
+  // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
+  // may fire with no gradient (a backward function that gives its input none): as DDP's, that
+  // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
+  // holds, at the end of the pass).
+  void ready(std::size_t i) {
+    std::lock_guard lock(mutex);
+    if (no_sync) {
+      if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
+      return;
+    }
+    if (!queued) {
+      queued = true;
+      ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
+    }
+    if (!params[i].grad().defined()) {
+      if (find_unused) return;
+      herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
+    } else {
+      used[i] = 1;
+    }
+    try {
+      repoint(i);
+      const buffer_view grad = view_of(params[i].mutable_grad());
+      reducer.mark(i, &grad);
+    } catch (...) {
+      queued = false;
+      throw;
+    }
+  }
+
+  // At the end of backward: waits for the buckets and writes the averages into the gradients.
+  void finish() {
+    std::lock_guard lock(mutex);
+    queued = false;
+    if (!find_unused) {
+      reducer.synchronize();
+      std::fill(created.begin(), created.end(), 0);
+      return;
+    }
+    // The gradients this rank did not produce, as they were before the pass (undefined where the
+    // reduction had to create them), for those that no rank produced.
+    std::vector<std::pair<std::size_t, at::Tensor>> kept;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (used[i]) continue;
+      const at::Tensor& g = params[i].grad();
+      kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+    }
+    // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
+    // no_sync() passes, say), zeros where it holds none.
+    for (auto& [i, g] : kept) {
+      if (!g.defined()) continue;
+      repoint(i);
+      const buffer_view grad = view_of(params[i].mutable_grad());
+      reducer.mark(i, &grad);
+    }
+    reducer.synchronize();
+    // With static_graph, those found unused in the first pass are those of every pass.
+    if (!static_graph || !used_known) {
+      anywhere.assign(used.begin(), used.end());
+      for (std::size_t i = 0; i < anywhere.size(); ++i) anywhere[i] |= used_unsynced[i];
+      allreduce(anywhere, *comm, reduce_op::max);
+      used_known = static_graph;
+    }
+    std::fill(used.begin(), used.end(), 0);
+    // The flags of this pass's zero-filled gradients end with it (set by the synchronize above):
+    // read in the next pass, a gradient that reduction defined (and the optimizer then used)
+    // would count as one that never existed on this rank alone, and the ranks would part.
+    std::fill(created.begin(), created.end(), 0);
+    std::fill(used_unsynced.begin(), used_unsynced.end(), 0);
+    const ::torch::NoGradGuard no_grad;
+    for (auto& [i, g] : kept) {
+      if (anywhere[i]) continue;
+      if (!g.defined()) params[i].mutable_grad() = at::Tensor();
+      else params[i].mutable_grad().copy_(g);
+    }
+  }
+
+  std::vector<at::Tensor> params;
+  herd::detail::reducer<C> reducer;
+  std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
+  std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
+  std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
+  std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction
+  std::vector<char> created;           // undefined until the reduction of this pass zero-filled it
+  std::vector<std::int32_t> anywhere;  // per parameter: some rank used it (in the first pass, with static_graph)
+  std::vector<at::Tensor> shadow_grads;  // what a joined rank's rounds reduce
+  std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
+  C* comm = nullptr;
+  std::mutex mutex;
+  bool queued = false;
+  bool no_sync = false;
+  bool broadcast_buffers = true;
+  bool find_unused = false;
+  bool static_graph = false;
+  bool uneven = false;
+  bool used_known = false;  // static_graph: anywhere holds the first pass's
+  bool shadowing = false;   // in a joined rank's round: the gradients are shadow_grads
+  bool sync_buffers_next = true;
+};
+
+}  // namespace detail
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::torch
+
+#endif  // HERD_TORCH_DETAIL_DDP_STATE_HPP

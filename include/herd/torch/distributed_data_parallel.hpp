@@ -1,0 +1,207 @@
+#ifndef HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
+#define HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
+// herd::torch::DistributedDataParallel: PyTorch's DistributedDataParallel for libtorch, which has
+// none (pytorch/pytorch#48959). Opt-in: include it after <torch/torch.h>.
+//
+//   auto model = std::make_shared<Net>();
+//   herd::torch::DistributedDataParallel ddp(model, comm);   // checks shapes, broadcasts from rank 0
+//   torch::optim::SGD sgd(model->parameters(), 0.01);
+//   for (auto& batch : loader) {
+//     sgd.zero_grad();
+//     loss(ddp->forward(batch.data), batch.target).backward();   // buckets reduce during backward
+//                                                                 // (ddp(x) too; both go through the wrapper)
+//     sgd.step();                                                // the gradients are averaged already
+//   }
+//
+// As DDP's Reducer: a hook on each parameter's gradient accumulator tells herd's reducer
+// (optim/detail/reducer.hpp, as distributed_optimizer's) that the gradient is final; buckets
+// of gradients start their allreduce as soon as they are complete, in bucket order on every rank,
+// while backward goes on; a callback queued on the autograd engine at the first hook waits for
+// the buckets at the end of backward and writes the averaged gradients back into param.grad(),
+// so that the optimizer's step needs no call of herd's. Errors (a parameter without a gradient,
+// unless find_unused_parameters; a rank whose gradients changed) raise from backward() on every
+// rank. no_sync() skips the reduction while its guard lives: libtorch sums the gradients of
+// those passes in param.grad(), and the first backward after it reduces the sum.
+//
+// As DDP (each checked against it by tests/parity, parity_ddp):
+// - forward() first broadcasts rank 0's buffers (BatchNorm's running statistics) when the last
+//   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
+// - With find_unused_parameters, a parameter no rank used in the pass, nor in the no_sync()
+//   passes before it, keeps its gradient as it was (undefined stays undefined, so weight decay and
+//   momentum leave it alone); one that some rank used gets the average, counting for the ranks
+//   that did not the gradient they hold (the sum of no_sync() passes, say), or zeros. One more
+//   allreduce, of a flag per parameter, finds them. (PyTorch before 2.4 forgot what no_sync()
+//   passes used: pytorch/pytorch#69031.)
+// - With gradient_as_bucket_view, each param.grad() is a tensor inside its bucket's storage (laid
+//   out by herd::bucket_layout, kept for the wrapper's life): buckets reduce in place, without
+//   copies. A gradient that is not (zero_grad(true) set it to undefined, or it was replaced) is
+//   copied into its place when it becomes ready and param.grad() points there again.
+// - With uneven_inputs, as under DDP's Join([ddp]): each forward first agrees on who still trains,
+//   a rank out of batches calls join() and shadows the others' collectives with zeros until all
+//   have joined, then every rank takes the last joiner's parameters and buffers. A joined rank
+//   reports as used, in every round, the parameters used in the last reduction it took part in
+//   or in a round since (its flags reduced in place, as DDP's join hook does): with
+//   find_unused_parameters such a parameter gets a gradient on the ranks still training (zeros
+//   where none of them produced one).
+// - With static_graph, the parameters no rank used in the first pass are the unused ones of every
+//   pass. What differs from DDP: docs/training.md.
+//
+// On GPU tensors, give it a nccl_communicator: buckets are packed on the device and reduced
+// stream-ordered, with no host copy of the gradients; by herd's kernels in a file nvcc compiles,
+// by libtorch's in one g++ compiles (link herd::nccl, which defines HERD_WITH_NCCL).
+
+#include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
+#include <herd/optim/detail/same_tensors.hpp>
+#include <herd/optim/detail/reducer.hpp>
+#include <herd/optim/detail/scoped_switch.hpp>
+#include <herd/optim/optimizer_options.hpp>
+#include <herd/torch/broadcast.hpp>
+#include <herd/torch/detail/ddp_state.hpp>
+#include <herd/torch/detail/device_arithmetic.hpp>
+#include <herd/torch/tensor_traits.hpp>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace herd::torch {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <class Module, communicator C> class DistributedDataParallel {
+ private:
+  using state = detail::ddp_state<C>;
+  // What the guard of no_sync() turns on and off: a flag of the state, which stays where it is
+  // when the wrapper moves.
+  struct no_sync_switch {
+    state* s;
+    void operator()(bool on) const noexcept { s->no_sync = on; }
+  };
+
+ public:
+  // `module`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Sequential,
+  // TORCH_MODULE types). `options`: op, compression, gradient_predivide_factor, bucket_bytes,
+  // first_bucket_bytes, find_unused_parameters, gradient_as_bucket_view (backward_passes_per_step
+  // must stay 1: use no_sync()).
+  DistributedDataParallel(Module module, C& comm, optimizer_options options = {})
+      : module_(std::move(module)), state_(std::make_unique<state>(comm, options)) {
+    herd::detail::lend_torch_device_arithmetic();  // libtorch's kernels pack CUDA buckets where herd's are not compiled
+    if (options.backward_passes_per_step != 1) {
+      herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+                    "backward_passes_per_step is for herd::distributed_optimizer",
+                    "Accumulate passes as with PyTorch's DDP: run them under no_sync(); libtorch sums their gradients");
+    }
+    // Every rank has the same parameters and buffers, then rank 0's values.
+    broadcast_parameters(*module_, comm, 0);
+    for (auto& p : module_->parameters()) {
+      if (p.requires_grad()) state_->params.push_back(p);
+    }
+    state_->buffers = [m = module_] { return m->buffers(); };
+    state_->used.assign(state_->params.size(), 0);
+    state_->used_unsynced.assign(state_->params.size(), 0);
+    state_->created.assign(state_->params.size(), 0);
+    if (options.gradient_as_bucket_view) state_->place_gradients_in_buckets(options);
+    state* s = state_.get();
+    for (std::size_t i = 0; i < s->params.size(); ++i) {
+      accumulator_ptr accumulator = ::torch::autograd::impl::grad_accumulator(s->params[i]);
+      const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+          [s, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
+            s->ready(i);
+            return outputs;
+          }));
+      s->hooks.emplace_back(std::move(accumulator), key);
+    }
+  }
+
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+  DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept = default;
+  ~DistributedDataParallel() {
+    if (!state_) return;
+    for (auto& [accumulator, key] : state_->hooks) accumulator->del_post_hook(key);
+  }
+
+  // The wrapped module, for what the wrapper does not pass on (its own members): as DDP's .module.
+  Module& module() noexcept { return module_; }
+  // ddp->forward(x) and ddp(x) go through the wrapper, as DDP's model(x): a call that skipped it
+  // would skip the buffer broadcast and the agreement on who still trains. The Module functions a
+  // training loop calls on a model are passed on; anything else is ddp.module()->...
+  DistributedDataParallel* operator->() noexcept { return this; }
+  template <class... Args> auto operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+  auto parameters(bool recurse = true) const { return module_->parameters(recurse); }
+  auto named_parameters(bool recurse = true) const { return module_->named_parameters(recurse); }
+  auto buffers(bool recurse = true) const { return module_->buffers(recurse); }
+  auto named_buffers(bool recurse = true) const { return module_->named_buffers(recurse); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  bool is_training() const noexcept { return module_->is_training(); }
+  template <class... Args> void zero_grad(Args&&... args) { module_->zero_grad(std::forward<Args>(args)...); }
+  template <class... Args> void to(Args&&... args) { module_->to(std::forward<Args>(args)...); }
+
+  template <class... Args> auto forward(Args&&... args) {
+    state* s = state_.get();
+    const bool reduces = ::torch::GradMode::is_enabled() && !s->no_sync;
+    int root = 0;
+    if (s->uneven && s->comm->size() > 1) {
+      // As DDP in a Join: who still trains is agreed before the buffers move, and they come from
+      // the highest rank still training (rank 0 may have joined, its buffers stale).
+      s->reducer.roster().agree(*s->comm, reduces ? herd::detail::join_mode::in_buckets : herd::detail::join_mode::no_reduction);
+      root = s->reducer.roster().last_joined();
+    }
+    if (s->sync_buffers_next && s->broadcast_buffers && s->comm->size() > 1) s->sync_buffers(root);
+    // As DDP: the next forward syncs the buffers if this one is followed by a synchronized backward.
+    s->sync_buffers_next = reduces;
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  // This rank has no batches left (options.uneven_inputs, DDP's Join([ddp])): until every rank has
+  // joined, it runs what each forward and backward of the others needs of it (the buffer broadcast,
+  // the buckets' allreduces with zeros, the used flags), without touching its own gradients. Then,
+  // as DDP's join hook, every rank takes the parameters and buffers of the last rank to join
+  // (the highest, if several), which it returns. Every rank calls it once out of batches.
+  int join() {
+    state* s = state_.get();
+    if (!s->uneven) {
+      herd::detail::raise({"DistributedDataParallel", s->comm->rank(), s->comm->size()},
+                          "join() needs optimizer_options::uneven_inputs, so that each forward agrees on who still trains",
+                          "Pass uneven_inputs = true to DistributedDataParallel on every rank");
+    }
+    herd::detail::join_hook* const hooks[] = {s};
+    int last = s->reducer.roster().join(*s->comm, hooks);
+    if (last < 0) last = s->comm->size() - 1;  // no rank trained since the start: DDP takes the highest
+    broadcast_parameters(*module_, *s->comm, last);
+    return last;
+  }
+
+  // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
+  using no_sync_guard = herd::detail::scoped_switch<no_sync_switch>;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{state_.get()}); }
+
+  // The buckets (indices into the parameters that require a gradient) and the time their
+  // reductions took, hidden and not (optim/distributed_optimizer.hpp).
+  std::vector<std::vector<std::size_t>> buckets() const { return state_->reducer.buckets(); }
+  const overlap_stats& overlap() const noexcept { return state_->reducer.overlap(); }
+
+ private:
+  using accumulator_ptr = detail::accumulator_ptr;
+
+  Module module_;
+  std::unique_ptr<state> state_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::torch
+
+#endif  // HERD_TORCH_DISTRIBUTED_DATA_PARALLEL_HPP
