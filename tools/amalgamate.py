@@ -7,6 +7,8 @@ includes stay as they are. Each opt-in header that herd.hpp leaves out (the adap
 libtorch, xtensor, Armadillo and thrust; the libtorch optimizer, DDP and SyncBatchNorm) gets a
 file of its own at the same path, which includes ../herd.hpp and adds what herd.hpp lacks. So
 `-I single_include` alone gives the whole library under the same include lines as `-I include`.
+A header that only forwards to others (an old path kept for programs that include it) becomes a
+file that includes the generated files it names, not another copy of their text.
 
 Every header under include/ guards itself with a macro named after its path (herd/core/dtype.hpp:
 HERD_CORE_DTYPE_HPP), and the generated files keep those guards around each header's text, so a
@@ -84,6 +86,18 @@ def inline(path, seen, out, conditional=()):
     out.append(lines[-1] + "\n")
 
 
+def forwarded(lines):
+    """The headers a forwarding header names, or None if it holds anything but comments and includes."""
+    targets = []
+    for line in lines[2:-1]:
+        match = HERD_INCLUDE.match(line)
+        if match:
+            targets.append(match.group(1))
+        elif line.strip() and not line.lstrip().startswith("//"):
+            return None
+    return targets or None
+
+
 def generate():
     """Returns {path under single_include: text}: the umbrella header, then each opt-in header."""
     seen = {}
@@ -95,10 +109,16 @@ def generate():
         relative = path.relative_to(INCLUDE).as_posix()
         if relative in in_umbrella or "/detail/" in relative:
             continue
-        guard_lines(path, relative)
+        lines = guard_lines(path, relative)
         up = "../" * (relative.count("/") - 1)
         opt_in = [BANNER, f'#include "{up}herd.hpp"\n']
-        inline(path, dict(in_umbrella), opt_in)
+        targets = forwarded(lines)
+        if targets is not None:
+            opt_in += [line + "\n" for line in lines[:2] if not HERD_INCLUDE.match(line)]
+            opt_in += [f'#include "{up}{target[len("herd/"):]}"\n' for target in targets if target not in in_umbrella]
+            opt_in.append(lines[-1] + "\n")
+        else:
+            inline(path, dict(in_umbrella), opt_in)
         files[relative] = "".join(opt_in)
     for path in INCLUDE.rglob("*.hpp"):  # every header, reachable or not, guards itself
         guard_lines(path, path.relative_to(INCLUDE).as_posix())
