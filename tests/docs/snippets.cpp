@@ -1,8 +1,8 @@
-// The code blocks of docs/training.md and docs/api.md, as the pages show them (the build copies
-// each block into an .inc file that this program includes), around the names each block uses.
-// Each block runs on every rank and its result is checked against the same arithmetic done here
-// in plain loops, or against MPI itself: a page whose code stops compiling, or stops doing what
-// its text says, fails this test.
+// The code blocks of README.md, docs/training.md and docs/api.md, as the pages show them (the
+// build copies each block into an .inc file that this program includes), around the names each
+// block uses. Each block runs on every rank and its result is checked against the same arithmetic
+// done here in plain loops, or against MPI itself: a page whose code stops compiling, or stops
+// doing what its text says, fails this test.
 //
 //   mpiexec -n 3 docs_snippets    prints "rank R: N blocks of docs/ ran and checked" and exits 0
 //                                 on every rank, or names each failed check and exits 1
@@ -44,9 +44,13 @@ struct dataset_stand_in {
   std::size_t size() const { return 1000; }
 };
 
-// training.md, the opening loop: sampler, broadcast, distributed_optimizer over herd::sgd.
-void training_loop(herd::mpi_communicator& comm) {
+// training.md, the opening loop: sampler, broadcast, distributed_optimizer over herd::sgd; and
+// README.md's, the same program, run and checked alike.
+enum class page { training_md, readme };
+
+void training_loop(herd::mpi_communicator& comm, page from) {
   const int rank = comm.rank(), size = comm.size();
+  const std::string name = from == page::readme ? "training loop (README.md)" : "training loop (docs/training.md)";
   dataset_stand_in dataset;
   const std::uint64_t epochs = 2;
   std::vector<float> w(5), b(2), grad_w(5), grad_b(2);
@@ -61,16 +65,20 @@ void training_loop(herd::mpi_communicator& comm) {
     ++steps;
   };
 
+  if (from == page::training_md) {
 #include "training_loop.inc"
+  } else {
+#include "readme_training_loop.inc"
+  }
 
   // Every sample seen by some rank in the last epoch (MPI's own max over the ranks' marks).
   std::vector<int> anywhere(seen.size());
   MPI_Allreduce(seen.data(), anywhere.data(), static_cast<int>(seen.size()), MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   expect(std::count(anywhere.begin(), anywhere.end(), 1) == static_cast<std::ptrdiff_t>(dataset.size()),
-         "training loop: the sampler's batches cover the dataset", rank);
+         name + ": the sampler's batches cover the dataset", rank);
   // The same number of steps on every rank: ceil(ceil(1000 / size) / 64) per epoch.
   const std::size_t per_rank = (dataset.size() + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size);
-  expect(steps == epochs * ((per_rank + 63) / 64), "training loop: steps per rank", rank);
+  expect(steps == epochs * ((per_rank + 63) / 64), name + ": steps per rank", rank);
   // SGD with momentum 0.9 over the average of the ranks' gradients, from rank 0's values.
   const double mean = (size + 1) / 2.0;
   for (int k = 0; k < 2; ++k) {
@@ -83,10 +91,10 @@ void training_loop(herd::mpi_communicator& comm) {
     const std::vector<float>& values = k == 0 ? w : b;
     for (std::size_t i = 0; i < values.size(); ++i) {
       const double start = k == 0 ? static_cast<double>(i) : 0.0;
-      expect(close(values[i], start - moved, 1e-5), "training loop: parameter " + std::to_string(i) + " after SGD", rank);
+      expect(close(values[i], start - moved, 1e-5), name + ": parameter " + std::to_string(i) + " after SGD", rank);
     }
   }
-  expect(same_on_every_rank(w) && same_on_every_rank(b), "training loop: the same parameters on every rank", rank);
+  expect(same_on_every_rank(w) && same_on_every_rank(b), name + ": the same parameters on every rank", rank);
   ++blocks;
 }
 
@@ -278,7 +286,8 @@ int main(int argc, char** argv) {
   herd::comm_options options;
   options.stall_shutdown_seconds = 20;  // a hang fails the test rather than blocking it
   herd::mpi_communicator comm(MPI_COMM_WORLD, options);
-  training_loop(comm);
+  training_loop(comm, page::training_md);
+  training_loop(comm, page::readme);
   mark_ready(comm);
   join(comm);
   zero(comm);
