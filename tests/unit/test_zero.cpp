@@ -604,17 +604,18 @@ TEST_CASE("zero_optimizer at one rank leaves the caller's gradients as given whe
 // fp16 ZeRO, as DeepSpeed's: f16 parameters with f32 master weights of each rank's shard.
 namespace {
 
-// f16 parameters of the given sizes, of magnitudes in [1, 2), where an f16 step is 2^-10 (2^-11
-// just below 1): an update of about 1e-4 is less than half of one, and rounds away in f16.
-struct half_model {
-  std::vector<std::vector<herd::half>> params, grads;
-  explicit half_model(const std::vector<std::size_t>& sizes) {
+// 16-bit parameters of the given sizes, of magnitudes in [1, 2), where an f16 step is 2^-10
+// (2^-11 just below 1; bf16's are 2^-7 and 2^-8): an update of about 1e-4 (1e-3 in bf16) is less
+// than half of one, and rounds away in 16 bits.
+template <class T> struct low_model {
+  std::vector<std::vector<T>> params, grads;
+  explicit low_model(const std::vector<std::size_t>& sizes) {
     std::size_t at = 0;
     for (std::size_t n : sizes) {
       params.emplace_back(n);
       grads.emplace_back(n);
       for (auto& x : params.back()) {
-        x = herd::half(static_cast<float>((1.0 + 0.125 * static_cast<double>(at % 8)) * (at % 3 == 0 ? -1.0 : 1.0)));
+        x = T(static_cast<float>((1.0 + 0.125 * static_cast<double>(at % 8)) * (at % 3 == 0 ? -1.0 : 1.0)));
         ++at;
       }
     }
@@ -629,22 +630,23 @@ struct half_model {
     for (auto& p : grads) v.push_back(herd::view_of(p));
     return v;
   }
-  std::vector<herd::half> flat() const {
-    std::vector<herd::half> out;
+  std::vector<T> flat() const {
+    std::vector<T> out;
     for (const auto& p : params) out.insert(out.end(), p.begin(), p.end());
     return out;
   }
 };
+using half_model = low_model<herd::half>;
 
-bool same_bits(herd::half a, herd::half b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-bool same_bits(const std::vector<herd::half>& a, const std::vector<herd::half>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(herd::half)) == 0;
+template <class T> bool same_bits(T a, T b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // The gradient of flat element j on rank r at step s, before the loss scale: 6k 2^-16, k in 1..5,
 // the same sign everywhere. Times a power-of-two scale, divided by 1, 2 or 3 ranks before the sum,
-// summed over up to 3 ranks in f16 and unscaled, every value stays exact: the 16-bit reduction
-// yields the f32 average of the ranks' gradients exactly.
+// summed over up to 3 ranks in f16 or bf16 and unscaled, every value stays exact: the 16-bit
+// reduction yields the f32 average of the ranks' gradients exactly.
 double half_grad(int rank, int step, std::size_t j) {
   const std::size_t k = 1 + (static_cast<std::size_t>(rank + step) + j) % 5;
   return 6.0 * static_cast<double>(k) / 65536.0;
@@ -656,11 +658,11 @@ std::vector<herd::buffer_view> float_views(std::vector<std::vector<float>>& ts) 
   return v;
 }
 
-// At 1-3 ranks, with and without a loss scaler: zero_optimizer over f16 parameters with masters
-// against what one process computes by hand, the wrapped optimizer over f32 copies of the
-// parameters stepped with the f32 average of every rank's gradients, rounded to f16; beside it
-// the same zero_optimizer without masters, whose f16 parameters never move.
-template <class Make> void masters_against_f32_by_hand(Make make, int steps) {
+// At 1-3 ranks, with and without a loss scaler: zero_optimizer over f16 (or bf16) parameters
+// with masters against what one process computes by hand, the wrapped optimizer over f32 copies
+// of the parameters stepped with the f32 average of every rank's gradients, rounded to 16 bits;
+// beside it the same zero_optimizer without masters, whose 16-bit parameters never move.
+template <class T, class Make> void masters_against_f32_by_hand(Make make, int steps) {
   const std::vector<std::size_t> sizes = {5, 3, 9};  // 17 elements: shards cut through parameters at 2 and 3 ranks
   for (bool scaled : {false, true}) {
     for (int ranks = 1; ranks <= 3; ++ranks) {
@@ -668,8 +670,8 @@ template <class Make> void masters_against_f32_by_hand(Make make, int steps) {
         const double scale = scaled ? 1024.0 : 1.0;
         herd::loss_scaler scaler({.initial_scale = scale, .growth_interval = 1000}),
             plain_scaler({.initial_scale = scale, .growth_interval = 1000});
-        half_model m(sizes), plain(sizes);
-        const std::vector<herd::half> initial = m.flat();
+        low_model<T> m(sizes), plain(sizes);
+        const std::vector<T> initial = m.flat();
         herd::zero_optimizer zero(m.param_views(), m.grad_views(), comm, make, {.scaler = scaled ? &scaler : nullptr});
         herd::zero_optimizer unmastered(plain.param_views(), plain.grad_views(), comm, make,
                                         {.scaler = scaled ? &plain_scaler : nullptr, .master_weights = false});
@@ -684,7 +686,7 @@ template <class Make> void masters_against_f32_by_hand(Make make, int steps) {
           std::size_t at = 0;
           for (std::size_t i = 0; i < sizes.size(); ++i) {
             for (std::size_t j = 0; j < sizes[i]; ++j, ++at) {
-              m.grads[i][j] = plain.grads[i][j] = herd::half(static_cast<float>(half_grad(comm.rank(), step, at) * scale));
+              m.grads[i][j] = plain.grads[i][j] = T(static_cast<float>(half_grad(comm.rank(), step, at) * scale));
               double sum = 0;
               for (int r = 0; r < ranks; ++r) sum += half_grad(r, step, at);
               reference_grads[i][j] = static_cast<float>(sum / ranks);
@@ -696,18 +698,18 @@ template <class Make> void masters_against_f32_by_hand(Make make, int steps) {
           REQUIRE_FALSE(zero.last_step_skipped());
         }
         INFO("rank ", comm.rank(), " of ", ranks, std::string(scaled ? ", loss scale 1024" : ", no loss scaler"));
-        // The parameters: the f32 result rounded to f16, bit for bit, on every rank.
+        // The parameters: the f32 result rounded to 16 bits, bit for bit, on every rank.
         std::vector<float> expected_masters;
-        std::vector<herd::half> expected;
+        std::vector<T> expected;
         for (const auto& p : reference) {
           expected_masters.insert(expected_masters.end(), p.begin(), p.end());
-          for (float x : p) expected.push_back(herd::half(x));
+          for (float x : p) expected.push_back(T(x));
         }
         CHECK(same_bits(m.flat(), expected));
         std::size_t moved = 0;
         for (std::size_t j = 0; j < expected.size(); ++j) moved += same_bits(expected[j], initial[j]) ? 0u : 1u;
-        CHECK(moved * 2 > expected.size());  // most moved, by updates f16 alone rounds away...
-        CHECK(same_bits(plain.flat(), initial));  // ...as the f16 parameters stepped themselves show
+        CHECK(moved * 2 > expected.size());  // most moved, by updates 16 bits alone round away...
+        CHECK(same_bits(plain.flat(), initial));  // ...as the 16-bit parameters stepped themselves show
         // The masters: this rank's shard of the f32 result, bit for bit; the wrapped optimizer's state f32.
         const herd::buffer_view masters = zero.master_shard();
         CHECK(masters.count == zero.shard().count());
@@ -728,14 +730,19 @@ template <class Make> void masters_against_f32_by_hand(Make make, int steps) {
 
 TEST_CASE("zero_optimizer with f16 parameters keeps f32 masters of its shard: at 1-3 ranks, bit for bit the f32 optimizer on the averaged gradients, rounded") {
   SUBCASE("AdamW") {
-    masters_against_f32_by_hand([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+    masters_against_f32_by_hand<herd::half>([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
       return herd::adamw(std::move(p), std::move(g), {.lr = 1e-4, .weight_decay = 0.01});
     }, 12);
   }
   SUBCASE("SGD with momentum") {
-    masters_against_f32_by_hand([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+    masters_against_f32_by_hand<herd::half>([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
       return herd::sgd(std::move(p), std::move(g), {.lr = 0.03, .momentum = 0.9});
     }, 16);
+  }
+  SUBCASE("AdamW on bf16 parameters") {  // bf16's steps are 8 times f16's: so is the learning rate
+    masters_against_f32_by_hand<herd::bfloat16>([](std::vector<herd::buffer_view> p, std::vector<herd::buffer_view> g) {
+      return herd::adamw(std::move(p), std::move(g), {.lr = 1e-3, .weight_decay = 0.01});
+    }, 12);
   }
 }
 
