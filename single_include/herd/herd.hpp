@@ -15492,10 +15492,62 @@ HERD_CONFIG_NAMESPACE_END
 // finds a parameter that no longer does (broadcast_parameters after construction, as Horovod's
 // order has it, or parameters loaded alone), the master is read again from the parameter, so
 // every rank steps from what the parameters hold. Masters restored with their parameters (a
-// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
-// same on every rank; zero_optimizer's shards differ, so the two do not combine: zero_optimizer
-// takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
+// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits.
+//
+// It is for the distributed optimizer, which hands it gradients that are the same on every rank,
+// and it keeps every parameter's master on every rank. For fp16 ZeRO (DeepSpeed's fp16 ZeRO-1),
+// use zero_optimizer alone: it takes the scaler itself (zero_options::scaler), agrees on
+// overflows across its shards, and keeps the f32 masters of its rank's shard only
+// (zero_options::master_weights, on by default for f16/bf16 parameters). The two do not nest.
 
+
+// ---- herd/optim/detail/master_weights.hpp ----
+#ifndef HERD_OPTIM_DETAIL_MASTER_WEIGHTS_HPP
+#define HERD_OPTIM_DETAIL_MASTER_WEIGHTS_HPP
+// f32 master weights of f16/bf16 parameters, as apex and DeepSpeed keep them: the optimizer steps
+// the masters, and the parameters hold the masters rounded. mixed_precision keeps masters of whole
+// parameters, zero_optimizer of its rank's shard of them; both read, write and refresh them here.
+
+
+#include <cstddef>
+#include <cstring>
+
+namespace herd::detail {
+
+// Whether parameters of dtype t get f32 masters: the 16-bit floats (f32 and f64 are their own).
+constexpr bool has_master_weights(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+
+// master[j] = the parameter's element j, exactly (every f16 and bf16 value is an f32 value).
+inline void read_masters(float* master, const void* param, dtype type, std::size_t n) {
+  host_cast(master, dtype::f32, param, type, n);
+}
+
+// The parameter's element j = master[j], rounded to the nearest value of its dtype.
+inline void write_masters(void* param, dtype type, const float* master, std::size_t n) {
+  host_cast(param, type, master, dtype::f32, n);
+}
+
+// A master belongs to its parameter while the parameter holds the master rounded. Where a
+// parameter element no longer does (broadcast_parameters after the optimizer was built, or
+// parameters loaded without their masters), its master is read again from it; masters restored
+// with their parameters round to them and keep their extra bits. Compared bit for bit, so that
+// -0 and NaN payloads count as changes too.
+inline void refresh_masters(float* master, const void* param, dtype type, std::size_t n) {
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (is_16bit_float<T>) {
+      const auto* p = static_cast<const T*>(param);
+      for (std::size_t j = 0; j < n; ++j) {
+        const T rounded(master[j]);
+        if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) master[j] = static_cast<float>(p[j]);
+      }
+    }
+  });
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_MASTER_WEIGHTS_HPP
 
 // ---- herd/optim/detail/unscale.hpp ----
 #ifndef HERD_OPTIM_DETAIL_UNSCALE_HPP
@@ -15557,10 +15609,10 @@ template <class Inner> class mixed_precision {
     std::vector<buffer_view> master_params, master_grads;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const buffer_view& p = params_[i];
-      if (p.type == dtype::f16 || p.type == dtype::bf16) {
+      if (detail::has_master_weights(p.type)) {
         master_.emplace_back(dtype::f32, p.count);
         master_grads_.emplace_back(dtype::f32, p.count);
-        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);  // read again if p changes
+        detail::read_masters(static_cast<float*>(master_.back().data()), p.data, p.type, p.count);  // read again if p changes
         master_params.push_back(master_.back().view());
         master_grads.push_back(master_grads_.back().view());
       } else {
@@ -15600,7 +15652,9 @@ template <class Inner> class mixed_precision {
     refresh_masters();
     inner_->step();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
+      if (master_[i].count() != 0) {
+        detail::write_masters(params_[i].data, params_[i].type, static_cast<const float*>(master_[i].data()), params_[i].count);
+      }
     }
   }
 
@@ -15627,18 +15681,9 @@ template <class Inner> class mixed_precision {
   // Reads again each master whose parameter no longer holds it rounded (see the top).
   void refresh_masters() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (master_[i].count() == 0) continue;
-      visit(params_[i].type, [&](auto element) {
-        using T = decltype(element);
-        if constexpr (detail::is_16bit_float<T>) {
-          const auto* p = static_cast<const T*>(params_[i].data);
-          auto* m = static_cast<float*>(master_[i].data());
-          for (std::size_t j = 0; j < params_[i].count; ++j) {
-            const T rounded(m[j]);
-            if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) m[j] = static_cast<float>(p[j]);
-          }
-        }
-      });
+      if (master_[i].count() != 0) {
+        detail::refresh_masters(static_cast<float*>(master_[i].data()), params_[i].data, params_[i].type, params_[i].count);
+      }
     }
   }
 
@@ -15791,6 +15836,20 @@ class sgd {
 // an inf or NaN anywhere makes the summed squares inf or NaN, as DeepSpeed reads them). On an
 // overflow every rank skips the step (no parameter or state changes, no allgather) and every
 // scaler backs off alike, so the ranks' scales never part.
+//
+// fp16 (or bf16) ZeRO, as DeepSpeed's: f16/bf16 parameters, the scaler, and f32 master weights,
+// which zero_options::master_weights keeps by default. Each rank keeps the masters of its own
+// shard only (4 bytes per element of the shard), steps them with the f32 gradient shard (the
+// 16-bit reduced shard, cast and unscaled), rounds them into the 16-bit parameters and allgathers
+// those. `make` then builds the wrapped optimizer over f32 views, so its state is f32 as well.
+// mixed_precision (optim/mixed_precision.hpp) is the same for the distributed optimizer, which
+// holds every parameter's master on every rank; zero_optimizer does not take it, and needs none.
+// As there, a master is read again from its parameter where the parameter no longer holds it
+// rounded (broadcast_parameters after construction, parameters loaded alone), and the masters
+// belong to the state: "master.i" in the checkpoint, parameter i's whole f32 master, split over
+// the ranks like the rest, so that a resumed run is bit for bit the uninterrupted one. A file
+// without masters (the unsharded optimizer's, or ZeRO's with master_weights off) loads only with
+// checkpoint::set_strict(false); the masters are then read from the loaded parameters.
 
 
 #include <algorithm>
@@ -15816,6 +15875,16 @@ struct zero_options {
   // them, skips on an inf or NaN on any rank and updates the scaler (the same on every rank).
   // Not owned: it must outlive the optimizer.
   loss_scaler* scaler = nullptr;
+  // f16/bf16 parameters: keep f32 master weights of this rank's shard only (1/W of a full f32
+  // copy, as DeepSpeed partitions its fp32 one). The reduced gradient shard is cast to f32 (and
+  // unscaled), the wrapped optimizer steps the f32 masters (`make` gets f32 views, so its state is
+  // f32 too), and the masters, rounded into the parameters, are allgathered in 16 bits. On by
+  // default, because a DeepSpeed or apex user expects it: DeepSpeed's fp16 and bf16 ZeRO always
+  // keep such masters, as apex's O2 does, and without them every update smaller than half a
+  // 16-bit step of its weight (below 2^-12 of a weight of 1 in f16) is rounded away. false steps
+  // the 16-bit parameters themselves, as torch's ZeroRedundancyOptimizer does over f16
+  // parameters. f32 and f64 parameters are their own masters: there it changes nothing.
+  bool master_weights = true;
 };
 
 // Where this rank's shard lies in the flat parameter range.
@@ -15865,12 +15934,15 @@ template <class Inner, communicator C> class zero_optimizer {
     layout_[1] = comm.rank();
     layout_[2] = static_cast<std::int64_t>(total);
     wire_ = wire_dtype(options_.wire, type_);
-    // One rank: its shard is everything, and the gradients are already the average. Unscaling and
-    // clipping work on a copy, as at any other rank count: the caller's gradients stay as given.
-    alone_ = comm.size() == 1 && wire_ == type_ && options_.scaler == nullptr && options_.max_grad_norm <= 0;
+    masters_ = options_.master_weights && detail::has_master_weights(type_);
+    step_type_ = masters_ ? dtype::f32 : type_;
+    // One rank: its shard is everything, and the gradients are already the average. Unscaling,
+    // clipping and masters work on copies, as at any other rank count: the caller's gradients
+    // stay as given, and the f16/bf16 parameters are never stepped themselves.
+    alone_ = comm.size() == 1 && wire_ == type_ && options_.scaler == nullptr && options_.max_grad_norm <= 0 && !masters_;
     if (alone_) {
       inner_.emplace(make(params_, grads_));
-      for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back({i, 0, params_[i].count});
+      for (std::size_t i = 0, at = 0; i < params_.size(); at += params_[i].count, ++i) pieces_.push_back({i, 0, params_[i].count, at});
       learn_state_layout(make);
       return;
     }
@@ -15878,16 +15950,23 @@ template <class Inner, communicator C> class zero_optimizer {
     flat_ = host_tensor(wire_, padded);
     gathered_ = host_tensor(type_, padded);
     shard_grad_ = host_tensor(wire_, shard_.per_rank);
-    grad_ = wire_ == type_ ? host_tensor() : host_tensor(type_, shard_.per_rank);
-    // The wrapped optimizer sees the parts of the parameters inside this shard, and the matching
-    // parts of the received gradients.
+    grad_ = wire_ == step_type_ ? host_tensor() : host_tensor(step_type_, shard_.per_rank);
+    if (masters_) {
+      master_ = host_tensor(dtype::f32, shard_.count());
+      for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& p, std::size_t offset, std::size_t flat_at, std::size_t n) {
+        detail::read_masters(master_at(flat_at), static_cast<const std::byte*>(p.data) + offset * size_of(type_), type_, n);
+      });
+    }
+    // The wrapped optimizer sees the parts of the parameters inside this shard (of their masters,
+    // with masters), and the matching parts of the received gradients (cast to f32, with masters).
     std::vector<buffer_view> shard_params, shard_grads;
-    std::byte* received = static_cast<std::byte*>((wire_ == type_ ? shard_grad_ : grad_).data());
-    const std::size_t es = size_of(type_);
+    std::byte* received = static_cast<std::byte*>((wire_ == step_type_ ? shard_grad_ : grad_).data());
+    const std::size_t es = size_of(type_), ss = size_of(step_type_);
     for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& p, std::size_t offset, std::size_t flat_at, std::size_t n) {
-      pieces_.push_back({static_cast<std::size_t>(&p - params_.data()), offset, n});
-      shard_params.push_back({static_cast<std::byte*>(p.data) + offset * es, n, type_, device::cpu()});
-      shard_grads.push_back({received + (flat_at - shard_.begin) * es, n, type_, device::cpu()});
+      pieces_.push_back({static_cast<std::size_t>(&p - params_.data()), offset, n, flat_at});
+      void* stepped = masters_ ? static_cast<void*>(master_at(flat_at)) : static_cast<std::byte*>(p.data) + offset * es;
+      shard_params.push_back({stepped, n, step_type_, device::cpu()});
+      shard_grads.push_back({received + (flat_at - shard_.begin) * ss, n, step_type_, device::cpu()});
     });
     inner_.emplace(make(std::move(shard_params), std::move(shard_grads)));
     learn_state_layout(make);
@@ -15926,7 +16005,7 @@ template <class Inner, communicator C> class zero_optimizer {
     // The unscaling rides on the cast back where there is one (else it is in place, and a copy
     // onto itself at scale 1 does nothing). With clipping, the norm finds an overflow.
     const double unscale = options_.scaler != nullptr ? 1.0 / options_.scaler->scale() : 1.0;
-    const buffer_view received{(wire_ == type_ ? shard_grad_ : grad_).data(), shard_.per_rank, type_, device::cpu()};
+    const buffer_view received{(wire_ == step_type_ ? shard_grad_ : grad_).data(), shard_.per_rank, step_type_, device::cpu()};
     const bool overflow_here = detail::unscale(received, const_buffer_view(shard_grad_.data(), shard_.per_rank, wire_),
                                                unscale, options_.scaler != nullptr && options_.max_grad_norm <= 0);
     if (options_.max_grad_norm > 0) {
@@ -15943,14 +16022,20 @@ template <class Inner, communicator C> class zero_optimizer {
       allreduce(flag, comm, reduce_op::max);
       if (skip(overflow != 0)) return;
     }
+    if (masters_) refresh_masters();
     inner_->step();
-    // This rank's updated parameters to everyone: packed, gathered, unpacked.
+    // This rank's updated parameters to everyone: packed (the masters rounded, with masters),
+    // gathered, unpacked.
     auto* all_params = static_cast<std::byte*>(gathered_.data());
     auto* mine_out = all_params + shard_.per_rank * static_cast<std::size_t>(comm.rank()) * es;
     std::memset(mine_out, 0, shard_.per_rank * es);
-    for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
-      std::memcpy(mine_out + (flat_at - shard_.begin) * es, static_cast<const std::byte*>(param.data) + offset * es, n * es);
-    });
+    if (masters_) {
+      detail::write_masters(mine_out, type_, master_at(shard_.begin), shard_.count());
+    } else {
+      for_each_piece(shard_.begin, shard_.end, [&](const buffer_view& param, std::size_t offset, std::size_t flat_at, std::size_t n) {
+        std::memcpy(mine_out + (flat_at - shard_.begin) * es, static_cast<const std::byte*>(param.data) + offset * es, n * es);
+      });
+    }
     const const_buffer_view shard_out(mine_out, shard_.per_rank, type_);
     buffer_view everything = gathered_.view();
     allgather(shard_out, everything, comm);
@@ -15965,11 +16050,17 @@ template <class Inner, communicator C> class zero_optimizer {
   double grad_norm() const noexcept { return grad_norm_; }
   // Whether the last step was skipped for an overflow (with a scaler); the same on every rank.
   bool last_step_skipped() const noexcept { return skipped_; }
+  // The f32 master weights of this rank's shard, elements [shard().begin, shard().end) of the flat
+  // parameters; empty without masters (f32/f64 parameters, or master_weights off).
+  buffer_view master_shard() noexcept {
+    return {masters_ ? master_.data() : nullptr, masters_ ? master_.count() : 0, dtype::f32, device::cpu()};
+  }
 
   // This rank's state: the wrapped optimizer's, for its shard, the layout it belongs to, and the
   // scaler's (the same on every rank), so that a checkpoint resumes the scale too.
   template <class F> void visit_state(F&& f) {
     f(std::string("zero.layout"), buffer_view{layout_, 3, dtype::i64, device::cpu()});
+    if (masters_) f(std::string("zero.master"), master_.view());
     visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) { f("shard." + std::string(name), v); });
     if (options_.scaler != nullptr) {
       options_.scaler->visit_state([&](const auto& name, buffer_view v) { f("scaler." + std::string(name), v); });
@@ -15980,7 +16071,8 @@ template <class Inner, communicator C> class zero_optimizer {
   // (optim/optimizer_state.hpp): what a checkpoint saves whole. The wrapped optimizer's tensor
   // "K.k" of the k-th piece of the shard becomes part of "K.i", i the parameter the piece lies
   // in; its other tensors (a step count) and the scaler's are the same on every rank, so each
-  // rank's copy is the whole.
+  // rank's copy is the whole. With masters, "master.i" is parameter i's f32 master (its element
+  // count), of which this rank holds the part inside its shard, as mixed_precision names it.
   template <class F> void visit_sharded_state(F&& f) {
     std::vector<std::vector<buffer_view>> split(split_kinds_.size(), std::vector<buffer_view>(pieces_.size()));
     visit_optimizer_state(*inner_, [&](const auto& name, buffer_view v) {
@@ -16003,6 +16095,15 @@ template <class Inner, communicator C> class zero_optimizer {
           [&](const auto& name, buffer_view v) { f("scaler." + std::string(name), sharded_view{v, 0, v.count, true}); });
     }
     for (std::size_t i = 0; i < params_.size(); ++i) {  // parameter by parameter, as herd's optimizers
+      if (masters_) {
+        sharded_view s{buffer_view{nullptr, 0, dtype::f32, device::cpu()}, 0, params_[i].count};
+        for (const shard_piece& piece : pieces_) {
+          if (piece.param != i) continue;
+          s.part = buffer_view{master_at(piece.flat), piece.count, dtype::f32, device::cpu()};
+          s.offset = piece.offset;
+        }
+        f("master." + std::to_string(i), s);
+      }
       for (std::size_t k = 0; k < split_kinds_.size(); ++k) {
         const split_kind& kind = split_kinds_[k];
         sharded_view s{buffer_view{nullptr, 0, kind.type, device::cpu()}, 0, kind.per_element * params_[i].count};
@@ -16040,14 +16141,27 @@ template <class Inner, communicator C> class zero_optimizer {
   // Which state tensors of the wrapped optimizer follow its parameters: those an optimizer `make`
   // builds over one element call "K.0", with the number of elements they hold for it.
   template <class Make> void learn_state_layout(Make& make) {
-    host_tensor param(type_, 1), grad(type_, 1);
-    std::memset(param.data(), 0, size_of(type_));
-    std::memset(grad.data(), 0, size_of(type_));
+    host_tensor param(step_type_, 1), grad(step_type_, 1);
+    std::memset(param.data(), 0, size_of(step_type_));
+    std::memset(grad.data(), 0, size_of(step_type_));
     auto probe = make(std::vector<buffer_view>{param.view()}, std::vector<buffer_view>{grad.view()});
     visit_optimizer_state(probe, [&](const auto& name, buffer_view v) {
       const std::string text(name);
       if (text.size() > 2 && text.ends_with(".0")) split_kinds_.push_back({text.substr(0, text.size() - 2), v.count, v.type});
     });
+  }
+
+  // The master of flat parameter element `flat` (inside this rank's shard).
+  float* master_at(std::size_t flat) noexcept { return static_cast<float*>(master_.data()) + (flat - shard_.begin); }
+
+  // Reads again each master whose parameter element no longer holds it rounded
+  // (detail::refresh_masters), piece by piece of this rank's shard.
+  void refresh_masters() {
+    const std::size_t es = size_of(type_);
+    for (const shard_piece& piece : pieces_) {
+      const buffer_view& p = params_[piece.param];
+      detail::refresh_masters(master_at(piece.flat), static_cast<const std::byte*>(p.data) + piece.offset * es, type_, piece.count);
+    }
   }
 
   // Tells the scaler how the step went; true: it is skipped. `overflow` is agreed by every rank.
@@ -16076,6 +16190,7 @@ template <class Inner, communicator C> class zero_optimizer {
     std::size_t param;   // its index in params_
     std::size_t offset;  // its first element in that parameter
     std::size_t count;
+    std::size_t flat = 0;  // its first element in the flat range
   };
   // A state tensor of the wrapped optimizer that follows its parameters.
   struct split_kind {
@@ -16089,13 +16204,16 @@ template <class Inner, communicator C> class zero_optimizer {
   zero_options options_;
   dtype type_ = dtype::f32;
   dtype wire_ = dtype::f32;
+  dtype step_type_ = dtype::f32;  // what the wrapped optimizer steps: f32 with masters, else type_
+  bool masters_ = false;          // f32 masters of this rank's shard (zero_options::master_weights)
   zero_shard shard_;
   std::int64_t layout_[3] = {0, 0, 0};  // world size, rank, parameter count
   double grad_norm_ = 0;
   bool skipped_ = false;
   host_tensor flat_;        // the flattened gradients, as they travel
   host_tensor shard_grad_;  // this rank's reduced shard, as it arrives
-  host_tensor grad_;        // ...cast back, with compression
+  host_tensor grad_;        // ...cast back, with compression, or to f32 for the masters
+  host_tensor master_;      // the f32 masters of this rank's shard, in flat order, with masters
   host_tensor gathered_;    // the flattened parameters, gathered
   bool alone_ = false;      // one rank without compression: the wrapped optimizer on the tensors themselves
   std::optional<Inner> inner_;  // made by `make` over this rank's shard

@@ -250,6 +250,79 @@ int zero(const fs::path& dir) {
                   static_cast<long long>(c), o[0] == 0 ? "SGD" : "AdamW", o[1]);
     failed |= cmp.report(name);
   }
+  // fp16 ZeRO: f16 parameters with zero_optimizer's f32 masters of each rank's shard (on by
+  // default) against f32 masters stepped by ZeroRedundancyOptimizer over torch.optim's optimizer
+  // and rounded to f16 (reference.py's ZERO_HALF_CASES): every step's f16 parameters on every rank
+  // and this rank's shard of the masters, bit for bit. Where the reference's torch.sqrt does not
+  // round correctly, AdamW's masters agree within sqrt_rounding_bound, and its f16 parameters,
+  // rounded from them, within one f16 step (2^-10 relative).
+  const auto half_cases = ref.get<std::int64_t>("half_cases")[0];
+  for (std::int64_t c = 0; c < half_cases; ++c) {
+    const std::string prefix = "h" + std::to_string(c) + ".";
+    const auto o = ref.get<double>(prefix + "options");
+    const bool bounded = o[0] != 0 && ref.get<std::int64_t>("sqrt_correctly_rounded")[0] == 0;
+    comparison cmp(bounded ? 1.0 / 1024 : 0, bounded ? sqrt_rounding_scale : 1e-30);
+    comparison master_cmp(bounded ? sqrt_rounding_bound : 0, bounded ? sqrt_rounding_scale : 1e-30);
+    bool no_masters = false;
+    const auto run = [&](auto make) {
+      std::vector<std::vector<herd::half>> params, grads, all_grads, torch;
+      std::vector<std::vector<float>> masters;
+      for (std::size_t k = 0; ref.contains(prefix + "init." + std::to_string(k)); ++k) {
+        params.push_back(ref.get<herd::half>(prefix + "init." + std::to_string(k)));
+        all_grads.push_back(ref.get<herd::half>(prefix + "grads." + std::to_string(k)));
+        torch.push_back(ref.get<herd::half>(prefix + "torch." + std::to_string(k)));
+        masters.push_back(ref.get<float>(prefix + "master." + std::to_string(k)));
+        grads.emplace_back(params.back().size());
+      }
+      std::vector<herd::buffer_view> param_views, grad_views;
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        param_views.push_back(herd::view_of(params[k]));
+        grad_views.push_back(herd::view_of(grads[k]));
+      }
+      herd::zero_optimizer opt(param_views, grad_views, comm, make);
+      const std::size_t steps = all_grads[0].size() / params[0].size();
+      for (std::size_t s = 0; s < steps; ++s) {
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(herd::half));
+        }
+        opt.step();
+        const std::string step = " step " + std::to_string(s + 1);
+        std::vector<float> torch_masters;  // the flat masters at this step, of which this rank holds a shard
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          cmp.check(prefix + "param." + std::to_string(k) + step, params[k].data(), torch[k].data() + s * params[k].size(),
+                    params[k].size());
+          const float* at = masters[k].data() + s * params[k].size();
+          torch_masters.insert(torch_masters.end(), at, at + params[k].size());
+        }
+        const herd::buffer_view mine = opt.master_shard();
+        if (mine.count != opt.shard().count()) {
+          if (!no_masters) std::printf("  rank %d of %d: zero_optimizer keeps no masters of its shard\n", comm.rank(), comm.size());
+          no_masters = true;
+          continue;
+        }
+        master_cmp.check(prefix + "master (flat, from " + std::to_string(opt.shard().begin) + ")" + step,
+                         static_cast<const float*>(mine.data), torch_masters.data() + opt.shard().begin, mine.count);
+      }
+    };
+    if (o[0] == 0) {
+      run([&](auto p, auto g) {
+        return herd::sgd(std::move(p), std::move(g),
+                         {.lr = o[1], .momentum = o[2], .dampening = o[3], .nesterov = o[4] != 0, .weight_decay = o[5]});
+      });
+    } else {
+      run([&](auto p, auto g) {
+        return herd::adamw(std::move(p), std::move(g), {.lr = o[1], .beta1 = o[2], .beta2 = o[3], .eps = o[4], .weight_decay = o[5],
+                                                        .first_moment = adamw_first_moment_of(reference_torch)});
+      });
+    }
+    char name[128];
+    std::snprintf(name, sizeof name, "rank %d of %d: parity_zero f16 with masters, case %lld (%s, lr %g): f16 parameters",
+                  comm.rank(), comm.size(), static_cast<long long>(c), o[0] == 0 ? "SGD" : "AdamW", o[1]);
+    failed |= cmp.report(name);
+    std::snprintf(name, sizeof name, "rank %d of %d: parity_zero f16 with masters, case %lld: this rank's f32 masters",
+                  comm.rank(), comm.size(), static_cast<long long>(c));
+    failed |= master_cmp.report(name) | (no_masters ? 1 : 0);
+  }
   return failed;
 }
 

@@ -497,6 +497,27 @@ ZERO_CASES = [[0, 0.05, 0.9, 0, 0, 0.01], [0, 0.02, 0.8, 0, 1, 0.05], [1, 1e-3, 
               [1, 0.01, 0.8, 0.95, 1e-6, 0.1]]
 
 
+# fp16 ZeRO-1, as DeepSpeed's: f16 parameters with f32 master weights. PyTorch's side does what
+# DeepSpeed does with the real torch.optim: f32 copies of the f16 parameters (the masters),
+# stepped by ZeroRedundancyOptimizer over torch.optim.SGD or AdamW with the f32 average of the
+# ranks' f16 gradients, then rounded to f16 (.half()). Each rank's f16 gradient is W k 2^-16,
+# |k| <= 256 an integer: divided by W before the sum (herd's average of 16-bit gradients), summed
+# over up to 3 ranks in f16 and cast to f32, or cast to f32, divided and summed there (here),
+# every value is exact, so both averages are the same bits. The learning rates make most updates
+# smaller than half an f16 step of their weight, which f16 parameters stepped themselves lose.
+ZERO_HALF_CASES = [[0, 0.02, 0.9, 0, 0, 0], [1, 2e-4, 0.9, 0.999, 1e-8, 1e-2]]
+
+
+def zero_half_inputs(world, case):
+    """f16 initial parameters (the second one 0), and each rank's f16 gradients ([rank, step, element])."""
+    gen = torch.Generator().manual_seed(2000 * world + case)
+    init = [torch.zeros(n, dtype=torch.float16) if k == 1 else torch.randn(n, generator=gen, dtype=torch.float64).half()
+            for k, n in enumerate(ZERO_SIZES)]
+    grads = [(torch.randint(-256, 257, (world, ZERO_STEPS, n), generator=gen, dtype=torch.int64).double() * world
+              * 2.0 ** -16).half() for n in ZERO_SIZES]
+    return init, grads
+
+
 def zero_inputs(world, case):
     """f32 initial parameters, and each rank's gradients at each step ([rank, step, element]).
     Each element's values over the ranks lie on a grid of 2^-21 of the largest of them: every
@@ -541,6 +562,33 @@ def zero_rank(rank, world):
             tensors[f"{c}.init.{k}"] = init[k]
             tensors[f"{c}.grads.{k}"] = grads[k][rank]
             tensors[f"{c}.torch.{k}"] = trajectory[k]
+    tensors["half_cases"] = torch.tensor([len(ZERO_HALF_CASES)], dtype=torch.int64)
+    for c, (kind, *o) in enumerate(ZERO_HALF_CASES):
+        init, grads = zero_half_inputs(world, c)
+        masters = [p.float().requires_grad_() for p in init]
+        if kind == 0:
+            opt = ZeroRedundancyOptimizer(masters, torch.optim.SGD, lr=o[0], momentum=o[1], dampening=o[2],
+                                          nesterov=bool(o[3]), weight_decay=o[4])
+        else:
+            opt = ZeroRedundancyOptimizer(masters, torch.optim.AdamW, lr=o[0], betas=(o[1], o[2]), eps=o[3],
+                                          weight_decay=o[4])
+        trajectory = [torch.empty(ZERO_STEPS, n, dtype=torch.float16) for n in ZERO_SIZES]
+        master_trajectory = [torch.empty(ZERO_STEPS, n) for n in ZERO_SIZES]
+        for s in range(ZERO_STEPS):
+            flat = torch.cat([g[rank, s] for g in grads]).float().div_(world)
+            dist.all_reduce(flat)
+            for m, g in zip(masters, flat.split(ZERO_SIZES)):
+                m.grad = g.clone()
+            opt.step()
+            for k, m in enumerate(masters):
+                master_trajectory[k][s] = m.detach()
+                trajectory[k][s] = m.detach().half()
+        tensors[f"h{c}.options"] = torch.tensor([kind, *o], dtype=torch.float64)
+        for k in range(len(ZERO_SIZES)):
+            tensors[f"h{c}.init.{k}"] = init[k]
+            tensors[f"h{c}.grads.{k}"] = grads[k][rank]
+            tensors[f"h{c}.torch.{k}"] = trajectory[k]
+            tensors[f"h{c}.master.{k}"] = master_trajectory[k]
     save(f"zero.{world}.{rank}", tensors)
 
 

@@ -29,11 +29,16 @@
 // finds a parameter that no longer does (broadcast_parameters after construction, as Horovod's
 // order has it, or parameters loaded alone), the master is read again from the parameter, so
 // every rank steps from what the parameters hold. Masters restored with their parameters (a
-// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits. It steps what the distributed optimizer hands it, whose gradients are the
-// same on every rank; zero_optimizer's shards differ, so the two do not combine: zero_optimizer
-// takes the scaler itself (zero_options::scaler) and agrees on overflows across its shards.
+// checkpoint, broadcast_optimizer_state) round to them and are kept with their extra bits.
+//
+// It is for the distributed optimizer, which hands it gradients that are the same on every rank,
+// and it keeps every parameter's master on every rank. For fp16 ZeRO (DeepSpeed's fp16 ZeRO-1),
+// use zero_optimizer alone: it takes the scaler itself (zero_options::scaler), agrees on
+// overflows across its shards, and keeps the f32 masters of its rank's shard only
+// (zero_options::master_weights, on by default for f16/bf16 parameters). The two do not nest.
 
 #include <herd/optim/detail/host_ops.hpp>
+#include <herd/optim/detail/master_weights.hpp>
 #include <herd/optim/detail/unscale.hpp>
 #include <herd/optim/loss_scaler.hpp>
 #include <herd/optim/optimizer_state.hpp>
@@ -61,10 +66,10 @@ template <class Inner> class mixed_precision {
     std::vector<buffer_view> master_params, master_grads;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const buffer_view& p = params_[i];
-      if (p.type == dtype::f16 || p.type == dtype::bf16) {
+      if (detail::has_master_weights(p.type)) {
         master_.emplace_back(dtype::f32, p.count);
         master_grads_.emplace_back(dtype::f32, p.count);
-        detail::host_cast(master_.back().data(), dtype::f32, p.data, p.type, p.count);  // read again if p changes
+        detail::read_masters(static_cast<float*>(master_.back().data()), p.data, p.type, p.count);  // read again if p changes
         master_params.push_back(master_.back().view());
         master_grads.push_back(master_grads_.back().view());
       } else {
@@ -104,7 +109,9 @@ template <class Inner> class mixed_precision {
     refresh_masters();
     inner_->step();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (master_[i].count() != 0) detail::host_cast(params_[i].data, params_[i].type, master_[i].data(), dtype::f32, params_[i].count);
+      if (master_[i].count() != 0) {
+        detail::write_masters(params_[i].data, params_[i].type, static_cast<const float*>(master_[i].data()), params_[i].count);
+      }
     }
   }
 
@@ -131,18 +138,9 @@ template <class Inner> class mixed_precision {
   // Reads again each master whose parameter no longer holds it rounded (see the top).
   void refresh_masters() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (master_[i].count() == 0) continue;
-      visit(params_[i].type, [&](auto element) {
-        using T = decltype(element);
-        if constexpr (detail::is_16bit_float<T>) {
-          const auto* p = static_cast<const T*>(params_[i].data);
-          auto* m = static_cast<float*>(master_[i].data());
-          for (std::size_t j = 0; j < params_[i].count; ++j) {
-            const T rounded(m[j]);
-            if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) m[j] = static_cast<float>(p[j]);
-          }
-        }
-      });
+      if (master_[i].count() != 0) {
+        detail::refresh_masters(static_cast<float*>(master_[i].data()), params_[i].data, params_[i].type, params_[i].count);
+      }
     }
   }
 
