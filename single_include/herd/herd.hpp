@@ -2357,12 +2357,15 @@ inline rank_hook& shrink_hook() noexcept {
 // of it, at most a millisecond), so that a rank waiting for a late peer neither burns a core nor
 // adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
 // after stall_check_seconds naming the operation and the peer, herd::error after
-// stall_shutdown_seconds.
+// stall_shutdown_seconds. watched_wait, below, is that loop, the one every blocking wait of
+// herd's communicators runs.
 
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -2385,7 +2388,8 @@ class waiting {
     std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
   }
 
-  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
+  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog). (A
+  // wait that pauses in its own way, never calling pause(), passes the first test every time.)
   bool tick() {
     if ((polls_ & 15u) != 0) return false;
     const auto now = clock::now();
@@ -2435,6 +2439,61 @@ class waiting {
   unsigned polls_ = 0;
   bool warned_ = false;
 };
+
+// How a watched wait passes the time between its looks at done(), and when it ticks. The
+// default: waiting's pause (spin, yield, then sleep), ticking every few milliseconds.
+struct polled {
+  bool tick(waiting& watch) const { return watch.tick(); }
+  void pause(waiting& watch) const { watch.pause(); }
+};
+
+// Or asleep on a condition variable until notified, for at most `period`, unless ready() already
+// (looked at under the mutex, which the notifier takes too: news since the last look is not
+// missed). It ticks at most once a period, the first a period after the start, however often it
+// is woken: other traffic on the condition variable neither keeps the watchdog quiet nor calls it
+// at every wake-up. (What must be seen at once, a failure, is for done() to check.)
+template <class Ready>
+class woken {
+ public:
+  woken(std::mutex& mutex, std::condition_variable& wake, std::chrono::milliseconds period, Ready ready)
+      : mutex_(mutex), wake_(wake), period_(period), ready_(ready) {}
+
+  bool tick(waiting& watch) {
+    const double now = watch.seconds();
+    if (now - last_tick_ < std::chrono::duration<double>(period_).count()) return false;
+    last_tick_ = now;
+    return true;
+  }
+  void pause(waiting&) const {
+    std::unique_lock lock(mutex_);
+    if (!ready_()) wake_.wait_for(lock, period_);
+  }
+
+ private:
+  std::mutex& mutex_;
+  std::condition_variable& wake_;
+  std::chrono::milliseconds period_;
+  Ready ready_;
+  double last_tick_ = 0;
+};
+
+// The watched wait: until done(), pausing as `pause` says (polled, or woken), and on each tick
+// on_tick(), the place's own slower checks (tending aborted communicators, peers' notices: they
+// raise when the wait is in vain), then the watchdog, which warns, then raises, naming `site` and
+// what() it waits for (built only then). A check that must run at every look (NCCL's errors, a
+// failed local world) is done()'s, which may raise too.
+template <class Done, class OnTick, class What, class Pause = polled>
+void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what,
+                  Pause pause = {}) {
+  waiting watch(options);
+  while (!done()) {
+    if (pause.tick(watch)) {
+      on_tick();
+      watch.watch(site, what());
+    }
+    pause.pause(watch);
+  }
+}
 
 // "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
 // rank 1 (tag 11)".
@@ -2724,19 +2783,19 @@ class shm_node {
       if (!phase && trace::on()) {
         phase.emplace(comm.operations().track(), "wait for peers", trace::fields{.extra_name = "first_peer", .extra = member(i)});
       }
-      waiting watch(comm.options());
-      while (peer.load(std::memory_order_acquire) < t) {
-        if (watch.tick()) {
-          // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
-          // communicators compile this path for shared_node_of's sake and never take it.)
-          if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
-          const operation_state& ops = comm.operations();
-          watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
-                      (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
-                          std::to_string(member(i)) + " (through shared memory)");
-        }
-        watch.pause();
-      }
+      const operation_state& ops = comm.operations();
+      watched_wait(
+          comm.options(), site_of(ops, "shared memory", comm.rank(), comm.size()),
+          [&] { return peer.load(std::memory_order_acquire) >= t; },
+          [&] {
+            // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
+            // communicators compile this path for shared_node_of's sake and never take it.)
+            if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
+          },
+          [&] {
+            return (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
+                   std::to_string(member(i)) + " (through shared memory)";
+          });
     }
   }
 
@@ -3987,24 +4046,24 @@ class local_communicator {
                                       ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
                                       {.extra_name = "peer", .extra = r.message_->peer});
       detail::local::waiter& w = world_->waiter_of(rank_);
-      detail::waiting watch(options());
-      double last_watch = 0;
-      std::unique_lock lock(w.mutex);
-      while (!r.message_->done) {
-        if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
-          lock.unlock();
-          check_peers();
-        }
-        w.wake.wait_for(lock, std::chrono::milliseconds(250));
-        // Checked after every wake-up, not only on timeouts: other traffic on this rank's waiter
-        // (a progress thread's messages) must not keep the watchdog quiet.
-        if (const double now = watch.seconds(); now - last_watch >= 0.25) {
-          last_watch = now;
-          lock.unlock();
-          watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
-          lock.lock();
-        }
-      }
+      // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
+      // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
+      // it), or by other traffic on the waiter (a progress thread's messages).
+      auto in_vain = [&] {
+        return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
+      };
+      detail::watched_wait(
+          options(), site(),
+          [&] {
+            {
+              std::lock_guard lock(w.mutex);
+              if (r.message_->done) return true;
+            }
+            if (in_vain()) check_peers();
+            return false;
+          },
+          [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
+          detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
     }
     finish(r);
   }
@@ -4184,20 +4243,21 @@ class local_communicator {
     }
   }
 
-  // The watched wait of this rank's shrink(): until done(), woken by any news of the world, with
-  // the watchdog of `options` saying what() it waits for.
+  // The watched wait of this rank's shrink(): until done(), woken by any news of the world (or
+  // every 20 ms: done() reads the news outside the waiter's mutex, so one may come unnoticed
+  // between), raising at the first wake-up after local::run's failure, with the watchdog of
+  // `options` saying what() it waits for.
   template <class Done, class What>
   void watched_wait(const comm_options& options, const detail::error_site& site, Done done, What what) const {
     detail::local::waiter& w = world_->waiter_of(rank_);
-    detail::waiting watch(options);
-    while (!done()) {
-      if (world_->failed()) fail_with_world();
-      {
-        std::unique_lock lock(w.mutex);
-        w.wake.wait_for(lock, std::chrono::milliseconds(20));
-      }
-      watch.watch(site, what());
-    }
+    detail::watched_wait(
+        options, site,
+        [&] {
+          if (done()) return true;
+          if (world_->failed()) fail_with_world();
+          return false;
+        },
+        [] {}, what, detail::woken(w.mutex, w.wake, std::chrono::milliseconds(20), [] { return false; }));
   }
 
   [[noreturn]] void fail_with_world() const {
@@ -5334,7 +5394,9 @@ inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexc
 }
 
 // Settles abort #seq: returns once this rank's sends are complete and every peer that answered
-// has said "done", within the bound (see the top of this file).
+// has said "done", within the bound (see the top of this file). Not the watched wait
+// (watchdog.hpp): it never raises (it runs while an abort unwinds), its end is two conditions with
+// a give-up of their own past the bound, and its warning says what settling needs.
 inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept {
   // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
   // they answer: one that told of its own abort is about to say "done"; one that said nothing
@@ -5375,21 +5437,18 @@ inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reaso
   if (!s.all_settled()) add_unsettled(&s);
 }
 
-// The watched wait every blocking step of an mpi_communicator shares: polls done() (spinning,
-// yielding, then sleeping: waiting), and every few milliseconds tends this process's aborted and
-// retired communicators (tend), runs on_tick (which raises when the wait is in vain) and the
-// watchdog, which warns, then raises, naming `site` and what() it waits for.
+// The watched wait (watchdog.hpp) of every blocking step of an mpi_communicator: each tick first
+// tends this process's aborted and retired communicators (tend), whose peers may still send to
+// them, then runs on_tick (which raises when the wait is in vain).
 template <class Done, class OnTick, class What>
-void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
-  waiting watch(options);
-  while (!done()) {
-    if (watch.tick()) {
-      tend();
-      on_tick();
-      watch.watch(site, what());
-    }
-    watch.pause();
-  }
+void watched_mpi_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
+  watched_wait(
+      options, site, done,
+      [&] {
+        tend();
+        on_tick();
+      },
+      what);
 }
 
 // A blocking MPI call that returns only once other ranks make it too (the creation of a
@@ -5414,7 +5473,7 @@ int watched_mpi_call(const comm_options& options, const error_site& site, const 
     state->code = call(&state->comm);
     state->done.store(true, std::memory_order_release);
   }).detach();
-  watched_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
+  watched_mpi_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
   *result = state->comm;
   return state->code;
 }
@@ -5429,7 +5488,7 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
   s.notify_all(mpi_notice::present, round, {}, false);
   std::vector<int> staying = s.staying(round);
   auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
-  watched_wait(
+  watched_mpi_wait(
       options, site,
       [&] {
         s.poll_notices();
@@ -5451,7 +5510,7 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
     state = members_verdict(members, s.rank, mine, [&](int q) { return s.proposal_of(q, round); });
     return state.waiting_for < 0 || !state.problem.empty();
   };
-  watched_wait(
+  watched_mpi_wait(
       options, site, verdict, [&] { if (!state.problem.empty()) raise(site, state.problem, shrink_advice()); },
       [&] { return "for rank " + std::to_string(state.waiting_for) + " to say which ranks it counted as staying"; });
   if (!state.problem.empty()) raise(site, state.problem, shrink_advice());
@@ -5697,7 +5756,7 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::watched_wait(
+    detail::watched_mpi_wait(
         options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
         [&] { return waiting_text(r); });
   }
@@ -5876,7 +5935,7 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::watched_wait(
+      detail::watched_mpi_wait(
           options, {"mpi_communicator", parent_rank, parent_size},
           [&] {
             int done = 0;
@@ -6175,7 +6234,8 @@ class mpi_communicator {
   }
 
   // Completes a request outside any operation (a user's request destroyed while pending): never
-  // frees one MPI may still use; warns while it waits.
+  // frees one MPI may still use; warns while it waits. Not the watched wait (watchdog.hpp): it
+  // runs in destructors, so it never raises, and it warns every minute in words of its own.
   static void settle(MPI_Request& handle) noexcept {
     detail::waiting watch(comm_options{});
     for (;;) {
@@ -6443,11 +6503,8 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::waiting watch(options());
-    while (!test(r)) {
-      if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
-      watch.pause();
-    }
+    watched(
+        [&] { return test(r); }, [&] { return detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_); });
   }
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
@@ -6497,22 +6554,23 @@ class nccl_communicator {
       bool test() override { return done_.done(); }
       // The caller's stream (cuda::current_stream()) waits for the operation.
       void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
-      // Waits on the host, watching NCCL's errors and the stall time; on a stall it aborts the
-      // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
+      // Waits on the host, watching NCCL's errors and the stall time; on a stall or an error it
+      // aborts the NCCL communicator (which ends its kernels, so that nothing uses the tensors
+      // after) and raises.
       void synchronize() override {
         if (done_.done()) return;
-        detail::waiting watch(state_->options);
-        while (!done_.done()) {
-          state_->poll_errors();
-          if (watch.tick()) {
-            try {
-              watch.watch(state_->site(), "for its GPU stream (an asynchronous NCCL operation)");
-            } catch (...) {
-              state_->abort();
-              throw;
-            }
-          }
-          watch.pause();
+        try {
+          detail::watched_wait(
+              state_->options, state_->site(),
+              [&] {
+                if (done_.done()) return true;
+                state_->poll_errors();
+                return false;
+              },
+              [] {}, [] { return "for its GPU stream (an asynchronous NCCL operation)"; });
+        } catch (...) {  // (after an error of NCCL's, poll_errors has aborted it already)
+          state_->abort();
+          throw;
         }
       }
 
@@ -6558,15 +6616,15 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(options());
-    for (;;) {
-      const cudaError_t state = cudaStreamQuery(this->state().stream);
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
-      this->state().poll_errors();
-      if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
-      watch.pause();
-    }
+    watched(
+        [&] {
+          const cudaError_t state = cudaStreamQuery(this->state().stream);
+          if (state == cudaSuccess) return true;
+          if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
+          this->state().poll_errors();
+          return false;
+        },
+        [] { return "for its GPU stream (a NCCL operation)"; });
   }
 
  private:
@@ -6606,28 +6664,24 @@ class nccl_communicator {
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
     if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
-    detail::waiting watch(options());
-    for (;;) {
-      ncclResult_t state = ncclInProgress;
+    ncclResult_t state = ncclInProgress;
+    auto initialized = [&] {
       if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) {
-        const std::string what = std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" +
-                                 ncclGetLastError(st.comm) + ")";
-        st.abort();
-        detail::raise(st.site(), what,
-                      "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
-      }
-      if (watch.tick()) {
-        try {
-          watch.watch(st.site(), "in ncclCommInitRank for the other ranks");
-        } catch (...) {
-          st.abort();
-          throw;
-        }
-      }
-      watch.pause();
+      return state != ncclInProgress;
+    };
+    try {
+      detail::watched_wait(options(), st.site(), initialized, [] {},
+                           [] { return "in ncclCommInitRank for the other ranks"; });
+    } catch (...) {
+      st.abort();
+      throw;
     }
+    if (state == ncclSuccess) return;
+    const std::string what =
+        std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" + ncclGetLastError(st.comm) + ")";
+    st.abort();
+    detail::raise(st.site(), what,
+                  "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
@@ -6639,11 +6693,16 @@ class nccl_communicator {
     upstream_.after(state().stream, caller);
   }
 
-  // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
-  // then aborts this communicator) on a stall or when a peer aborted.
-  void stalled(detail::waiting& watch, const std::string& what) {
-    if (operations().in_operation()) control_.check_peers();
-    watch.watch(detail::site_of(operations(), "nccl_communicator", rank(), size()), what);
+  // The watched wait of this communicator's own steps, until done(): the peers' notices and the
+  // watchdog, saying what() it waits for, raise (the running operation then aborts this
+  // communicator) when a peer aborted or on a stall.
+  template <class Done, class What> void watched(Done done, What what) {
+    detail::watched_wait(
+        options(), detail::site_of(operations(), "nccl_communicator", rank(), size()), done,
+        [&] {
+          if (operations().in_operation()) control_.check_peers();
+        },
+        what);
   }
 
   ncclRedOp_t nccl_op(reduce_op op, dtype type) const {
@@ -6685,21 +6744,19 @@ class nccl_communicator {
   }
 
   ncclResult_t enqueued(const char* call) const {
-    detail::waiting watch(options());
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
+    ncclResult_t state = ncclSuccess;
+    auto settled = [&] {
       ncclCommGetAsyncError(state_->comm, &state);
-      if (state != ncclInProgress) return state;
-      if (watch.tick()) {
-        try {
-          watch.watch(state_->site(), std::string("for ") + call + " to be enqueued");
-        } catch (...) {
-          state_->abort();
-          throw;
-        }
-      }
-      watch.pause();
+      return state != ncclInProgress;
+    };
+    try {
+      detail::watched_wait(options(), state_->site(), settled, [] {},
+                           [&] { return std::string("for ") + call + " to be enqueued"; });
+    } catch (...) {
+      state_->abort();
+      throw;
     }
+    return state;
   }
 
   mpi_communicator control_;
@@ -8123,34 +8180,16 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 
 namespace herd::detail {
 
-// The waiting of a loop that makes progress in steps: each step of progress starts the wait
-// afresh, so that the pauses grow, and the watchdog counts, only with the time since the last
-// one. (One wait over a whole long collective would sleep a millisecond at every idle poll after
-// its first 10 ms, and call a collective that progresses for longer than the shutdown time
-// stalled.)
-class idle_watch {
- public:
-  explicit idle_watch(const comm_options& options) : options_(options), wait_(options) {}
-  void progressed() {
-    if (!idle_) return;
-    wait_ = waiting(options_);
-    idle_ = false;
-  }
-  bool tick() {
-    idle_ = true;
-    return wait_.tick();
-  }
-  void pause() {
-    idle_ = true;
-    wait_.pause();
-  }
-  void watch(const error_site& site, const std::string& what) { wait_.watch(site, what); }
-
- private:
-  comm_options options_;
-  waiting wait_;
-  bool idle_ = false;
-};
+// The waiting of a loop that makes progress in steps: step() (true when it progressed) until
+// finished(). A step that progresses ends one watched wait (comm/detail/watchdog.hpp, with the
+// peers' notices checked on its ticks), and the next wait starts afresh, so that the pauses grow,
+// and the watchdog counts, only with the time since the last progress. (One wait over a whole
+// long collective would sleep a millisecond at every idle poll after its first 10 ms, and call a
+// collective that progresses for longer than the shutdown time stalled.)
+template <class C, class Finished, class Step, class What>
+void watched_steps(C& comm, const error_site& site, Finished finished, Step step, What what) {
+  while (!finished()) watched_wait(comm.options(), site, step, [&] { check_peers_of(comm); }, what);
+}
 
 // Segments in flight each way, per rank.
 inline constexpr std::size_t staged_window = 4;
@@ -8186,8 +8225,8 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
 
-  idle_watch watch(comm.options());
-  while (arrivals < total || sends_done < total) {
+  // One step: whatever can move now; true if anything did.
+  auto step = [&] {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
     while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
@@ -8226,17 +8265,13 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       ++arrivals;
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      if (watch.tick()) {
-        check_peers_of(comm);
+    return progress;
+  };
+  watched_steps(
+      comm, {operation, r, p}, [&] { return arrivals >= total && sends_done >= total; }, step, [&] {
         const bool receiving = arrivals < total;
-        watch.watch({operation, r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
-      }
-      watch.pause();
-    }
-  }
+        return waiting_for(comm.operations(), receiving ? left : right, receiving, tag);
+      });
   dev.finish();
 }
 
@@ -8361,13 +8396,13 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
   const int left = ring_mod(r - 1, p);
   const int right = ring_mod(r + 1, p);
   const std::size_t to_send = forwards ? segments : 0;
-  idle_watch watch(comm.options());
   // `ready`: segments in a slot (received, or staged by the root). Item j's slot is free once item
   // j - W is in it and has been sent onward (where it is) and copied.
   auto slot_free = [&](std::size_t j) {
     return j < W || (ready > j - W && (!forwards || sends_done > j - W) && dev.done(copied[j % W]));
   };
-  while (ready < segments || sends_done < to_send) {
+  // One step: whatever can move now; true if anything did.
+  auto step = [&] {
     bool progress = false;
     if (!receives_from_left) {
       while (ready < segments && slot_free(ready)) {
@@ -8400,17 +8435,13 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       ++sends_done;
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      if (watch.tick()) {
-        check_peers_of(comm);
+    return progress;
+  };
+  watched_steps(
+      comm, {"broadcast", r, p}, [&] { return ready >= segments && sends_done >= to_send; }, step, [&] {
         const bool receiving = receives_from_left && ready < segments;
-        watch.watch({"broadcast", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
-      }
-      watch.pause();
-    }
-  }
+        return waiting_for(comm.operations(), receiving ? left : right, receiving, tag);
+      });
   dev.finish();
 }
 

@@ -377,24 +377,24 @@ class local_communicator {
                                       ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
                                       {.extra_name = "peer", .extra = r.message_->peer});
       detail::local::waiter& w = world_->waiter_of(rank_);
-      detail::waiting watch(options());
-      double last_watch = 0;
-      std::unique_lock lock(w.mutex);
-      while (!r.message_->done) {
-        if (world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty())) {
-          lock.unlock();
-          check_peers();
-        }
-        w.wake.wait_for(lock, std::chrono::milliseconds(250));
-        // Checked after every wake-up, not only on timeouts: other traffic on this rank's waiter
-        // (a progress thread's messages) must not keep the watchdog quiet.
-        if (const double now = watch.seconds(); now - last_watch >= 0.25) {
-          last_watch = now;
-          lock.unlock();
-          watch.watch(site(), detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag));
-          lock.lock();
-        }
-      }
+      // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
+      // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
+      // it), or by other traffic on the waiter (a progress thread's messages).
+      auto in_vain = [&] {
+        return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
+      };
+      detail::watched_wait(
+          options(), site(),
+          [&] {
+            {
+              std::lock_guard lock(w.mutex);
+              if (r.message_->done) return true;
+            }
+            if (in_vain()) check_peers();
+            return false;
+          },
+          [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
+          detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
     }
     finish(r);
   }
@@ -574,20 +574,21 @@ class local_communicator {
     }
   }
 
-  // The watched wait of this rank's shrink(): until done(), woken by any news of the world, with
-  // the watchdog of `options` saying what() it waits for.
+  // The watched wait of this rank's shrink(): until done(), woken by any news of the world (or
+  // every 20 ms: done() reads the news outside the waiter's mutex, so one may come unnoticed
+  // between), raising at the first wake-up after local::run's failure, with the watchdog of
+  // `options` saying what() it waits for.
   template <class Done, class What>
   void watched_wait(const comm_options& options, const detail::error_site& site, Done done, What what) const {
     detail::local::waiter& w = world_->waiter_of(rank_);
-    detail::waiting watch(options);
-    while (!done()) {
-      if (world_->failed()) fail_with_world();
-      {
-        std::unique_lock lock(w.mutex);
-        w.wake.wait_for(lock, std::chrono::milliseconds(20));
-      }
-      watch.watch(site, what());
-    }
+    detail::watched_wait(
+        options, site,
+        [&] {
+          if (done()) return true;
+          if (world_->failed()) fail_with_world();
+          return false;
+        },
+        [] {}, what, detail::woken(w.mutex, w.wake, std::chrono::milliseconds(20), [] { return false; }));
   }
 
   [[noreturn]] void fail_with_world() const {

@@ -250,7 +250,7 @@ class mpi_communicator {
     for (int i = 0; i < 31; ++i) {
       if (test(r)) return;
     }
-    detail::watched_wait(
+    detail::watched_mpi_wait(
         options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
         [&] { return waiting_text(r); });
   }
@@ -429,7 +429,7 @@ class mpi_communicator {
     try {
       // Watched like every wait: a rank that never comes to the creation is reported, not waited
       // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::watched_wait(
+      detail::watched_mpi_wait(
           options, {"mpi_communicator", parent_rank, parent_size},
           [&] {
             int done = 0;
@@ -728,7 +728,8 @@ class mpi_communicator {
   }
 
   // Completes a request outside any operation (a user's request destroyed while pending): never
-  // frees one MPI may still use; warns while it waits.
+  // frees one MPI may still use; warns while it waits. Not the watched wait (watchdog.hpp): it
+  // runs in destructors, so it never raises, and it warns every minute in words of its own.
   static void settle(MPI_Request& handle) noexcept {
     detail::waiting watch(comm_options{});
     for (;;) {

@@ -261,11 +261,8 @@ class nccl_communicator {
   }
 
   void wait(request& r) {
-    detail::waiting watch(options());
-    while (!test(r)) {
-      if (watch.tick()) stalled(watch, detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_));
-      watch.pause();
-    }
+    watched(
+        [&] { return test(r); }, [&] { return detail::waiting_for(operations(), r.peer_, r.receiving_, r.tag_); });
   }
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
@@ -315,22 +312,23 @@ class nccl_communicator {
       bool test() override { return done_.done(); }
       // The caller's stream (cuda::current_stream()) waits for the operation.
       void wait() override { HERD_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_.get(), 0)); }
-      // Waits on the host, watching NCCL's errors and the stall time; on a stall it aborts the
-      // NCCL communicator (which ends its kernels, so that nothing uses the tensors after) and raises.
+      // Waits on the host, watching NCCL's errors and the stall time; on a stall or an error it
+      // aborts the NCCL communicator (which ends its kernels, so that nothing uses the tensors
+      // after) and raises.
       void synchronize() override {
         if (done_.done()) return;
-        detail::waiting watch(state_->options);
-        while (!done_.done()) {
-          state_->poll_errors();
-          if (watch.tick()) {
-            try {
-              watch.watch(state_->site(), "for its GPU stream (an asynchronous NCCL operation)");
-            } catch (...) {
-              state_->abort();
-              throw;
-            }
-          }
-          watch.pause();
+        try {
+          detail::watched_wait(
+              state_->options, state_->site(),
+              [&] {
+                if (done_.done()) return true;
+                state_->poll_errors();
+                return false;
+              },
+              [] {}, [] { return "for its GPU stream (an asynchronous NCCL operation)"; });
+        } catch (...) {  // (after an error of NCCL's, poll_errors has aborted it already)
+          state_->abort();
+          throw;
         }
       }
 
@@ -376,15 +374,15 @@ class nccl_communicator {
   // Waits for everything enqueued on stream(), watching NCCL's asynchronous errors and the
   // stall times; aborts the NCCL communicator and raises herd::error rather than wait forever.
   void synchronize() {
-    detail::waiting watch(options());
-    for (;;) {
-      const cudaError_t state = cudaStreamQuery(this->state().stream);
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
-      this->state().poll_errors();
-      if (watch.tick()) stalled(watch, "for its GPU stream (a NCCL operation)");
-      watch.pause();
-    }
+    watched(
+        [&] {
+          const cudaError_t state = cudaStreamQuery(this->state().stream);
+          if (state == cudaSuccess) return true;
+          if (state != cudaErrorNotReady) cuda::check(state, "cudaStreamQuery");
+          this->state().poll_errors();
+          return false;
+        },
+        [] { return "for its GPU stream (a NCCL operation)"; });
   }
 
  private:
@@ -424,28 +422,24 @@ class nccl_communicator {
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&st.comm, st.size, id, st.rank, &config);
     if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
-    detail::waiting watch(options());
-    for (;;) {
-      ncclResult_t state = ncclInProgress;
+    ncclResult_t state = ncclInProgress;
+    auto initialized = [&] {
       if (st.comm != nullptr) check(ncclCommGetAsyncError(st.comm, &state), "ncclCommGetAsyncError");
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) {
-        const std::string what = std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" +
-                                 ncclGetLastError(st.comm) + ")";
-        st.abort();
-        detail::raise(st.site(), what,
-                      "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
-      }
-      if (watch.tick()) {
-        try {
-          watch.watch(st.site(), "in ncclCommInitRank for the other ranks");
-        } catch (...) {
-          st.abort();
-          throw;
-        }
-      }
-      watch.pause();
+      return state != ncclInProgress;
+    };
+    try {
+      detail::watched_wait(options(), st.site(), initialized, [] {},
+                           [] { return "in ncclCommInitRank for the other ranks"; });
+    } catch (...) {
+      st.abort();
+      throw;
     }
+    if (state == ncclSuccess) return;
+    const std::string what =
+        std::string("ncclCommInitRank failed: ") + ncclGetErrorString(state) + " (" + ncclGetLastError(st.comm) + ")";
+    st.abort();
+    detail::raise(st.site(), what,
+                  "Check that every rank has a GPU of its own and runs the same NCCL; set NCCL_DEBUG=WARN for details");
   }
 
   // NCCL must not read a tensor before the kernels writing it are done: its stream waits, by an
@@ -457,11 +451,16 @@ class nccl_communicator {
     upstream_.after(state().stream, caller);
   }
 
-  // The watchdog and the peers' notices, while waiting for the GPU: raises (the running operation
-  // then aborts this communicator) on a stall or when a peer aborted.
-  void stalled(detail::waiting& watch, const std::string& what) {
-    if (operations().in_operation()) control_.check_peers();
-    watch.watch(detail::site_of(operations(), "nccl_communicator", rank(), size()), what);
+  // The watched wait of this communicator's own steps, until done(): the peers' notices and the
+  // watchdog, saying what() it waits for, raise (the running operation then aborts this
+  // communicator) when a peer aborted or on a stall.
+  template <class Done, class What> void watched(Done done, What what) {
+    detail::watched_wait(
+        options(), detail::site_of(operations(), "nccl_communicator", rank(), size()), done,
+        [&] {
+          if (operations().in_operation()) control_.check_peers();
+        },
+        what);
   }
 
   ncclRedOp_t nccl_op(reduce_op op, dtype type) const {
@@ -503,21 +502,19 @@ class nccl_communicator {
   }
 
   ncclResult_t enqueued(const char* call) const {
-    detail::waiting watch(options());
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
+    ncclResult_t state = ncclSuccess;
+    auto settled = [&] {
       ncclCommGetAsyncError(state_->comm, &state);
-      if (state != ncclInProgress) return state;
-      if (watch.tick()) {
-        try {
-          watch.watch(state_->site(), std::string("for ") + call + " to be enqueued");
-        } catch (...) {
-          state_->abort();
-          throw;
-        }
-      }
-      watch.pause();
+      return state != ncclInProgress;
+    };
+    try {
+      detail::watched_wait(options(), state_->site(), settled, [] {},
+                           [&] { return std::string("for ") + call + " to be enqueued"; });
+    } catch (...) {
+      state_->abort();
+      throw;
     }
+    return state;
   }
 
   mpi_communicator control_;

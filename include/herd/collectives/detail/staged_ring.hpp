@@ -34,34 +34,16 @@
 
 namespace herd::detail {
 
-// The waiting of a loop that makes progress in steps: each step of progress starts the wait
-// afresh, so that the pauses grow, and the watchdog counts, only with the time since the last
-// one. (One wait over a whole long collective would sleep a millisecond at every idle poll after
-// its first 10 ms, and call a collective that progresses for longer than the shutdown time
-// stalled.)
-class idle_watch {
- public:
-  explicit idle_watch(const comm_options& options) : options_(options), wait_(options) {}
-  void progressed() {
-    if (!idle_) return;
-    wait_ = waiting(options_);
-    idle_ = false;
-  }
-  bool tick() {
-    idle_ = true;
-    return wait_.tick();
-  }
-  void pause() {
-    idle_ = true;
-    wait_.pause();
-  }
-  void watch(const error_site& site, const std::string& what) { wait_.watch(site, what); }
-
- private:
-  comm_options options_;
-  waiting wait_;
-  bool idle_ = false;
-};
+// The waiting of a loop that makes progress in steps: step() (true when it progressed) until
+// finished(). A step that progresses ends one watched wait (comm/detail/watchdog.hpp, with the
+// peers' notices checked on its ticks), and the next wait starts afresh, so that the pauses grow,
+// and the watchdog counts, only with the time since the last progress. (One wait over a whole
+// long collective would sleep a millisecond at every idle poll after its first 10 ms, and call a
+// collective that progresses for longer than the shutdown time stalled.)
+template <class C, class Finished, class Step, class What>
+void watched_steps(C& comm, const error_site& site, Finished finished, Step step, What what) {
+  while (!finished()) watched_wait(comm.options(), site, step, [&] { check_peers_of(comm); }, what);
+}
 
 // Segments in flight each way, per rank.
 inline constexpr std::size_t staged_window = 4;
@@ -97,8 +79,8 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
 
-  idle_watch watch(comm.options());
-  while (arrivals < total || sends_done < total) {
+  // One step: whatever can move now; true if anything did.
+  auto step = [&] {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
     while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
@@ -137,17 +119,13 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       ++arrivals;
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      if (watch.tick()) {
-        check_peers_of(comm);
+    return progress;
+  };
+  watched_steps(
+      comm, {operation, r, p}, [&] { return arrivals >= total && sends_done >= total; }, step, [&] {
         const bool receiving = arrivals < total;
-        watch.watch({operation, r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
-      }
-      watch.pause();
-    }
-  }
+        return waiting_for(comm.operations(), receiving ? left : right, receiving, tag);
+      });
   dev.finish();
 }
 
@@ -272,13 +250,13 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
   const int left = ring_mod(r - 1, p);
   const int right = ring_mod(r + 1, p);
   const std::size_t to_send = forwards ? segments : 0;
-  idle_watch watch(comm.options());
   // `ready`: segments in a slot (received, or staged by the root). Item j's slot is free once item
   // j - W is in it and has been sent onward (where it is) and copied.
   auto slot_free = [&](std::size_t j) {
     return j < W || (ready > j - W && (!forwards || sends_done > j - W) && dev.done(copied[j % W]));
   };
-  while (ready < segments || sends_done < to_send) {
+  // One step: whatever can move now; true if anything did.
+  auto step = [&] {
     bool progress = false;
     if (!receives_from_left) {
       while (ready < segments && slot_free(ready)) {
@@ -311,17 +289,13 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       ++sends_done;
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      if (watch.tick()) {
-        check_peers_of(comm);
+    return progress;
+  };
+  watched_steps(
+      comm, {"broadcast", r, p}, [&] { return ready >= segments && sends_done >= to_send; }, step, [&] {
         const bool receiving = receives_from_left && ready < segments;
-        watch.watch({"broadcast", r, p}, waiting_for(comm.operations(), receiving ? left : right, receiving, tag));
-      }
-      watch.pause();
-    }
-  }
+        return waiting_for(comm.operations(), receiving ? left : right, receiving, tag);
+      });
   dev.finish();
 }
 

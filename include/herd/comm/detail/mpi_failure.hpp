@@ -678,7 +678,9 @@ inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexc
 }
 
 // Settles abort #seq: returns once this rank's sends are complete and every peer that answered
-// has said "done", within the bound (see the top of this file).
+// has said "done", within the bound (see the top of this file). Not the watched wait
+// (watchdog.hpp): it never raises (it runs while an abort unwinds), its end is two conditions with
+// a give-up of their own past the bound, and its warning says what settling needs.
 inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept {
   // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
   // they answer: one that told of its own abort is about to say "done"; one that said nothing
@@ -719,21 +721,18 @@ inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reaso
   if (!s.all_settled()) add_unsettled(&s);
 }
 
-// The watched wait every blocking step of an mpi_communicator shares: polls done() (spinning,
-// yielding, then sleeping: waiting), and every few milliseconds tends this process's aborted and
-// retired communicators (tend), runs on_tick (which raises when the wait is in vain) and the
-// watchdog, which warns, then raises, naming `site` and what() it waits for.
+// The watched wait (watchdog.hpp) of every blocking step of an mpi_communicator: each tick first
+// tends this process's aborted and retired communicators (tend), whose peers may still send to
+// them, then runs on_tick (which raises when the wait is in vain).
 template <class Done, class OnTick, class What>
-void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
-  waiting watch(options);
-  while (!done()) {
-    if (watch.tick()) {
-      tend();
-      on_tick();
-      watch.watch(site, what());
-    }
-    watch.pause();
-  }
+void watched_mpi_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what) {
+  watched_wait(
+      options, site, done,
+      [&] {
+        tend();
+        on_tick();
+      },
+      what);
 }
 
 // A blocking MPI call that returns only once other ranks make it too (the creation of a
@@ -758,7 +757,7 @@ int watched_mpi_call(const comm_options& options, const error_site& site, const 
     state->code = call(&state->comm);
     state->done.store(true, std::memory_order_release);
   }).detach();
-  watched_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
+  watched_mpi_wait(options, site, [&] { return state->done.load(std::memory_order_acquire); }, [] {}, [&] { return what; });
   *result = state->comm;
   return state->code;
 }
@@ -773,7 +772,7 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
   s.notify_all(mpi_notice::present, round, {}, false);
   std::vector<int> staying = s.staying(round);
   auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
-  watched_wait(
+  watched_mpi_wait(
       options, site,
       [&] {
         s.poll_notices();
@@ -795,7 +794,7 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
     state = members_verdict(members, s.rank, mine, [&](int q) { return s.proposal_of(q, round); });
     return state.waiting_for < 0 || !state.problem.empty();
   };
-  watched_wait(
+  watched_mpi_wait(
       options, site, verdict, [&] { if (!state.problem.empty()) raise(site, state.problem, shrink_advice()); },
       [&] { return "for rank " + std::to_string(state.waiting_for) + " to say which ranks it counted as staying"; });
   if (!state.problem.empty()) raise(site, state.problem, shrink_advice());

@@ -305,19 +305,19 @@ class shm_node {
       if (!phase && trace::on()) {
         phase.emplace(comm.operations().track(), "wait for peers", trace::fields{.extra_name = "first_peer", .extra = member(i)});
       }
-      waiting watch(comm.options());
-      while (peer.load(std::memory_order_acquire) < t) {
-        if (watch.tick()) {
-          // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
-          // communicators compile this path for shared_node_of's sake and never take it.)
-          if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
-          const operation_state& ops = comm.operations();
-          watch.watch(site_of(ops, "shared memory", comm.rank(), comm.size()),
-                      (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
-                          std::to_string(member(i)) + " (through shared memory)");
-        }
-        watch.pause();
-      }
+      const operation_state& ops = comm.operations();
+      watched_wait(
+          comm.options(), site_of(ops, "shared memory", comm.rank(), comm.size()),
+          [&] { return peer.load(std::memory_order_acquire) >= t; },
+          [&] {
+            // A peer's abort or departure raises here. (Only an mpi_communicator has a node; other
+            // communicators compile this path for shared_node_of's sake and never take it.)
+            if constexpr (requires { comm.while_waiting(); }) comm.while_waiting();
+          },
+          [&] {
+            return (ops.in_operation() ? "in " + ops.current().str() + " " : std::string()) + "for rank " +
+                   std::to_string(member(i)) + " (through shared memory)";
+          });
     }
   }
 

@@ -7,14 +7,17 @@
 // of it, at most a millisecond), so that a rank waiting for a late peer neither burns a core nor
 // adds more than a small fraction to the wait. And while it waits, the watchdog: a warning
 // after stall_check_seconds naming the operation and the peer, herd::error after
-// stall_shutdown_seconds.
+// stall_shutdown_seconds. watched_wait, below, is that loop, the one every blocking wait of
+// herd's communicators runs.
 
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/core/error.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -37,7 +40,8 @@ class waiting {
     std::this_thread::sleep_for(std::min<clock::duration>(waited / 8, std::chrono::milliseconds(1)));
   }
 
-  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog).
+  // True every few milliseconds: time for the slower checks (peers' notices, the watchdog). (A
+  // wait that pauses in its own way, never calling pause(), passes the first test every time.)
   bool tick() {
     if ((polls_ & 15u) != 0) return false;
     const auto now = clock::now();
@@ -87,6 +91,61 @@ class waiting {
   unsigned polls_ = 0;
   bool warned_ = false;
 };
+
+// How a watched wait passes the time between its looks at done(), and when it ticks. The
+// default: waiting's pause (spin, yield, then sleep), ticking every few milliseconds.
+struct polled {
+  bool tick(waiting& watch) const { return watch.tick(); }
+  void pause(waiting& watch) const { watch.pause(); }
+};
+
+// Or asleep on a condition variable until notified, for at most `period`, unless ready() already
+// (looked at under the mutex, which the notifier takes too: news since the last look is not
+// missed). It ticks at most once a period, the first a period after the start, however often it
+// is woken: other traffic on the condition variable neither keeps the watchdog quiet nor calls it
+// at every wake-up. (What must be seen at once, a failure, is for done() to check.)
+template <class Ready>
+class woken {
+ public:
+  woken(std::mutex& mutex, std::condition_variable& wake, std::chrono::milliseconds period, Ready ready)
+      : mutex_(mutex), wake_(wake), period_(period), ready_(ready) {}
+
+  bool tick(waiting& watch) {
+    const double now = watch.seconds();
+    if (now - last_tick_ < std::chrono::duration<double>(period_).count()) return false;
+    last_tick_ = now;
+    return true;
+  }
+  void pause(waiting&) const {
+    std::unique_lock lock(mutex_);
+    if (!ready_()) wake_.wait_for(lock, period_);
+  }
+
+ private:
+  std::mutex& mutex_;
+  std::condition_variable& wake_;
+  std::chrono::milliseconds period_;
+  Ready ready_;
+  double last_tick_ = 0;
+};
+
+// The watched wait: until done(), pausing as `pause` says (polled, or woken), and on each tick
+// on_tick(), the place's own slower checks (tending aborted communicators, peers' notices: they
+// raise when the wait is in vain), then the watchdog, which warns, then raises, naming `site` and
+// what() it waits for (built only then). A check that must run at every look (NCCL's errors, a
+// failed local world) is done()'s, which may raise too.
+template <class Done, class OnTick, class What, class Pause = polled>
+void watched_wait(const comm_options& options, const error_site& site, Done done, OnTick on_tick, What what,
+                  Pause pause = {}) {
+  waiting watch(options);
+  while (!done()) {
+    if (pause.tick(watch)) {
+      on_tick();
+      watch.watch(site, what());
+    }
+    pause.pause(watch);
+  }
+}
 
 // "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
 // rank 1 (tag 11)".
