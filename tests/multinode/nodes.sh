@@ -122,8 +122,10 @@ done
 start_holder bridge "--net" "ip link add br0 type bridge && ip link set br0 up"
 bridge_pid=${holders[-1]}
 # The holder pids are known only now: node0's list goes first so that teardown meets nodes first.
+# --root: entering a mount namespace sets the root to that namespace's own; the holder's root is
+# where the nodes live when this runs inside a chroot (a build root) too, and / its working folder.
 in_bridge() { nsenter --target "$bridge_pid" --net -- "$@"; }
-in_node() { nsenter --target "${node_pids[$1]}" --net --uts --ipc --mount -- "${@:2}"; }
+in_node() { nsenter --target "${node_pids[$1]}" --net --uts --ipc --mount --root --wd=/ -- "${@:2}"; }
 for ((k = 0; k < nodes; ++k)); do
   in_bridge ip link add "br-mn$k" type veth peer name "mn$k" netns "/proc/${node_pids[$k]}/ns/net" || exit 1
   in_bridge ip link set "br-mn$k" master br0 up || exit 1
@@ -141,7 +143,7 @@ while [[ \$# -gt 0 && \$1 == -* ]]; do
 done
 host=\${1%%.*}; shift
 pid=\$(cat "$work/\$host.pid" 2>/dev/null) || { echo "ssh stand-in: no node \$host" >&2; exit 255; }
-exec nsenter --target "\$pid" --net --uts --ipc --mount -- env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/sh \\
+exec nsenter --target "\$pid" --net --uts --ipc --mount --root --wd=/ -- env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/sh \\
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 sh -c "\$*"
 EOF
 chmod +x "$work/ssh"
