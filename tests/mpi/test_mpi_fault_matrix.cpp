@@ -20,8 +20,8 @@
 // the user's step between operations (a herd::error: every rank recovers; an exception of another
 // type: that rank leaves); and a rank that, after an error inside the operation, stays busy outside
 // herd for a while before it goes on (its peers must raise without its help, then wait for it in
-// the recovery); two of those cells send big messages, which MPI completes (rendezvous) only once
-// the busy rank's process takes them.
+// the recovery); three of those cells send big messages, which MPI completes (rendezvous) only once
+// the busy rank's process takes them, one of them posted only after the busy rank went away.
 //
 // Faults inside operations are injected through herd's test hooks (comm/detail/fault_hooks.hpp):
 // an "event" is a message this process posts on herd's tags or a step it publishes in shared
@@ -51,12 +51,14 @@
 //       rank 0, mid-data); a rank that leaves inside (5: one per path, ranks 0, 1, 2, 0, 1) and
 //       outside (3); a herd::error outside (4: before, between and after operations, on ranks 0,
 //       1, 2); busy after its error (1, shared memory).
-//   4 ranks, 32 cells: the exception on the hierarchical path on ranks 0, 1 and 2 at each phase
+//   4 ranks, 33 cells: the exception on the hierarchical path on ranks 0, 1 and 2 at each phase
 //     (9), which between them fault its shared-memory steps and its messages across nodes
 //     (checked), and once on each other path (5, on ranks 3, 2, 1, 0, 3); stalls on the
 //     hierarchical path (2 that resume, on ranks 1 and 2; 1 that never resumes, on 2); a
-//     herd::error outside (3) and a departure outside (2); busy after its error (3: hierarchical
-//     on rank 0; hierarchical on 1 and ring on 2 with big messages); and the shrink races, all
+//     herd::error outside (3) and a departure outside (2); busy after its error (4: hierarchical
+//     on rank 0; hierarchical on 1 and ring on 2 with big messages; hierarchical on rank 0 before
+//     its first message across nodes, with the other leader posting its big message to it only
+//     after it went away); and the shrink races, all
 //     departures: rank 0, 1 and 2 leaving alone on the hierarchical path (after which its nodes
 //     hold 2 and 1 ranks, and the algorithm falls back to auto), ranks 1 and 2 leaving in the
 //     same step, ranks 0 and 3 in the same step on the ring, and two cells where a rank leaves
@@ -114,7 +116,7 @@ enum class fault_kind {
   busy_after_error,  // an exception inside the operation, then the rank stays busy outside herd
 };
 enum class path { ring, shared_memory, hierarchical, async, grouped, buckets };
-enum class phase { agreement, mid_data, last_step };
+enum class phase { agreement, mid_data, last_step, first_data_message };
 
 const char* name(fault_kind k) {
   constexpr const char* names[] = {"a stall that resumes", "a stall that never resumes", "an exception inside",
@@ -127,7 +129,7 @@ const char* name(path p) {
   return names[static_cast<int>(p)];
 }
 const char* name(phase p) {
-  constexpr const char* names[] = {"agreement", "mid-data", "last step"};
+  constexpr const char* names[] = {"agreement", "mid-data", "last step", "first data message"};
   return names[static_cast<int>(p)];
 }
 bool outside(fault_kind k) { return k == fault_kind::error_outside || k == fault_kind::leaves_outside; }
@@ -143,6 +145,8 @@ struct cell {
   double shutdown = 0;    // 0: the row's
   bool big = false;       // tensors 64 times larger, in segments of 256 KiB: messages MPI sends by
                           // rendezvous, which complete only once the receiver takes them
+  int late_sender = -1;   // a busy cell: this rank posts its first data message late (late_by), after
+                          // the busy rank left herd, so that only the busy rank's process can take it
   bool faulted(int rank) const { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
 };
 
@@ -167,6 +171,9 @@ bool waits_for_watchdog(fault_kind k) { return k == fault_kind::stall_that_resum
 constexpr double busy_shutdown = 10.0;
 constexpr double busy_seconds = 1.5;
 constexpr double busy_peers_raise_within = 1.0;
+// A late sender's cell: the busy rank stays away longer than its peer's whole bound.
+constexpr double late_by = 0.8;
+constexpr double busy_seconds_late = 4.0;
 
 // 6000 f32 per step (23.4 KiB: several segments and slices), or 64 times as many in a big cell.
 std::size_t elements = 6000;
@@ -204,6 +211,7 @@ std::atomic<int> events{0};
 std::atomic<int> fault_at{-1};  // the event that faults, or -1
 std::atomic<fault_kind> armed_kind{fault_kind::exception};
 std::atomic<bool> counting{false};
+std::atomic<bool> late_send_armed{false};  // this rank is the cell's late sender, before its first data send
 int outside_point = -1;  // a fault outside operations: the point of the step that raises it, or -1
 fault_kind outside_kind = fault_kind::error_outside;
 
@@ -272,8 +280,10 @@ void note_event(char kind) {
   std::lock_guard lock(event_kinds_mutex);
   event_kinds += kind;
 }
-void on_post(int, bool) {
-  note_event('m');
+// A message: 'd' on an operation's data tag, 'm' on the agreement's.
+void on_post(int tag, bool receiving) {
+  note_event(tag >= herd::detail::data_tag_base ? 'd' : 'm');
+  if (counting.load() && !receiving && tag >= herd::detail::data_tag_base && late_send_armed.exchange(false)) stall(late_by);
   on_event();
 }
 void on_publish(std::uint64_t) {
@@ -463,6 +473,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
             event_kinds.clear();
           }
           armed_kind = c.kind;
+          late_send_armed = cm.rank() == c.late_sender;
           fault_at = armed_here && !outside(c.kind) ? fault_event : -1;
           counting = true;
           if (armed_here && outside(c.kind)) {
@@ -477,6 +488,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
           step_point(2);
         } catch (const herd::error& e) {
           counting = false;
+          late_send_armed = false;
           fault_at = -1;
           outside_point = -1;
           // The first error after the fault (a rank that completed the faulted operation raises in
@@ -492,12 +504,13 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
                 herd::allreduce(probe, cm);
               });
             }
-            if (armed_here && c.kind == fault_kind::busy_after_error) stall(busy_seconds);
+            if (armed_here && c.kind == fault_kind::busy_after_error) stall(c.late_sender >= 0 ? busy_seconds_late : busy_seconds);
           }
           throw;
         }
         if (faulted) {
           counting = false;
+          late_send_armed = false;
           fault_at = -1;
           outside_point = -1;
           if (events_seen != nullptr) *events_seen = events.load();
@@ -516,6 +529,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
     out.left = true;
   }
   counting = false;
+  late_send_armed = false;
   fault_at = -1;
   outside_point = -1;
   current = nullptr;
@@ -574,6 +588,11 @@ const std::vector<int>& event_counts(path p, bool big) {
 int fault_event_of(const cell& c, int rank) {
   if (outside(c.kind)) return static_cast<int>(c.ph);
   const int count = event_counts(c.p, c.big)[static_cast<std::size_t>(rank)];
+  if (c.ph == phase::first_data_message) {
+    const std::string& kinds = kinds_of_events[{c.p, c.big}];  // this rank's own
+    REQUIRE(kinds.find('d') != std::string::npos);
+    return static_cast<int>(kinds.find('d'));
+  }
   return c.ph == phase::agreement ? 0 : c.ph == phase::mid_data ? count / 2 : count - 1;
 }
 
@@ -598,10 +617,10 @@ void run_cell(const cell& c, int number) {
   const std::string& kinds = kinds_of_events[{c.p, c.big}];
   const char what = outside(c.kind) || at < 0 || at >= static_cast<int>(kinds.size()) ? '-' : kinds[static_cast<std::size_t>(at)];
   if (c.p == path::hierarchical && what == 's') faulted_shm_step = true;
-  if (c.p == path::hierarchical && what == 'm') faulted_message = true;
+  if (c.p == path::hierarchical && (what == 'm' || what == 'd')) faulted_message = true;
   INFO("cell " << number << ": " << std::string(name(c.kind)) << " on rank(s) " << ranks_text << ", path "
                << std::string(name(c.p)) << ", phase " << std::string(name(c.ph)) << " (event " << at
-               << std::string(what == 's' ? ", a shared-memory step" : what == 'm' ? ", a message" : "") << ")"
+               << std::string(what == 's' ? ", a shared-memory step" : what == 'm' || what == 'd' ? ", a message" : "") << ")"
                << (c.shrink_fails >= 0 ? ", then rank " + std::to_string(c.shrink_fails) + "'s own shrink fails" : "")
                << std::string(c.big ? ", big messages" : ""));
   int first_pid = static_cast<int>(::getpid());
@@ -697,7 +716,10 @@ void run_cell(const cell& c, int number) {
       if (!(c.kind == fault_kind::error_outside && c.faulted(rank))) {
         CHECK(has(o.refusal, "this communicator was aborted by an earlier error"));
       }
-      CHECK(o.seconds < (c.kind == fault_kind::stall_that_resumes ? bound : told_bound));
+      // (A late sender learns of the fault only once it posted, late_by after it.)
+      CHECK(o.seconds < (c.kind == fault_kind::stall_that_resumes ? bound
+                         : rank == c.late_sender                 ? late_by + busy_peers_raise_within
+                                                                 : told_bound));
       if ((c.kind == fault_kind::exception || c.kind == fault_kind::busy_after_error) && c.faulted(rank)) {
         CHECK(has(o.error, "injected failure inside the operation"));
       }
@@ -705,7 +727,9 @@ void run_cell(const cell& c, int number) {
         CHECK(has(o.error, c.faulted(rank) ? "injected failure outside any operation" : "it raised outside any operation"));
       }
       // The busy rank's peers raise without its help, well before it is back.
-      if (c.kind == fault_kind::busy_after_error && !c.faulted(rank)) CHECK(o.seconds < busy_peers_raise_within);
+      if (c.kind == fault_kind::busy_after_error && !c.faulted(rank)) {
+        CHECK(o.seconds < (rank == c.late_sender ? late_by : 0.0) + busy_peers_raise_within);
+      }
       CHECK(o.weights == expected);
       break;
   }
@@ -818,6 +842,10 @@ HERD_MPI_TEST_CASE("fault matrix at 4 ranks: faults outside operations, and a ra
   // wait for those sends, which its process must take while the rank is busy.
   cells.push_back({fault_kind::busy_after_error, path::hierarchical, phase::last_step, {1}, -1, busy_shutdown, true});
   cells.push_back({fault_kind::busy_after_error, path::ring, phase::mid_data, {2}, -1, busy_shutdown, true});
+  // The first node's leader raises before its first message across nodes and goes away for 4 s;
+  // the other leader posts its big message to it only after that (late_by): no wait of the busy
+  // rank is left to take it, so its process must, or that leader's abort waits for it.
+  cells.push_back({fault_kind::busy_after_error, path::hierarchical, phase::first_data_message, {0}, -1, busy_shutdown, true, 2});
   run_cells(cells);
 }
 // Departures: one rank of each kind on the hierarchical path (after which its nodes hold 2 and 1
