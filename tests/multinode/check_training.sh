@@ -4,15 +4,18 @@
 # of the parameters, trained with and without fusion, from a run on the nodes of LAYOUT and from a
 # run of as many ranks on one node.
 #   check_training.sh <nodes.sh> <mpi> <layout> <program> [nodes.sh options...]
+# The program's arguments: CHECK_TRAINING_ARGS if set (empty: none), else the doctest filter of
+# multinode_tests' training case.
 set -uo pipefail
 harness=$1 mpi=$2 layout=$3 program=$4
 shift 4
 IFS=, read -r -a per_node <<<"$layout"
 total=0
 for n in "${per_node[@]}"; do total=$((total + n)); done
-filter='-tc=distributed optimizer*'
+program_args=('-tc=distributed optimizer*')
+if [[ -n "${CHECK_TRAINING_ARGS+set}" ]]; then read -r -a program_args <<<"$CHECK_TRAINING_ARGS"; fi
 run() {
-  "$harness" --mpi "$mpi" --layout "$1" --env HERD_MULTINODE_DIGEST=1 "${@:2}" -- "$program" "$filter"
+  "$harness" --mpi "$mpi" --layout "$1" --env HERD_MULTINODE_DIGEST=1 "${@:2}" -- "$program" ${program_args[@]+"${program_args[@]}"}
 }
 across=$(run "$layout" "$@") || { echo "$across"; echo "FAIL: the run on nodes $layout failed"; exit 1; }
 one=$(run "$total" "$@") || { echo "$one"; echo "FAIL: the run on one node of $total ranks failed"; exit 1; }
