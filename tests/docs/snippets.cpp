@@ -9,6 +9,8 @@
 
 #include <herd/herd.hpp>
 
+#include "snippet_checks.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -19,17 +21,9 @@
 #include <string>
 #include <vector>
 
+using namespace snippet_checks;
+
 namespace {
-
-int failures = 0;
-int blocks = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    ++failures;
-    std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
-  }
-}
 
 bool close(double a, double b, double relative = 1e-6) { return std::abs(a - b) <= relative * std::max(1.0, std::abs(b)); }
 
@@ -282,19 +276,15 @@ void asynchronous(herd::mpi_communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  herd::mpi::environment env(argc, argv);
-  herd::comm_options options;
-  options.stall_shutdown_seconds = 20;  // a hang fails the test rather than blocking it
-  herd::mpi_communicator comm(MPI_COMM_WORLD, options);
-  training_loop(comm, page::training_md);
-  training_loop(comm, page::readme);
-  mark_ready(comm);
-  join(comm);
-  zero(comm);
-  zero_scaled(comm);
-  mixed_precision(comm);
-  if (comm.size() >= 3) process_sets(comm);
-  asynchronous(comm);
-  if (failures == 0) std::printf("rank %d: %d blocks of docs/ ran and checked\n", comm.rank(), blocks);
-  return failures == 0 ? 0 : 1;
+  return snippet_checks::run_blocks(argc, argv, "blocks", [](herd::mpi_communicator& comm) {
+    training_loop(comm, page::training_md);
+    training_loop(comm, page::readme);
+    mark_ready(comm);
+    join(comm);
+    zero(comm);
+    zero_scaled(comm);
+    mixed_precision(comm);
+    if (comm.size() >= 3) process_sets(comm);
+    asynchronous(comm);
+  });
 }

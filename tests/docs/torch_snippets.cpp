@@ -14,6 +14,8 @@
 #include <herd/torch/distributed_data_parallel.hpp>
 #include <herd/torch/sync_batch_norm.hpp>
 
+#include "snippet_checks.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -25,17 +27,9 @@
 #include <string>
 #include <vector>
 
+using namespace snippet_checks;
+
 namespace {
-
-int failures = 0;
-int blocks = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    ++failures;
-    std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
-  }
-}
 
 std::string number(double x) {
   char text[32];
@@ -258,13 +252,9 @@ void sync_batch_norm(herd::mpi_communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  herd::mpi::environment env(argc, argv);
-  herd::comm_options options;
-  options.stall_shutdown_seconds = 20;  // a hang fails the test rather than blocking it
-  herd::mpi_communicator comm(MPI_COMM_WORLD, options);
-  torch::set_num_threads(1);  // one core per rank
-  join(comm);
-  sync_batch_norm(comm);
-  if (failures == 0) std::printf("rank %d: %d libtorch blocks of docs/ ran and checked\n", comm.rank(), blocks);
-  return failures == 0 ? 0 : 1;
+  return snippet_checks::run_blocks(argc, argv, "libtorch blocks", [](herd::mpi_communicator& comm) {
+    torch::set_num_threads(1);  // one core per rank
+    join(comm);
+    sync_batch_norm(comm);
+  });
 }

@@ -187,6 +187,73 @@ int clip_grad_norm_sharded(const reference& ref) {
   return cmp.report("parity_clip_grad_norm_sharded");
 }
 
+// Calls run(make) with the case's optimizer factory for zero_optimizer: SGD (o[0] == 0) or AdamW,
+// with the hyperparameters of reference.py's options row o.
+template <class Run> void with_zero_inner(const std::vector<double>& o, Run&& run) {
+  if (o[0] == 0) {
+    run([&](auto p, auto g) {
+      return herd::sgd(std::move(p), std::move(g),
+                       {.lr = o[1], .momentum = o[2], .dampening = o[3], .nesterov = o[4] != 0, .weight_decay = o[5]});
+    });
+  } else {
+    run([&](auto p, auto g) {
+      return herd::adamw(std::move(p), std::move(g), {.lr = o[1], .beta1 = o[2], .beta2 = o[3], .eps = o[4], .weight_decay = o[5],
+                                                      .first_moment = adamw_first_moment_of(reference_torch)});
+    });
+  }
+}
+
+// One ZeRO case of the reference file (names under `prefix`) over parameters of type T: every
+// step's parameters against PyTorch's (cmp); with master_cmp (f16 parameters with f32 masters),
+// also this rank's shard of zero_optimizer's masters against the flat f32 masters PyTorch stepped.
+// Sets no_masters when the optimizer keeps none.
+template <class T>
+void zero_case(const reference& ref, herd::mpi_communicator& comm, const std::string& prefix, comparison& cmp,
+               comparison* master_cmp, bool& no_masters) {
+  with_zero_inner(ref.get<double>(prefix + "options"), [&](auto make) {
+    std::vector<std::vector<T>> params, grads, all_grads, torch;
+    std::vector<std::vector<float>> masters;
+    for (std::size_t k = 0; ref.contains(prefix + "init." + std::to_string(k)); ++k) {
+      params.push_back(ref.get<T>(prefix + "init." + std::to_string(k)));
+      all_grads.push_back(ref.get<T>(prefix + "grads." + std::to_string(k)));
+      torch.push_back(ref.get<T>(prefix + "torch." + std::to_string(k)));
+      if (master_cmp != nullptr) masters.push_back(ref.get<float>(prefix + "master." + std::to_string(k)));
+      grads.emplace_back(params.back().size());
+    }
+    std::vector<herd::buffer_view> param_views, grad_views;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      param_views.push_back(herd::view_of(params[k]));
+      grad_views.push_back(herd::view_of(grads[k]));
+    }
+    herd::zero_optimizer opt(param_views, grad_views, comm, make);
+    const std::size_t steps = all_grads[0].size() / params[0].size();
+    for (std::size_t s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(T));
+      }
+      opt.step();
+      const std::string step = " step " + std::to_string(s + 1);
+      std::vector<float> torch_masters;  // the flat masters at this step, of which this rank holds a shard
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        cmp.check(prefix + "param." + std::to_string(k) + step, params[k].data(), torch[k].data() + s * params[k].size(),
+                  params[k].size());
+        if (master_cmp == nullptr) continue;
+        const float* at = masters[k].data() + s * params[k].size();
+        torch_masters.insert(torch_masters.end(), at, at + params[k].size());
+      }
+      if (master_cmp == nullptr) continue;
+      const herd::buffer_view mine = opt.master_shard();
+      if (mine.count != opt.shard().count()) {
+        if (!no_masters) std::printf("  rank %d of %d: zero_optimizer keeps no masters of its shard\n", comm.rank(), comm.size());
+        no_masters = true;
+        continue;
+      }
+      master_cmp->check(prefix + "master (flat, from " + std::to_string(opt.shard().begin) + ")" + step,
+                        static_cast<const float*>(mine.data), torch_masters.data() + opt.shard().begin, mine.count);
+    }
+  });
+}
+
 // herd::zero_optimizer over real MPI ranks against torch.distributed.optim.ZeroRedundancyOptimizer
 // (gloo) at the same world size, each rank on its own gradients (reference.py's zero.WORLD.RANK
 // file). PyTorch's ranks average them with a gloo sum and a division, herd's reduce-scatter with a
@@ -201,6 +268,7 @@ int zero(const fs::path& dir) {
   herd::mpi_communicator comm;
   const reference ref(dir / ("zero." + std::to_string(comm.size()) + "." + std::to_string(comm.rank()) + ".safetensors"));
   int failed = 0;
+  bool no_masters = false;
   const auto cases = ref.get<std::int64_t>("cases")[0];
   for (std::int64_t c = 0; c < cases; ++c) {
     const std::string prefix = std::to_string(c) + ".";
@@ -208,43 +276,7 @@ int zero(const fs::path& dir) {
     // AdamW takes a square root: see sqrt_rounding_bound.
     const bool bounded = o[0] != 0 && ref.get<std::int64_t>("sqrt_correctly_rounded")[0] == 0;
     comparison cmp(bounded ? sqrt_rounding_bound : 0, bounded ? sqrt_rounding_scale : 1e-30);
-    const auto run = [&](auto make) {
-      std::vector<std::vector<float>> params, grads, all_grads, torch;
-      for (std::size_t k = 0; ref.contains(prefix + "init." + std::to_string(k)); ++k) {
-        params.push_back(ref.get<float>(prefix + "init." + std::to_string(k)));
-        all_grads.push_back(ref.get<float>(prefix + "grads." + std::to_string(k)));
-        torch.push_back(ref.get<float>(prefix + "torch." + std::to_string(k)));
-        grads.emplace_back(params.back().size());
-      }
-      std::vector<herd::buffer_view> param_views, grad_views;
-      for (std::size_t k = 0; k < params.size(); ++k) {
-        param_views.push_back(herd::view_of(params[k]));
-        grad_views.push_back(herd::view_of(grads[k]));
-      }
-      herd::zero_optimizer opt(param_views, grad_views, comm, make);
-      const std::size_t steps = all_grads[0].size() / params[0].size();
-      for (std::size_t s = 0; s < steps; ++s) {
-        for (std::size_t k = 0; k < params.size(); ++k) {
-          std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(float));
-        }
-        opt.step();
-        for (std::size_t k = 0; k < params.size(); ++k) {
-          cmp.check(prefix + "param." + std::to_string(k) + " step " + std::to_string(s + 1), params[k].data(),
-                    torch[k].data() + s * params[k].size(), params[k].size());
-        }
-      }
-    };
-    if (o[0] == 0) {
-      run([&](auto p, auto g) {
-        return herd::sgd(std::move(p), std::move(g),
-                         {.lr = o[1], .momentum = o[2], .dampening = o[3], .nesterov = o[4] != 0, .weight_decay = o[5]});
-      });
-    } else {
-      run([&](auto p, auto g) {
-        return herd::adamw(std::move(p), std::move(g), {.lr = o[1], .beta1 = o[2], .beta2 = o[3], .eps = o[4], .weight_decay = o[5],
-                                                        .first_moment = adamw_first_moment_of(reference_torch)});
-      });
-    }
+    zero_case<float>(ref, comm, prefix, cmp, nullptr, no_masters);
     char name[96];  // one printf per line: the ranks' lines do not interleave
     std::snprintf(name, sizeof name, "rank %d of %d: parity_zero case %lld (%s, lr %g)", comm.rank(), comm.size(),
                   static_cast<long long>(c), o[0] == 0 ? "SGD" : "AdamW", o[1]);
@@ -263,58 +295,8 @@ int zero(const fs::path& dir) {
     const bool bounded = o[0] != 0 && ref.get<std::int64_t>("sqrt_correctly_rounded")[0] == 0;
     comparison cmp(bounded ? 1.0 / 1024 : 0, bounded ? sqrt_rounding_scale : 1e-30);
     comparison master_cmp(bounded ? sqrt_rounding_bound : 0, bounded ? sqrt_rounding_scale : 1e-30);
-    bool no_masters = false;
-    const auto run = [&](auto make) {
-      std::vector<std::vector<herd::half>> params, grads, all_grads, torch;
-      std::vector<std::vector<float>> masters;
-      for (std::size_t k = 0; ref.contains(prefix + "init." + std::to_string(k)); ++k) {
-        params.push_back(ref.get<herd::half>(prefix + "init." + std::to_string(k)));
-        all_grads.push_back(ref.get<herd::half>(prefix + "grads." + std::to_string(k)));
-        torch.push_back(ref.get<herd::half>(prefix + "torch." + std::to_string(k)));
-        masters.push_back(ref.get<float>(prefix + "master." + std::to_string(k)));
-        grads.emplace_back(params.back().size());
-      }
-      std::vector<herd::buffer_view> param_views, grad_views;
-      for (std::size_t k = 0; k < params.size(); ++k) {
-        param_views.push_back(herd::view_of(params[k]));
-        grad_views.push_back(herd::view_of(grads[k]));
-      }
-      herd::zero_optimizer opt(param_views, grad_views, comm, make);
-      const std::size_t steps = all_grads[0].size() / params[0].size();
-      for (std::size_t s = 0; s < steps; ++s) {
-        for (std::size_t k = 0; k < params.size(); ++k) {
-          std::memcpy(grads[k].data(), all_grads[k].data() + s * grads[k].size(), grads[k].size() * sizeof(herd::half));
-        }
-        opt.step();
-        const std::string step = " step " + std::to_string(s + 1);
-        std::vector<float> torch_masters;  // the flat masters at this step, of which this rank holds a shard
-        for (std::size_t k = 0; k < params.size(); ++k) {
-          cmp.check(prefix + "param." + std::to_string(k) + step, params[k].data(), torch[k].data() + s * params[k].size(),
-                    params[k].size());
-          const float* at = masters[k].data() + s * params[k].size();
-          torch_masters.insert(torch_masters.end(), at, at + params[k].size());
-        }
-        const herd::buffer_view mine = opt.master_shard();
-        if (mine.count != opt.shard().count()) {
-          if (!no_masters) std::printf("  rank %d of %d: zero_optimizer keeps no masters of its shard\n", comm.rank(), comm.size());
-          no_masters = true;
-          continue;
-        }
-        master_cmp.check(prefix + "master (flat, from " + std::to_string(opt.shard().begin) + ")" + step,
-                         static_cast<const float*>(mine.data), torch_masters.data() + opt.shard().begin, mine.count);
-      }
-    };
-    if (o[0] == 0) {
-      run([&](auto p, auto g) {
-        return herd::sgd(std::move(p), std::move(g),
-                         {.lr = o[1], .momentum = o[2], .dampening = o[3], .nesterov = o[4] != 0, .weight_decay = o[5]});
-      });
-    } else {
-      run([&](auto p, auto g) {
-        return herd::adamw(std::move(p), std::move(g), {.lr = o[1], .beta1 = o[2], .beta2 = o[3], .eps = o[4], .weight_decay = o[5],
-                                                        .first_moment = adamw_first_moment_of(reference_torch)});
-      });
-    }
+    no_masters = false;
+    zero_case<herd::half>(ref, comm, prefix, cmp, &master_cmp, no_masters);
     char name[128];
     std::snprintf(name, sizeof name, "rank %d of %d: parity_zero f16 with masters, case %lld (%s, lr %g): f16 parameters",
                   comm.rank(), comm.size(), static_cast<long long>(c), o[0] == 0 ? "SGD" : "AdamW", o[1]);

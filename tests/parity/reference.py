@@ -534,19 +534,22 @@ def zero_inputs(world, case):
     return init, grads
 
 
+def zero_optimizer(params, kind, o):
+    """ZeroRedundancyOptimizer over torch.optim.SGD (kind 0) or AdamW, with an options row's hyperparameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    if kind == 0:
+        return ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=o[0], momentum=o[1], dampening=o[2],
+                                       nesterov=bool(o[3]), weight_decay=o[4])
+    return ZeroRedundancyOptimizer(params, torch.optim.AdamW, lr=o[0], betas=(o[1], o[2]), eps=o[3], weight_decay=o[4])
+
+
 def zero_rank(rank, world):
     import torch.distributed as dist
-    from torch.distributed.optim import ZeroRedundancyOptimizer
     tensors = {"cases": torch.tensor([len(ZERO_CASES)], dtype=torch.int64), "sqrt_correctly_rounded": sqrt_correctly_rounded()}
     for c, (kind, *o) in enumerate(ZERO_CASES):
         init, grads = zero_inputs(world, c)
         params = [p.clone().requires_grad_() for p in init]
-        if kind == 0:
-            opt = ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=o[0], momentum=o[1], dampening=o[2],
-                                          nesterov=bool(o[3]), weight_decay=o[4])
-        else:
-            opt = ZeroRedundancyOptimizer(params, torch.optim.AdamW, lr=o[0], betas=(o[1], o[2]), eps=o[3],
-                                          weight_decay=o[4])
+        opt = zero_optimizer(params, kind, o)
         trajectory = [torch.empty(ZERO_STEPS, n) for n in ZERO_SIZES]
         for s in range(ZERO_STEPS):
             flat = torch.cat([g[rank, s] for g in grads])
@@ -566,12 +569,7 @@ def zero_rank(rank, world):
     for c, (kind, *o) in enumerate(ZERO_HALF_CASES):
         init, grads = zero_half_inputs(world, c)
         masters = [p.float().requires_grad_() for p in init]
-        if kind == 0:
-            opt = ZeroRedundancyOptimizer(masters, torch.optim.SGD, lr=o[0], momentum=o[1], dampening=o[2],
-                                          nesterov=bool(o[3]), weight_decay=o[4])
-        else:
-            opt = ZeroRedundancyOptimizer(masters, torch.optim.AdamW, lr=o[0], betas=(o[1], o[2]), eps=o[3],
-                                          weight_decay=o[4])
+        opt = zero_optimizer(masters, kind, o)
         trajectory = [torch.empty(ZERO_STEPS, n, dtype=torch.float16) for n in ZERO_SIZES]
         master_trajectory = [torch.empty(ZERO_STEPS, n) for n in ZERO_SIZES]
         for s in range(ZERO_STEPS):
