@@ -31,6 +31,12 @@ cp /etc/hosts /etc/resolv.conf "$root/etc/"
 [[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$root/etc/"
 cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 chroot "$root" update-ca-certificates >/dev/null
+# The root is a mount point of its own, so that unshare --mount-proc (the PID namespace tests)
+# can make it private; /proc, /sys and /dev as the machine's. First: a bind of the root made after
+# the others would hide them (a plain bind does not carry the mounts below it).
+mountpoint -q "$root" || { mount --bind "$root" "$root" && mount --make-private "$root"; }
+for m in proc sys; do mountpoint -q "$root/$m" || mount --bind "/$m" "$root/$m"; done
+mountpoint -q "$root/dev" || { mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"; }
 cuda="$(readlink -f /usr/local/cuda || true)"
 if [[ -d "$cuda" ]]; then
   mkdir -p "$root$cuda"
@@ -38,12 +44,9 @@ if [[ -d "$cuda" ]]; then
   ln -sfn "$cuda" "$root/usr/local/cuda"
   cp /etc/ld.so.conf.d/*cuda* "$root/etc/ld.so.conf.d/" 2>/dev/null || true
   chroot "$root" ldconfig
+  # A run without the toolkit would skip the CUDA tests and the PyTorch 2.x run, and time less.
+  [[ -x "$root/usr/local/cuda/bin/nvcc" ]] || { echo "fresh-machine: the CUDA toolkit is not visible in $root" >&2; exit 1; }
 fi
-# The root is a mount point of its own, so that unshare --mount-proc (the PID namespace tests)
-# can make it private; /proc, /sys and /dev as the machine's.
-mountpoint -q "$root" || { mount --bind "$root" "$root" && mount --make-private "$root"; }
-for m in proc sys; do mountpoint -q "$root/$m" || mount --bind "/$m" "$root/$m"; done
-mountpoint -q "$root/dev" || { mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"; }
 
 # Back to a machine without herd's packages and environment.
 chroot "$root" dpkg-query -W -f='${Package}\n' | grep -vxF -f "$root/var/lib/herd-base-packages" > "$root/tmp/added" || true
