@@ -215,6 +215,14 @@ std::atomic<bool> late_send_armed{false};  // this rank is the cell's late sende
 int outside_point = -1;  // a fault outside operations: the point of the step that raises it, or -1
 fault_kind outside_kind = fault_kind::error_outside;
 
+// The faulted step is over (or never came): nothing more is counted or injected.
+void disarm() {
+  counting = false;
+  late_send_armed = false;
+  fault_at = -1;
+  outside_point = -1;
+}
+
 // A user's thread that posts on a reserved tag when told to (the reserved_tag fault).
 struct tag_poster {
   std::mutex m;
@@ -487,10 +495,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
           reduce(c.p, cm, g);
           step_point(2);
         } catch (const herd::error& e) {
-          counting = false;
-          late_send_armed = false;
-          fault_at = -1;
-          outside_point = -1;
+          disarm();
           // The first error after the fault (a rank that completed the faulted operation raises in
           // a later one).
           if (out.attempts == 1 && step >= fault_step) {
@@ -509,10 +514,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
           throw;
         }
         if (faulted) {
-          counting = false;
-          late_send_armed = false;
-          fault_at = -1;
-          outside_point = -1;
+          disarm();
           if (events_seen != nullptr) *events_seen = events.load();
         }
         for (int k = 0; k < 3; ++k) {
@@ -528,10 +530,7 @@ outcome train(const cell& c, int fault_event, int* events_seen = nullptr) {
   } catch (const leaves_training&) {
     out.left = true;
   }
-  counting = false;
-  late_send_armed = false;
-  fault_at = -1;
-  outside_point = -1;
+  disarm();
   current = nullptr;
   out.weights = w;
   return out;
@@ -717,9 +716,8 @@ void run_cell(const cell& c, int number) {
         CHECK(has(o.refusal, "this communicator was aborted by an earlier error"));
       }
       // (A late sender learns of the fault only once it posted, late_by after it.)
-      CHECK(o.seconds < (c.kind == fault_kind::stall_that_resumes ? bound
-                         : rank == c.late_sender                 ? late_by + busy_peers_raise_within
-                                                                 : told_bound));
+      const double late = rank == c.late_sender ? late_by : 0.0;
+      CHECK(o.seconds < (c.kind == fault_kind::stall_that_resumes ? bound : late + told_bound));
       if ((c.kind == fault_kind::exception || c.kind == fault_kind::busy_after_error) && c.faulted(rank)) {
         CHECK(has(o.error, "injected failure inside the operation"));
       }
@@ -728,7 +726,7 @@ void run_cell(const cell& c, int number) {
       }
       // The busy rank's peers raise without its help, well before it is back.
       if (c.kind == fault_kind::busy_after_error && !c.faulted(rank)) {
-        CHECK(o.seconds < (rank == c.late_sender ? late_by : 0.0) + busy_peers_raise_within);
+        CHECK(o.seconds < late + busy_peers_raise_within);
       }
       CHECK(o.weights == expected);
       break;
