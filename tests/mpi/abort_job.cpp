@@ -13,6 +13,9 @@
 //                   hierarchical algorithm on two simulated nodes of 2 ranks, and rank 2, the second
 //                   node's leader, stops for 30 s before its first message across nodes (after the
 //                   shared-memory phase), so rank 0's send across nodes is never taken.
+//         killed    all ranks allreduce 16 MiB (herd's automatic algorithm: hierarchical across
+//                   the nodes of tests/multinode) and rank P - 1 is killed by SIGKILL as the others
+//                   begin: no abort of herd's, the launcher's reaction to a lost process.
 // TOKEN marks the processes, for tests/support/job_ends.py, which checks from outside that every
 // one is gone within the bound. Rank 0 prints "abort_job: allreduce begins" first; a rank that
 // is still running after 30 s prints "abort_job: rank R still running" and exits 1.
@@ -24,6 +27,7 @@
 #include <herd/comm/detail/fault_hooks.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -39,10 +43,19 @@ int main(int argc, char** argv) {
   o.stall_check_seconds = 0;
   o.stall_shutdown_seconds = 0.5;
   o.ring_segment_bytes = 256 << 10;
-  o.allreduce_algorithm = herd::algorithm::ring;  // messages, which a stalled peer leaves unsettled
+  // Messages, which a stalled peer leaves unsettled (a killed rank's peers: what herd picks).
+  if (mode != "killed") o.allreduce_algorithm = herd::algorithm::ring;
   if (mode == "hierarchical") {
     o.allreduce_algorithm = herd::algorithm::hierarchical;
     o.simulated_node_size = 2;
+  }
+  {
+    // Every pair of ranks connected before the half-second clocks start: Open MPI opens its TCP
+    // connections on first use, and across tests/multinode's nodes one took up to a second to come up.
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::vector<int> out(static_cast<std::size_t>(size)), in(out.size());
+    MPI_Alltoall(out.data(), 1, MPI_INT, in.data(), 1, MPI_INT, MPI_COMM_WORLD);
   }
   herd::mpi_communicator world(MPI_COMM_WORLD, o);
   const int rank = world.rank();
@@ -51,6 +64,19 @@ int main(int argc, char** argv) {
     std::printf("abort_job: rank %d still running after 30 s\n", rank);
     return 1;
   };
+  if (mode == "killed") {
+    std::vector<float> big(std::size_t{4} << 20, 1.0f);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) std::printf("abort_job: allreduce begins\n");
+    if (rank == p - 1) std::raise(SIGKILL);
+    try {
+      herd::allreduce(big, world);
+    } catch (const herd::error& e) {
+      std::printf("abort_job: rank %d raised: %s\n", rank, e.what());
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(30));  // the job must end around this rank
+    return still_running();
+  }
   if (mode == "hierarchical") {
     if (rank == 2) {
       herd::detail::post_hook() = [](int tag, bool) {
