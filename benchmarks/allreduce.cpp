@@ -10,8 +10,13 @@
 // shrinks as the size grows); its time per call is the slowest rank's. The table shows medians
 // over the repetitions after a warm-up. algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 // bandwidth each rank's links actually carry. "herd/MPI" and "herd/ring" are herd's busbw over
-// theirs: above 1, herd is faster. The last column is a plain memcpy of the same bytes on one
-// rank: the machine's memory limit.
+// theirs: above 1, herd is faster. "memcpy" is a plain memcpy of the same bytes on one rank: the
+// machine's memory limit.
+//
+// "1-copy" is the single-copy limit, where every rank is on one node and Linux lets them read each
+// other's memory (cross-memory attach): every rank reading the whole message from the next rank's
+// memory with process_vm_readv, all at once, which is what moving the bytes once between ranks
+// costs here. "1-copy/herd" is its time over herd's (1: herd at that limit).
 //
 // A second table (--async-max-bytes, default 4 MiB; 0 skips it) times many operations in flight:
 // `--outstanding` (16) allreduces of different buffers started one after another, then all
@@ -20,6 +25,9 @@
 // wait()), and MPI_Iallreduce with MPI_Waitall.
 
 #include <herd/herd.hpp>
+
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -124,6 +132,18 @@ template <class Call> double time_calls(Call call, std::size_t bytes, int reps) 
   return samples[samples.size() / 2];
 }
 
+// Copies `bytes` from `remote` in process `pid` into `local`; false if the kernel refused.
+bool read_from(pid_t pid, void* local, std::uint64_t remote, std::size_t bytes) {
+  for (std::size_t done = 0; done < bytes;) {
+    const iovec here{static_cast<std::byte*>(local) + done, bytes - done};
+    const iovec there{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t moved = ::process_vm_readv(pid, &here, 1, &there, 1, 0);
+    if (moved <= 0) return false;
+    done += static_cast<std::size_t>(moved);
+  }
+  return true;
+}
+
 // Values that every order of summation adds up exactly, so herd and MPI must agree bit for bit.
 void fill(herd::buffer_view v, int rank) {
   herd::visit(v.type, [&](auto element) {
@@ -151,6 +171,17 @@ int main(int argc, char** argv) {
 
   std::vector<std::byte> herd_buffer(o.max_bytes + es), ring_buffer(o.max_bytes + es), mpi_buffer(o.max_bytes + es),
       copy_buffer(o.max_bytes + es);
+
+  // The single-copy limit reads the next rank's ring_buffer: where every rank is on one node and
+  // every rank could read a first byte of it.
+  const std::uint64_t mine[2] = {static_cast<std::uint64_t>(::getpid()), reinterpret_cast<std::uint64_t>(ring_buffer.data())};
+  std::vector<std::uint64_t> everyone(2 * static_cast<std::size_t>(n));
+  MPI_Allgather(mine, 2, MPI_UINT64_T, everyone.data(), 2, MPI_UINT64_T, MPI_COMM_WORLD);
+  const auto next_pid = static_cast<pid_t>(everyone[2 * static_cast<std::size_t>((rank + 1) % n)]);
+  const std::uint64_t next_buffer = everyone[2 * static_cast<std::size_t>((rank + 1) % n) + 1];
+  int reached = comm.shared_node() != nullptr && read_from(next_pid, copy_buffer.data(), next_buffer, 1) ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &reached, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const bool single_copy = reached != 0;
   const char* path = comm.shared_node() != nullptr ? "shared memory"
                      : comm.node_part() != nullptr ? "hierarchical"
                                                    : "ring";
@@ -158,10 +189,13 @@ int main(int argc, char** argv) {
     std::printf("# herd allreduce (%s) vs herd's ring vs MPI_Allreduce: %d ranks, %s %s, in place, medians of %d "
                 "repetitions\n",
                 path, n, std::string(herd::name(o.type)).c_str(), std::string(herd::name(o.op)).c_str(), o.reps);
-    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s\n", "bytes", "herd us", "busbw", "ring us",
+    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s", "bytes", "herd us", "busbw", "ring us",
                 "busbw", "MPI us", "busbw", "herd/", "herd/", "memcpy");
-    std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s\n", "", "", "GB/s", "", "GB/s", "", "GB/s",
+    if (single_copy) std::printf(" | %10s %8s", "1-copy us", "1-copy/");
+    std::printf("\n# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s", "", "", "GB/s", "", "GB/s", "", "GB/s",
                 "MPI", "ring", "GB/s");
+    if (single_copy) std::printf(" | %10s %8s", "limit", "herd");
+    std::printf("\n");
   }
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
@@ -198,6 +232,17 @@ int main(int argc, char** argv) {
     }
     const double copy_s = time_calls([&] { std::memcpy(copy_buffer.data(), herd_buffer.data(), real_bytes); },
                                      real_bytes, o.reps);
+    double one_copy_s = 0;
+    if (single_copy) {
+      one_copy_s = time_calls(
+          [&] {
+            if (!read_from(next_pid, copy_buffer.data(), next_buffer, real_bytes)) {
+              std::fprintf(stderr, "rank %d: process_vm_readv failed\n", rank);
+              MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+          },
+          real_bytes, o.reps);
+    }
     if (rank == 0) {
       const double gb = static_cast<double>(real_bytes) / 1e9;
       std::printf("  %12zu | %10.2f %9.3f | %10.2f %9.3f | ", real_bytes, herd_s * 1e6, gb / herd_s * bus_factor,
@@ -207,7 +252,9 @@ int main(int argc, char** argv) {
       } else {
         std::printf("%10s %9s | %8s ", "-", "-", "-");
       }
-      std::printf("%8.2f | %9.2f\n", ring_s / herd_s, gb / copy_s);
+      std::printf("%8.2f | %9.2f", ring_s / herd_s, gb / copy_s);
+      if (single_copy) std::printf(" | %10.2f %8.2f", one_copy_s * 1e6, one_copy_s / herd_s);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
