@@ -1716,6 +1716,7 @@ inline std::filesystem::path file() { return detail::trace::recorder::instance()
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -1870,6 +1871,26 @@ struct queued_operation {
   bool failure_repeats = false;
 };
 
+// Until ready(), for at most `budget`: spinning, then yielding the core (with more threads than
+// cores, the one being waited for may need it). True if ready. For the hand-over between a caller
+// and its communicator's progress thread: the next operation usually comes, or the running one
+// ends, microseconds after the other side looks, while waking from a sleep costs tens of them
+// (about 25 us each way on the 2-core VM of benchmarks/RESULTS.md).
+template <class Ready> bool spin_until(Ready ready, std::chrono::microseconds budget) {
+  for (int i = 0; i < 64; ++i) {
+    if (ready()) return true;
+  }
+  const auto until = std::chrono::steady_clock::now() + budget;
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+    if (ready()) return true;
+  }
+  return ready();
+}
+
+// How long each side of that hand-over spins before it sleeps.
+inline constexpr std::chrono::microseconds handoff_spin{200};
+
 class operation_state {
  public:
   explicit operation_state(const comm_options& options) : options_(options) {}
@@ -1879,6 +1900,7 @@ class operation_state {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
+      stopping_seen_.store(true, std::memory_order_release);
     }
     wake_.notify_all();
     if (worker_.joinable()) worker_.join();
@@ -2016,8 +2038,11 @@ class operation_state {
     if (op.done.load(std::memory_order_acquire)) {
       // Done: nothing else of this state is touched (a handle may outlive its communicator).
     } else if (options_.progress_thread) {
-      // Woken by this operation's completion only, not by every other one's.
-      op.done.wait(false, std::memory_order_acquire);
+      // Woken by this operation's completion only, not by every other one's (after a spin: it is
+      // often microseconds away).
+      if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
+        op.done.wait(false, std::memory_order_acquire);
+      }
     } else if (!op.done.load(std::memory_order_acquire)) {
       std::unique_lock lock(mutex_);
       while (!op.done.load(std::memory_order_acquire)) {
@@ -2072,6 +2097,7 @@ class operation_state {
     op->seq = next_seq_++;
     op->work = std::move(f);
     queue_.push_back(op);
+    queued_.fetch_add(1, std::memory_order_release);
     wake_.notify_all();
     return op;
   }
@@ -2080,6 +2106,7 @@ class operation_state {
   void run_next(std::unique_lock<std::mutex>& lock) {
     auto op = std::move(queue_.front());
     queue_.pop_front();
+    queued_.fetch_sub(1, std::memory_order_relaxed);
     busy_ = true;
     runner_ = std::this_thread::get_id();
     lock.unlock();
@@ -2098,15 +2125,21 @@ class operation_state {
     wake_.notify_all();
   }
 
+  // The progress thread: runs queued operations in order; between them it spins a while before it
+  // sleeps (the next bucket of a backward pass is usually on its way).
   void work() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
       if (!busy_ && !queue_.empty()) {
         run_next(lock);
-      } else if (stopping_ && queue_.empty()) {
-        return;
+        continue;
       }
+      if (stopping_ && queue_.empty()) return;
+      lock.unlock();
+      spin_until([&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_seen_.load(std::memory_order_acquire); },
+                 handoff_spin);
+      lock.lock();
+      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
     }
   }
 
@@ -2128,6 +2161,8 @@ class operation_state {
   std::thread::id runner_;
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
   bool stopping_ = false;
+  std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
+  std::atomic<bool> stopping_seen_{false};  // stopping_, for the same
   std::thread worker_;
 };
 
