@@ -18,6 +18,13 @@
 // memory with process_vm_readv, all at once, which is what moving the bytes once between ranks
 // costs here. "1-copy/herd" is its time over herd's (1: herd at that limit).
 //
+// --reproducible 1 adds "repro": herd with comm_options::reproducible (sums whose bits do not
+// depend on the path or the ranks' order), checked against herd's default to the same bits (the
+// values add up exactly in every order), and "repro/herd", its time over the default's. Both out
+// of place from the same input, so that the values stay what they are (in place, each call sums
+// the last one's results, and after a hundred calls they are infinities, which the reproducible
+// sum takes on a slower branch).
+//
 // A second table (--async-max-bytes, default 4 MiB; 0 skips it) times many operations in flight:
 // `--outstanding` (16) allreduces of different buffers started one after another, then all
 // waited for, per operation: herd blocking, herd_async (herd::allreduce_async and handles, on
@@ -48,13 +55,14 @@ struct options {
   std::size_t async_min_bytes = std::size_t{64} << 10;
   std::size_t async_max_bytes = std::size_t{4} << 20;
   int outstanding = 16;
+  bool reproducible = false;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "allreduce: %s\nusage: mpiexec -n N allreduce [--min-bytes B] [--max-bytes B] [--dtype f32|f64|f16|bf16|"
                "i32|i64|i8|u8] [--op sum|avg|min|max|prod] [--reps R] [--async-min-bytes B] [--async-max-bytes B] "
-               "[--outstanding K]\n",
+               "[--outstanding K] [--reproducible 0|1]\n",
                why);
   std::exit(2);
 }
@@ -72,6 +80,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--async-min-bytes") o.async_min_bytes = std::stoull(value);
     else if (flag == "--async-max-bytes") o.async_max_bytes = std::stoull(value);
     else if (flag == "--outstanding") o.outstanding = std::max(1, std::stoi(value));
+    else if (flag == "--reproducible") o.reproducible = std::stoi(value) != 0;
     else if (flag == "--dtype") {
       bool found = false;
       for (auto t : herd::all_dtypes)
@@ -182,6 +191,11 @@ int main(int argc, char** argv) {
   int reached = comm.shared_node() != nullptr && read_from(next_pid, copy_buffer.data(), next_buffer, 1) ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &reached, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   const bool single_copy = reached != 0;
+  herd::comm_options order_free;
+  order_free.reproducible = true;
+  herd::mpi_communicator repro(MPI_COMM_WORLD, order_free);
+  std::vector<std::byte> repro_buffer(o.reproducible ? o.max_bytes + es : 0);
+  std::vector<std::byte> repro_input(o.reproducible ? o.max_bytes + es : 0);
   const char* path = comm.shared_node() != nullptr ? "shared memory"
                      : comm.node_part() != nullptr ? "hierarchical"
                                                    : "ring";
@@ -192,9 +206,11 @@ int main(int argc, char** argv) {
     std::printf("# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s", "bytes", "herd us", "busbw", "ring us",
                 "busbw", "MPI us", "busbw", "herd/", "herd/", "memcpy");
     if (single_copy) std::printf(" | %10s %8s", "1-copy us", "1-copy/");
+    if (o.reproducible) std::printf(" | %10s %10s %8s", "repro us", "oop us", "repro/");
     std::printf("\n# %12s | %10s %9s | %10s %9s | %10s %9s | %8s %8s | %9s", "", "", "GB/s", "", "GB/s", "", "GB/s",
                 "MPI", "ring", "GB/s");
     if (single_copy) std::printf(" | %10s %8s", "limit", "herd");
+    if (o.reproducible) std::printf(" | %10s %10s %8s", "", "(herd)", "oop");
     std::printf("\n");
   }
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
@@ -232,6 +248,22 @@ int main(int argc, char** argv) {
     }
     const double copy_s = time_calls([&] { std::memcpy(copy_buffer.data(), herd_buffer.data(), real_bytes); },
                                      real_bytes, o.reps);
+    double repro_s = 0;
+    double out_of_place_s = 0;
+    if (o.reproducible) {
+      herd::buffer_view input{repro_input.data(), count, o.type};
+      herd::buffer_view repro_view{repro_buffer.data(), count, o.type};
+      herd::buffer_view default_view{herd_buffer.data(), count, o.type};
+      fill(input, rank);
+      herd::allreduce(input, repro_view, repro, o.op);
+      herd::allreduce(input, default_view, comm, o.op);
+      if (std::memcmp(herd_buffer.data(), repro_buffer.data(), real_bytes) != 0) {
+        std::fprintf(stderr, "rank %d: herd and its reproducible mode disagree at %zu bytes\n", rank, real_bytes);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      repro_s = time_calls([&] { herd::allreduce(input, repro_view, repro, o.op); }, real_bytes, o.reps);
+      out_of_place_s = time_calls([&] { herd::allreduce(input, default_view, comm, o.op); }, real_bytes, o.reps);
+    }
     double one_copy_s = 0;
     if (single_copy) {
       one_copy_s = time_calls(
@@ -254,6 +286,9 @@ int main(int argc, char** argv) {
       }
       std::printf("%8.2f | %9.2f", ring_s / herd_s, gb / copy_s);
       if (single_copy) std::printf(" | %10.2f %8.2f", one_copy_s * 1e6, one_copy_s / herd_s);
+      if (o.reproducible) {
+        std::printf(" | %10.2f %10.2f %8.2f", repro_s * 1e6, out_of_place_s * 1e6, repro_s / out_of_place_s);
+      }
       std::printf("\n");
       std::fflush(stdout);
     }

@@ -374,6 +374,17 @@ struct bfloat16 {
 namespace detail {
 // half or bfloat16: stored in 16 bits, computed in float.
 template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+// Any element type to double and back, the way back rounded once (16-bit floats round from a
+// double in one step, above).
+template <class T> inline double to_double(T x) noexcept {
+  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+template <class T> inline T from_double(double x) noexcept {
+  if constexpr (is_16bit_float<T>) return T(x);
+  else return static_cast<T>(x);
+}
 }  // namespace detail
 
 }  // namespace herd
@@ -1173,6 +1184,8 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
+//   HERD_REPRODUCIBLE                 1: float sums and averages whose bits depend on the ranks' values only, not on
+//                                     the algorithm, layout, bucket split or rank order (0, the default)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
@@ -1222,6 +1235,7 @@ struct settings {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   algorithm allreduce_algorithm = algorithm::automatic;
   std::size_t shm_slice_bytes = std::size_t{1} << 20;
+  bool reproducible = false;
   int simulated_node_size = 0;
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
@@ -1303,6 +1317,7 @@ inline settings read_settings() {
     }
     s.shm_slice_bytes = settings{}.shm_slice_bytes;
   }
+  s.reproducible = env_number("HERD_REPRODUCIBLE", 0, s.problem, env_kind::flag) != 0;
   const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem, env_kind::whole);
   if (node_size > 65536 && s.problem.empty()) {
     s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536; give a number of ranks between 0 (the "
@@ -1747,6 +1762,10 @@ struct comm_options {
   algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
   std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
   int simulated_node_size = runtime::defaults().simulated_node_size;
+  // Float allreduces with sum or avg give bits that depend on the ranks' values only: not on the
+  // path, the node layout, bucket or piece splits, or which rank holds which value
+  // (collectives/detail/reproducible.hpp; HERD_REPRODUCIBLE). Host tensors only.
+  bool reproducible = runtime::defaults().reproducible;
   // mpi_communicator: when an abort cannot settle its sends within stall_shutdown_seconds (a peer
   // does not take them, and MPI cannot cancel a send), end the job with MPI_Abort (true), or raise
   // herd::error saying that those buffers still belong to MPI (false).
@@ -2892,7 +2911,7 @@ using agreed_error = argument_error;
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524435;  // "HRD5": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524436;  // "HRD6": guards against a rank running another herd build
   op_kind kind = op_kind::barrier;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
@@ -2903,6 +2922,7 @@ struct signature {
   device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
   std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
+  std::uint8_t reproducible = 0;     // wire protocol: HERD_REPRODUCIBLE
   algorithm algo = algorithm::automatic;  // wire protocol: HERD_ALLREDUCE_ALGORITHM
   std::uint64_t seq = 0;     // the operation's sequence number on its communicator
   std::uint64_t count = 0;   // the element count every rank must agree on
@@ -3175,6 +3195,9 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
   require_same_option(site, all, "HERD_SHM_SLICE_BYTES", [](const signature& s) { return s.slice_bytes; },
                       "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
                       "one layout of shared memory");
+  require_same_option(site, all, "HERD_REPRODUCIBLE", [](const signature& s) { return s.reproducible; },
+                      "Give every rank the same HERD_REPRODUCIBLE (comm_options::reproducible): the ranks must reduce "
+                      "the same way");
   require_same_option(site, all, "HERD_SIMULATE_NODE_SIZE", [](const signature& s) { return s.node_size; },
                       "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
 }
@@ -3196,6 +3219,7 @@ inline void stamp_identity(signature& s, const operation_state& ops) {
   s.segment_bytes = ops.options().ring_segment_bytes;
   s.algo = ops.options().allreduce_algorithm;
   s.slice_bytes = ops.options().shm_slice_bytes;
+  s.reproducible = ops.options().reproducible ? 1 : 0;
   s.node_size = ops.options().simulated_node_size;
   s.name = ops.current().name_;
 }
@@ -11005,6 +11029,373 @@ void scatter_whole(const std::byte* root_bytes, buffer_view part, std::size_t of
 // packs host tensors of one dtype into one buffer, reduced by one ring.
 
 
+// ---- herd/collectives/detail/reproducible.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+#define HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+// Reproducible sums (comm_options::reproducible, HERD_REPRODUCIBLE=1): a float allreduce with sum
+// or avg whose bits depend on the multiset of the ranks' values only: not on the algorithm, the
+// node layout, how a tensor is cut into buckets or pieces, or which rank holds which value.
+//
+// How. An element's result is a function of its p values that ignores their order: their exact
+// sum, correctly rounded to the element type (to nearest, ties to even), which is also as accurate
+// as a sum can be. Where the values' exponents lie close enough together (spread + the type's
+// precision + log2 p + 1 bits fit in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16
+// 2^39), the sum of their doubles is exact in any order and is rounded once. Otherwise (and always
+// for f64) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
+// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
+// (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
+// infinity gives itself.
+//
+// Where. Every rank must see all p values of the elements it computes: the allreduce is a pairwise
+// exchange that brings rank r piece r of every rank's tensor (the bytes of a reduce-scatter), the
+// function on each element, and the ring's allgather of the results: the bandwidth of the ring
+// allreduce, on MPI messages, whatever the node layout. Small tensors reduce, with every rank's
+// tensor at hand, the same function after the agreement. Integer sums are the same in any order
+// already; min, max and prod, and every reduction of device tensors (an error in this mode), are not
+// covered.
+
+
+// ---- herd/collectives/detail/pairwise.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+#define HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+// The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
+// r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
+// sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
+// is not sent (both sides know its size).
+
+
+#include <cstddef>
+#include <deque>
+#include <utility>
+
+namespace herd::detail {
+
+//   send_at(to)     -> {pointer, bytes}: this rank's block for rank `to`
+//   receive_at(from) -> {pointer, bytes}: where rank `from`'s block goes
+template <communicator C, class SendAt, class ReceiveAt>
+void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  struct step {
+    typename C::request receive;
+    typename C::request send;
+  };
+  std::deque<step> steps;
+  auto finish_oldest = [&] {
+    comm.wait(steps.front().receive);
+    comm.wait(steps.front().send);
+    steps.pop_front();
+  };
+  for (int k = 1; k < p; ++k) {
+    if (steps.size() == ring_window) finish_oldest();
+    const int to = (r + k) % p;
+    const int from = ring_mod(r - k, p);
+    step s;
+    if (const auto [at, bytes] = receive_at(from); bytes != 0) s.receive = comm.irecv(at, bytes, from, tag);
+    if (const auto [at, bytes] = send_at(to); bytes != 0) s.send = comm.isend(at, bytes, to, tag);
+    steps.push_back(std::move(s));
+  }
+  while (!steps.empty()) finish_oldest();
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// Whether the reproducible sum takes this reduction.
+inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
+  return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
+}
+
+// s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
+inline void two_sum(double a, double b, double& s, double& e) {
+  s = a + b;
+  const double bb = s - a;
+  e = (a - (s - bb)) + (b - bb);
+}
+
+// Adds x to the expansion e[0..m) in place (Shewchuk's grow-expansion, zero components dropped):
+// afterwards e[0..returned) holds the exact sum, nonoverlapping components in increasing magnitude,
+// the last one the largest (a sum of zeros keeps one zero, of the sign a plain sum would give).
+inline int grow_expansion(double* e, int m, double x) {
+  int k = 0;
+  double q = x;
+  for (int j = 0; j < m; ++j) {
+    double s = 0;
+    double err = 0;
+    two_sum(q, e[j], s, err);
+    if (err != 0) e[k++] = err;
+    q = s;
+  }
+  if (q != 0 || k == 0) e[k++] = q;
+  return k;
+}
+
+// The sign of e's exact value minus (a + b): -1, 0 or 1. `scratch` has room for m + 2.
+inline int compare_expansion(const double* e, int m, double a, double b, double* scratch) {
+  std::copy(e, e + m, scratch);
+  int k = grow_expansion(scratch, m, -a);
+  k = grow_expansion(scratch, k, -b);
+  const double top = scratch[k - 1];
+  return top > 0 ? 1 : top < 0 ? -1 : 0;
+}
+
+// The neighbours of a finite T, and whether its last bit is 0 (ties go there).
+template <class T> T step_from(T x, bool up) {
+  if constexpr (is_16bit_float<T>) {
+    // Sign and magnitude: up from a positive (or +0) adds one to the bits, from a negative takes one.
+    const bool negative = (x.bits & 0x8000u) != 0;
+    const auto magnitude = static_cast<std::uint16_t>(x.bits & 0x7fffu);
+    std::uint16_t bits = 0;
+    if (magnitude == 0) bits = up ? 0x0001u : 0x8001u;
+    else if (negative == up) bits = static_cast<std::uint16_t>(x.bits - 1u);
+    else bits = static_cast<std::uint16_t>(x.bits + 1u);
+    return T::from_bits(bits);
+  } else {
+    return std::nextafter(x, up ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
+  }
+}
+template <class T> bool is_even(T x) {
+  if constexpr (is_16bit_float<T>) return (x.bits & 1u) == 0;
+  else if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(x) & 1u) == 0;
+  else return (std::bit_cast<std::uint64_t>(x) & 1u) == 0;
+}
+
+// The exact sum of v[0..n) (finite doubles converted from T) rounded once to T, to nearest, ties
+// to even: an expansion holds the sum exactly; its components added from the smallest give a
+// double within an ulp of it, which rounds to T as c; the exact value is then compared with the
+// midpoints between c and its neighbours, which decides between them. Order-free: nothing here
+// depends on the order of v but that double, and the comparison corrects it. `work` has room for
+// 2n + 4 doubles.
+template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
+  double* e = work;
+  int m = 0;
+  for (int i = 0; i < n; ++i) m = grow_expansion(e, m, v[i]);
+  double approximation = e[0];
+  for (int j = 1; j < m; ++j) approximation += e[j];
+  const T c = from_double<T>(approximation);
+  const double at = to_double(c);
+  if (!std::isfinite(at)) return c;  // beyond T's range: the infinity a plain sum gives
+  double* scratch = work + n + 2;
+  const T candidates[2] = {step_from(c, true), step_from(c, false)};
+  for (const T next : candidates) {
+    const double to = to_double(next);
+    if (!std::isfinite(to)) continue;
+    const double half_step = (to - at) / 2;  // exact: neighbours are one power of two apart
+    if (half_step == 0) continue;            // the smallest subnormal step of a double: sums there are exact
+    const int side = compare_expansion(e, m, at, half_step, scratch);
+    const int beyond = to > at ? side : -side;  // 1: past the midpoint toward `next`
+    if (beyond > 0) return next;
+    if (beyond == 0) return is_even(c) ? c : next;
+  }
+  return c;
+}
+
+// The exponent field of a float, subnormals counted as the smallest normal's (their last bit is
+// worth the same): the spread test below needs only where each value's last bit lies.
+inline int exponent_field(float x) {
+  const int field = static_cast<int>((std::bit_cast<std::uint32_t>(x) >> 23) & 0xffu);
+  return field == 0 ? 1 : field;
+}
+
+inline int ceil_log2(int n) {
+  int bits = 0;
+  while ((1 << bits) < n) ++bits;
+  return bits;
+}
+
+// One element: the order-free sum of p values (doubles converted exactly from T), rounded to T.
+// `work` has room for 2p + 4 doubles.
+template <class T> T reproducible_element(const double* values, int p, double* work, int spread_limit) {
+  bool nan = false;
+  bool plus_inf = false;
+  bool minus_inf = false;
+  int low = 1 << 30;
+  int high = -1;
+  double sum = 0;
+  for (int q = 0; q < p; ++q) {
+    const double x = values[q];
+    sum += x;
+    if (std::isnan(x)) nan = true;
+    else if (std::isinf(x)) (x > 0 ? plus_inf : minus_inf) = true;
+    else if (x != 0 && spread_limit >= 0) {
+      const int e = exponent_field(static_cast<float>(x));
+      low = std::min(low, e);
+      high = std::max(high, e);
+    }
+  }
+  if (nan || (plus_inf && minus_inf)) return from_double<T>(std::numeric_limits<double>::quiet_NaN());
+  if (plus_inf || minus_inf) return from_double<T>(plus_inf ? std::numeric_limits<double>::infinity()
+                                                            : -std::numeric_limits<double>::infinity());
+  // Values of 32 bits or less whose exponents lie close: their double sum was exact, in any order.
+  if (spread_limit >= 0 && (high < 0 || high - low <= spread_limit)) return from_double<T>(sum);
+  return exact_sum_rounded<T>(values, p, work);
+}
+
+// The fast test's loops, over blocks of a constant size (so that GCC vectorizes them at -O2,
+// which takes no loop that needs a remainder or an overlap check, and no branch: the exponent's
+// choices are masks). Per element: the double sum, and the smallest and largest exponent field of
+// the nonzero values (subnormals as 1; NaN and infinity as 255).
+inline constexpr std::size_t reproducible_block = 256;
+inline void add_block(const float* __restrict x, double* __restrict sum) {
+  for (std::size_t i = 0; i < reproducible_block; ++i) sum[i] += static_cast<double>(x[i]);
+}
+inline void exponent_range_block(const float* __restrict x, std::int32_t* __restrict low, std::int32_t* __restrict high) {
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    const std::int32_t bits = std::bit_cast<std::int32_t>(x[i]) & 0x7fffffff;
+    const std::int32_t field = bits >> 23;
+    const std::int32_t e = field | static_cast<std::int32_t>(field == 0);
+    const std::int32_t nonzero = -static_cast<std::int32_t>(bits != 0);  // all ones or none
+    const std::int32_t for_low = (e & nonzero) | ((1 << 20) & ~nonzero);
+    const std::int32_t for_high = (e & nonzero) | ~nonzero;
+    low[i] = low[i] < for_low ? low[i] : for_low;
+    high[i] = high[i] > for_high ? high[i] : for_high;
+  }
+}
+
+// Whether every element of the block is finite with its exponents within `spread_limit`.
+inline bool all_close(const std::int32_t* __restrict low, const std::int32_t* __restrict high, std::int32_t spread_limit) {
+  std::int32_t far = 0;
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    far |= static_cast<std::int32_t>(high[i] >= 255) | static_cast<std::int32_t>(high[i] - low[i] > spread_limit);
+  }
+  return far == 0;
+}
+
+// dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
+// operand(0)[i] ... operand(p - 1)[i], for i < n. dst may be any operand. Blocks of elements go
+// through the fast test first, one operand at a time (loops the compiler vectorizes): the double
+// sum, and the spread of the exponents of the nonzero values; an element with a NaN or infinity,
+// or spread too wide, is then computed on its own (reproducible_element).
+template <class Operand>
+void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
+      constexpr int precision = std::is_same_v<T, double> ? 53 : std::is_same_v<T, float> ? 24
+                                : std::is_same_v<T, half>                                ? 11
+                                                                                         : 8;
+      // The double sum of p values is exact when spread + precision + log2 p + 1 bits fit in 53.
+      const int spread_limit = std::is_same_v<T, double> ? -1 : 53 - precision - ceil_log2(p) - 1;
+      // Room for p operands and 3p + 4 doubles: on the stack up to 32 ranks (no allocation for a
+      // small tensor's sum), else on the heap.
+      constexpr int on_stack = 32;
+      const T* from_here[on_stack];
+      double values_here[3 * on_stack + 4];
+      std::vector<const T*> from_heap(p > on_stack ? static_cast<std::size_t>(p) : 0);
+      std::vector<double> values_heap(p > on_stack ? static_cast<std::size_t>(3 * p + 4) : 0);
+      const T** from = p > on_stack ? from_heap.data() : from_here;
+      double* values = p > on_stack ? values_heap.data() : values_here;
+      for (int q = 0; q < p; ++q) from[q] = reinterpret_cast<const T*>(operand(q));
+      auto* out = reinterpret_cast<T*>(dst);
+      auto one = [&](std::size_t i) {
+        for (int q = 0; q < p; ++q) values[q] = to_double(from[q][i]);
+        return reproducible_element<T>(values, p, values + p, spread_limit);
+      };
+      double sum[reproducible_block];
+      std::int32_t low[reproducible_block];
+      std::int32_t high[reproducible_block];
+      float staged[reproducible_block];
+      for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
+        const std::size_t m = std::min(reproducible_block, n - begin);
+        if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = one(begin + i);
+        } else if (m < reproducible_block) {
+          // A short tensor or the last block: the same test, one element at a time.
+          for (std::size_t i = begin; i < begin + m; ++i) {
+            double total = -0.0;
+            std::int32_t least = 1 << 20;
+            std::int32_t most = -1;
+            for (int q = 0; q < p; ++q) {
+              const float f = static_cast<float>(from[q][i]);
+              const std::int32_t bits = std::bit_cast<std::int32_t>(f) & 0x7fffffff;
+              const std::int32_t e = std::max(bits >> 23, 1);
+              total += static_cast<double>(f);
+              if (bits != 0) {
+                least = std::min(least, e);
+                most = std::max(most, e);
+              }
+            }
+            out[i] = most < 255 && most - least <= spread_limit ? from_double<T>(total) : one(i);
+          }
+        } else {
+          std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
+          std::fill(low, low + reproducible_block, 1 << 20);
+          std::fill(high, high + reproducible_block, -1);
+          for (int q = 0; q < p; ++q) {
+            const T* x = from[static_cast<std::size_t>(q)] + begin;
+            const float* block = staged;
+            if constexpr (std::is_same_v<T, float>) {
+              block = x;
+            } else {
+              for (std::size_t i = 0; i < reproducible_block; ++i) staged[i] = static_cast<float>(x[i]);
+            }
+            add_block(block, sum);
+            exponent_range_block(block, low, high);
+          }
+          // Finite (no field 255) and close: the double sum was exact in any order. The rest
+          // (rare) one by one.
+          for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
+          if (!all_close(low, high, spread_limit)) {
+            for (std::size_t i = 0; i < reproducible_block; ++i) {
+              if (high[i] >= 255 || (high[i] >= 0 && high[i] - low[i] > spread_limit)) out[begin + i] = one(begin + i);
+            }
+          }
+        }
+        if (op == reduce_op::avg) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = finalize_avg(out[begin + i], p);
+        }
+      }
+    }
+  });
+}
+
+// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
+// exchange), the function above on it, the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, p);
+  const std::size_t n = chunks.length[r];
+  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
+  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
+  {
+    const trace::span phase(comm.operations().track(), "gather pieces");
+    pairwise_exchange(
+        comm,
+        [&](int to) {
+          const auto c = static_cast<std::size_t>(to);
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
+        },
+        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
+  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
+  {
+    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
+  }
+  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -11058,6 +11449,9 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
 // else with the ring.
 template <communicator C>
 void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  if (comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op)) {
+    return reproducible_allreduce(comm, type, op, in, out, count);
+  }
   if constexpr (with_shared_node<C>) {
     if (comm.size() > 1) {
       if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
@@ -11075,6 +11469,16 @@ inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
 
 template <communicator C> std::size_t one_shot_bytes(C& comm) {
   return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
+}
+
+// A reproducible sum is computed on the host (collectives/detail/reproducible.hpp): a device
+// tensor asks for it is an error, not a silent sum in some order.
+template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
+  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
+    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
+                       t.device.str(),
+               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
+  }
 }
 
 // One allreduce: its arguments, checked on this rank.
@@ -11099,6 +11503,7 @@ allreduce_call prepare_allreduce(call_check check, const_buffer_view in, buffer_
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  require_reproducible_on_host(check, comm, in, op);
   return {std::move(check), in, out, op};
 }
 
@@ -11134,6 +11539,10 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
+    if (reproducible_applies(comm.options().reproducible, in.type, op)) {
+      return reproducible_reduce(in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); },
+                                 in.count);
+    }
     reduce_in_rank_order(
         in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
     return;
@@ -11169,6 +11578,7 @@ grouped_allreduce_call prepare_grouped_allreduce(call_check check, std::vector<b
     check.require_op(t.type, op);
     check.require_reachable(role.c_str(), t, reaches(comm, t.device), unreachable_advice(comm, t.device));
     if constexpr (native_collectives<C>) require_native_op(check, t.type, op);
+    require_reproducible_on_host(check, comm, t, op);
     for (std::size_t j = 0; check.ok() && j < i; ++j) {
       check.require_disjoint(tensors[j], t, nullptr, nullptr);
     }
@@ -11214,7 +11624,9 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
-    if (shm_node* node = shared_node_of(comm)) {  // straight from and into the tensors: no packing
+    shm_node* node = shared_node_of(comm);
+    if (node != nullptr && !reproducible_applies(comm.options().reproducible, lead.type, call.op)) {
+      // Straight from and into the tensors: no packing.
       std::vector<buffer_view> parts;
       for (std::size_t i : members) parts.push_back(tensors[i]);
       const host_parts whole(parts, es);
@@ -11247,9 +11659,11 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
 }
 
 // Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
-// shares the node, and there is more than a one-shot allreduce's worth of data.
-template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
+// shares the node, and there is more than a one-shot allreduce's worth of data (and `op` is not a
+// reproducible sum, which takes its own path: the caller packs instead).
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
   if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
+  if (reproducible_applies(comm.options().reproducible, parts.front().type, op)) return false;
   std::size_t count = 0;
   for (const buffer_view& v : parts) count += v.count;
   return count * size_of(parts.front().type) > one_shot_bytes(comm);
@@ -11809,54 +12223,6 @@ HERD_CONFIG_NAMESPACE_END
 //
 // The data move in a pairwise exchange (detail/pairwise.hpp); this rank's own block is copied.
 
-
-// ---- herd/collectives/detail/pairwise.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
-#define HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
-// The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
-// r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
-// sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
-// is not sent (both sides know its size).
-
-
-#include <cstddef>
-#include <deque>
-#include <utility>
-
-namespace herd::detail {
-
-//   send_at(to)     -> {pointer, bytes}: this rank's block for rank `to`
-//   receive_at(from) -> {pointer, bytes}: where rank `from`'s block goes
-template <communicator C, class SendAt, class ReceiveAt>
-void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const int tag = comm.operations().data_tag();
-  struct step {
-    typename C::request receive;
-    typename C::request send;
-  };
-  std::deque<step> steps;
-  auto finish_oldest = [&] {
-    comm.wait(steps.front().receive);
-    comm.wait(steps.front().send);
-    steps.pop_front();
-  };
-  for (int k = 1; k < p; ++k) {
-    if (steps.size() == ring_window) finish_oldest();
-    const int to = (r + k) % p;
-    const int from = ring_mod(r - k, p);
-    step s;
-    if (const auto [at, bytes] = receive_at(from); bytes != 0) s.receive = comm.irecv(at, bytes, from, tag);
-    if (const auto [at, bytes] = send_at(to); bytes != 0) s.send = comm.isend(at, bytes, to, tag);
-    steps.push_back(std::move(s));
-  }
-  while (!steps.empty()) finish_oldest();
-}
-
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
 
 #include <cstdint>
 #include <cstring>
@@ -13113,16 +13479,6 @@ HERD_CONFIG_NAMESPACE_END
 
 namespace herd::detail {
 
-template <class T> inline double to_double(T x) noexcept {
-  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
-  else return static_cast<double>(x);
-}
-
-template <class T> inline T from_double(double x) noexcept {
-  if constexpr (is_16bit_float<T>) return T(x);
-  else return static_cast<T>(x);
-}
-
 // dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
 // rounded once into D.
 inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
@@ -14071,7 +14427,7 @@ struct bucket_operation {
       if (!marked[i]) return false;
       parts.push_back(views[i]);
     }
-    if (!reduces_in_shared_memory(comm, parts)) return false;
+    if (!reduces_in_shared_memory(comm, parts, op)) return false;
     start_in_shared_memory(comm, std::move(parts), op);
     return true;
   }
@@ -14717,8 +15073,9 @@ bool reduced_in_shared_memory(C& comm, const reduction_policy& policy, const std
   std::vector<buffer_view> parts;
   parts.reserve(bucket.size());
   for (std::size_t i : bucket) parts.push_back(grads[i]);
-  if (!reduces_in_shared_memory(comm, parts)) return false;
-  allreduce_in_shared_memory(comm, parts, policy.wire_op(parts.front().type));
+  const reduce_op op = policy.wire_op(parts.front().type);
+  if (!reduces_in_shared_memory(comm, parts, op)) return false;
+  allreduce_in_shared_memory(comm, parts, op);
   return true;
 }
 

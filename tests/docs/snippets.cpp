@@ -273,6 +273,25 @@ void asynchronous(herd::mpi_communicator& comm) {
   ++blocks;
 }
 
+// api.md, "Reproducible sums": the result is the correctly rounded sum of the ranks' values (here
+// each element's float sum in double is exact, and one rounding gives it), on every rank.
+void reproducible(herd::mpi_communicator& world) {
+  const int rank = world.rank(), size = world.size();
+  std::vector<float> grad(5000);
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i + static_cast<std::size_t>(rank)) * 0.1f;
+
+#include "reproducible.inc"
+
+  bool right = comm.options().reproducible;
+  for (std::size_t i = 0; i < grad.size(); ++i) {
+    double exact = 0;
+    for (int r = 0; r < size; ++r) exact += static_cast<double>(static_cast<float>(i + static_cast<std::size_t>(r)) * 0.1f);
+    right = right && grad[i] == static_cast<float>(exact);
+  }
+  expect(right, "reproducible sums: the correctly rounded sum", rank);
+  ++blocks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,5 +305,6 @@ int main(int argc, char** argv) {
     mixed_precision(comm);
     if (comm.size() >= 3) process_sets(comm);
     asynchronous(comm);
+    reproducible(comm);
   });
 }

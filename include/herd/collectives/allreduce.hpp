@@ -19,6 +19,7 @@
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/launch.hpp>
+#include <herd/collectives/detail/reproducible.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
 #include <herd/collectives/detail/shm.hpp>
@@ -80,6 +81,9 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
 // else with the ring.
 template <communicator C>
 void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  if (comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op)) {
+    return reproducible_allreduce(comm, type, op, in, out, count);
+  }
   if constexpr (with_shared_node<C>) {
     if (comm.size() > 1) {
       if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
@@ -97,6 +101,16 @@ inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
 
 template <communicator C> std::size_t one_shot_bytes(C& comm) {
   return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
+}
+
+// A reproducible sum is computed on the host (collectives/detail/reproducible.hpp): a device
+// tensor asks for it is an error, not a silent sum in some order.
+template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
+  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
+    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
+                       t.device.str(),
+               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
+  }
 }
 
 // One allreduce: its arguments, checked on this rank.
@@ -121,6 +135,7 @@ allreduce_call prepare_allreduce(call_check check, const_buffer_view in, buffer_
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  require_reproducible_on_host(check, comm, in, op);
   return {std::move(check), in, out, op};
 }
 
@@ -156,6 +171,10 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     if (in.count == 0) return;
     const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
+    if (reproducible_applies(comm.options().reproducible, in.type, op)) {
+      return reproducible_reduce(in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); },
+                                 in.count);
+    }
     reduce_in_rank_order(
         in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
     return;
@@ -191,6 +210,7 @@ grouped_allreduce_call prepare_grouped_allreduce(call_check check, std::vector<b
     check.require_op(t.type, op);
     check.require_reachable(role.c_str(), t, reaches(comm, t.device), unreachable_advice(comm, t.device));
     if constexpr (native_collectives<C>) require_native_op(check, t.type, op);
+    require_reproducible_on_host(check, comm, t, op);
     for (std::size_t j = 0; check.ok() && j < i; ++j) {
       check.require_disjoint(tensors[j], t, nullptr, nullptr);
     }
@@ -236,7 +256,9 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
       continue;
     }
     const std::size_t es = size_of(lead.type);
-    if (shm_node* node = shared_node_of(comm)) {  // straight from and into the tensors: no packing
+    shm_node* node = shared_node_of(comm);
+    if (node != nullptr && !reproducible_applies(comm.options().reproducible, lead.type, call.op)) {
+      // Straight from and into the tensors: no packing.
       std::vector<buffer_view> parts;
       for (std::size_t i : members) parts.push_back(tensors[i]);
       const host_parts whole(parts, es);
@@ -269,9 +291,11 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
 }
 
 // Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
-// shares the node, and there is more than a one-shot allreduce's worth of data.
-template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
+// shares the node, and there is more than a one-shot allreduce's worth of data (and `op` is not a
+// reproducible sum, which takes its own path: the caller packs instead).
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
   if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
+  if (reproducible_applies(comm.options().reproducible, parts.front().type, op)) return false;
   std::size_t count = 0;
   for (const buffer_view& v : parts) count += v.count;
   return count * size_of(parts.front().type) > one_shot_bytes(comm);

@@ -216,6 +216,17 @@ struct bfloat16 {
 namespace detail {
 // half or bfloat16: stored in 16 bits, computed in float.
 template <class T> inline constexpr bool is_16bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+// Any element type to double and back, the way back rounded once (16-bit floats round from a
+// double in one step, above).
+template <class T> inline double to_double(T x) noexcept {
+  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+template <class T> inline T from_double(double x) noexcept {
+  if constexpr (is_16bit_float<T>) return T(x);
+  else return static_cast<T>(x);
+}
 }  // namespace detail
 
 }  // namespace herd

@@ -16,6 +16,8 @@
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
+//   HERD_REPRODUCIBLE                 1: float sums and averages whose bits depend on the ranks' values only, not on
+//                                     the algorithm, layout, bucket split or rank order (0, the default)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
 //                                     as one node (0, the default: MPI_COMM_TYPE_SHARED decides)
 //   HERD_TIMELINE                     write a timeline to this path, a file per rank (runtime/timeline.hpp)
@@ -66,6 +68,7 @@ struct settings {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   algorithm allreduce_algorithm = algorithm::automatic;
   std::size_t shm_slice_bytes = std::size_t{1} << 20;
+  bool reproducible = false;
   int simulated_node_size = 0;
   std::string problem;  // the first malformed variable, in words; empty when all are fine
 };
@@ -147,6 +150,7 @@ inline settings read_settings() {
     }
     s.shm_slice_bytes = settings{}.shm_slice_bytes;
   }
+  s.reproducible = env_number("HERD_REPRODUCIBLE", 0, s.problem, env_kind::flag) != 0;
   const double node_size = env_number("HERD_SIMULATE_NODE_SIZE", 0, s.problem, env_kind::whole);
   if (node_size > 65536 && s.problem.empty()) {
     s.problem = "environment variable HERD_SIMULATE_NODE_SIZE is above 65536; give a number of ranks between 0 (the "

@@ -39,7 +39,7 @@ using agreed_error = argument_error;
 
 // What one rank passed, as the others see it.
 struct signature {
-  std::uint32_t magic = 0x48524435;  // "HRD5": guards against a rank running another herd build
+  std::uint32_t magic = 0x48524436;  // "HRD6": guards against a rank running another herd build
   op_kind kind = op_kind::barrier;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
@@ -50,6 +50,7 @@ struct signature {
   device::kind memory = device::kind::cpu;  // where the tensors live: picks the algorithm
   std::uint8_t check_arguments = 1;  // wire protocol: whether large collectives exchange signatures
   std::uint8_t typed = 0;            // whether count and type describe a tensor (for messages)
+  std::uint8_t reproducible = 0;     // wire protocol: HERD_REPRODUCIBLE
   algorithm algo = algorithm::automatic;  // wire protocol: HERD_ALLREDUCE_ALGORITHM
   std::uint64_t seq = 0;     // the operation's sequence number on its communicator
   std::uint64_t count = 0;   // the element count every rank must agree on
@@ -322,6 +323,9 @@ void verify_identity(const error_site& site, std::span<const signature> all, Own
   require_same_option(site, all, "HERD_SHM_SLICE_BYTES", [](const signature& s) { return s.slice_bytes; },
                       "Give every rank the same HERD_SHM_SLICE_BYTES (comm_options::shm_slice_bytes): the ranks share "
                       "one layout of shared memory");
+  require_same_option(site, all, "HERD_REPRODUCIBLE", [](const signature& s) { return s.reproducible; },
+                      "Give every rank the same HERD_REPRODUCIBLE (comm_options::reproducible): the ranks must reduce "
+                      "the same way");
   require_same_option(site, all, "HERD_SIMULATE_NODE_SIZE", [](const signature& s) { return s.node_size; },
                       "Give every rank the same HERD_SIMULATE_NODE_SIZE (comm_options::simulated_node_size), or none");
 }
@@ -343,6 +347,7 @@ inline void stamp_identity(signature& s, const operation_state& ops) {
   s.segment_bytes = ops.options().ring_segment_bytes;
   s.algo = ops.options().allreduce_algorithm;
   s.slice_bytes = ops.options().shm_slice_bytes;
+  s.reproducible = ops.options().reproducible ? 1 : 0;
   s.node_size = ops.options().simulated_node_size;
   s.name = ops.current().name_;
 }

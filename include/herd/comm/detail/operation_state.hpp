@@ -43,6 +43,10 @@ struct comm_options {
   algorithm allreduce_algorithm = runtime::defaults().allreduce_algorithm;
   std::size_t shm_slice_bytes = runtime::defaults().shm_slice_bytes;
   int simulated_node_size = runtime::defaults().simulated_node_size;
+  // Float allreduces with sum or avg give bits that depend on the ranks' values only: not on the
+  // path, the node layout, bucket or piece splits, or which rank holds which value
+  // (collectives/detail/reproducible.hpp; HERD_REPRODUCIBLE). Host tensors only.
+  bool reproducible = runtime::defaults().reproducible;
   // mpi_communicator: when an abort cannot settle its sends within stall_shutdown_seconds (a peer
   // does not take them, and MPI cannot cancel a send), end the job with MPI_Abort (true), or raise
   // herd::error saying that those buffers still belong to MPI (false).

@@ -15,16 +15,6 @@
 
 namespace herd::detail {
 
-template <class T> inline double to_double(T x) noexcept {
-  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
-  else return static_cast<double>(x);
-}
-
-template <class T> inline T from_double(double x) noexcept {
-  if constexpr (is_16bit_float<T>) return T(x);
-  else return static_cast<T>(x);
-}
-
 // dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
 // rounded once into D.
 inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {

@@ -1,0 +1,325 @@
+#ifndef HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+#define HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+// Reproducible sums (comm_options::reproducible, HERD_REPRODUCIBLE=1): a float allreduce with sum
+// or avg whose bits depend on the multiset of the ranks' values only: not on the algorithm, the
+// node layout, how a tensor is cut into buckets or pieces, or which rank holds which value.
+//
+// How. An element's result is a function of its p values that ignores their order: their exact
+// sum, correctly rounded to the element type (to nearest, ties to even), which is also as accurate
+// as a sum can be. Where the values' exponents lie close enough together (spread + the type's
+// precision + log2 p + 1 bits fit in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16
+// 2^39), the sum of their doubles is exact in any order and is rounded once. Otherwise (and always
+// for f64) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
+// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
+// (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
+// infinity gives itself.
+//
+// Where. Every rank must see all p values of the elements it computes: the allreduce is a pairwise
+// exchange that brings rank r piece r of every rank's tensor (the bytes of a reduce-scatter), the
+// function on each element, and the ring's allgather of the results: the bandwidth of the ring
+// allreduce, on MPI messages, whatever the node layout. Small tensors reduce, with every rank's
+// tensor at hand, the same function after the agreement. Integer sums are the same in any order
+// already; min, max and prod, and every reduction of device tensors (an error in this mode), are not
+// covered.
+
+#include <herd/collectives/detail/pairwise.hpp>
+#include <herd/collectives/detail/ring.hpp>
+#include <herd/collectives/detail/scratch.hpp>
+#include <herd/comm/communicator.hpp>
+#include <herd/core/dtype.hpp>
+#include <herd/core/half.hpp>
+#include <herd/core/reduce_op.hpp>
+#include <herd/runtime/timeline.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// Whether the reproducible sum takes this reduction.
+inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
+  return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
+}
+
+// s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
+inline void two_sum(double a, double b, double& s, double& e) {
+  s = a + b;
+  const double bb = s - a;
+  e = (a - (s - bb)) + (b - bb);
+}
+
+// Adds x to the expansion e[0..m) in place (Shewchuk's grow-expansion, zero components dropped):
+// afterwards e[0..returned) holds the exact sum, nonoverlapping components in increasing magnitude,
+// the last one the largest (a sum of zeros keeps one zero, of the sign a plain sum would give).
+inline int grow_expansion(double* e, int m, double x) {
+  int k = 0;
+  double q = x;
+  for (int j = 0; j < m; ++j) {
+    double s = 0;
+    double err = 0;
+    two_sum(q, e[j], s, err);
+    if (err != 0) e[k++] = err;
+    q = s;
+  }
+  if (q != 0 || k == 0) e[k++] = q;
+  return k;
+}
+
+// The sign of e's exact value minus (a + b): -1, 0 or 1. `scratch` has room for m + 2.
+inline int compare_expansion(const double* e, int m, double a, double b, double* scratch) {
+  std::copy(e, e + m, scratch);
+  int k = grow_expansion(scratch, m, -a);
+  k = grow_expansion(scratch, k, -b);
+  const double top = scratch[k - 1];
+  return top > 0 ? 1 : top < 0 ? -1 : 0;
+}
+
+// The neighbours of a finite T, and whether its last bit is 0 (ties go there).
+template <class T> T step_from(T x, bool up) {
+  if constexpr (is_16bit_float<T>) {
+    // Sign and magnitude: up from a positive (or +0) adds one to the bits, from a negative takes one.
+    const bool negative = (x.bits & 0x8000u) != 0;
+    const auto magnitude = static_cast<std::uint16_t>(x.bits & 0x7fffu);
+    std::uint16_t bits = 0;
+    if (magnitude == 0) bits = up ? 0x0001u : 0x8001u;
+    else if (negative == up) bits = static_cast<std::uint16_t>(x.bits - 1u);
+    else bits = static_cast<std::uint16_t>(x.bits + 1u);
+    return T::from_bits(bits);
+  } else {
+    return std::nextafter(x, up ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
+  }
+}
+template <class T> bool is_even(T x) {
+  if constexpr (is_16bit_float<T>) return (x.bits & 1u) == 0;
+  else if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(x) & 1u) == 0;
+  else return (std::bit_cast<std::uint64_t>(x) & 1u) == 0;
+}
+
+// The exact sum of v[0..n) (finite doubles converted from T) rounded once to T, to nearest, ties
+// to even: an expansion holds the sum exactly; its components added from the smallest give a
+// double within an ulp of it, which rounds to T as c; the exact value is then compared with the
+// midpoints between c and its neighbours, which decides between them. Order-free: nothing here
+// depends on the order of v but that double, and the comparison corrects it. `work` has room for
+// 2n + 4 doubles.
+template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
+  double* e = work;
+  int m = 0;
+  for (int i = 0; i < n; ++i) m = grow_expansion(e, m, v[i]);
+  double approximation = e[0];
+  for (int j = 1; j < m; ++j) approximation += e[j];
+  const T c = from_double<T>(approximation);
+  const double at = to_double(c);
+  if (!std::isfinite(at)) return c;  // beyond T's range: the infinity a plain sum gives
+  double* scratch = work + n + 2;
+  const T candidates[2] = {step_from(c, true), step_from(c, false)};
+  for (const T next : candidates) {
+    const double to = to_double(next);
+    if (!std::isfinite(to)) continue;
+    const double half_step = (to - at) / 2;  // exact: neighbours are one power of two apart
+    if (half_step == 0) continue;            // the smallest subnormal step of a double: sums there are exact
+    const int side = compare_expansion(e, m, at, half_step, scratch);
+    const int beyond = to > at ? side : -side;  // 1: past the midpoint toward `next`
+    if (beyond > 0) return next;
+    if (beyond == 0) return is_even(c) ? c : next;
+  }
+  return c;
+}
+
+// The exponent field of a float, subnormals counted as the smallest normal's (their last bit is
+// worth the same): the spread test below needs only where each value's last bit lies.
+inline int exponent_field(float x) {
+  const int field = static_cast<int>((std::bit_cast<std::uint32_t>(x) >> 23) & 0xffu);
+  return field == 0 ? 1 : field;
+}
+
+inline int ceil_log2(int n) {
+  int bits = 0;
+  while ((1 << bits) < n) ++bits;
+  return bits;
+}
+
+// One element: the order-free sum of p values (doubles converted exactly from T), rounded to T.
+// `work` has room for 2p + 4 doubles.
+template <class T> T reproducible_element(const double* values, int p, double* work, int spread_limit) {
+  bool nan = false;
+  bool plus_inf = false;
+  bool minus_inf = false;
+  int low = 1 << 30;
+  int high = -1;
+  double sum = 0;
+  for (int q = 0; q < p; ++q) {
+    const double x = values[q];
+    sum += x;
+    if (std::isnan(x)) nan = true;
+    else if (std::isinf(x)) (x > 0 ? plus_inf : minus_inf) = true;
+    else if (x != 0 && spread_limit >= 0) {
+      const int e = exponent_field(static_cast<float>(x));
+      low = std::min(low, e);
+      high = std::max(high, e);
+    }
+  }
+  if (nan || (plus_inf && minus_inf)) return from_double<T>(std::numeric_limits<double>::quiet_NaN());
+  if (plus_inf || minus_inf) return from_double<T>(plus_inf ? std::numeric_limits<double>::infinity()
+                                                            : -std::numeric_limits<double>::infinity());
+  // Values of 32 bits or less whose exponents lie close: their double sum was exact, in any order.
+  if (spread_limit >= 0 && (high < 0 || high - low <= spread_limit)) return from_double<T>(sum);
+  return exact_sum_rounded<T>(values, p, work);
+}
+
+// The fast test's loops, over blocks of a constant size (so that GCC vectorizes them at -O2,
+// which takes no loop that needs a remainder or an overlap check, and no branch: the exponent's
+// choices are masks). Per element: the double sum, and the smallest and largest exponent field of
+// the nonzero values (subnormals as 1; NaN and infinity as 255).
+inline constexpr std::size_t reproducible_block = 256;
+inline void add_block(const float* __restrict x, double* __restrict sum) {
+  for (std::size_t i = 0; i < reproducible_block; ++i) sum[i] += static_cast<double>(x[i]);
+}
+inline void exponent_range_block(const float* __restrict x, std::int32_t* __restrict low, std::int32_t* __restrict high) {
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    const std::int32_t bits = std::bit_cast<std::int32_t>(x[i]) & 0x7fffffff;
+    const std::int32_t field = bits >> 23;
+    const std::int32_t e = field | static_cast<std::int32_t>(field == 0);
+    const std::int32_t nonzero = -static_cast<std::int32_t>(bits != 0);  // all ones or none
+    const std::int32_t for_low = (e & nonzero) | ((1 << 20) & ~nonzero);
+    const std::int32_t for_high = (e & nonzero) | ~nonzero;
+    low[i] = low[i] < for_low ? low[i] : for_low;
+    high[i] = high[i] > for_high ? high[i] : for_high;
+  }
+}
+
+// Whether every element of the block is finite with its exponents within `spread_limit`.
+inline bool all_close(const std::int32_t* __restrict low, const std::int32_t* __restrict high, std::int32_t spread_limit) {
+  std::int32_t far = 0;
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    far |= static_cast<std::int32_t>(high[i] >= 255) | static_cast<std::int32_t>(high[i] - low[i] > spread_limit);
+  }
+  return far == 0;
+}
+
+// dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
+// operand(0)[i] ... operand(p - 1)[i], for i < n. dst may be any operand. Blocks of elements go
+// through the fast test first, one operand at a time (loops the compiler vectorizes): the double
+// sum, and the spread of the exponents of the nonzero values; an element with a NaN or infinity,
+// or spread too wide, is then computed on its own (reproducible_element).
+template <class Operand>
+void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
+      constexpr int precision = std::is_same_v<T, double> ? 53 : std::is_same_v<T, float> ? 24
+                                : std::is_same_v<T, half>                                ? 11
+                                                                                         : 8;
+      // The double sum of p values is exact when spread + precision + log2 p + 1 bits fit in 53.
+      const int spread_limit = std::is_same_v<T, double> ? -1 : 53 - precision - ceil_log2(p) - 1;
+      // Room for p operands and 3p + 4 doubles: on the stack up to 32 ranks (no allocation for a
+      // small tensor's sum), else on the heap.
+      constexpr int on_stack = 32;
+      const T* from_here[on_stack];
+      double values_here[3 * on_stack + 4];
+      std::vector<const T*> from_heap(p > on_stack ? static_cast<std::size_t>(p) : 0);
+      std::vector<double> values_heap(p > on_stack ? static_cast<std::size_t>(3 * p + 4) : 0);
+      const T** from = p > on_stack ? from_heap.data() : from_here;
+      double* values = p > on_stack ? values_heap.data() : values_here;
+      for (int q = 0; q < p; ++q) from[q] = reinterpret_cast<const T*>(operand(q));
+      auto* out = reinterpret_cast<T*>(dst);
+      auto one = [&](std::size_t i) {
+        for (int q = 0; q < p; ++q) values[q] = to_double(from[q][i]);
+        return reproducible_element<T>(values, p, values + p, spread_limit);
+      };
+      double sum[reproducible_block];
+      std::int32_t low[reproducible_block];
+      std::int32_t high[reproducible_block];
+      float staged[reproducible_block];
+      for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
+        const std::size_t m = std::min(reproducible_block, n - begin);
+        if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = one(begin + i);
+        } else if (m < reproducible_block) {
+          // A short tensor or the last block: the same test, one element at a time.
+          for (std::size_t i = begin; i < begin + m; ++i) {
+            double total = -0.0;
+            std::int32_t least = 1 << 20;
+            std::int32_t most = -1;
+            for (int q = 0; q < p; ++q) {
+              const float f = static_cast<float>(from[q][i]);
+              const std::int32_t bits = std::bit_cast<std::int32_t>(f) & 0x7fffffff;
+              const std::int32_t e = std::max(bits >> 23, 1);
+              total += static_cast<double>(f);
+              if (bits != 0) {
+                least = std::min(least, e);
+                most = std::max(most, e);
+              }
+            }
+            out[i] = most < 255 && most - least <= spread_limit ? from_double<T>(total) : one(i);
+          }
+        } else {
+          std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
+          std::fill(low, low + reproducible_block, 1 << 20);
+          std::fill(high, high + reproducible_block, -1);
+          for (int q = 0; q < p; ++q) {
+            const T* x = from[static_cast<std::size_t>(q)] + begin;
+            const float* block = staged;
+            if constexpr (std::is_same_v<T, float>) {
+              block = x;
+            } else {
+              for (std::size_t i = 0; i < reproducible_block; ++i) staged[i] = static_cast<float>(x[i]);
+            }
+            add_block(block, sum);
+            exponent_range_block(block, low, high);
+          }
+          // Finite (no field 255) and close: the double sum was exact in any order. The rest
+          // (rare) one by one.
+          for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
+          if (!all_close(low, high, spread_limit)) {
+            for (std::size_t i = 0; i < reproducible_block; ++i) {
+              if (high[i] >= 255 || (high[i] >= 0 && high[i] - low[i] > spread_limit)) out[begin + i] = one(begin + i);
+            }
+          }
+        }
+        if (op == reduce_op::avg) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = finalize_avg(out[begin + i], p);
+        }
+      }
+    }
+  });
+}
+
+// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
+// exchange), the function above on it, the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, p);
+  const std::size_t n = chunks.length[r];
+  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
+  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
+  {
+    const trace::span phase(comm.operations().track(), "gather pieces");
+    pairwise_exchange(
+        comm,
+        [&](int to) {
+          const auto c = static_cast<std::size_t>(to);
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
+        },
+        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
+  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
+  {
+    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
+  }
+  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
