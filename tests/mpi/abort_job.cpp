@@ -64,11 +64,12 @@ int main(int argc, char** argv) {
     std::printf("abort_job: rank %d still running after 30 s\n", rank);
     return 1;
   };
-  if (mode == "killed") {
+  // Every rank allreduces 16 MiB over the world, stays 30 s, and must be ended by then.
+  auto allreduce_then_linger = [&](auto before) {
     std::vector<float> big(std::size_t{4} << 20, 1.0f);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) std::printf("abort_job: allreduce begins\n");
-    if (rank == p - 1) std::raise(SIGKILL);
+    before();
     try {
       herd::allreduce(big, world);
     } catch (const herd::error& e) {
@@ -76,6 +77,11 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::seconds(30));  // the job must end around this rank
     return still_running();
+  };
+  if (mode == "killed") {
+    return allreduce_then_linger([&] {
+      if (rank == p - 1) std::raise(SIGKILL);
+    });
   }
   if (mode == "hierarchical") {
     if (rank == 2) {
@@ -86,16 +92,7 @@ int main(int argc, char** argv) {
         }
       };
     }
-    std::vector<float> big(std::size_t{4} << 20, 1.0f);
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) std::printf("abort_job: allreduce begins\n");
-    try {
-      herd::allreduce(big, world);
-    } catch (const herd::error& e) {
-      std::printf("abort_job: rank %d raised: %s\n", rank, e.what());
-    }
-    std::this_thread::sleep_for(std::chrono::seconds(30));  // the job must end around this rank
-    return still_running();
+    return allreduce_then_linger([] {});
   }
   herd::mpi_communicator pair = world.subset({0, 1});
   MPI_Barrier(MPI_COMM_WORLD);

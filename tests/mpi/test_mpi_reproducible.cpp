@@ -8,7 +8,7 @@
 #include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 #include "../support/reference.hpp"
-#include "../support/tiny_mlp.hpp"
+#include "../support/tiny_mlp_training.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -398,40 +398,10 @@ HERD_MPI_TEST_CASE("reproducible sums: ranks that differ about the mode get an e
   CHECK(herd_test::has(text, "HERD_REPRODUCIBLE differs across ranks"));
 }
 
-namespace {
-
-// Eight steps of momentum SGD on a small MLP, each rank on its own batches, gradients reduced by
-// the distributed optimizer with this fusion threshold (0: one allreduce per gradient).
-std::vector<float> train(herd::mpi_communicator& comm, std::size_t threshold) {
-  const std::size_t batch = 16;
-  const int steps = 8;
-  const auto p = static_cast<std::size_t>(comm.size());
-  const herd_test::regression_data data(batch * p * static_cast<std::size_t>(steps), 7, 3, 99);
-  herd_test::tiny_mlp model(7, 400, 3, 5);  // about 4400 parameters: 17 KiB of gradients
-  auto inner = herd::sgd(model.params(), model.grads(), {.lr = 0.05, .momentum = 0.9});
-  herd::optimizer_options options;
-  options.fusion_threshold_bytes = threshold;
-  herd::distributed_optimizer opt(inner, model.grads(), comm, options);
-  herd::broadcast_parameters(model.params(), comm, 0);
-  for (int s = 0; s < steps; ++s) {
-    const std::size_t at = (static_cast<std::size_t>(s) * p + static_cast<std::size_t>(comm.rank())) * batch;
-    model.forward_backward(data, at, at + batch);
-    opt.step();
-  }
-  std::vector<float> out;
-  for (auto v : model.params()) {
-    const float* f = static_cast<const float*>(v.data);
-    out.insert(out.end(), f, f + v.count);
-  }
-  return out;
-}
-
-}  // namespace
-
 HERD_MPI_TEST_CASE("reproducible sums: training gives the same weights whatever the algorithm and the fusion", 2) {
   const int p = world_size();
   herd::mpi_communicator ring(MPI_COMM_WORLD, reproducible(herd::algorithm::ring));
-  const std::vector<float> reference = train(ring, std::size_t{128} << 20);
+  const std::vector<float> reference = herd_test::train_tiny_mlp(ring, std::size_t{128} << 20);
   std::vector<herd::mpi_communicator> others;
   others.emplace_back(MPI_COMM_WORLD, reproducible(herd::algorithm::shared_memory));
   others.emplace_back(MPI_COMM_WORLD, reproducible());
@@ -439,7 +409,7 @@ HERD_MPI_TEST_CASE("reproducible sums: training gives the same weights whatever 
   for (herd::mpi_communicator& c : others) {
     for (std::size_t threshold : {std::size_t{128} << 20, std::size_t{4096}, std::size_t{0}}) {
       INFO("algorithm ", herd::name(c.options().allreduce_algorithm), " fusion threshold ", threshold);
-      CHECK(differing(train(c, threshold), reference) == 0);
+      CHECK(differing(herd_test::train_tiny_mlp(c, threshold), reference) == 0);
     }
   }
 }

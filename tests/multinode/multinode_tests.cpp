@@ -12,7 +12,7 @@
 #include "../support/mpi_test.hpp"
 #include "../support/mpi_world.hpp"
 #include "../support/reference.hpp"
-#include "../support/tiny_mlp.hpp"
+#include "../support/tiny_mlp_training.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -404,32 +404,6 @@ HERD_MPI_TEST_CASE("splits and process sets spanning nodes: herd finds their nod
 
 namespace {
 
-// Trains the tiny MLP with SGD on `comm` (each rank its share of each round's samples), and
-// returns the parameters.
-std::vector<float> train(herd::mpi_communicator& comm, std::size_t threshold) {
-  const std::size_t batch = 16;
-  const int steps = 8;
-  const auto p = static_cast<std::size_t>(comm.size());
-  const herd_test::regression_data data(batch * p * static_cast<std::size_t>(steps), 7, 3, 99);
-  herd_test::tiny_mlp model(7, 400, 3, 5);  // about 4400 parameters: 17 KiB of gradients
-  auto inner = herd::sgd(model.params(), model.grads(), {.lr = 0.05, .momentum = 0.9});
-  herd::optimizer_options options;
-  options.fusion_threshold_bytes = threshold;
-  herd::distributed_optimizer opt(inner, model.grads(), comm, options);
-  herd::broadcast_parameters(model.params(), comm, 0);
-  for (int s = 0; s < steps; ++s) {
-    const std::size_t at = (static_cast<std::size_t>(s) * p + static_cast<std::size_t>(comm.rank())) * batch;
-    model.forward_backward(data, at, at + batch);
-    opt.step();
-  }
-  std::vector<float> out;
-  for (auto v : model.params()) {
-    const float* f = static_cast<const float*>(v.data);
-    out.insert(out.end(), f, f + v.count);
-  }
-  return out;
-}
-
 std::uint64_t digest(const std::vector<float>& v) {
   std::uint64_t h = 1469598103934665603ull;
   const auto* b = reinterpret_cast<const unsigned char*>(v.data());
@@ -446,8 +420,8 @@ HERD_MPI_TEST_CASE("distributed optimizer across nodes: the same parameters on e
   herd::mpi_communicator ring(MPI_COMM_WORLD, ring_options);
   for (std::size_t threshold : {std::size_t{128} << 20, std::size_t{0}}) {
     INFO("fusion threshold ", threshold);
-    const std::vector<float> by_herd = train(chosen, threshold);
-    const std::vector<float> by_ring = train(ring, threshold);
+    const std::vector<float> by_herd = herd_test::train_tiny_mlp(chosen, threshold);
+    const std::vector<float> by_ring = herd_test::train_tiny_mlp(ring, threshold);
     // Every rank holds the same bits.
     const unsigned long long h = digest(by_herd);
     const unsigned long long both[2] = {h, ~h};
