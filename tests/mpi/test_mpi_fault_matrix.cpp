@@ -86,6 +86,7 @@
 
 #include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
+#include "../support/mpi_world.hpp"
 
 #include <dirent.h>
 #include <unistd.h>
@@ -194,16 +195,8 @@ double seconds_since(clock_type::time_point t) { return std::chrono::duration<do
 using herd_test::error_of;
 using herd_test::has;
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using herd_test::world_rank;
+using herd_test::world_size;
 
 // --- The injection: counts this process's events in the faulted step and runs the fault at one.
 

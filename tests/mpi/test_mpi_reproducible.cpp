@@ -7,6 +7,7 @@
 
 #include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
+#include "../support/mpi_world.hpp"
 #include "../support/reference.hpp"
 #include "../support/tiny_mlp_training.hpp"
 
@@ -25,16 +26,8 @@ namespace {
 using herd_test::rng;
 using bytes = std::vector<std::byte>;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using herd_test::world_rank;
+using herd_test::world_size;
 
 herd::comm_options reproducible(herd::algorithm a = herd::algorithm::automatic, int node_size = 0, bool on = true) {
   herd::comm_options o;

@@ -35,16 +35,8 @@ using herd_test::rng;
 using herd_test::values;
 using bytes = std::vector<std::byte>;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using herd_test::world_rank;
+using herd_test::world_size;
 
 // The layout the harness launched: ranks per node.
 std::vector<int> layout() {

@@ -6,6 +6,18 @@
 
 namespace herd_test {
 
+// This rank's number and the job's size in MPI_COMM_WORLD, without a herd communicator.
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
 struct world {
   herd::mpi_communicator comm;
   int rank = comm.rank();

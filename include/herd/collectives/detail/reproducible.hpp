@@ -132,44 +132,27 @@ template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
   return c;
 }
 
-// The exponent field of a float, subnormals counted as the smallest normal's (their last bit is
-// worth the same): the spread test below needs only where each value's last bit lies.
-inline int exponent_field(float x) {
-  const int field = static_cast<int>((std::bit_cast<std::uint32_t>(x) >> 23) & 0xffu);
-  return field == 0 ? 1 : field;
-}
-
 inline int ceil_log2(int n) {
   int bits = 0;
   while ((1 << bits) < n) ++bits;
   return bits;
 }
 
-// One element: the order-free sum of p values (doubles converted exactly from T), rounded to T.
+// One element that the fast test (below) did not settle: a NaN or an infinity among its p values
+// (doubles converted exactly from T), or exponents too far apart for a double sum; f64 always.
 // `work` has room for 2p + 4 doubles.
-template <class T> T reproducible_element(const double* values, int p, double* work, int spread_limit) {
+template <class T> T reproducible_element(const double* values, int p, double* work) {
   bool nan = false;
   bool plus_inf = false;
   bool minus_inf = false;
-  int low = 1 << 30;
-  int high = -1;
-  double sum = 0;
   for (int q = 0; q < p; ++q) {
     const double x = values[q];
-    sum += x;
     if (std::isnan(x)) nan = true;
     else if (std::isinf(x)) (x > 0 ? plus_inf : minus_inf) = true;
-    else if (x != 0 && spread_limit >= 0) {
-      const int e = exponent_field(static_cast<float>(x));
-      low = std::min(low, e);
-      high = std::max(high, e);
-    }
   }
   if (nan || (plus_inf && minus_inf)) return from_double<T>(std::numeric_limits<double>::quiet_NaN());
   if (plus_inf || minus_inf) return from_double<T>(plus_inf ? std::numeric_limits<double>::infinity()
                                                             : -std::numeric_limits<double>::infinity());
-  // Values of 32 bits or less whose exponents lie close: their double sum was exact, in any order.
-  if (spread_limit >= 0 && (high < 0 || high - low <= spread_limit)) return from_double<T>(sum);
   return exact_sum_rounded<T>(values, p, work);
 }
 
@@ -194,20 +177,25 @@ inline void exponent_range_block(const float* __restrict x, std::int32_t* __rest
   }
 }
 
-// Whether every element of the block is finite with its exponents within `spread_limit`.
+// Whether an element's double sum may be inexact: a NaN or an infinity among its values (field
+// 255), or its nonzero values' exponents further apart than `spread_limit` (all zeros: low above
+// high, never).
+inline bool needs_exact(std::int32_t low, std::int32_t high, std::int32_t spread_limit) {
+  return (static_cast<std::int32_t>(high >= 255) | static_cast<std::int32_t>(high - low > spread_limit)) != 0;
+}
+
+// Whether no element of the block needs_exact (a loop without branches: it vectorizes).
 inline bool all_close(const std::int32_t* __restrict low, const std::int32_t* __restrict high, std::int32_t spread_limit) {
   std::int32_t far = 0;
-  for (std::size_t i = 0; i < reproducible_block; ++i) {
-    far |= static_cast<std::int32_t>(high[i] >= 255) | static_cast<std::int32_t>(high[i] - low[i] > spread_limit);
-  }
+  for (std::size_t i = 0; i < reproducible_block; ++i) far |= static_cast<std::int32_t>(needs_exact(low[i], high[i], spread_limit));
   return far == 0;
 }
 
 // dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
 // operand(0)[i] ... operand(p - 1)[i], for i < n. dst may be any operand. Blocks of elements go
 // through the fast test first, one operand at a time (loops the compiler vectorizes): the double
-// sum, and the spread of the exponents of the nonzero values; an element with a NaN or infinity,
-// or spread too wide, is then computed on its own (reproducible_element).
+// sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
+// computed on its own (reproducible_element), as every f64 element is.
 template <class Operand>
 void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
   visit(type, [&](auto element) {
@@ -229,9 +217,9 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
       double* values = p > on_stack ? values_heap.data() : values_here;
       for (int q = 0; q < p; ++q) from[q] = reinterpret_cast<const T*>(operand(q));
       auto* out = reinterpret_cast<T*>(dst);
-      auto one = [&](std::size_t i) {
+      auto exact = [&](std::size_t i) {
         for (int q = 0; q < p; ++q) values[q] = to_double(from[q][i]);
-        return reproducible_element<T>(values, p, values + p, spread_limit);
+        return reproducible_element<T>(values, p, values + p);
       };
       double sum[reproducible_block];
       std::int32_t low[reproducible_block];
@@ -240,7 +228,7 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
       for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
         const std::size_t m = std::min(reproducible_block, n - begin);
         if constexpr (std::is_same_v<T, double>) {
-          for (std::size_t i = 0; i < m; ++i) out[begin + i] = one(begin + i);
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = exact(begin + i);
         } else if (m < reproducible_block) {
           // A short tensor or the last block: the same test, one element at a time.
           for (std::size_t i = begin; i < begin + m; ++i) {
@@ -257,14 +245,14 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
                 most = std::max(most, e);
               }
             }
-            out[i] = most < 255 && most - least <= spread_limit ? from_double<T>(total) : one(i);
+            out[i] = needs_exact(least, most, spread_limit) ? exact(i) : from_double<T>(total);
           }
         } else {
           std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
           std::fill(low, low + reproducible_block, 1 << 20);
           std::fill(high, high + reproducible_block, -1);
           for (int q = 0; q < p; ++q) {
-            const T* x = from[static_cast<std::size_t>(q)] + begin;
+            const T* x = from[q] + begin;
             const float* block = staged;
             if constexpr (std::is_same_v<T, float>) {
               block = x;
@@ -274,12 +262,12 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
             add_block(block, sum);
             exponent_range_block(block, low, high);
           }
-          // Finite (no field 255) and close: the double sum was exact in any order. The rest
-          // (rare) one by one.
+          // Where no element needs_exact, the double sums were exact in any order; the rest (rare)
+          // one by one.
           for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
           if (!all_close(low, high, spread_limit)) {
             for (std::size_t i = 0; i < reproducible_block; ++i) {
-              if (high[i] >= 255 || (high[i] >= 0 && high[i] - low[i] > spread_limit)) out[begin + i] = one(begin + i);
+              if (needs_exact(low[i], high[i], spread_limit)) out[begin + i] = exact(begin + i);
             }
           }
         }

@@ -199,8 +199,7 @@ class operation_state {
   ~operation_state() {
     {
       std::lock_guard lock(mutex_);
-      stopping_ = true;
-      stopping_seen_.store(true, std::memory_order_release);
+      stopping_.store(true, std::memory_order_release);
     }
     wake_.notify_all();
     if (worker_.joinable()) worker_.join();
@@ -436,7 +435,7 @@ class operation_state {
       }
       if (stopping_ && queue_.empty()) return;
       lock.unlock();
-      spin_until([&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_seen_.load(std::memory_order_acquire); },
+      spin_until([&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_.load(std::memory_order_acquire); },
                  handoff_spin);
       lock.lock();
       wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
@@ -460,9 +459,8 @@ class operation_state {
   bool busy_ = false;
   std::thread::id runner_;
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // set under mutex_, read by the progress thread's spin too
   std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
-  std::atomic<bool> stopping_seen_{false};  // stopping_, for the same
   std::thread worker_;
 };
 
