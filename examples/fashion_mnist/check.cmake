@@ -10,6 +10,10 @@
 #   precision     --precision bf16 learns (accuracy >= 0.70 after 1 epoch on 12000 samples) and says
 #                 what the loss scaler did; --precision f16 resumed from its checkpoint (masters,
 #                 momentum, loss scale) == straight
+#   reproducible  4 ranks, HERD_REPRODUCIBLE=1: the checkpoint (weights, momentum) has the same bytes
+#                 whatever the algorithm (ring, shared memory, hierarchical over 2 simulated nodes),
+#                 the fusion and the buckets; without the mode, ring and shared memory differ (so the
+#                 comparison can see a difference)
 # A script rather than PASS_REGULAR_EXPRESSION because ctest ignores the exit status when a
 # regular expression decides, and these tests care about both.
 cmake_minimum_required(VERSION 3.21)
@@ -20,12 +24,16 @@ foreach(var MODE MPIEXEC NP_FLAG PROGRAM WORK_DIR)
   endif()
 endforeach()
 
-# Runs the program on 2 ranks with the given arguments; sets <prefix>_rc and <prefix>_out.
+# Runs the program on ${ranks} ranks (2 unless a mode says otherwise) with the given arguments and
+# the environment variables in ${run_env} (NAME=value ...); sets <prefix>_rc and <prefix>_out.
+set(ranks 2)
+set(run_env)
 function(run_training prefix)
-  execute_process(COMMAND ${MPIEXEC} ${NP_FLAG} 2 ${PROGRAM} ${ARGN}
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env ${run_env} ${MPIEXEC} ${NP_FLAG} ${ranks} ${PROGRAM} ${ARGN}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 120)
   list(JOIN ARGN " " shown)
-  message(STATUS "fashion_mnist ${shown} -> exit status ${rc}\n${out}")
+  list(JOIN run_env " " shown_env)
+  message(STATUS "${shown_env} fashion_mnist ${shown} (${ranks} ranks) -> exit status ${rc}\n${out}")
   set(${prefix}_rc "${rc}" PARENT_SCOPE)
   set(${prefix}_out "${out}" PARENT_SCOPE)
 endfunction()
@@ -138,6 +146,42 @@ elseif(MODE STREQUAL "precision")
     message(FATAL_ERROR "--precision f16 resumed differs from straight:\n  straight: ${expected}\n  resumed:  ${got}")
   endif()
   message(STATUS "identical: ${got}")
+
+elseif(MODE STREQUAL "reproducible")
+  # Each entry: a name, then the environment and flags of one run, separated by '|'.
+  set(ranks 4)
+  set(runs
+      "ring|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=ring|"
+      "shm|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=shm|"
+      "hierarchical|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=hierarchical HERD_SIMULATE_NODE_SIZE=2|"
+      "ring_unfused|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=ring HERD_FUSION_THRESHOLD=0|"
+      "shm_small_buckets|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=shm HERD_BUCKET_BYTES=1|--overlap"
+      "hierarchical_buckets|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=hierarchical HERD_SIMULATE_NODE_SIZE=2|--overlap"
+      "control_ring|HERD_ALLREDUCE_ALGORITHM=ring|"
+      "control_shm|HERD_ALLREDUCE_ALGORITHM=shm|")
+  foreach(entry IN LISTS runs)
+    string(REPLACE "|" ";" fields "${entry}")
+    list(GET fields 0 name)
+    list(GET fields 1 environment)
+    list(GET fields 2 flags)
+    separate_arguments(run_env UNIX_COMMAND "${environment}")
+    separate_arguments(flags UNIX_COMMAND "${flags}")
+    set(ckpt "${WORK_DIR}/${name}.safetensors")
+    run_training(run --epochs 1 --train-samples 2000 --seed 3 --checkpoint "${ckpt}" ${flags})
+    expect_success(run)
+    file(SHA256 "${ckpt}" digest_${name})
+    message(STATUS "${name}: checkpoint sha256 ${digest_${name}}")
+  endforeach()
+  foreach(name IN ITEMS shm hierarchical ring_unfused shm_small_buckets hierarchical_buckets)
+    if(NOT digest_${name} STREQUAL digest_ring)
+      message(FATAL_ERROR "with HERD_REPRODUCIBLE=1, the run '${name}' ended with other weights than 'ring'")
+    endif()
+  endforeach()
+  if(digest_control_ring STREQUAL digest_control_shm)
+    message(FATAL_ERROR "without HERD_REPRODUCIBLE, ring and shared memory gave the same weights at 4 ranks: "
+                        "this comparison would not see a path that ignores the mode")
+  endif()
+  message(STATUS "identical weights in the 6 reproducible runs; the 2 control runs differ")
 
 elseif(MODE STREQUAL "timeline")
   # HERD_TIMELINE on 2 ranks, reducing in step() and in buckets during backward (--overlap): each

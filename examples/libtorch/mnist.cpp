@@ -82,6 +82,7 @@ struct options {
   std::size_t steps = 0;             // 0: a whole epoch
   bool mlp = false;                  // --model mlp
   bool ddp = true;                   // --reduction ddp (else optimizer)
+  std::size_t bucket_bytes = 0;      // 0: herd's defaults (1 MiB first bucket, then HERD_BUCKET_BYTES)
   bool help = false;
 };
 
@@ -107,6 +108,8 @@ void print_usage(std::FILE* out) {
                "                       ddp (default): herd::torch::DistributedDataParallel reduces buckets of\n"
                "                       gradients during backward; optimizer: herd::distributed_optimizer reduces\n"
                "                       them all after backward, as Horovod's DistributedOptimizer\n"
+               "  --bucket-bytes N     with ddp: buckets of at most N bytes, the first included (as DDP's\n"
+               "                       bucket_cap_mb; default: 1 MiB first, then HERD_BUCKET_BYTES or 25 MiB)\n"
                "  --help               this text\n",
                default_epochs, default_lr, default_momentum);
 }
@@ -185,6 +188,8 @@ options parse_options(int argc, char** argv) {
         throw usage_error{"--reduction takes ddp or optimizer, not '" + std::string(v) + "'"};
       }
       o.ddp = v == "ddp";
+    } else if (arg == "--bucket-bytes") {
+      o.bucket_bytes = parse_integer<std::size_t>(arg, value(), 1);
     } else {
       throw usage_error{"unknown option '" + std::string(argv[i]) + "'"};
     }
@@ -393,6 +398,19 @@ std::string save_checkpoint(Net& model, const std::filesystem::path& path) {
   return {};
 }
 
+// A 64-bit FNV-1a digest of the parameters' bytes, in the module's order: two runs that end with
+// the same bits print the same digest (tests compare runs with it; torch::save's archive differs
+// from run to run even for the same tensors).
+std::uint64_t parameters_digest(Net& model) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto& p : model->parameters()) {
+    const torch::Tensor t = p.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  return h;
+}
+
 // The epochs, with `opt` the distributed optimizer over `sgd` (or ddp_step): a template because
 // on a GPU it reduces over NCCL, or wraps host_staged_sgd rather than SGD itself.
 // `forward`: the model's, or the DDP wrapper's (which must see every training forward).
@@ -527,6 +545,7 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
   for (std::size_t i = 0; i < mine.size(); ++i) mean[i] = herd::average(mine[i], comm) * per_step;
   if (lead) {
     std::printf("final test accuracy: %.4f\n", result.accuracy);
+    std::printf("parameters digest: %016llx\n", static_cast<unsigned long long>(parameters_digest(model)));
     std::printf("summary: ranks=%d epochs=%d seconds_per_epoch=%.3f samples_per_second=%.1f reduce_fraction=%.4f "
                 "test_accuracy=%.4f\n",
                 comm.size(), opts.epochs, train_seconds_total / opts.epochs,
@@ -538,6 +557,12 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
     std::fflush(stdout);
   }
   return 0;
+}
+
+herd::optimizer_options bucket_options(const options& opts) {
+  herd::optimizer_options o;
+  if (opts.bucket_bytes != 0) o.bucket_bytes = o.first_bucket_bytes = opts.bucket_bytes;
+  return o;
 }
 
 int train(const options& opts, herd::mpi_communicator& comm) {
@@ -594,7 +619,7 @@ int train(const options& opts, herd::mpi_communicator& comm) {
 #if defined(HERD_WITH_NCCL)
     herd::nccl_communicator gpus(comm, device.index());
     if (opts.ddp) {
-      herd::torch::DistributedDataParallel ddp(model, gpus);
+      herd::torch::DistributedDataParallel ddp(model, gpus, bucket_options(opts));
       ddp_step<herd::nccl_communicator> opt{ddp, sgd};
       return run_epochs(opts, comm, model, sgd, opt, ddp, *data, train_count, device);
     }
@@ -607,7 +632,7 @@ int train(const options& opts, herd::mpi_communicator& comm) {
 #endif
   }
   if (opts.ddp) {
-    herd::torch::DistributedDataParallel ddp(model, comm);  // checks and broadcasts again: a no-op here
+    herd::torch::DistributedDataParallel ddp(model, comm, bucket_options(opts));  // checks and broadcasts again: a no-op here
     ddp_step<herd::mpi_communicator> opt{ddp, sgd};
     return run_epochs(opts, comm, model, sgd, opt, ddp, *data, train_count, device);
   }
