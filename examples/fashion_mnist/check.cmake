@@ -149,6 +149,7 @@ elseif(MODE STREQUAL "precision")
 
 elseif(MODE STREQUAL "reproducible")
   # Each entry: a name, then the environment and flags of one run, separated by '|'.
+  include(${CMAKE_CURRENT_LIST_DIR}/../run_entry.cmake)
   set(ranks 4)
   set(runs
       "ring|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=ring|"
@@ -160,14 +161,10 @@ elseif(MODE STREQUAL "reproducible")
       "control_ring|HERD_ALLREDUCE_ALGORITHM=ring|"
       "control_shm|HERD_ALLREDUCE_ALGORITHM=shm|")
   foreach(entry IN LISTS runs)
-    string(REPLACE "|" ";" fields "${entry}")
-    list(GET fields 0 name)
-    list(GET fields 1 environment)
-    list(GET fields 2 flags)
-    separate_arguments(run_env UNIX_COMMAND "${environment}")
-    separate_arguments(flags UNIX_COMMAND "${flags}")
+    herd_run_entry("${entry}")
+    set(name "${run_name}")
     set(ckpt "${WORK_DIR}/${name}.safetensors")
-    run_training(run --epochs 1 --train-samples 2000 --seed 3 --checkpoint "${ckpt}" ${flags})
+    run_training(run --epochs 1 --train-samples 2000 --seed 3 --checkpoint "${ckpt}" ${run_flags})
     expect_success(run)
     file(SHA256 "${ckpt}" digest_${name})
     message(STATUS "${name}: checkpoint sha256 ${digest_${name}}")

@@ -75,6 +75,7 @@ elseif(MODE STREQUAL "usage")
 
 elseif(MODE STREQUAL "reproducible")
   # Each entry: a name, then the environment and flags of one run, separated by '|'.
+  include(${CMAKE_CURRENT_LIST_DIR}/../run_entry.cmake)
   set(ranks 4)
   set(runs
       "ring|HERD_REPRODUCIBLE=1 HERD_ALLREDUCE_ALGORITHM=ring|"
@@ -84,13 +85,9 @@ elseif(MODE STREQUAL "reproducible")
       "control_ring|HERD_ALLREDUCE_ALGORITHM=ring|"
       "control_shm|HERD_ALLREDUCE_ALGORITHM=shm|")
   foreach(entry IN LISTS runs)
-    string(REPLACE "|" ";" fields "${entry}")
-    list(GET fields 0 name)
-    list(GET fields 1 environment)
-    list(GET fields 2 flags)
-    separate_arguments(run_env UNIX_COMMAND "${environment}")
-    separate_arguments(flags UNIX_COMMAND "${flags}")
-    run_training(--epochs 1 --train-samples 2000 --seed 3 ${flags})
+    herd_run_entry("${entry}")
+    set(name "${run_name}")
+    run_training(--epochs 1 --train-samples 2000 --seed 3 ${run_flags})
     expect_status(0)
     if(NOT run_out MATCHES "parameters digest: ([0-9a-f]+)")
       message(FATAL_ERROR "no 'parameters digest:' line in the output of '${name}'")

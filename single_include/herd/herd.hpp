@@ -9455,8 +9455,461 @@ HERD_CONFIG_NAMESPACE_END
 //
 // Every element of a reduction is computed once, by one rank, combining the ranks' values in rank
 // order (x0 ∘ x1 ∘ ... ∘ x(p-1)) exactly as the small allreduce does; every other rank copies that
-// result. So all ranks hold the same bits, and a run gives the same bits as the last.
+// result. So all ranks hold the same bits, and a run gives the same bits as the last. With
+// reproducible sums (comm_options::reproducible), shm_allreduce computes each element with the
+// order-free function of collectives/detail/reproducible.hpp instead, as every other path of the
+// mode does: every rank's value of the element is in the node's memory at once.
 
+
+// ---- herd/collectives/detail/reproducible.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+#define HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
+// Reproducible sums (comm_options::reproducible, HERD_REPRODUCIBLE=1): a float allreduce with sum
+// or avg whose bits depend on the multiset of the ranks' values only: not on the algorithm, the
+// node layout, how a tensor is cut into buckets or pieces, or which rank holds which value.
+//
+// How. An element's result is a function of its p values that ignores their order: their exact
+// sum, correctly rounded to the element type (to nearest, ties to even), which is also as accurate
+// as a sum can be. For two f32 or f64 values that is their IEEE sum (add_pair_block). Where the
+// values' exponents lie close enough together (spread + the type's precision + log2 p + 1 bits fit
+// in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16 2^39), the sum of their doubles is
+// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
+// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
+// (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
+// infinity gives itself.
+//
+// Where. The rank that computes an element must see all p values of it. On one node they are in
+// the node's shared memory at once (shm_allreduce, collectives/detail/shm.hpp, calls
+// reproducible_reduce). Otherwise reproducible_allreduce below: a pairwise exchange brings rank r
+// piece r of every rank's tensor (the bytes of a reduce-scatter), the function runs on each
+// element, and the ring's allgather returns the results: the ring allreduce's bandwidth, on MPI
+// messages (never the hierarchical path, whose partial sums per node depend on the layout). Small
+// tensors reduce, with every rank's tensor at hand, the same function after the agreement.
+// Integer sums are the same in any order already; min, max and prod, and every reduction of device
+// tensors (an error in this mode), are not covered.
+
+
+// ---- herd/collectives/detail/pairwise.hpp ----
+#ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+#define HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+// The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
+// r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
+// sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
+// is not sent (both sides know its size).
+
+
+#include <cstddef>
+#include <deque>
+#include <utility>
+
+namespace herd::detail {
+
+//   send_at(to)     -> {pointer, bytes}: this rank's block for rank `to`
+//   receive_at(from) -> {pointer, bytes}: where rank `from`'s block goes
+template <communicator C, class SendAt, class ReceiveAt>
+void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int tag = comm.operations().data_tag();
+  struct step {
+    typename C::request receive;
+    typename C::request send;
+  };
+  std::deque<step> steps;
+  auto finish_oldest = [&] {
+    comm.wait(steps.front().receive);
+    comm.wait(steps.front().send);
+    steps.pop_front();
+  };
+  for (int k = 1; k < p; ++k) {
+    if (steps.size() == ring_window) finish_oldest();
+    const int to = (r + k) % p;
+    const int from = ring_mod(r - k, p);
+    step s;
+    if (const auto [at, bytes] = receive_at(from); bytes != 0) s.receive = comm.irecv(at, bytes, from, tag);
+    if (const auto [at, bytes] = send_at(to); bytes != 0) s.send = comm.isend(at, bytes, to, tag);
+    steps.push_back(std::move(s));
+  }
+  while (!steps.empty()) finish_oldest();
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// Whether the reproducible sum takes this reduction.
+inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
+  return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
+}
+
+// s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
+inline void two_sum(double a, double b, double& s, double& e) {
+  s = a + b;
+  const double bb = s - a;
+  e = (a - (s - bb)) + (b - bb);
+}
+
+// Adds x to the expansion e[0..m) in place (Shewchuk's grow-expansion, zero components dropped):
+// afterwards e[0..returned) holds the exact sum, nonoverlapping components in increasing magnitude,
+// the last one the largest (a sum of zeros keeps one zero, of the sign a plain sum would give).
+inline int grow_expansion(double* e, int m, double x) {
+  int k = 0;
+  double q = x;
+  for (int j = 0; j < m; ++j) {
+    double s = 0;
+    double err = 0;
+    two_sum(q, e[j], s, err);
+    if (err != 0) e[k++] = err;
+    q = s;
+  }
+  if (q != 0 || k == 0) e[k++] = q;
+  return k;
+}
+
+// The sign of e's exact value minus (a + b): -1, 0 or 1. `scratch` has room for m + 2.
+inline int compare_expansion(const double* e, int m, double a, double b, double* scratch) {
+  std::copy(e, e + m, scratch);
+  int k = grow_expansion(scratch, m, -a);
+  k = grow_expansion(scratch, k, -b);
+  const double top = scratch[k - 1];
+  return top > 0 ? 1 : top < 0 ? -1 : 0;
+}
+
+// The neighbours of a finite T, and whether its last bit is 0 (ties go there).
+template <class T> T step_from(T x, bool up) {
+  if constexpr (is_16bit_float<T>) {
+    // Sign and magnitude: up from a positive (or +0) adds one to the bits, from a negative takes one.
+    const bool negative = (x.bits & 0x8000u) != 0;
+    const auto magnitude = static_cast<std::uint16_t>(x.bits & 0x7fffu);
+    std::uint16_t bits = 0;
+    if (magnitude == 0) bits = up ? 0x0001u : 0x8001u;
+    else if (negative == up) bits = static_cast<std::uint16_t>(x.bits - 1u);
+    else bits = static_cast<std::uint16_t>(x.bits + 1u);
+    return T::from_bits(bits);
+  } else {
+    return std::nextafter(x, up ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
+  }
+}
+template <class T> bool is_even(T x) {
+  if constexpr (is_16bit_float<T>) return (x.bits & 1u) == 0;
+  else if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(x) & 1u) == 0;
+  else return (std::bit_cast<std::uint64_t>(x) & 1u) == 0;
+}
+
+inline int ceil_log2(int n) {
+  int bits = 0;
+  while ((1 << bits) < n) ++bits;
+  return bits;
+}
+
+// The exact sum of finite doubles v[0..n) rounded once to a double, to nearest, ties to even, by
+// way of a wide integer: each value is an integer multiple of 2^-1074, so their sum is one too,
+// held in two's complement in 64-bit words. For f64 sums whose two-sums overflow (values within a
+// factor p of the largest double, where an expansion's components become infinite or NaN while
+// the exact sum may still be finite): rare, so slow and simple.
+inline double wide_sum_rounded(const double* v, int n) {
+  const auto words = static_cast<std::size_t>((2098 + ceil_log2(n) + 1) / 64 + 2);
+  std::vector<std::uint64_t> sum(words, 0);
+  for (int i = 0; i < n; ++i) {
+    if (v[i] == 0) continue;
+    int exponent = 0;
+    const double fraction = std::frexp(std::fabs(v[i]), &exponent);  // |v| = fraction * 2^exponent
+    auto mantissa = static_cast<std::uint64_t>(std::ldexp(fraction, 53));
+    int shift = exponent - 53 + 1074;  // |v| = mantissa * 2^(shift - 1074)
+    if (shift < 0) {                   // a subnormal: its low bits are zeros
+      mantissa >>= -shift;
+      shift = 0;
+    }
+    // The value's words, negated for a negative value, added with carries.
+    std::vector<std::uint64_t> term(words, 0);
+    const auto word = static_cast<std::size_t>(shift / 64);
+    const int bit = shift % 64;
+    term[word] = mantissa << bit;
+    if (bit != 0) term[word + 1] = mantissa >> (64 - bit);
+    if (v[i] < 0) {
+      std::uint64_t carry = 1;
+      for (std::uint64_t& t : term) {
+        t = ~t + carry;
+        carry = carry != 0 && t == 0 ? 1u : 0u;
+      }
+    }
+    std::uint64_t carry = 0;
+    for (std::size_t k = 0; k < words; ++k) {
+      const std::uint64_t a = sum[k] + carry;
+      const std::uint64_t b = a + term[k];
+      carry = (a < carry ? 1u : 0u) + (b < a ? 1u : 0u);
+      sum[k] = b;
+    }
+  }
+  const bool negative = (sum.back() >> 63) != 0;
+  if (negative) {
+    std::uint64_t carry = 1;
+    for (std::uint64_t& t : sum) {
+      t = ~t + carry;
+      carry = carry != 0 && t == 0 ? 1u : 0u;
+    }
+  }
+  auto bit_at = [&](int i) { return i >= 0 && ((sum[static_cast<std::size_t>(i / 64)] >> (i % 64)) & 1u) != 0; };
+  int top = -1;
+  for (std::size_t k = words; k-- > 0;) {
+    if (sum[k] != 0) {
+      top = static_cast<int>(64 * k) + 63 - std::countl_zero(sum[k]);
+      break;
+    }
+  }
+  if (top < 0) return 0.0;  // an exact zero of values not all zeros: +0, as a plain sum gives
+  // The top 53 bits, then to nearest, ties to even, on the bit below and any bit under it.
+  const int low = std::max(top - 52, 0);
+  std::uint64_t mantissa = 0;
+  for (int i = top; i >= low; --i) mantissa = (mantissa << 1) | (bit_at(i) ? 1u : 0u);
+  bool sticky = false;
+  for (int i = low - 2; i >= 0 && !sticky; --i) sticky = bit_at(i);
+  if (bit_at(low - 1) && (sticky || (mantissa & 1u) != 0)) ++mantissa;  // 2^53 after a carry: still exact
+  const double magnitude = std::ldexp(static_cast<double>(mantissa), low - 1074);  // beyond the range: inf
+  return negative ? -magnitude : magnitude;
+}
+
+// The exact sum of v[0..n) (finite doubles converted from T) rounded once to T, to nearest, ties
+// to even: an expansion holds the sum exactly; its components added from the smallest give a
+// double within an ulp of it, which rounds to T as c; the exact value is then compared with the
+// midpoints between c and its neighbours, which decides between them. Order-free: nothing here
+// depends on the order of v but that double, and the comparison corrects it. `work` has room for
+// 2n + 4 doubles.
+template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
+  double* e = work;
+  int m = 0;
+  for (int i = 0; i < n; ++i) m = grow_expansion(e, m, v[i]);
+  double approximation = e[0];
+  for (int j = 1; j < m; ++j) approximation += e[j];
+  if constexpr (std::is_same_v<T, double>) {
+    if (!std::isfinite(approximation)) return wide_sum_rounded(v, n);  // the two-sums overflowed
+  }
+  const T c = from_double<T>(approximation);
+  const double at = to_double(c);
+  if (!std::isfinite(at)) return c;  // beyond T's range: the infinity a plain sum gives
+  double* scratch = work + n + 2;
+  const T candidates[2] = {step_from(c, true), step_from(c, false)};
+  for (const T next : candidates) {
+    const double to = to_double(next);
+    if (!std::isfinite(to)) continue;
+    const double half_step = (to - at) / 2;  // exact: neighbours are one power of two apart
+    if (half_step == 0) continue;            // the smallest subnormal step of a double: sums there are exact
+    const int side = compare_expansion(e, m, at, half_step, scratch);
+    const int beyond = to > at ? side : -side;  // 1: past the midpoint toward `next`
+    if (beyond > 0) return next;
+    if (beyond == 0) return is_even(c) ? c : next;
+  }
+  return c;
+}
+
+// One element that the fast test (below) did not settle: a NaN or an infinity among its p values
+// (doubles converted exactly from T), or exponents too far apart for a double sum; f64 always.
+// `work` has room for 2p + 4 doubles.
+template <class T> T reproducible_element(const double* values, int p, double* work) {
+  bool nan = false;
+  bool plus_inf = false;
+  bool minus_inf = false;
+  for (int q = 0; q < p; ++q) {
+    const double x = values[q];
+    if (std::isnan(x)) nan = true;
+    else if (std::isinf(x)) (x > 0 ? plus_inf : minus_inf) = true;
+  }
+  if (nan || (plus_inf && minus_inf)) return from_double<T>(std::numeric_limits<double>::quiet_NaN());
+  if (plus_inf || minus_inf) return from_double<T>(plus_inf ? std::numeric_limits<double>::infinity()
+                                                            : -std::numeric_limits<double>::infinity());
+  return exact_sum_rounded<T>(values, p, work);
+}
+
+// The fast test's loops, over blocks of a constant size (so that GCC vectorizes them at -O2,
+// which takes no loop that needs a remainder or an overlap check, and no branch: choices are
+// selects). Per element, over the operands: the double sum, and the largest magnitude and the
+// smallest nonzero one (+inf while there is none). NaN and infinities need no test of their own:
+// they make the double sum NaN or infinite, which the check below sends to the exact path.
+inline constexpr std::size_t reproducible_block = 256;
+inline void accumulate_block(const float* __restrict x, double* __restrict sum, float* __restrict least,
+                             float* __restrict most) {
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    const float a = std::fabs(x[i]);
+    const float nonzero = a == 0.0f ? std::numeric_limits<float>::infinity() : a;
+    sum[i] += static_cast<double>(x[i]);
+    least[i] = least[i] < nonzero ? least[i] : nonzero;
+    most[i] = most[i] > a ? most[i] : a;
+  }
+}
+
+// Whether an element's double sum may be inexact or is not finite: its nonzero values' exponent
+// fields further apart than `spread_limit` (subnormals count as 1, the smallest normal's; all
+// zeros: least is +inf, never), or the sum, as a float, an infinity or a NaN (a NaN or an
+// infinity among the values; or a finite sum beyond float's range, which the exact path rounds
+// to the same infinity).
+inline bool needs_exact(float least, float most, double sum, std::int32_t spread_limit) {
+  const std::int32_t low_field = std::bit_cast<std::int32_t>(least) >> 23;
+  const std::int32_t low = low_field | static_cast<std::int32_t>(low_field == 0);
+  const std::int32_t high = std::bit_cast<std::int32_t>(most) >> 23;
+  const std::int32_t total = std::bit_cast<std::int32_t>(static_cast<float>(sum)) & 0x7f800000;
+  return (static_cast<std::int32_t>(high - low > spread_limit) | static_cast<std::int32_t>(total == 0x7f800000)) != 0;
+}
+
+// Whether no element of the block needs_exact (a loop without branches: it vectorizes).
+inline bool all_close(const float* __restrict least, const float* __restrict most, const double* __restrict sum,
+                      std::int32_t spread_limit) {
+  std::int32_t far = 0;
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    far |= static_cast<std::int32_t>(needs_exact(least[i], most[i], sum[i], spread_limit));
+  }
+  return far == 0;
+}
+
+// Two f32 or f64 values: IEEE addition rounds their exact sum once, to nearest, ties to even, and
+// is commutative, so a + b is already the reproducible sum; only a NaN's bits depend on the order
+// of a and b (and inf - inf gives the processor's own NaN), so every NaN becomes the quiet NaN the
+// exact path gives.
+template <class T> void add_pair_block(const T* __restrict a, const T* __restrict b, T* __restrict out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const T s = a[i] + b[i];
+    out[i] = s == s ? s : std::numeric_limits<T>::quiet_NaN();
+  }
+}
+
+// dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
+// operand(0)[i] ... operand(p - 1)[i], for i < n. dst may be any operand. Blocks of elements go
+// through the fast test first, one operand at a time (loops the compiler vectorizes): the double
+// sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
+// computed on its own (reproducible_element), as every f64 element is.
+template <class Operand>
+void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+  visit(type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
+      constexpr int precision = std::is_same_v<T, double> ? 53 : std::is_same_v<T, float> ? 24
+                                : std::is_same_v<T, half>                                ? 11
+                                                                                         : 8;
+      // The double sum of p values is exact when spread + precision + log2 p + 1 bits fit in 53.
+      const int spread_limit = std::is_same_v<T, double> ? -1 : 53 - precision - ceil_log2(p) - 1;
+      // Room for p operands and 3p + 4 doubles: on the stack up to 32 ranks (no allocation for a
+      // small tensor's sum), else on the heap.
+      constexpr int on_stack = 32;
+      const T* from_here[on_stack];
+      double values_here[3 * on_stack + 4];
+      std::vector<const T*> from_heap(p > on_stack ? static_cast<std::size_t>(p) : 0);
+      std::vector<double> values_heap(p > on_stack ? static_cast<std::size_t>(3 * p + 4) : 0);
+      const T** from = p > on_stack ? from_heap.data() : from_here;
+      double* values = p > on_stack ? values_heap.data() : values_here;
+      for (int q = 0; q < p; ++q) from[q] = reinterpret_cast<const T*>(operand(q));
+      auto* out = reinterpret_cast<T*>(dst);
+      auto exact = [&](std::size_t i) {
+        for (int q = 0; q < p; ++q) values[q] = to_double(from[q][i]);
+        return reproducible_element<T>(values, p, values + p);
+      };
+      double sum[reproducible_block];
+      float least[reproducible_block];
+      float most[reproducible_block];
+      float staged[reproducible_block];
+      T results[reproducible_block];  // a block's results, where they cannot be written in place
+      constexpr bool pair_adds = std::is_same_v<T, double> || std::is_same_v<T, float>;
+      for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
+        const std::size_t m = std::min(reproducible_block, n - begin);
+        if (pair_adds && p == 2) {
+          if constexpr (pair_adds) {
+            // Into a block of its own first: dst may be an operand, and __restrict must hold.
+            if (m == reproducible_block) add_pair_block(from[0] + begin, from[1] + begin, results, reproducible_block);
+            else add_pair_block(from[0] + begin, from[1] + begin, results, m);
+            std::memcpy(out + begin, results, m * sizeof(T));
+          }
+        } else if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = exact(begin + i);
+        } else if (m < reproducible_block) {
+          // A short tensor or the last block: the same test, one element at a time.
+          for (std::size_t i = begin; i < begin + m; ++i) {
+            double total = -0.0;
+            float smallest = std::numeric_limits<float>::infinity();
+            float largest = 0.0f;
+            for (int q = 0; q < p; ++q) {
+              const float f = static_cast<float>(from[q][i]);
+              const float a = std::fabs(f);
+              total += static_cast<double>(f);
+              if (a != 0.0f) smallest = std::min(smallest, a);
+              largest = std::max(largest, a);
+            }
+            out[i] = needs_exact(smallest, largest, total, spread_limit) ? exact(i) : from_double<T>(total);
+          }
+        } else {
+          std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
+          std::fill(least, least + reproducible_block, std::numeric_limits<float>::infinity());
+          std::fill(most, most + reproducible_block, 0.0f);
+          for (int q = 0; q < p; ++q) {
+            const T* x = from[q] + begin;
+            const float* block = staged;
+            if constexpr (std::is_same_v<T, float>) {
+              block = x;
+            } else {
+              for (std::size_t i = 0; i < reproducible_block; ++i) staged[i] = static_cast<float>(x[i]);
+            }
+            accumulate_block(block, sum, least, most);
+          }
+          // Where no element needs_exact, the double sums were exact in any order; the rest (rare)
+          // one by one, before any result is written (dst may be an operand that exact() reads).
+          if (all_close(least, most, sum, spread_limit)) {
+            for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
+          } else {
+            for (std::size_t i = 0; i < reproducible_block; ++i) {
+              results[i] = needs_exact(least[i], most[i], sum[i], spread_limit) ? exact(begin + i) : from_double<T>(sum[i]);
+            }
+            std::memcpy(out + begin, results, reproducible_block * sizeof(T));
+          }
+        }
+        if (op == reduce_op::avg) {
+          for (std::size_t i = 0; i < m; ++i) out[begin + i] = finalize_avg(out[begin + i], p);
+        }
+      }
+    }
+  });
+}
+
+// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
+// exchange), the function above on it, the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, p);
+  const std::size_t n = chunks.length[r];
+  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
+  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
+  {
+    const trace::span phase(comm.operations().track(), "gather pieces");
+    pairwise_exchange(
+        comm,
+        [&](int to) {
+          const auto c = static_cast<std::size_t>(to);
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
+        },
+        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
+  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
+  {
+    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
+  }
+  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
 
 #include <algorithm>
 #include <cstddef>
@@ -9520,6 +9973,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
   const int avg_ranks = op == reduce_op::avg ? p : 0;
+  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
@@ -9544,9 +9998,9 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        reduce_in_rank_order(
-            type, op, mine + offset, p,
-            [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
+        if (reproducible) reproducible_reduce(type, op, mine + offset, p, operand, run);
+        else reduce_in_rank_order(type, op, mine + offset, p, operand, run, avg_ranks);
       });
     }
     node.publish(t, shm_node::reduced);
@@ -11027,361 +11481,6 @@ void scatter_whole(const std::byte* root_bytes, buffer_view part, std::size_t of
 // packs host tensors of one dtype into one buffer, reduced by one ring.
 
 
-// ---- herd/collectives/detail/reproducible.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
-#define HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
-// Reproducible sums (comm_options::reproducible, HERD_REPRODUCIBLE=1): a float allreduce with sum
-// or avg whose bits depend on the multiset of the ranks' values only: not on the algorithm, the
-// node layout, how a tensor is cut into buckets or pieces, or which rank holds which value.
-//
-// How. An element's result is a function of its p values that ignores their order: their exact
-// sum, correctly rounded to the element type (to nearest, ties to even), which is also as accurate
-// as a sum can be. Where the values' exponents lie close enough together (spread + the type's
-// precision + log2 p + 1 bits fit in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16
-// 2^39), the sum of their doubles is exact in any order and is rounded once. Otherwise (and always
-// for f64) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
-// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
-// (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
-// infinity gives itself.
-//
-// Where. Every rank must see all p values of the elements it computes: the allreduce is a pairwise
-// exchange that brings rank r piece r of every rank's tensor (the bytes of a reduce-scatter), the
-// function on each element, and the ring's allgather of the results: the bandwidth of the ring
-// allreduce, on MPI messages, whatever the node layout. Small tensors reduce, with every rank's
-// tensor at hand, the same function after the agreement. Integer sums are the same in any order
-// already; min, max and prod, and every reduction of device tensors (an error in this mode), are not
-// covered.
-
-
-// ---- herd/collectives/detail/pairwise.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
-#define HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
-// The pairwise exchange of alltoall(v): in step k (1 <= k < p) rank r sends its block for rank
-// r + k and receives the block of rank r - k, so every step pairs the ranks off and no rank is
-// sent to by two others at once. At most ring_window steps are in flight; a block of no bytes
-// is not sent (both sides know its size).
-
-
-#include <cstddef>
-#include <deque>
-#include <utility>
-
-namespace herd::detail {
-
-//   send_at(to)     -> {pointer, bytes}: this rank's block for rank `to`
-//   receive_at(from) -> {pointer, bytes}: where rank `from`'s block goes
-template <communicator C, class SendAt, class ReceiveAt>
-void pairwise_exchange(C& comm, SendAt send_at, ReceiveAt receive_at) {
-  const int p = comm.size();
-  const int r = comm.rank();
-  const int tag = comm.operations().data_tag();
-  struct step {
-    typename C::request receive;
-    typename C::request send;
-  };
-  std::deque<step> steps;
-  auto finish_oldest = [&] {
-    comm.wait(steps.front().receive);
-    comm.wait(steps.front().send);
-    steps.pop_front();
-  };
-  for (int k = 1; k < p; ++k) {
-    if (steps.size() == ring_window) finish_oldest();
-    const int to = (r + k) % p;
-    const int from = ring_mod(r - k, p);
-    step s;
-    if (const auto [at, bytes] = receive_at(from); bytes != 0) s.receive = comm.irecv(at, bytes, from, tag);
-    if (const auto [at, bytes] = send_at(to); bytes != 0) s.send = comm.isend(at, bytes, to, tag);
-    steps.push_back(std::move(s));
-  }
-  while (!steps.empty()) finish_oldest();
-}
-
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_PAIRWISE_HPP
-
-#include <algorithm>
-#include <bit>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <utility>
-#include <vector>
-
-namespace herd::detail {
-
-// Whether the reproducible sum takes this reduction.
-inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
-  return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
-}
-
-// s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
-inline void two_sum(double a, double b, double& s, double& e) {
-  s = a + b;
-  const double bb = s - a;
-  e = (a - (s - bb)) + (b - bb);
-}
-
-// Adds x to the expansion e[0..m) in place (Shewchuk's grow-expansion, zero components dropped):
-// afterwards e[0..returned) holds the exact sum, nonoverlapping components in increasing magnitude,
-// the last one the largest (a sum of zeros keeps one zero, of the sign a plain sum would give).
-inline int grow_expansion(double* e, int m, double x) {
-  int k = 0;
-  double q = x;
-  for (int j = 0; j < m; ++j) {
-    double s = 0;
-    double err = 0;
-    two_sum(q, e[j], s, err);
-    if (err != 0) e[k++] = err;
-    q = s;
-  }
-  if (q != 0 || k == 0) e[k++] = q;
-  return k;
-}
-
-// The sign of e's exact value minus (a + b): -1, 0 or 1. `scratch` has room for m + 2.
-inline int compare_expansion(const double* e, int m, double a, double b, double* scratch) {
-  std::copy(e, e + m, scratch);
-  int k = grow_expansion(scratch, m, -a);
-  k = grow_expansion(scratch, k, -b);
-  const double top = scratch[k - 1];
-  return top > 0 ? 1 : top < 0 ? -1 : 0;
-}
-
-// The neighbours of a finite T, and whether its last bit is 0 (ties go there).
-template <class T> T step_from(T x, bool up) {
-  if constexpr (is_16bit_float<T>) {
-    // Sign and magnitude: up from a positive (or +0) adds one to the bits, from a negative takes one.
-    const bool negative = (x.bits & 0x8000u) != 0;
-    const auto magnitude = static_cast<std::uint16_t>(x.bits & 0x7fffu);
-    std::uint16_t bits = 0;
-    if (magnitude == 0) bits = up ? 0x0001u : 0x8001u;
-    else if (negative == up) bits = static_cast<std::uint16_t>(x.bits - 1u);
-    else bits = static_cast<std::uint16_t>(x.bits + 1u);
-    return T::from_bits(bits);
-  } else {
-    return std::nextafter(x, up ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
-  }
-}
-template <class T> bool is_even(T x) {
-  if constexpr (is_16bit_float<T>) return (x.bits & 1u) == 0;
-  else if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(x) & 1u) == 0;
-  else return (std::bit_cast<std::uint64_t>(x) & 1u) == 0;
-}
-
-// The exact sum of v[0..n) (finite doubles converted from T) rounded once to T, to nearest, ties
-// to even: an expansion holds the sum exactly; its components added from the smallest give a
-// double within an ulp of it, which rounds to T as c; the exact value is then compared with the
-// midpoints between c and its neighbours, which decides between them. Order-free: nothing here
-// depends on the order of v but that double, and the comparison corrects it. `work` has room for
-// 2n + 4 doubles.
-template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
-  double* e = work;
-  int m = 0;
-  for (int i = 0; i < n; ++i) m = grow_expansion(e, m, v[i]);
-  double approximation = e[0];
-  for (int j = 1; j < m; ++j) approximation += e[j];
-  const T c = from_double<T>(approximation);
-  const double at = to_double(c);
-  if (!std::isfinite(at)) return c;  // beyond T's range: the infinity a plain sum gives
-  double* scratch = work + n + 2;
-  const T candidates[2] = {step_from(c, true), step_from(c, false)};
-  for (const T next : candidates) {
-    const double to = to_double(next);
-    if (!std::isfinite(to)) continue;
-    const double half_step = (to - at) / 2;  // exact: neighbours are one power of two apart
-    if (half_step == 0) continue;            // the smallest subnormal step of a double: sums there are exact
-    const int side = compare_expansion(e, m, at, half_step, scratch);
-    const int beyond = to > at ? side : -side;  // 1: past the midpoint toward `next`
-    if (beyond > 0) return next;
-    if (beyond == 0) return is_even(c) ? c : next;
-  }
-  return c;
-}
-
-inline int ceil_log2(int n) {
-  int bits = 0;
-  while ((1 << bits) < n) ++bits;
-  return bits;
-}
-
-// One element that the fast test (below) did not settle: a NaN or an infinity among its p values
-// (doubles converted exactly from T), or exponents too far apart for a double sum; f64 always.
-// `work` has room for 2p + 4 doubles.
-template <class T> T reproducible_element(const double* values, int p, double* work) {
-  bool nan = false;
-  bool plus_inf = false;
-  bool minus_inf = false;
-  for (int q = 0; q < p; ++q) {
-    const double x = values[q];
-    if (std::isnan(x)) nan = true;
-    else if (std::isinf(x)) (x > 0 ? plus_inf : minus_inf) = true;
-  }
-  if (nan || (plus_inf && minus_inf)) return from_double<T>(std::numeric_limits<double>::quiet_NaN());
-  if (plus_inf || minus_inf) return from_double<T>(plus_inf ? std::numeric_limits<double>::infinity()
-                                                            : -std::numeric_limits<double>::infinity());
-  return exact_sum_rounded<T>(values, p, work);
-}
-
-// The fast test's loops, over blocks of a constant size (so that GCC vectorizes them at -O2,
-// which takes no loop that needs a remainder or an overlap check, and no branch: the exponent's
-// choices are masks). Per element: the double sum, and the smallest and largest exponent field of
-// the nonzero values (subnormals as 1; NaN and infinity as 255).
-inline constexpr std::size_t reproducible_block = 256;
-inline void add_block(const float* __restrict x, double* __restrict sum) {
-  for (std::size_t i = 0; i < reproducible_block; ++i) sum[i] += static_cast<double>(x[i]);
-}
-inline void exponent_range_block(const float* __restrict x, std::int32_t* __restrict low, std::int32_t* __restrict high) {
-  for (std::size_t i = 0; i < reproducible_block; ++i) {
-    const std::int32_t bits = std::bit_cast<std::int32_t>(x[i]) & 0x7fffffff;
-    const std::int32_t field = bits >> 23;
-    const std::int32_t e = field | static_cast<std::int32_t>(field == 0);
-    const std::int32_t nonzero = -static_cast<std::int32_t>(bits != 0);  // all ones or none
-    const std::int32_t for_low = (e & nonzero) | ((1 << 20) & ~nonzero);
-    const std::int32_t for_high = (e & nonzero) | ~nonzero;
-    low[i] = low[i] < for_low ? low[i] : for_low;
-    high[i] = high[i] > for_high ? high[i] : for_high;
-  }
-}
-
-// Whether an element's double sum may be inexact: a NaN or an infinity among its values (field
-// 255), or its nonzero values' exponents further apart than `spread_limit` (all zeros: low above
-// high, never).
-inline bool needs_exact(std::int32_t low, std::int32_t high, std::int32_t spread_limit) {
-  return (static_cast<std::int32_t>(high >= 255) | static_cast<std::int32_t>(high - low > spread_limit)) != 0;
-}
-
-// Whether no element of the block needs_exact (a loop without branches: it vectorizes).
-inline bool all_close(const std::int32_t* __restrict low, const std::int32_t* __restrict high, std::int32_t spread_limit) {
-  std::int32_t far = 0;
-  for (std::size_t i = 0; i < reproducible_block; ++i) far |= static_cast<std::int32_t>(needs_exact(low[i], high[i], spread_limit));
-  return far == 0;
-}
-
-// dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
-// operand(0)[i] ... operand(p - 1)[i], for i < n. dst may be any operand. Blocks of elements go
-// through the fast test first, one operand at a time (loops the compiler vectorizes): the double
-// sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
-// computed on its own (reproducible_element), as every f64 element is.
-template <class Operand>
-void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
-  visit(type, [&](auto element) {
-    using T = decltype(element);
-    if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
-      constexpr int precision = std::is_same_v<T, double> ? 53 : std::is_same_v<T, float> ? 24
-                                : std::is_same_v<T, half>                                ? 11
-                                                                                         : 8;
-      // The double sum of p values is exact when spread + precision + log2 p + 1 bits fit in 53.
-      const int spread_limit = std::is_same_v<T, double> ? -1 : 53 - precision - ceil_log2(p) - 1;
-      // Room for p operands and 3p + 4 doubles: on the stack up to 32 ranks (no allocation for a
-      // small tensor's sum), else on the heap.
-      constexpr int on_stack = 32;
-      const T* from_here[on_stack];
-      double values_here[3 * on_stack + 4];
-      std::vector<const T*> from_heap(p > on_stack ? static_cast<std::size_t>(p) : 0);
-      std::vector<double> values_heap(p > on_stack ? static_cast<std::size_t>(3 * p + 4) : 0);
-      const T** from = p > on_stack ? from_heap.data() : from_here;
-      double* values = p > on_stack ? values_heap.data() : values_here;
-      for (int q = 0; q < p; ++q) from[q] = reinterpret_cast<const T*>(operand(q));
-      auto* out = reinterpret_cast<T*>(dst);
-      auto exact = [&](std::size_t i) {
-        for (int q = 0; q < p; ++q) values[q] = to_double(from[q][i]);
-        return reproducible_element<T>(values, p, values + p);
-      };
-      double sum[reproducible_block];
-      std::int32_t low[reproducible_block];
-      std::int32_t high[reproducible_block];
-      float staged[reproducible_block];
-      for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
-        const std::size_t m = std::min(reproducible_block, n - begin);
-        if constexpr (std::is_same_v<T, double>) {
-          for (std::size_t i = 0; i < m; ++i) out[begin + i] = exact(begin + i);
-        } else if (m < reproducible_block) {
-          // A short tensor or the last block: the same test, one element at a time.
-          for (std::size_t i = begin; i < begin + m; ++i) {
-            double total = -0.0;
-            std::int32_t least = 1 << 20;
-            std::int32_t most = -1;
-            for (int q = 0; q < p; ++q) {
-              const float f = static_cast<float>(from[q][i]);
-              const std::int32_t bits = std::bit_cast<std::int32_t>(f) & 0x7fffffff;
-              const std::int32_t e = std::max(bits >> 23, 1);
-              total += static_cast<double>(f);
-              if (bits != 0) {
-                least = std::min(least, e);
-                most = std::max(most, e);
-              }
-            }
-            out[i] = needs_exact(least, most, spread_limit) ? exact(i) : from_double<T>(total);
-          }
-        } else {
-          std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
-          std::fill(low, low + reproducible_block, 1 << 20);
-          std::fill(high, high + reproducible_block, -1);
-          for (int q = 0; q < p; ++q) {
-            const T* x = from[q] + begin;
-            const float* block = staged;
-            if constexpr (std::is_same_v<T, float>) {
-              block = x;
-            } else {
-              for (std::size_t i = 0; i < reproducible_block; ++i) staged[i] = static_cast<float>(x[i]);
-            }
-            add_block(block, sum);
-            exponent_range_block(block, low, high);
-          }
-          // Where no element needs_exact, the double sums were exact in any order; the rest (rare)
-          // one by one.
-          for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
-          if (!all_close(low, high, spread_limit)) {
-            for (std::size_t i = 0; i < reproducible_block; ++i) {
-              if (needs_exact(low[i], high[i], spread_limit)) out[begin + i] = exact(begin + i);
-            }
-          }
-        }
-        if (op == reduce_op::avg) {
-          for (std::size_t i = 0; i < m; ++i) out[begin + i] = finalize_avg(out[begin + i], p);
-        }
-      }
-    }
-  });
-}
-
-// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
-// exchange), the function above on it, the results to every rank (the ring's allgather).
-template <communicator C>
-void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
-  const int p = comm.size();
-  const auto r = static_cast<std::size_t>(comm.rank());
-  const std::size_t es = size_of(type);
-  const chunk_layout chunks = chunk_layout::even(count, p);
-  const std::size_t n = chunks.length[r];
-  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
-  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
-  {
-    const trace::span phase(comm.operations().track(), "gather pieces");
-    pairwise_exchange(
-        comm,
-        [&](int to) {
-          const auto c = static_cast<std::size_t>(to);
-          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
-        },
-        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
-  }
-  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
-  {
-    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
-    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
-  }
-  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
-}
-
-}  // namespace herd::detail
-
-#endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
-
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -11432,20 +11531,22 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
 
 // The allreduce of a host buffer, after the agreement: through the node's shared memory when
 // every rank is on it, hierarchically when there are several nodes with shared memory on each,
-// else with the ring.
+// else with the ring. A reproducible sum takes shared memory too (which then computes each element
+// with the mode's order-free function), and otherwise its own exchange of pieces, never the
+// hierarchical path, whose partial sums per node would depend on the layout.
 template <communicator C>
 void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
-  if (comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op)) {
-    return reproducible_allreduce(comm, type, op, in, out, count);
-  }
+  const bool reproducible = comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op);
   if constexpr (with_shared_node<C>) {
     if (comm.size() > 1) {
       if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
+      if (reproducible) return reproducible_allreduce(comm, type, op, in, out, count);
       if (shm_node* part = comm.node_part(); part != nullptr && comm.across_nodes() != nullptr) {
         return hierarchical_allreduce(comm, *part, *comm.across_nodes(), type, op, in, out, count);
       }
     }
   }
+  if (reproducible) return reproducible_allreduce(comm, type, op, in, out, count);
   ring_allreduce(comm, type, op, in, out, count);
 }
 
@@ -11611,7 +11712,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
     }
     const std::size_t es = size_of(lead.type);
     shm_node* node = shared_node_of(comm);
-    if (node != nullptr && !reproducible_applies(comm.options().reproducible, lead.type, call.op)) {
+    if (node != nullptr) {
       // Straight from and into the tensors: no packing.
       std::vector<buffer_view> parts;
       for (std::size_t i : members) parts.push_back(tensors[i]);
@@ -11645,11 +11746,9 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
 }
 
 // Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
-// shares the node, and there is more than a one-shot allreduce's worth of data (and `op` is not a
-// reproducible sum, which takes its own path: the caller packs instead).
-template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+// shares the node, and there is more than a one-shot allreduce's worth of data.
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
   if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
-  if (reproducible_applies(comm.options().reproducible, parts.front().type, op)) return false;
   std::size_t count = 0;
   for (const buffer_view& v : parts) count += v.count;
   return count * size_of(parts.front().type) > one_shot_bytes(comm);
@@ -14413,7 +14512,7 @@ struct bucket_operation {
       if (!marked[i]) return false;
       parts.push_back(views[i]);
     }
-    if (!reduces_in_shared_memory(comm, parts, op)) return false;
+    if (!reduces_in_shared_memory(comm, parts)) return false;
     start_in_shared_memory(comm, std::move(parts), op);
     return true;
   }
@@ -15060,7 +15159,7 @@ bool reduced_in_shared_memory(C& comm, const reduction_policy& policy, const std
   parts.reserve(bucket.size());
   for (std::size_t i : bucket) parts.push_back(grads[i]);
   const reduce_op op = policy.wire_op(parts.front().type);
-  if (!reduces_in_shared_memory(comm, parts, op)) return false;
+  if (!reduces_in_shared_memory(comm, parts)) return false;
   allreduce_in_shared_memory(comm, parts, op);
   return true;
 }

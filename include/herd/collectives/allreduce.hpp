@@ -78,20 +78,22 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
 
 // The allreduce of a host buffer, after the agreement: through the node's shared memory when
 // every rank is on it, hierarchically when there are several nodes with shared memory on each,
-// else with the ring.
+// else with the ring. A reproducible sum takes shared memory too (which then computes each element
+// with the mode's order-free function), and otherwise its own exchange of pieces, never the
+// hierarchical path, whose partial sums per node would depend on the layout.
 template <communicator C>
 void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
-  if (comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op)) {
-    return reproducible_allreduce(comm, type, op, in, out, count);
-  }
+  const bool reproducible = comm.size() > 1 && reproducible_applies(comm.options().reproducible, type, op);
   if constexpr (with_shared_node<C>) {
     if (comm.size() > 1) {
       if (shm_node* node = comm.shared_node()) return shm_allreduce(comm, *node, type, op, in, out, count);
+      if (reproducible) return reproducible_allreduce(comm, type, op, in, out, count);
       if (shm_node* part = comm.node_part(); part != nullptr && comm.across_nodes() != nullptr) {
         return hierarchical_allreduce(comm, *part, *comm.across_nodes(), type, op, in, out, count);
       }
     }
   }
+  if (reproducible) return reproducible_allreduce(comm, type, op, in, out, count);
   ring_allreduce(comm, type, op, in, out, count);
 }
 
@@ -257,7 +259,7 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
     }
     const std::size_t es = size_of(lead.type);
     shm_node* node = shared_node_of(comm);
-    if (node != nullptr && !reproducible_applies(comm.options().reproducible, lead.type, call.op)) {
+    if (node != nullptr) {
       // Straight from and into the tensors: no packing.
       std::vector<buffer_view> parts;
       for (std::size_t i : members) parts.push_back(tensors[i]);
@@ -291,11 +293,9 @@ template <communicator C> void run_grouped_allreduce(C& comm, const grouped_allr
 }
 
 // Whether allreduce_in_shared_memory suits these host tensors of one dtype on comm: every rank
-// shares the node, and there is more than a one-shot allreduce's worth of data (and `op` is not a
-// reproducible sum, which takes its own path: the caller packs instead).
-template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts, reduce_op op) {
+// shares the node, and there is more than a one-shot allreduce's worth of data.
+template <communicator C> bool reduces_in_shared_memory(C& comm, std::span<const buffer_view> parts) {
   if (shared_node_of(comm) == nullptr || parts.empty() || !parts.front().device.is_cpu()) return false;
-  if (reproducible_applies(comm.options().reproducible, parts.front().type, op)) return false;
   std::size_t count = 0;
   for (const buffer_view& v : parts) count += v.count;
   return count * size_of(parts.front().type) > one_shot_bytes(comm);

@@ -6,21 +6,23 @@
 //
 // How. An element's result is a function of its p values that ignores their order: their exact
 // sum, correctly rounded to the element type (to nearest, ties to even), which is also as accurate
-// as a sum can be. Where the values' exponents lie close enough together (spread + the type's
-// precision + log2 p + 1 bits fit in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16
-// 2^39), the sum of their doubles is exact in any order and is rounded once. Otherwise (and always
-// for f64) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
+// as a sum can be. For two f32 or f64 values that is their IEEE sum (add_pair_block). Where the
+// values' exponents lie close enough together (spread + the type's precision + log2 p + 1 bits fit
+// in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16 2^39), the sum of their doubles is
+// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
 // and its value is rounded by comparing it, exactly, with the midpoints around an approximation
 // (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
 // infinity gives itself.
 //
-// Where. Every rank must see all p values of the elements it computes: the allreduce is a pairwise
-// exchange that brings rank r piece r of every rank's tensor (the bytes of a reduce-scatter), the
-// function on each element, and the ring's allgather of the results: the bandwidth of the ring
-// allreduce, on MPI messages, whatever the node layout. Small tensors reduce, with every rank's
-// tensor at hand, the same function after the agreement. Integer sums are the same in any order
-// already; min, max and prod, and every reduction of device tensors (an error in this mode), are not
-// covered.
+// Where. The rank that computes an element must see all p values of it. On one node they are in
+// the node's shared memory at once (shm_allreduce, collectives/detail/shm.hpp, calls
+// reproducible_reduce). Otherwise reproducible_allreduce below: a pairwise exchange brings rank r
+// piece r of every rank's tensor (the bytes of a reduce-scatter), the function runs on each
+// element, and the ring's allgather returns the results: the ring allreduce's bandwidth, on MPI
+// messages (never the hierarchical path, whose partial sums per node depend on the layout). Small
+// tensors reduce, with every rank's tensor at hand, the same function after the agreement.
+// Integer sums are the same in any order already; min, max and prod, and every reduction of device
+// tensors (an error in this mode), are not covered.
 
 #include <herd/collectives/detail/pairwise.hpp>
 #include <herd/collectives/detail/ring.hpp>
@@ -102,6 +104,79 @@ template <class T> bool is_even(T x) {
   else return (std::bit_cast<std::uint64_t>(x) & 1u) == 0;
 }
 
+inline int ceil_log2(int n) {
+  int bits = 0;
+  while ((1 << bits) < n) ++bits;
+  return bits;
+}
+
+// The exact sum of finite doubles v[0..n) rounded once to a double, to nearest, ties to even, by
+// way of a wide integer: each value is an integer multiple of 2^-1074, so their sum is one too,
+// held in two's complement in 64-bit words. For f64 sums whose two-sums overflow (values within a
+// factor p of the largest double, where an expansion's components become infinite or NaN while
+// the exact sum may still be finite): rare, so slow and simple.
+inline double wide_sum_rounded(const double* v, int n) {
+  const auto words = static_cast<std::size_t>((2098 + ceil_log2(n) + 1) / 64 + 2);
+  std::vector<std::uint64_t> sum(words, 0);
+  for (int i = 0; i < n; ++i) {
+    if (v[i] == 0) continue;
+    int exponent = 0;
+    const double fraction = std::frexp(std::fabs(v[i]), &exponent);  // |v| = fraction * 2^exponent
+    auto mantissa = static_cast<std::uint64_t>(std::ldexp(fraction, 53));
+    int shift = exponent - 53 + 1074;  // |v| = mantissa * 2^(shift - 1074)
+    if (shift < 0) {                   // a subnormal: its low bits are zeros
+      mantissa >>= -shift;
+      shift = 0;
+    }
+    // The value's words, negated for a negative value, added with carries.
+    std::vector<std::uint64_t> term(words, 0);
+    const auto word = static_cast<std::size_t>(shift / 64);
+    const int bit = shift % 64;
+    term[word] = mantissa << bit;
+    if (bit != 0) term[word + 1] = mantissa >> (64 - bit);
+    if (v[i] < 0) {
+      std::uint64_t carry = 1;
+      for (std::uint64_t& t : term) {
+        t = ~t + carry;
+        carry = carry != 0 && t == 0 ? 1u : 0u;
+      }
+    }
+    std::uint64_t carry = 0;
+    for (std::size_t k = 0; k < words; ++k) {
+      const std::uint64_t a = sum[k] + carry;
+      const std::uint64_t b = a + term[k];
+      carry = (a < carry ? 1u : 0u) + (b < a ? 1u : 0u);
+      sum[k] = b;
+    }
+  }
+  const bool negative = (sum.back() >> 63) != 0;
+  if (negative) {
+    std::uint64_t carry = 1;
+    for (std::uint64_t& t : sum) {
+      t = ~t + carry;
+      carry = carry != 0 && t == 0 ? 1u : 0u;
+    }
+  }
+  auto bit_at = [&](int i) { return i >= 0 && ((sum[static_cast<std::size_t>(i / 64)] >> (i % 64)) & 1u) != 0; };
+  int top = -1;
+  for (std::size_t k = words; k-- > 0;) {
+    if (sum[k] != 0) {
+      top = static_cast<int>(64 * k) + 63 - std::countl_zero(sum[k]);
+      break;
+    }
+  }
+  if (top < 0) return 0.0;  // an exact zero of values not all zeros: +0, as a plain sum gives
+  // The top 53 bits, then to nearest, ties to even, on the bit below and any bit under it.
+  const int low = std::max(top - 52, 0);
+  std::uint64_t mantissa = 0;
+  for (int i = top; i >= low; --i) mantissa = (mantissa << 1) | (bit_at(i) ? 1u : 0u);
+  bool sticky = false;
+  for (int i = low - 2; i >= 0 && !sticky; --i) sticky = bit_at(i);
+  if (bit_at(low - 1) && (sticky || (mantissa & 1u) != 0)) ++mantissa;  // 2^53 after a carry: still exact
+  const double magnitude = std::ldexp(static_cast<double>(mantissa), low - 1074);  // beyond the range: inf
+  return negative ? -magnitude : magnitude;
+}
+
 // The exact sum of v[0..n) (finite doubles converted from T) rounded once to T, to nearest, ties
 // to even: an expansion holds the sum exactly; its components added from the smallest give a
 // double within an ulp of it, which rounds to T as c; the exact value is then compared with the
@@ -114,6 +189,9 @@ template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
   for (int i = 0; i < n; ++i) m = grow_expansion(e, m, v[i]);
   double approximation = e[0];
   for (int j = 1; j < m; ++j) approximation += e[j];
+  if constexpr (std::is_same_v<T, double>) {
+    if (!std::isfinite(approximation)) return wide_sum_rounded(v, n);  // the two-sums overflowed
+  }
   const T c = from_double<T>(approximation);
   const double at = to_double(c);
   if (!std::isfinite(at)) return c;  // beyond T's range: the infinity a plain sum gives
@@ -130,12 +208,6 @@ template <class T> T exact_sum_rounded(const double* v, int n, double* work) {
     if (beyond == 0) return is_even(c) ? c : next;
   }
   return c;
-}
-
-inline int ceil_log2(int n) {
-  int bits = 0;
-  while ((1 << bits) < n) ++bits;
-  return bits;
 }
 
 // One element that the fast test (below) did not settle: a NaN or an infinity among its p values
@@ -157,38 +229,54 @@ template <class T> T reproducible_element(const double* values, int p, double* w
 }
 
 // The fast test's loops, over blocks of a constant size (so that GCC vectorizes them at -O2,
-// which takes no loop that needs a remainder or an overlap check, and no branch: the exponent's
-// choices are masks). Per element: the double sum, and the smallest and largest exponent field of
-// the nonzero values (subnormals as 1; NaN and infinity as 255).
+// which takes no loop that needs a remainder or an overlap check, and no branch: choices are
+// selects). Per element, over the operands: the double sum, and the largest magnitude and the
+// smallest nonzero one (+inf while there is none). NaN and infinities need no test of their own:
+// they make the double sum NaN or infinite, which the check below sends to the exact path.
 inline constexpr std::size_t reproducible_block = 256;
-inline void add_block(const float* __restrict x, double* __restrict sum) {
-  for (std::size_t i = 0; i < reproducible_block; ++i) sum[i] += static_cast<double>(x[i]);
-}
-inline void exponent_range_block(const float* __restrict x, std::int32_t* __restrict low, std::int32_t* __restrict high) {
+inline void accumulate_block(const float* __restrict x, double* __restrict sum, float* __restrict least,
+                             float* __restrict most) {
   for (std::size_t i = 0; i < reproducible_block; ++i) {
-    const std::int32_t bits = std::bit_cast<std::int32_t>(x[i]) & 0x7fffffff;
-    const std::int32_t field = bits >> 23;
-    const std::int32_t e = field | static_cast<std::int32_t>(field == 0);
-    const std::int32_t nonzero = -static_cast<std::int32_t>(bits != 0);  // all ones or none
-    const std::int32_t for_low = (e & nonzero) | ((1 << 20) & ~nonzero);
-    const std::int32_t for_high = (e & nonzero) | ~nonzero;
-    low[i] = low[i] < for_low ? low[i] : for_low;
-    high[i] = high[i] > for_high ? high[i] : for_high;
+    const float a = std::fabs(x[i]);
+    const float nonzero = a == 0.0f ? std::numeric_limits<float>::infinity() : a;
+    sum[i] += static_cast<double>(x[i]);
+    least[i] = least[i] < nonzero ? least[i] : nonzero;
+    most[i] = most[i] > a ? most[i] : a;
   }
 }
 
-// Whether an element's double sum may be inexact: a NaN or an infinity among its values (field
-// 255), or its nonzero values' exponents further apart than `spread_limit` (all zeros: low above
-// high, never).
-inline bool needs_exact(std::int32_t low, std::int32_t high, std::int32_t spread_limit) {
-  return (static_cast<std::int32_t>(high >= 255) | static_cast<std::int32_t>(high - low > spread_limit)) != 0;
+// Whether an element's double sum may be inexact or is not finite: its nonzero values' exponent
+// fields further apart than `spread_limit` (subnormals count as 1, the smallest normal's; all
+// zeros: least is +inf, never), or the sum, as a float, an infinity or a NaN (a NaN or an
+// infinity among the values; or a finite sum beyond float's range, which the exact path rounds
+// to the same infinity).
+inline bool needs_exact(float least, float most, double sum, std::int32_t spread_limit) {
+  const std::int32_t low_field = std::bit_cast<std::int32_t>(least) >> 23;
+  const std::int32_t low = low_field | static_cast<std::int32_t>(low_field == 0);
+  const std::int32_t high = std::bit_cast<std::int32_t>(most) >> 23;
+  const std::int32_t total = std::bit_cast<std::int32_t>(static_cast<float>(sum)) & 0x7f800000;
+  return (static_cast<std::int32_t>(high - low > spread_limit) | static_cast<std::int32_t>(total == 0x7f800000)) != 0;
 }
 
 // Whether no element of the block needs_exact (a loop without branches: it vectorizes).
-inline bool all_close(const std::int32_t* __restrict low, const std::int32_t* __restrict high, std::int32_t spread_limit) {
+inline bool all_close(const float* __restrict least, const float* __restrict most, const double* __restrict sum,
+                      std::int32_t spread_limit) {
   std::int32_t far = 0;
-  for (std::size_t i = 0; i < reproducible_block; ++i) far |= static_cast<std::int32_t>(needs_exact(low[i], high[i], spread_limit));
+  for (std::size_t i = 0; i < reproducible_block; ++i) {
+    far |= static_cast<std::int32_t>(needs_exact(least[i], most[i], sum[i], spread_limit));
+  }
   return far == 0;
+}
+
+// Two f32 or f64 values: IEEE addition rounds their exact sum once, to nearest, ties to even, and
+// is commutative, so a + b is already the reproducible sum; only a NaN's bits depend on the order
+// of a and b (and inf - inf gives the processor's own NaN), so every NaN becomes the quiet NaN the
+// exact path gives.
+template <class T> void add_pair_block(const T* __restrict a, const T* __restrict b, T* __restrict out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const T s = a[i] + b[i];
+    out[i] = s == s ? s : std::numeric_limits<T>::quiet_NaN();
+  }
 }
 
 // dst[i] = the reproducible sum (divided by p for avg, as herd's avg divides a sum) of
@@ -222,35 +310,41 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
         return reproducible_element<T>(values, p, values + p);
       };
       double sum[reproducible_block];
-      std::int32_t low[reproducible_block];
-      std::int32_t high[reproducible_block];
+      float least[reproducible_block];
+      float most[reproducible_block];
       float staged[reproducible_block];
+      T results[reproducible_block];  // a block's results, where they cannot be written in place
+      constexpr bool pair_adds = std::is_same_v<T, double> || std::is_same_v<T, float>;
       for (std::size_t begin = 0; begin < n; begin += reproducible_block) {
         const std::size_t m = std::min(reproducible_block, n - begin);
-        if constexpr (std::is_same_v<T, double>) {
+        if (pair_adds && p == 2) {
+          if constexpr (pair_adds) {
+            // Into a block of its own first: dst may be an operand, and __restrict must hold.
+            if (m == reproducible_block) add_pair_block(from[0] + begin, from[1] + begin, results, reproducible_block);
+            else add_pair_block(from[0] + begin, from[1] + begin, results, m);
+            std::memcpy(out + begin, results, m * sizeof(T));
+          }
+        } else if constexpr (std::is_same_v<T, double>) {
           for (std::size_t i = 0; i < m; ++i) out[begin + i] = exact(begin + i);
         } else if (m < reproducible_block) {
           // A short tensor or the last block: the same test, one element at a time.
           for (std::size_t i = begin; i < begin + m; ++i) {
             double total = -0.0;
-            std::int32_t least = 1 << 20;
-            std::int32_t most = -1;
+            float smallest = std::numeric_limits<float>::infinity();
+            float largest = 0.0f;
             for (int q = 0; q < p; ++q) {
               const float f = static_cast<float>(from[q][i]);
-              const std::int32_t bits = std::bit_cast<std::int32_t>(f) & 0x7fffffff;
-              const std::int32_t e = std::max(bits >> 23, 1);
+              const float a = std::fabs(f);
               total += static_cast<double>(f);
-              if (bits != 0) {
-                least = std::min(least, e);
-                most = std::max(most, e);
-              }
+              if (a != 0.0f) smallest = std::min(smallest, a);
+              largest = std::max(largest, a);
             }
-            out[i] = needs_exact(least, most, spread_limit) ? exact(i) : from_double<T>(total);
+            out[i] = needs_exact(smallest, largest, total, spread_limit) ? exact(i) : from_double<T>(total);
           }
         } else {
           std::fill(sum, sum + reproducible_block, -0.0);  // -0 + x is x, -0 included
-          std::fill(low, low + reproducible_block, 1 << 20);
-          std::fill(high, high + reproducible_block, -1);
+          std::fill(least, least + reproducible_block, std::numeric_limits<float>::infinity());
+          std::fill(most, most + reproducible_block, 0.0f);
           for (int q = 0; q < p; ++q) {
             const T* x = from[q] + begin;
             const float* block = staged;
@@ -259,16 +353,17 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
             } else {
               for (std::size_t i = 0; i < reproducible_block; ++i) staged[i] = static_cast<float>(x[i]);
             }
-            add_block(block, sum);
-            exponent_range_block(block, low, high);
+            accumulate_block(block, sum, least, most);
           }
           // Where no element needs_exact, the double sums were exact in any order; the rest (rare)
-          // one by one.
-          for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
-          if (!all_close(low, high, spread_limit)) {
+          // one by one, before any result is written (dst may be an operand that exact() reads).
+          if (all_close(least, most, sum, spread_limit)) {
+            for (std::size_t i = 0; i < reproducible_block; ++i) out[begin + i] = from_double<T>(sum[i]);
+          } else {
             for (std::size_t i = 0; i < reproducible_block; ++i) {
-              if (needs_exact(low[i], high[i], spread_limit)) out[begin + i] = exact(begin + i);
+              results[i] = needs_exact(least[i], most[i], sum[i], spread_limit) ? exact(begin + i) : from_double<T>(sum[i]);
             }
+            std::memcpy(out + begin, results, reproducible_block * sizeof(T));
           }
         }
         if (op == reduce_op::avg) {

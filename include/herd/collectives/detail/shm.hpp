@@ -7,9 +7,13 @@
 //
 // Every element of a reduction is computed once, by one rank, combining the ranks' values in rank
 // order (x0 ∘ x1 ∘ ... ∘ x(p-1)) exactly as the small allreduce does; every other rank copies that
-// result. So all ranks hold the same bits, and a run gives the same bits as the last.
+// result. So all ranks hold the same bits, and a run gives the same bits as the last. With
+// reproducible sums (comm_options::reproducible), shm_allreduce computes each element with the
+// order-free function of collectives/detail/reproducible.hpp instead, as every other path of the
+// mode does: every rank's value of the element is in the node's memory at once.
 
 #include <herd/collectives/detail/host_reduce.hpp>
+#include <herd/collectives/detail/reproducible.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/core/dtype.hpp>
@@ -79,6 +83,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
   const int avg_ranks = op == reduce_op::avg ? p : 0;
+  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
@@ -103,9 +108,9 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        reduce_in_rank_order(
-            type, op, mine + offset, p,
-            [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; }, run, avg_ranks);
+        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
+        if (reproducible) reproducible_reduce(type, op, mine + offset, p, operand, run);
+        else reduce_in_rank_order(type, op, mine + offset, p, operand, run, avg_ranks);
       });
     }
     node.publish(t, shm_node::reduced);

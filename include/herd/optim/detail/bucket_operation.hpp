@@ -94,7 +94,7 @@ struct bucket_operation {
       if (!marked[i]) return false;
       parts.push_back(views[i]);
     }
-    if (!reduces_in_shared_memory(comm, parts, op)) return false;
+    if (!reduces_in_shared_memory(comm, parts)) return false;
     start_in_shared_memory(comm, std::move(parts), op);
     return true;
   }

@@ -32,7 +32,7 @@ bool reduced_in_shared_memory(C& comm, const reduction_policy& policy, const std
   parts.reserve(bucket.size());
   for (std::size_t i : bucket) parts.push_back(grads[i]);
   const reduce_op op = policy.wire_op(parts.front().type);
-  if (!reduces_in_shared_memory(comm, parts, op)) return false;
+  if (!reduces_in_shared_memory(comm, parts)) return false;
   allreduce_in_shared_memory(comm, parts, op);
   return true;
 }
