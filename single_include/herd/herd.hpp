@@ -9554,6 +9554,16 @@ inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
   return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
 }
 
+// A reproducible sum is computed on the host: a device tensor that asks for one is an error, not
+// a silent sum in some order.
+template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
+  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
+    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
+                       t.device.str(),
+               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
+  }
+}
+
 // s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
 inline void two_sum(double a, double b, double& s, double& e) {
   s = a + b;
@@ -9878,14 +9888,15 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
   });
 }
 
-// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
-// exchange), the function above on it, the results to every rank (the ring's allgather).
-template <communicator C>
-void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
+// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
+// to rank r (pairwise exchange), and the function above runs on it.
+template <communicator C, class InChunk>
+void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
+                                 std::byte* mine) {
   const int p = comm.size();
   const auto r = static_cast<std::size_t>(comm.rank());
   const std::size_t es = size_of(type);
-  const chunk_layout chunks = chunk_layout::even(count, p);
   const std::size_t n = chunks.length[r];
   std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
   auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
@@ -9894,16 +9905,26 @@ void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* 
     pairwise_exchange(
         comm,
         [&](int to) {
-          const auto c = static_cast<std::size_t>(to);
-          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
+                                               chunks.length[static_cast<std::size_t>(to)] * es);
         },
         [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
   }
-  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
-  {
-    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
-    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
-  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
+  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+  reproducible_reduce(type, op, mine, p, piece, n);
+}
+
+// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
+// the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  reproducible_reduce_scatter(
+      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      out + chunks.offset[r] * es);
   ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
 }
 
@@ -10029,7 +10050,8 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
 // the reduction; `in_chunk(c)` is this rank's contribution to chunk c. `mine` may be in_chunk(g)
 // itself (in place). Per slice each rank copies a piece of every other rank's chunk into its
-// buffer; the owner reduces its piece straight out of the buffers.
+// buffer; the owner reduces its piece straight out of the buffers (a reproducible sum with the
+// mode's function, as shm_allreduce).
 template <class C, class InChunk>
 void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
                         InChunk in_chunk, std::byte* mine, int avg_ranks) {
@@ -10043,6 +10065,11 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
+  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
+  auto reduce = [&](std::byte* dst, auto operand, std::size_t n) {
+    if (reproducible) reproducible_reduce(type, op, dst, p, operand, n);
+    else reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+  };
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket(comm);
@@ -10066,10 +10093,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
       // In place, this rank's own value is not the first operand: reduce into the buffer's free
       // piece (the one nobody copied in), then copy the result out.
       std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
-      reduce_in_rank_order(type, op, scratch, p, operand, n, avg_ranks);
+      reduce(scratch, operand, n);
       std::memcpy(dst, scratch, n * es);
     } else {
-      reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+      reduce(dst, operand, n);
     }
   }
 }
@@ -11558,16 +11585,6 @@ template <communicator C> std::size_t one_shot_bytes(C& comm) {
   return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
 }
 
-// A reproducible sum is computed on the host (collectives/detail/reproducible.hpp): a device
-// tensor asks for it is an error, not a silent sum in some order.
-template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
-  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
-    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
-                       t.device.str(),
-               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
-  }
-}
-
 // One allreduce: its arguments, checked on this rank.
 struct allreduce_call {
   call_check check;
@@ -12648,10 +12665,9 @@ void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   tree_gather(comm, root, blocks, in, gathered);
   if (comm.rank() != root) return;
   // Rank q's tensor is block q - root of the gathered ones (relative order).
-  reduce_in_rank_order(
-      type, op, out, p,
-      [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; }, count,
-      op == reduce_op::avg ? p : 0);
+  auto operand = [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; };
+  if (reproducible_applies(comm.options().reproducible, type, op)) return reproducible_reduce(type, op, out, p, operand, count);
+  reduce_in_rank_order(type, op, out, p, operand, count, op == reduce_op::avg ? p : 0);
 }
 
 // Large: a reduce-scatter, then every rank's chunk to the root.
@@ -12667,6 +12683,8 @@ void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, scratch_slot::kept);
   if (shm_node* node = shared_node_of(comm)) {
     shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
+  } else if (reproducible_applies(comm.options().reproducible, type, op)) {
+    reproducible_reduce_scatter(comm, type, op, chunks, in_chunk, mine);
   } else {
     // Partial results of one step are forwarded during the next, so two staging blocks alternate.
     std::byte* partial[2] = {scratch(chunks.longest() * es, scratch_slot::staging),
@@ -12786,6 +12804,7 @@ reduce_scatter_call prepare_reduce_scatter(const In& input, Out& output, C& comm
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  require_reproducible_on_host(check, comm, in, op);
   return {std::move(check), in, out, op};
 }
 
@@ -12825,6 +12844,9 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
   if (shm_node* node = shared_node_of(comm)) {
     return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+  }
+  if (reproducible_applies(comm.options().reproducible, in.type, op)) {
+    return reproducible_reduce_scatter(comm, in.type, op, chunks, in_chunk, dst);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), scratch_slot::staging),

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -292,6 +293,36 @@ template <class T> void every_path(herd::reduce_op op) {
   }
 }
 
+// reduce_scatter and reduce (what zero_optimizer and rooted reductions use) give, on every path,
+// the bits of the reproducible allreduce: each rank its block of it, the root all of it.
+template <class T> void scatter_and_reduce(herd::reduce_op op) {
+  const int r = world_rank();
+  const int p = world_size();
+  herd::mpi_communicator ring(MPI_COMM_WORLD, reproducible(herd::algorithm::ring));
+  herd::mpi_communicator automatic(MPI_COMM_WORLD, reproducible());
+  herd::mpi_communicator shm(MPI_COMM_WORLD, reproducible(herd::algorithm::shared_memory));
+  std::vector<herd::mpi_communicator*> paths = {&ring, &automatic, &shm};
+  std::optional<herd::mpi_communicator> nodes;
+  if (p % 2 == 0 && p >= 4) paths.push_back(&nodes.emplace(MPI_COMM_WORLD, reproducible(herd::algorithm::hierarchical, 2)));
+  for (const std::size_t block : {std::size_t{1}, std::size_t{300}, std::size_t{20000}}) {
+    const std::size_t n = block * static_cast<std::size_t>(p);
+    const std::vector<T> mine = rough_input<T>(r, n, block * 7 + static_cast<std::uint64_t>(op));
+    std::vector<T> reference = mine;
+    herd::allreduce(reference, ring, op);
+    const std::vector<T> my_block(reference.begin() + static_cast<std::ptrdiff_t>(block * static_cast<std::size_t>(r)),
+                                  reference.begin() + static_cast<std::ptrdiff_t>(block * static_cast<std::size_t>(r + 1)));
+    for (std::size_t k = 0; k < paths.size(); ++k) {
+      INFO("dtype ", herd::name(dtype_of<T>()), " op ", herd::name(op), " block ", block, " path ", k, " ranks ", p);
+      std::vector<T> scattered(block);
+      herd::reduce_scatter(mine, scattered, *paths[k], op);
+      CHECK(differing(scattered, my_block) == 0);
+      std::vector<T> reduced(n);
+      herd::reduce(mine, reduced, *paths[k], op, p - 1);
+      if (r == p - 1) CHECK(differing(reduced, reference) == 0);
+    }
+  }
+}
+
 }  // namespace
 
 HERD_MPI_TEST_CASE("reproducible sums: every path, split and order of the inputs gives the same bits", 2) {
@@ -305,6 +336,15 @@ HERD_MPI_TEST_CASE("reproducible sums: every path, split and order of the inputs
 
 // The inputs above do tell paths apart without the mode: at 3 ranks or more, the ring's order of
 // additions and shared memory's (rank order) differ in some elements.
+HERD_MPI_TEST_CASE("reproducible sums: reduce_scatter and reduce give the allreduce's bits on every path", 2) {
+  for (herd::reduce_op op : {herd::reduce_op::sum, herd::reduce_op::avg}) {
+    scatter_and_reduce<float>(op);
+    scatter_and_reduce<double>(op);
+    scatter_and_reduce<herd::half>(op);
+    scatter_and_reduce<herd::bfloat16>(op);
+  }
+}
+
 HERD_MPI_TEST_CASE("reproducible sums: without the mode, the ring and shared memory differ on the same inputs", 3) {
   const std::size_t n = 70001;
   const std::vector<float> mine = rough_input<float>(world_rank(), n, 7);

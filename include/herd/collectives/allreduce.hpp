@@ -105,16 +105,6 @@ template <communicator C> std::size_t one_shot_bytes(C& comm) {
   return shared_node_of(comm) != nullptr ? std::min(shm_one_shot_max_bytes, payload_capacity(comm)) : payload_max_bytes;
 }
 
-// A reproducible sum is computed on the host (collectives/detail/reproducible.hpp): a device
-// tensor asks for it is an error, not a silent sum in some order.
-template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
-  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
-    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
-                       t.device.str(),
-               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
-  }
-}
-
 // One allreduce: its arguments, checked on this rank.
 struct allreduce_call {
   call_check check;

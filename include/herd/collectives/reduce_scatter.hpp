@@ -9,6 +9,7 @@
 #include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/dispatch.hpp>
 #include <herd/collectives/detail/launch.hpp>
+#include <herd/collectives/detail/reproducible.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/shm.hpp>
 #include <herd/comm/communicator.hpp>
@@ -51,6 +52,7 @@ reduce_scatter_call prepare_reduce_scatter(const In& input, Out& output, C& comm
   check.require_reachable("output", out, reaches(comm, out.device), unreachable_advice(comm, out.device));
   check.require_same_device(in, out);
   if constexpr (native_collectives<C>) require_native_op(check, in.type, op);
+  require_reproducible_on_host(check, comm, in, op);
   return {std::move(check), in, out, op};
 }
 
@@ -90,6 +92,9 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
   if (shm_node* node = shared_node_of(comm)) {
     return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+  }
+  if (reproducible_applies(comm.options().reproducible, in.type, op)) {
+    return reproducible_reduce_scatter(comm, in.type, op, chunks, in_chunk, dst);
   }
   // Partial results of one step are forwarded during the next, so two staging blocks alternate.
   std::byte* partial[2] = {scratch(out.bytes(), scratch_slot::staging),

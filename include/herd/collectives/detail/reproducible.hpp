@@ -24,6 +24,7 @@
 // Integer sums are the same in any order already; min, max and prod, and every reduction of device
 // tensors (an error in this mode), are not covered.
 
+#include <herd/collectives/detail/agreement.hpp>
 #include <herd/collectives/detail/pairwise.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
@@ -48,6 +49,16 @@ namespace herd::detail {
 // Whether the reproducible sum takes this reduction.
 inline bool reproducible_applies(bool reproducible, dtype type, reduce_op op) {
   return reproducible && is_floating_point(type) && (op == reduce_op::sum || op == reduce_op::avg);
+}
+
+// A reproducible sum is computed on the host: a device tensor that asks for one is an error, not
+// a silent sum in some order.
+template <communicator C> void require_reproducible_on_host(call_check& check, C& comm, const_buffer_view t, reduce_op op) {
+  if (check.ok() && reproducible_applies(comm.options().reproducible, t.type, op) && !t.device.is_cpu()) {
+    check.fail(12, "reproducible sums (HERD_REPRODUCIBLE=1) are computed on host tensors only, and this one is on " +
+                       t.device.str(),
+               "Reduce a host copy of it, or create the communicator of GPU tensors with reproducible off");
+  }
 }
 
 // s + e == a + b exactly, s the rounded sum (Knuth's two-sum; any order of a and b).
@@ -374,14 +385,15 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
   });
 }
 
-// The reproducible allreduce of a host tensor: piece r of every rank's tensor to rank r (pairwise
-// exchange), the function above on it, the results to every rank (the ring's allgather).
-template <communicator C>
-void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
+// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
+// to rank r (pairwise exchange), and the function above runs on it.
+template <communicator C, class InChunk>
+void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
+                                 std::byte* mine) {
   const int p = comm.size();
   const auto r = static_cast<std::size_t>(comm.rank());
   const std::size_t es = size_of(type);
-  const chunk_layout chunks = chunk_layout::even(count, p);
   const std::size_t n = chunks.length[r];
   std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
   auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
@@ -390,16 +402,26 @@ void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* 
     pairwise_exchange(
         comm,
         [&](int to) {
-          const auto c = static_cast<std::size_t>(to);
-          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in) + chunks.offset[c] * es, chunks.length[c] * es);
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
+                                               chunks.length[static_cast<std::size_t>(to)] * es);
         },
         [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
   }
-  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in + chunks.offset[r] * es, n * es);
-  {
-    const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
-    reproducible_reduce(type, op, out + chunks.offset[r] * es, p, piece, n);
-  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
+  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+  reproducible_reduce(type, op, mine, p, piece, n);
+}
+
+// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
+// the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  reproducible_reduce_scatter(
+      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      out + chunks.offset[r] * es);
   ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
 }
 

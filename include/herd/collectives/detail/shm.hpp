@@ -139,7 +139,8 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
 // the reduction; `in_chunk(c)` is this rank's contribution to chunk c. `mine` may be in_chunk(g)
 // itself (in place). Per slice each rank copies a piece of every other rank's chunk into its
-// buffer; the owner reduces its piece straight out of the buffers.
+// buffer; the owner reduces its piece straight out of the buffers (a reproducible sum with the
+// mode's function, as shm_allreduce).
 template <class C, class InChunk>
 void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
                         InChunk in_chunk, std::byte* mine, int avg_ranks) {
@@ -153,6 +154,11 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
+  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
+  auto reduce = [&](std::byte* dst, auto operand, std::size_t n) {
+    if (reproducible) reproducible_reduce(type, op, dst, p, operand, n);
+    else reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+  };
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket(comm);
@@ -176,10 +182,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
       // In place, this rank's own value is not the first operand: reduce into the buffer's free
       // piece (the one nobody copied in), then copy the result out.
       std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
-      reduce_in_rank_order(type, op, scratch, p, operand, n, avg_ranks);
+      reduce(scratch, operand, n);
       std::memcpy(dst, scratch, n * es);
     } else {
-      reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
+      reduce(dst, operand, n);
     }
   }
 }
