@@ -9473,8 +9473,9 @@ HERD_CONFIG_NAMESPACE_END
 // as a sum can be. For two f32 or f64 values that is their IEEE sum (add_pair_block). Where the
 // values' exponents lie close enough together (spread + the type's precision + log2 p + 1 bits fit
 // in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16 2^39), the sum of their doubles is
-// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
-// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
+// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are
+// summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997), and its value is
+// rounded by comparing it, exactly, with the midpoints around an approximation
 // (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
 // infinity gives itself.
 //
@@ -9632,6 +9633,13 @@ inline int ceil_log2(int n) {
 inline double wide_sum_rounded(const double* v, int n) {
   const auto words = static_cast<std::size_t>((2098 + ceil_log2(n) + 1) / 64 + 2);
   std::vector<std::uint64_t> sum(words, 0);
+  auto negate = [](std::vector<std::uint64_t>& x) {  // two's complement, in place
+    std::uint64_t carry = 1;
+    for (std::uint64_t& t : x) {
+      t = ~t + carry;
+      carry = carry != 0 && t == 0 ? 1u : 0u;
+    }
+  };
   for (int i = 0; i < n; ++i) {
     if (v[i] == 0) continue;
     int exponent = 0;
@@ -9648,13 +9656,7 @@ inline double wide_sum_rounded(const double* v, int n) {
     const int bit = shift % 64;
     term[word] = mantissa << bit;
     if (bit != 0) term[word + 1] = mantissa >> (64 - bit);
-    if (v[i] < 0) {
-      std::uint64_t carry = 1;
-      for (std::uint64_t& t : term) {
-        t = ~t + carry;
-        carry = carry != 0 && t == 0 ? 1u : 0u;
-      }
-    }
+    if (v[i] < 0) negate(term);
     std::uint64_t carry = 0;
     for (std::size_t k = 0; k < words; ++k) {
       const std::uint64_t a = sum[k] + carry;
@@ -9664,13 +9666,7 @@ inline double wide_sum_rounded(const double* v, int n) {
     }
   }
   const bool negative = (sum.back() >> 63) != 0;
-  if (negative) {
-    std::uint64_t carry = 1;
-    for (std::uint64_t& t : sum) {
-      t = ~t + carry;
-      carry = carry != 0 && t == 0 ? 1u : 0u;
-    }
-  }
+  if (negative) negate(sum);
   auto bit_at = [&](int i) { return i >= 0 && ((sum[static_cast<std::size_t>(i / 64)] >> (i % 64)) & 1u) != 0; };
   int top = -1;
   for (std::size_t k = words; k-- > 0;) {
@@ -9888,6 +9884,15 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
   });
 }
 
+// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
+// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
+// in rank order (avg divides the sum by p).
+template <class Operand>
+void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+  if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
+  reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
+}
+
 // The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
 // the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
 // to rank r (pairwise exchange), and the function above runs on it.
@@ -9993,8 +9998,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const int p = node.size();
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
-  const int avg_ranks = op == reduce_op::avg ? p : 0;
-  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
+  const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
@@ -10020,8 +10024,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
         auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
-        if (reproducible) reproducible_reduce(type, op, mine + offset, p, operand, run);
-        else reduce_in_rank_order(type, op, mine + offset, p, operand, run, avg_ranks);
+        combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }
     node.publish(t, shm_node::reduced);
@@ -10054,7 +10057,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
 // mode's function, as shm_allreduce).
 template <class C, class InChunk>
 void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
-                        InChunk in_chunk, std::byte* mine, int avg_ranks) {
+                        InChunk in_chunk, std::byte* mine) {
   const std::size_t es = size_of(type);
   const int p = node.size();
   const int g = node.rank();
@@ -10065,11 +10068,7 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
-  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
-  auto reduce = [&](std::byte* dst, auto operand, std::size_t n) {
-    if (reproducible) reproducible_reduce(type, op, dst, p, operand, n);
-    else reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
-  };
+  const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket(comm);
@@ -10093,10 +10092,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
       // In place, this rank's own value is not the first operand: reduce into the buffer's free
       // piece (the one nobody copied in), then copy the result out.
       std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
-      reduce(scratch, operand, n);
+      combine_ranks(reproducible, type, op, scratch, p, operand, n);
       std::memcpy(dst, scratch, n * es);
     } else {
-      reduce(dst, operand, n);
+      combine_ranks(reproducible, type, op, dst, p, operand, n);
     }
   }
 }
@@ -11549,7 +11548,7 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
   std::byte* mine = out + chunks.offset[l] * es;
   shm_reduce_scatter(
       comm, node, type, partial, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      mine, 0);
+      mine);
   run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
                 [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
   if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
@@ -11641,14 +11640,9 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
-    const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
-    if (reproducible_applies(comm.options().reproducible, in.type, op)) {
-      return reproducible_reduce(in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); },
-                                 in.count);
-    }
-    reduce_in_rank_order(
-        in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
+    combine_ranks(comm.options().reproducible, in.type, op, static_cast<std::byte*>(out.data), p,
+                  [&](int q) { return all.payload(q); }, in.count);
     return;
   }
   agree(comm, mine, check);
@@ -12665,9 +12659,8 @@ void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   tree_gather(comm, root, blocks, in, gathered);
   if (comm.rank() != root) return;
   // Rank q's tensor is block q - root of the gathered ones (relative order).
-  auto operand = [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; };
-  if (reproducible_applies(comm.options().reproducible, type, op)) return reproducible_reduce(type, op, out, p, operand, count);
-  reduce_in_rank_order(type, op, out, p, operand, count, op == reduce_op::avg ? p : 0);
+  combine_ranks(comm.options().reproducible, type, op, out, p,
+                [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; }, count);
 }
 
 // Large: a reduce-scatter, then every rank's chunk to the root.
@@ -12682,7 +12675,7 @@ void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   // This rank's reduced chunk: in place in the root's output, elsewhere in scratch memory.
   std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, scratch_slot::kept);
   if (shm_node* node = shared_node_of(comm)) {
-    shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
+    shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine);
   } else if (reproducible_applies(comm.options().reproducible, type, op)) {
     reproducible_reduce_scatter(comm, type, op, chunks, in_chunk, mine);
   } else {
@@ -12843,7 +12836,7 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   const chunk_layout chunks = chunk_layout::of_counts(counts);
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
   if (shm_node* node = shared_node_of(comm)) {
-    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst);
   }
   if (reproducible_applies(comm.options().reproducible, in.type, op)) {
     return reproducible_reduce_scatter(comm, in.type, op, chunks, in_chunk, dst);

@@ -69,7 +69,7 @@ void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, redu
   std::byte* mine = out + chunks.offset[l] * es;
   shm_reduce_scatter(
       comm, node, type, partial, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      mine, 0);
+      mine);
   run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
                 [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
   if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
@@ -161,14 +161,9 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     // combines them in rank order, so all compute the same bits in one exchange of ceil(log2 p) rounds.
     const exchanged all = agree(comm, mine, check, true, in.data, bytes);
     if (in.count == 0) return;
-    const int avg_ranks = op == reduce_op::avg ? p : 0;
     const trace::span phase(comm.operations().track(), "reduction", trace::fields::elements(in.count, in.type));
-    if (reproducible_applies(comm.options().reproducible, in.type, op)) {
-      return reproducible_reduce(in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); },
-                                 in.count);
-    }
-    reduce_in_rank_order(
-        in.type, op, static_cast<std::byte*>(out.data), p, [&](int q) { return all.payload(q); }, in.count, avg_ranks);
+    combine_ranks(comm.options().reproducible, in.type, op, static_cast<std::byte*>(out.data), p,
+                  [&](int q) { return all.payload(q); }, in.count);
     return;
   }
   agree(comm, mine, check);

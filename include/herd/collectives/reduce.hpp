@@ -75,9 +75,8 @@ void reduce_small(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   tree_gather(comm, root, blocks, in, gathered);
   if (comm.rank() != root) return;
   // Rank q's tensor is block q - root of the gathered ones (relative order).
-  auto operand = [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; };
-  if (reproducible_applies(comm.options().reproducible, type, op)) return reproducible_reduce(type, op, out, p, operand, count);
-  reduce_in_rank_order(type, op, out, p, operand, count, op == reduce_op::avg ? p : 0);
+  combine_ranks(comm.options().reproducible, type, op, out, p,
+                [&](int q) { return gathered + static_cast<std::size_t>(ring_mod(q - root, p)) * bytes; }, count);
 }
 
 // Large: a reduce-scatter, then every rank's chunk to the root.
@@ -92,7 +91,7 @@ void reduce_large(C& comm, dtype type, reduce_op op, const std::byte* in, std::b
   // This rank's reduced chunk: in place in the root's output, elsewhere in scratch memory.
   std::byte* mine = at_root ? out + chunks.offset[r] * es : scratch(chunks.length[r] * es, scratch_slot::kept);
   if (shm_node* node = shared_node_of(comm)) {
-    shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine, op == reduce_op::avg ? p : 0);
+    shm_reduce_scatter(comm, *node, type, op, chunks, in_chunk, mine);
   } else if (reproducible_applies(comm.options().reproducible, type, op)) {
     reproducible_reduce_scatter(comm, type, op, chunks, in_chunk, mine);
   } else {

@@ -91,7 +91,7 @@ template <communicator C> void reduce_scatter_host(C& comm, const_buffer_view in
   const chunk_layout chunks = chunk_layout::of_counts(counts);
   auto in_chunk = [&](int c) { return src + chunks.offset[static_cast<std::size_t>(c)] * es; };
   if (shm_node* node = shared_node_of(comm)) {
-    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst, op == reduce_op::avg ? p : 0);
+    return shm_reduce_scatter(comm, *node, in.type, op, chunks, in_chunk, dst);
   }
   if (reproducible_applies(comm.options().reproducible, in.type, op)) {
     return reproducible_reduce_scatter(comm, in.type, op, chunks, in_chunk, dst);

@@ -9,8 +9,9 @@
 // as a sum can be. For two f32 or f64 values that is their IEEE sum (add_pair_block). Where the
 // values' exponents lie close enough together (spread + the type's precision + log2 p + 1 bits fit
 // in a double's 53: for f32 at 4 ranks a spread of 2^26, for f16 2^39), the sum of their doubles is
-// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997),
-// and its value is rounded by comparing it, exactly, with the midpoints around an approximation
+// exact in any order and is rounded once. Otherwise (and for f64 at 3 ranks or more) they are
+// summed exactly as a floating-point expansion (two-sum chains, Shewchuk 1997), and its value is
+// rounded by comparing it, exactly, with the midpoints around an approximation
 // (exact_sum_rounded). A NaN anywhere, or infinities of both signs, give the quiet NaN; otherwise an
 // infinity gives itself.
 //
@@ -129,6 +130,13 @@ inline int ceil_log2(int n) {
 inline double wide_sum_rounded(const double* v, int n) {
   const auto words = static_cast<std::size_t>((2098 + ceil_log2(n) + 1) / 64 + 2);
   std::vector<std::uint64_t> sum(words, 0);
+  auto negate = [](std::vector<std::uint64_t>& x) {  // two's complement, in place
+    std::uint64_t carry = 1;
+    for (std::uint64_t& t : x) {
+      t = ~t + carry;
+      carry = carry != 0 && t == 0 ? 1u : 0u;
+    }
+  };
   for (int i = 0; i < n; ++i) {
     if (v[i] == 0) continue;
     int exponent = 0;
@@ -145,13 +153,7 @@ inline double wide_sum_rounded(const double* v, int n) {
     const int bit = shift % 64;
     term[word] = mantissa << bit;
     if (bit != 0) term[word + 1] = mantissa >> (64 - bit);
-    if (v[i] < 0) {
-      std::uint64_t carry = 1;
-      for (std::uint64_t& t : term) {
-        t = ~t + carry;
-        carry = carry != 0 && t == 0 ? 1u : 0u;
-      }
-    }
+    if (v[i] < 0) negate(term);
     std::uint64_t carry = 0;
     for (std::size_t k = 0; k < words; ++k) {
       const std::uint64_t a = sum[k] + carry;
@@ -161,13 +163,7 @@ inline double wide_sum_rounded(const double* v, int n) {
     }
   }
   const bool negative = (sum.back() >> 63) != 0;
-  if (negative) {
-    std::uint64_t carry = 1;
-    for (std::uint64_t& t : sum) {
-      t = ~t + carry;
-      carry = carry != 0 && t == 0 ? 1u : 0u;
-    }
-  }
+  if (negative) negate(sum);
   auto bit_at = [&](int i) { return i >= 0 && ((sum[static_cast<std::size_t>(i / 64)] >> (i % 64)) & 1u) != 0; };
   int top = -1;
   for (std::size_t k = words; k-- > 0;) {
@@ -383,6 +379,15 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
       }
     }
   });
+}
+
+// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
+// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
+// in rank order (avg divides the sum by p).
+template <class Operand>
+void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+  if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
+  reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
 }
 
 // The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of

@@ -82,8 +82,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
   const int p = node.size();
   const auto g = static_cast<std::size_t>(node.rank());
   const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
-  const int avg_ranks = op == reduce_op::avg ? p : 0;
-  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
+  const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
     const std::size_t m = std::min(per_slice, count - begin);
@@ -109,8 +108,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
         auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
-        if (reproducible) reproducible_reduce(type, op, mine + offset, p, operand, run);
-        else reduce_in_rank_order(type, op, mine + offset, p, operand, run, avg_ranks);
+        combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }
     node.publish(t, shm_node::reduced);
@@ -143,7 +141,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std:
 // mode's function, as shm_allreduce).
 template <class C, class InChunk>
 void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const chunk_layout& chunks,
-                        InChunk in_chunk, std::byte* mine, int avg_ranks) {
+                        InChunk in_chunk, std::byte* mine) {
   const std::size_t es = size_of(type);
   const int p = node.size();
   const int g = node.rank();
@@ -154,11 +152,7 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     return begin >= length ? 0 : std::min(piece, length - begin);
   };
   const std::byte* own = in_chunk(g);
-  const bool reproducible = reproducible_applies(comm.options().reproducible, type, op);
-  auto reduce = [&](std::byte* dst, auto operand, std::size_t n) {
-    if (reproducible) reproducible_reduce(type, op, dst, p, operand, n);
-    else reduce_in_rank_order(type, op, dst, p, operand, n, avg_ranks);
-  };
+  const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < longest; begin += piece) {
     const std::uint64_t t = node.next_ticket(comm);
@@ -182,10 +176,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
       // In place, this rank's own value is not the first operand: reduce into the buffer's free
       // piece (the one nobody copied in), then copy the result out.
       std::byte* scratch = buffer + static_cast<std::size_t>(g) * piece * es;
-      reduce(scratch, operand, n);
+      combine_ranks(reproducible, type, op, scratch, p, operand, n);
       std::memcpy(dst, scratch, n * es);
     } else {
-      reduce(dst, operand, n);
+      combine_ranks(reproducible, type, op, dst, p, operand, n);
     }
   }
 }
