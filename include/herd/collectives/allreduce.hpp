@@ -28,6 +28,7 @@
 #include <herd/core/config.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -59,21 +60,32 @@ void ring_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
 // ranks with index l allreduce that chunk across nodes with the ring (`across`); an allgather
 // through shared memory gives every rank of the node every chunk. avg sums all the way and
 // divides at the end.
+//
+// A tensor larger than the ring's segment (comm_options::ring_segment_bytes) goes through the three
+// phases a segment at a time: a piece's node sums are still in cache when they cross the nodes, and
+// what came back still is when the node shares it. In one pass each phase streams the whole tensor
+// through memory once more (benchmarks/RESULTS.md, "Across simulated nodes", has both). Each
+// element is summed in the same order either way.
 template <communicator C, communicator A>
 void hierarchical_allreduce(C& comm, shm_node& node, A& across, dtype type, reduce_op op, const std::byte* in,
                             std::byte* out, std::size_t count) {
   const std::size_t es = size_of(type);
   const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
-  const chunk_layout chunks = chunk_layout::even(count, node.size());
+  const std::size_t piece = std::max<std::size_t>(1, comm.options().ring_segment_bytes / es);
   const auto l = static_cast<std::size_t>(node.rank());
-  std::byte* mine = out + chunks.offset[l] * es;
-  shm_reduce_scatter(
-      comm, node, type, partial, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      mine);
-  run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
-                [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
-  if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
-  shm_allgather(comm, node, es, chunks, mine, out);
+  for (std::size_t begin = 0; begin < count; begin += piece) {
+    const std::size_t m = std::min(piece, count - begin);
+    const std::byte* piece_in = in + begin * es;
+    const chunk_layout chunks = chunk_layout::even(m, node.size());
+    std::byte* mine = out + (begin + chunks.offset[l]) * es;
+    shm_reduce_scatter(
+        comm, node, type, partial, chunks,
+        [&](int c) { return piece_in + chunks.offset[static_cast<std::size_t>(c)] * es; }, mine);
+    run_operation(across, {op_kind::allreduce, 0, chunks.length[l], type, true},
+                  [&] { ring_allreduce(across, type, partial, mine, mine, chunks.length[l]); });
+    if (op == reduce_op::avg) host_finalize_avg(type, mine, chunks.length[l], comm.size());
+    shm_allgather(comm, node, es, chunks, mine, out + begin * es);
+  }
 }
 
 // The allreduce of a host buffer, after the agreement: through the node's shared memory when
