@@ -17,7 +17,10 @@
 # what a cluster's network would give.
 #
 # Environment: BUILD_DIR (default build; its benchmarks/allreduce is the MPICH build), ROUNDS (3),
-# MPIS ("openmpi mpich"), MIN_BYTES (65536), MAX_BYTES (67108864), REPS (5). Needs root.
+# MPIS ("openmpi mpich"), MIN_BYTES (65536), MAX_BYTES (67108864), REPS (5); BASELINE, a git
+# revision: the same benchmark built with that revision's headers too, run after this one in each
+# round, and a table of the two herds side by side (before/after a change, on the same noise).
+# Needs root.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -47,25 +50,38 @@ for mpi in $mpis; do
     *) echo "multinode.sh: MPIS holds openmpi and mpich, not $mpi" >&2; exit 2 ;;
   esac
 done
+runs=$mpis
+if [[ -n "${BASELINE:-}" ]]; then
+  mkdir -p "$work/baseline"
+  git -C "$root" archive "$BASELINE" include | tar -x -C "$work/baseline"
+  for mpi in $mpis; do
+    program[$mpi@baseline]="$work/allreduce_${mpi}_baseline"
+    "mpicxx.$mpi" -std=c++20 -O2 -DNDEBUG -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 -I"$work/baseline/include" \
+      "$root/benchmarks/allreduce.cpp" -pthread -o "${program[$mpi@baseline]}"
+    runs+=" $mpi@baseline"
+  done
+fi
 
 echo "# $(date -u '+%F %T UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) before; herd at $(git -C "$root" rev-parse --short HEAD)"
 for ((round = 1; round <= rounds; ++round)); do
   # The link first, then each MPI; the probe needs no MPI library, Open MPI's launcher starts it.
   "$nodes" --mpi openmpi --layout 1,1 --timeout 120 -- /usr/bin/python3 "$here/link_probe.py" 2>/dev/null |
     grep '^link:' | sed "s/^/round $round /" | tee -a "$work/all.txt"
-  for mpi in $mpis; do
+  for run in $runs; do
+    mpi=${run%@*}
     # MPICH 4.0.2 over UCX's TCP may hang in MPI_Finalize (docs/clusters.md): the table is printed by
     # then, so a timeout after it costs nothing but the wait.
-    "$nodes" --mpi "$mpi" --layout 2,2 --timeout 300 -- "${program[$mpi]}" "${args[@]}" 2>/dev/null |
-      grep -E '^ +[0-9]+ \|' | sed "s/^/round $round $mpi /" >>"$work/all.txt" || true
-    echo "round $round $mpi: $(grep -c "^round $round $mpi " "$work/all.txt") sizes"
+    "$nodes" --mpi "$mpi" --layout 2,2 --timeout 300 -- "${program[$run]}" "${args[@]}" 2>/dev/null |
+      grep -E '^ +[0-9]+ \|' | sed "s/^/round $round $run /" >>"$work/all.txt" || true
+    echo "round $round $run: $(grep -c "^round $round $run " "$work/all.txt") sizes"
   done
 done
 
-python3 - "$work/all.txt" "$mpis" <<'EOF'
+python3 - "$work/all.txt" "$runs" "${BASELINE:-}" <<'EOF'
 import statistics, sys
 lines = open(sys.argv[1]).read().splitlines()
 mpis = sys.argv[2].split()
+baseline = sys.argv[3]
 links = [dict(kv.split("=") for kv in l.split()[3:]) for l in lines if l.split()[2] == "link:"]
 duplex = [float(l["duplex_GBps"]) for l in links]
 print(f"# link: rtt {statistics.median(float(l['rtt_us']) for l in links):.1f} us, one way "
@@ -73,6 +89,7 @@ print(f"# link: rtt {statistics.median(float(l['rtt_us']) for l in links):.1f} u
       f"each way (medians of {len(links)}: duplex {min(duplex):.2f}-{max(duplex):.2f})")
 def med(v):
     return f"{statistics.median(v):9.1f} ({min(v):.0f}-{max(v):.0f})"
+tables = {}
 for mpi in mpis:
     rows = {}
     for l in lines:
@@ -87,11 +104,25 @@ for mpi in mpis:
         print(f"# {mpi}: no results")
         continue
     limit = statistics.median(duplex) * 1e9
-    print(f"# {mpi}, 2 nodes x 2 ranks, f32 sum in place; us per call, median (range) of {len(next(iter(rows.values())))} rounds")
+    tables[mpi] = rows
+    label = mpi.replace("@baseline", f" with the headers of {baseline}")
+    print(f"# {label}, 2 nodes x 2 ranks, f32 sum in place; us per call, median (range) of {len(next(iter(rows.values())))} rounds")
     print(f"# {'bytes':>10} | {'herd hierarchical':>22} | {'herd ring':>22} | {'MPI_Allreduce':>22} | herd/MPI | link limit us | limit/herd")
     for size in sorted(rows):
         h = [r[0] for r in rows[size]]; g = [r[1] for r in rows[size]]; m = [r[2] for r in rows[size]]
         bound = size / limit * 1e6
         print(f"  {size:>10} | {med(h):>22} | {med(g):>22} | {med(m):>22} | "
               f"{statistics.median(m) / statistics.median(h):8.2f} | {bound:13.1f} | {bound / statistics.median(h):10.2f}")
+# With a baseline: the two herds' hierarchical allreduce side by side, and the ratio per round
+# (each round ran both, one after the other).
+for mpi in [m for m in mpis if f"{m}@baseline" in tables]:
+    now, before = tables[mpi], tables[f"{mpi}@baseline"]
+    print(f"# {mpi}: herd hierarchical now vs with the headers of {baseline}; us, median (range); before/now per round")
+    print(f"# {'bytes':>10} | {'now':>22} | {'before':>22} | before/now: median (range)")
+    for size in sorted(now):
+        if size not in before:
+            continue
+        h = [r[0] for r in now[size]]; b = [r[0] for r in before[size]]
+        ratios = [y / x for x, y in zip(h, b)]
+        print(f"  {size:>10} | {med(h):>22} | {med(b):>22} | {statistics.median(ratios):5.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
 EOF

@@ -6,7 +6,8 @@
 //   HERD_STALL_CHECK_TIME_SECONDS     warn on stderr when a rank has waited this long (60; 0 = never)
 //   HERD_STALL_SHUTDOWN_TIME_SECONDS  raise herd::error after waiting this long (1800; 0 = wait forever;
 //                                     else at least 0.1)
-//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives (1048576)
+//   HERD_RING_SEGMENT_BYTES           pipeline segment of the ring collectives, and the hierarchical
+//                                     allreduce's piece (1048576)
 //   HERD_CHECK_ARGUMENTS              1: collectives compare their arguments across ranks first (default); 0: skip
 //   HERD_PROGRESS_THREAD              1: asynchronous operations progress on a thread of their own (default);
 //                                     0: only inside handle::wait() and handle::test()
