@@ -5594,6 +5594,18 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
 #include <utility>
 #include <vector>
 
+// mpi_communicator's members that create it, connect a node, post, wait, shrink, abort and settle
+// are defined after the class: inline, or, with HERD_SEPARATE_COMPILATION
+// (collectives/separate_compilation.hpp), only in the program's implementation file
+// (HERD_IMPLEMENTATION), so that the other files compile none of them. There they are weak
+// symbols: they do not depend on the build's configuration, and a program may have an nvcc and a
+// g++ implementation file, each defining them.
+#if defined(HERD_IMPLEMENTATION)
+#define HERD_MPI_MEMBER __attribute__((weak))
+#elif !defined(HERD_SEPARATE_COMPILATION)
+#define HERD_MPI_MEMBER inline
+#endif
+
 namespace herd {
 namespace detail {
 
@@ -5755,24 +5767,10 @@ class mpi_communicator {
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
-  mpi_communicator(mpi_communicator&& other) noexcept {
-    if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
-    s_ = std::move(other.s_);
-    across_ = std::move(other.across_);
-    member_ = other.member_;
-  }
-  mpi_communicator& operator=(mpi_communicator&& other) noexcept {
-    if (this != &other) {
-      leave();
-      if (other.s_) other.s_->ops.drain();
-      s_ = std::move(other.s_);
-      across_ = std::move(other.across_);
-      member_ = other.member_;
-    }
-    return *this;
-  }
+  mpi_communicator(mpi_communicator&& other) noexcept;
+  mpi_communicator& operator=(mpi_communicator&& other) noexcept;
   // Waits for this rank's queued operations, then tells the other ranks it has left.
-  ~mpi_communicator() { leave(); }
+  ~mpi_communicator();
 
   // A rank left out of a split gets a communicator it is not a member of: rank -1, size 0, and
   // native() MPI_COMM_NULL, as MPI_Comm_split gives it.
@@ -5805,19 +5803,7 @@ class mpi_communicator {
   // Polls (spinning briefly, then yielding, then sleeping: detail::waiting) instead of MPI_Wait's
   // busy spin, so that with more ranks than cores the rank being waited for gets the core. Inside
   // an operation, raises at once when a peer aborted it or left; always watched (comm_options).
-  void wait(request& r) {
-    if (test(r)) return;
-    // Inside an operation, time spent here is a phase of it in the timeline.
-    const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
-                                    s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
-                                    {.extra_name = "peer", .extra = r.peer_});
-    for (int i = 0; i < 31; ++i) {
-      if (test(r)) return;
-    }
-    detail::watched_mpi_wait(
-        options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
-        [&] { return waiting_text(r); });
-  }
+  void wait(request& r);
 
   // Shared memory (comm/detail/shm.hpp): the node of this rank when it is the whole communicator
   // (every collective may take it), else null.
@@ -5836,16 +5822,7 @@ class mpi_communicator {
   }
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
-  void check_peers() {
-    if (detail::mpi_state* outer = state().outer) {
-      outer->poll_notices();
-      if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
-    }
-    s_->poll_notices();
-    if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
-      detail::raise(site(), why, "");
-    }
-  }
+  void check_peers();
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
                 int source, int tag) {
@@ -5873,15 +5850,8 @@ class mpi_communicator {
   // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
   // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   mpi_communicator renew() const { return renew(options()); }
-  mpi_communicator renew(const comm_options& options) const {
-    state().ops.drain();  // queued operations first: they decide which operation completed last
-    const detail::op_label last = s_->ops.last_completed();
-    return mpi_communicator(native(), options, &last);
-  }
-  mpi_communicator renew(const comm_options& options, rolled_back_t) const {
-    state().ops.drain();
-    return mpi_communicator(native(), options, nullptr);
-  }
+  mpi_communicator renew(const comm_options& options) const;
+  mpi_communicator renew(const comm_options& options, rolled_back_t) const;
 
   // A new communicator of the ranks that are still here, renumbered in their order here: how
   // the others go on when ranks left (returned from main, destroyed or left() their communicator,
@@ -5892,49 +5862,12 @@ class mpi_communicator {
   // after the shutdown time). Then MPI_Comm_create_group over them, collective over them alone.
   // With every rank still here, the result is renew(options, herd::rolled_back)'s.
   mpi_communicator shrink() const { return shrink(options()); }
-  mpi_communicator shrink(const comm_options& options) const {
-    detail::mpi_state& s = state();
-    s.ops.drain();
-    const std::vector<int> members = detail::agree_staying(s, options);
-    if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr, fit_algorithm);
-    MPI_Group all = MPI_GROUP_NULL;
-    MPI_Group part = MPI_GROUP_NULL;
-    check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
-    check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
-    MPI_Group_free(&all);
-    // Open MPI sends the creation's messages on this communicator with this tag: the highest one
-    // MPI allows, above every tag herd and its users send on (a stale message of an aborted
-    // operation, or the notices' standing receive, would otherwise take them).
-    int* tag_ub = nullptr;
-    int has_tag_ub = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
-    const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
-    MPI_Comm survivors = MPI_COMM_NULL;
-    // Every member agreed to come, but one may stall or die since: watched. (A call given up on
-    // keeps the group, which it may still read.)
-    const int code = detail::watched_mpi_call(
-        options, {"mpi_communicator::shrink", rank(), size()},
-        "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
-        [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
-    MPI_Group_free(&part);
-    check(code, "MPI_Comm_create_group");
-    // A duplicate of it, created and agreed on like every communicator.
-    struct freed {
-      MPI_Comm& c;
-      ~freed() { MPI_Comm_free(&c); }
-    } free_survivors{survivors};
-    return mpi_communicator(survivors, options, nullptr, fit_algorithm);
-  }
+  mpi_communicator shrink(const comm_options& options) const;
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
   // queued operations; the communicator is then empty, as one moved from. Their waits for this
   // rank raise at once, and they go on without it with shrink().
-  void leave() noexcept {
-    if (!s_) return;
-    s_->ops.drain();
-    detail::retire(std::move(s_));
-    across_.reset();
-  }
+  void leave() noexcept;
 
   // Aborts the running operation (detail::run_now calls it when an operation fails after its
   // agreement): tells the peers, cancels this rank's receives, drains what the peers sent, and
@@ -5942,16 +5875,7 @@ class mpi_communicator {
   // cancel a send) and every peer that answered has said it is done (this process's later waits go
   // on draining for the others: detail::tend). All within the shutdown time; past it, see
   // detail::give_up_settling.
-  void abort(std::string_view reason) noexcept {
-    if (!s_) return;
-    detail::mpi_state& s = *s_;
-    const std::uint64_t seq = detail::announce_abort(s, reason);
-    // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
-    // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
-    // its node's phase hears only this one) and before settling here.
-    if (across_ && !across_->operations().aborted()) across_->abort(reason);
-    detail::settle_abort(s, seq, reason);
-  }
+  void abort(std::string_view reason) noexcept;
 
  private:
   // A duplicate of `comm`; `renewed`: this rank's last completed operation of the communicator it
@@ -5960,90 +5884,17 @@ class mpi_communicator {
   // shrink(), which the ranks cannot choose), instead of being an error.
   struct fit_algorithm_t {};
   static constexpr fit_algorithm_t fit_algorithm{};
-  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed, fit_algorithm_t)
-      : fit_algorithm_(true) {
-    create(comm, std::move(options), renewed);
-  }
-  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
-    create(comm, std::move(options), renewed);
-  }
-  void create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
-    if (!mpi::is_initialized()) {
-      throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
-                  "MPI_Init_thread) before any communicator.");
-    }
-    if (comm == MPI_COMM_NULL) {
-      throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
-                  "leaves out). Create communicators only from one this rank belongs to.");
-    }
-    make_state(options);
-    int parent_rank = 0;
-    int parent_size = 1;
-    check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
-    // MPI writes the new communicator when the duplication completes, which may be after this
-    // rank gave up on it: the handle and the request live on the heap, and are left to MPI (a few
-    // bytes, on purpose) when the wait below raises.
-    struct pending_dup {
-      MPI_Comm copy = MPI_COMM_NULL;
-      MPI_Request request = MPI_REQUEST_NULL;
-    };
-    auto dup = std::make_unique<pending_dup>();
-    check(MPI_Comm_idup(comm, &dup->copy, &dup->request), "MPI_Comm_idup");
-    try {
-      // Watched like every wait: a rank that never comes to the creation is reported, not waited
-      // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
-      detail::watched_mpi_wait(
-          options, {"mpi_communicator", parent_rank, parent_size},
-          [&] {
-            int done = 0;
-            check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-            return done != 0;
-          },
-          [] {}, [] { return std::string("for the other ranks to create a communicator"); });
-    } catch (...) {
-      (void)dup.release();
-      throw;
-    }
-    const MPI_Comm copy = dup->copy;
-    adopt(copy);
-    try {
-      int world_rank = 0;
-      check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
-      detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-      detail::agree_creation(*this, runtime::defaults().problem, renewed);
-      join_node();
-    } catch (...) {
-      detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
-      throw;
-    }
-  }
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed, fit_algorithm_t);
+  mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed);
+  void create(MPI_Comm comm, comm_options options, const detail::op_label* renewed);
 
   struct adopt_tag {};
-  mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
-    make_state(options);
-    adopt(owned);
-    try {
-      join_node();
-    } catch (...) {
-      detail::retire(std::move(s_));
-      throw;
-    }
-  }
+  mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag);
   struct outside_tag {};
   explicit mpi_communicator(outside_tag) : member_(false) {}
 
   // split and subset: a split operation of this communicator with this rank's request.
-  mpi_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
-    auto& self = const_cast<mpi_communicator&>(*this);
-    MPI_Comm part = MPI_COMM_NULL;
-    detail::run_operation(self, {kind}, [&] {
-      detail::agree_split(self, mine, ranks);
-      split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
-    });
-    if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
-    return mpi_communicator(part, options(), adopt_tag{});
-  }
+  mpi_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const;
 
   // The creation's last part, after its agreement (every rank is here): finds the ranks that share
   // this node (MPI_COMM_TYPE_SHARED, or HERD_SIMULATE_NODE_SIZE in tests) and maps their shared
@@ -6051,201 +5902,21 @@ class mpi_communicator {
   // this rank's index in its node (the hierarchical allreduce's). A rank that cannot map the memory
   // says so, and then no rank uses it: with HERD_ALLREDUCE_ALGORITHM=auto the ranks go on with
   // MPI messages alone (a warning says why), with shm or hierarchical every rank raises.
-  void join_node() {
-    const comm_options& o = options();
-    if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
-    auto body = [&] {
-      const detail::error_site site{"communicator", rank(), size()};
-      MPI_Comm node = MPI_COMM_NULL;
-      if (o.simulated_node_size > 0) {
-        split_watched(rank() / o.simulated_node_size, rank(), &node);
-      } else {
-        check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
-                                       [parent = native(), key = rank()](MPI_Comm* made) {
-                                         return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
-                                       }),
-              "MPI_Comm_split_type");
-      }
-      int node_rank = 0;
-      int node_size = 1;
-      MPI_Comm_rank(node, &node_rank);
-      MPI_Comm_size(node, &node_size);
-      std::vector<int> local(static_cast<std::size_t>(node_size));
-      std::vector<int> members(local.size());
-      for (int i = 0; i < node_size; ++i) local[static_cast<std::size_t>(i)] = i;
-      MPI_Group node_group = MPI_GROUP_NULL;
-      MPI_Group all_group = MPI_GROUP_NULL;
-      MPI_Comm_group(node, &node_group);
-      MPI_Comm_group(native(), &all_group);
-      MPI_Group_translate_ranks(node_group, node_size, local.data(), all_group, members.data());
-      MPI_Group_free(&node_group);
-      MPI_Group_free(&all_group);
-      MPI_Comm_free(&node);
-
-      // The node's first rank creates the segment and sends its name and identity; the others map
-      // it and check the identity before any use; then every rank says whether that worked, and
-      // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
-      // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
-      // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
-      // named segment in /dev/shm, removed as soon as its ranks have it.
-      struct node_report {
-        std::int32_t first = 0;  // the node's first rank: the node's identity
-        std::int32_t size = 0;
-        detail::shm_segment::identity id;  // the segment's (first rank)
-        char text[1024] = {};              // the segment's name (first rank), or what went wrong
-      };
-      // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
-      const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
-      const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
-      std::string problem;
-      detail::shm_segment segment;
-      std::vector<node_report> reports(static_cast<std::size_t>(size()));
-      std::vector<std::string> names(static_cast<std::size_t>(size()));
-      auto attach = [&](bool named) {
-        problem.clear();
-        segment = {};
-        if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
-        node_report mine;
-        mine.first = members[0];
-        mine.size = node_size;
-        mine.id = segment.id();
-        std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
-        auto exchange_reports = [&] {
-          const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
-          for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
-        };
-        exchange_reports();
-        for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
-        const node_report& creator = reports[static_cast<std::size_t>(members[0])];
-        if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
-          segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
-        }
-        // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
-        std::memset(mine.text, 0, sizeof mine.text);
-        std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
-        exchange_reports();
-      };
-      attach(false);
-      bool unreachable = false;  // a rank could not attach to its node's anonymous segment
-      for (int r = 0; r < size(); ++r) {
-        const node_report& report = reports[static_cast<std::size_t>(r)];
-        unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
-                                      names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
-      }
-      if (unreachable) {
-        segment.release_name();
-        attach(true);
-      }
-      segment.release_name();
-
-      std::string trouble;
-      int nodes = 0;
-      bool equal_sizes = true;
-      for (int r = 0; r < size(); ++r) {
-        const node_report& report = reports[static_cast<std::size_t>(r)];
-        if (trouble.empty() && report.text[0] != '\0') {
-          trouble = "rank " + std::to_string(r) + " could not share memory with its node: " + report.text;
-        }
-        nodes += report.first == r ? 1 : 0;
-        equal_sizes = equal_sizes && report.size == reports[0].size;
-      }
-      const bool one_node = nodes == 1;
-      const bool fits = (o.allreduce_algorithm != algorithm::shared_memory || one_node) &&
-                        (o.allreduce_algorithm != algorithm::hierarchical || equal_sizes);
-      if (!fits && fit_algorithm_) {  // every rank sees the same reports: every rank falls back
-        std::fprintf(stderr,
-                     "herd warning (rank %d of %d): HERD_ALLREDUCE_ALGORITHM=%s does not fit the ranks left after "
-                     "shrink() (%d nodes, %s ranks on each); this communicator uses auto.\n",
-                     rank(), size(), herd::name(o.allreduce_algorithm), nodes, equal_sizes ? "as many" : "not as many");
-        s_->ops.options().allreduce_algorithm = algorithm::automatic;
-      }
-      if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
-        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
-                                       std::to_string(nodes) + " nodes",
-                             "Use auto (shared memory within nodes where it can) or hierarchical");
-      }
-      if (o.allreduce_algorithm == algorithm::hierarchical && !equal_sizes) {
-        detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=hierarchical needs the same number of ranks on every node",
-                             "Start as many ranks on every node, or use auto");
-      }
-      if (!trouble.empty()) {
-        if (o.allreduce_algorithm != algorithm::automatic) {
-          detail::raise_agreed(site, trouble,
-                               "The node's ranks could not share memory, for the reason above (through /proc, and "
-                               "then, where that failed, through a named segment in /dev/shm); use "
-                               "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
-        }
-        // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
-        std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",
-                     rank(), size(), trouble.c_str());
-        return;
-      }
-      if (node_size > 1) {
-        s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
-        s_->node_is_everyone = one_node;
-      }
-      if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
-        MPI_Comm part = MPI_COMM_NULL;
-        split_watched(node_rank, rank(), &part);
-        comm_options across = o;
-        across.allreduce_algorithm = algorithm::ring;
-        across_.reset(new mpi_communicator(part, across, adopt_tag{}));
-        detail::mpi_state& a = *across_->s_;
-        a.outer_ranks.resize(static_cast<std::size_t>(a.size));
-        std::vector<int> here(a.outer_ranks.size());
-        for (int i = 0; i < a.size; ++i) here[static_cast<std::size_t>(i)] = i;
-        MPI_Group across_group = MPI_GROUP_NULL;
-        MPI_Group outer_group = MPI_GROUP_NULL;
-        MPI_Comm_group(a.comm, &across_group);
-        MPI_Comm_group(native(), &outer_group);
-        MPI_Group_translate_ranks(across_group, a.size, here.data(), outer_group, a.outer_ranks.data());
-        MPI_Group_free(&across_group);
-        MPI_Group_free(&outer_group);
-        a.outer = s_.get();
-      }
-    };
-    detail::run_now(*this, {detail::op_kind::create, 0}, body);
-  }
+  void join_node();
 
   // MPI_Comm_split of this communicator, watched (every rank agreed to make it, in an operation).
-  void split_watched(int color, int key, MPI_Comm* part) const {
-    check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
-                                   [parent = native(), color, key](MPI_Comm* made) {
-                                     return MPI_Comm_split(parent, color, key, made);
-                                   }),
-          "MPI_Comm_split");
-  }
+  void split_watched(int color, int key, MPI_Comm* part) const;
 
-  void make_state(comm_options options) {
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
-    if (level < MPI_THREAD_MULTIPLE) options.progress_thread = false;
-    s_ = std::make_unique<detail::mpi_state>(options);
-  }
+  void make_state(comm_options options);
 
-  void adopt(MPI_Comm comm) {
-    s_->comm = comm;
-    s_->cuda_aware = mpi::cuda_aware();
-    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm, &s_->rank);
-    MPI_Comm_size(comm, &s_->size);
-    s_->listen();
-    detail::register_state(s_.get());
-  }
+  void adopt(MPI_Comm comm);
 
   // Across nodes, errors name the operation and the ranks of the communicator the user called.
   detail::error_site site() const {
     if (const detail::mpi_state* outer = s_->outer) return detail::site_of(s_->ops, "mpi_communicator", s_->shown(rank()), outer->size);
     return detail::site_of(s_->ops, "mpi_communicator", rank(), size());
   }
-  std::string waiting_text(const request& r) const {
-    if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
-      return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
-             " rank " + std::to_string(s_->shown(r.peer_));
-    }
-    return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
-  }
+  std::string waiting_text(const request& r) const;
 
   detail::mpi_state& state() const {
     if (!s_) {
@@ -6255,77 +5926,468 @@ class mpi_communicator {
     return *s_;
   }
 
-  request post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
-    const char* what = receiving ? "irecv" : "isend";
-    state();
-    detail::check_peer(what, rank(), size(), peer);
-    detail::check_buffer(what, rank(), size(), data, bytes);
-    detail::check_tag(what, rank(), size(), tag);
-    if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
-    if (detail::message_hook hook = detail::post_hook(); hook != nullptr && tag >= reserved_tag_base) hook(tag, receiving);
-    request r;
-    r.owner_ = s_.get();
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.receiving_ = receiving;
-    if (bytes <= detail::mpi_message_limit()) {
-      const int count = static_cast<int>(bytes);
-      check(receiving ? MPI_Irecv(data, count, MPI_BYTE, peer, tag, native(), &r.handle_)
-                      : MPI_Isend(data, count, MPI_BYTE, peer, tag, native(), &r.handle_),
-            receiving ? "MPI_Irecv" : "MPI_Isend");
-      return r;
-    }
-    // One message of `blocks` pieces of `limit` bytes and a remainder, so that every count fits an int.
-    const std::size_t limit = detail::mpi_message_limit();
-    const std::size_t blocks = bytes / limit;
-    if (blocks > static_cast<std::size_t>(INT_MAX)) {
-      detail::raise({what, rank(), size()}, "a message of " + std::to_string(bytes) + " bytes is too large for MPI",
-                    "Split the tensor");
-    }
-    MPI_Datatype whole = MPI_DATATYPE_NULL;
-    check(detail::make_byte_type(bytes, limit, &whole), "MPI_Type_create_struct");
-    const int code = receiving ? MPI_Irecv(data, 1, whole, peer, tag, native(), &r.handle_)
-                               : MPI_Isend(data, 1, whole, peer, tag, native(), &r.handle_);
-    MPI_Type_free(&whole);  // MPI keeps what a posted operation still needs
-    check(code, receiving ? "MPI_Irecv" : "MPI_Isend");
-    return r;
-  }
+  request post(void* data, std::size_t bytes, int peer, int tag, bool receiving);
 
   // Completes a request outside any operation (a user's request destroyed while pending): never
   // frees one MPI may still use; warns while it waits. Not the watched wait (watchdog.hpp): it
   // runs in destructors, so it never raises, and it warns every minute in words of its own.
-  static void settle(MPI_Request& handle) noexcept {
-    detail::waiting watch(comm_options{});
-    for (;;) {
-      int done = 0;
-      if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
-      if (watch.tick()) {
-        detail::tend();
-        if (watch.seconds() > 60) {
-          std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
-                               "(its receiver must post a matching receive), because MPI may still read its buffer.\n");
-          watch = detail::waiting(comm_options{});
-        }
-      }
-      watch.pause();
-    }
-    handle = MPI_REQUEST_NULL;
-  }
+  static void settle(MPI_Request& handle) noexcept;
 
-  void check(int code, const char* call) const {
-    if (code == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING] = {};
-    int length = 0;
-    MPI_Error_string(code, text, &length);
-    detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
-                  "This is an error inside MPI; check the MPI installation and that every rank is alive");
-  }
+  void check(int code, const char* call) const;
 
   std::unique_ptr<detail::mpi_state> s_;
   std::unique_ptr<mpi_communicator> across_;  // the ranks of this rank's index on the other nodes
   bool member_ = true;
   bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
+
+#if defined(HERD_MPI_MEMBER)
+HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
+                                                  fit_algorithm_t)
+    : fit_algorithm_(true) {
+  create(comm, std::move(options), renewed);
+}
+
+HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+  create(comm, std::move(options), renewed);
+}
+
+HERD_MPI_MEMBER mpi_communicator::mpi_communicator(mpi_communicator&& other) noexcept {
+  if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
+  s_ = std::move(other.s_);
+  across_ = std::move(other.across_);
+  member_ = other.member_;
+}
+
+HERD_MPI_MEMBER mpi_communicator& mpi_communicator::operator=(mpi_communicator&& other) noexcept {
+  if (this != &other) {
+    leave();
+    if (other.s_) other.s_->ops.drain();
+    s_ = std::move(other.s_);
+    across_ = std::move(other.across_);
+    member_ = other.member_;
+  }
+  return *this;
+}
+
+HERD_MPI_MEMBER mpi_communicator::~mpi_communicator() { leave(); }
+
+HERD_MPI_MEMBER void mpi_communicator::wait(request& r) {
+  if (test(r)) return;
+  // Inside an operation, time spent here is a phase of it in the timeline.
+  const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
+                                  s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
+                                  {.extra_name = "peer", .extra = r.peer_});
+  for (int i = 0; i < 31; ++i) {
+    if (test(r)) return;
+  }
+  detail::watched_mpi_wait(
+      options(), site(), [&] { return test(r); }, [&] { if (s_->ops.in_operation()) check_peers(); },
+      [&] { return waiting_text(r); });
+}
+
+HERD_MPI_MEMBER void mpi_communicator::check_peers() {
+  if (detail::mpi_state* outer = state().outer) {
+    outer->poll_notices();
+    if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
+  }
+  s_->poll_notices();
+  if (std::string why = s_->hopeless(s_->ops.current()); !why.empty()) {
+    detail::raise(site(), why, "");
+  }
+}
+
+HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options) const {
+  state().ops.drain();  // queued operations first: they decide which operation completed last
+  const detail::op_label last = s_->ops.last_completed();
+  return mpi_communicator(native(), options, &last);
+}
+
+HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options, rolled_back_t) const {
+  state().ops.drain();
+  return mpi_communicator(native(), options, nullptr);
+}
+
+HERD_MPI_MEMBER mpi_communicator mpi_communicator::shrink(const comm_options& options) const {
+  detail::mpi_state& s = state();
+  s.ops.drain();
+  const std::vector<int> members = detail::agree_staying(s, options);
+  if (static_cast<int>(members.size()) == size()) return mpi_communicator(native(), options, nullptr, fit_algorithm);
+  MPI_Group all = MPI_GROUP_NULL;
+  MPI_Group part = MPI_GROUP_NULL;
+  check(MPI_Comm_group(native(), &all), "MPI_Comm_group");
+  check(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &part), "MPI_Group_incl");
+  MPI_Group_free(&all);
+  // Open MPI sends the creation's messages on this communicator with this tag: the highest one
+  // MPI allows, above every tag herd and its users send on (a stale message of an aborted
+  // operation, or the notices' standing receive, would otherwise take them).
+  int* tag_ub = nullptr;
+  int has_tag_ub = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);  // predefined there
+  const int tag = has_tag_ub != 0 && tag_ub != nullptr ? *tag_ub : 32767;
+  MPI_Comm survivors = MPI_COMM_NULL;
+  // Every member agreed to come, but one may stall or die since: watched. (A call given up on
+  // keeps the group, which it may still read.)
+  const int code = detail::watched_mpi_call(
+      options, {"mpi_communicator::shrink", rank(), size()},
+      "in MPI_Comm_create_group for the " + std::to_string(members.size()) + " ranks that stay", &survivors,
+      [parent = native(), part, tag](MPI_Comm* made) { return MPI_Comm_create_group(parent, part, tag, made); });
+  MPI_Group_free(&part);
+  check(code, "MPI_Comm_create_group");
+  // A duplicate of it, created and agreed on like every communicator.
+  struct freed {
+    MPI_Comm& c;
+    ~freed() { MPI_Comm_free(&c); }
+  } free_survivors{survivors};
+  return mpi_communicator(survivors, options, nullptr, fit_algorithm);
+}
+
+HERD_MPI_MEMBER void mpi_communicator::leave() noexcept {
+  if (!s_) return;
+  s_->ops.drain();
+  detail::retire(std::move(s_));
+  across_.reset();
+}
+
+HERD_MPI_MEMBER void mpi_communicator::abort(std::string_view reason) noexcept {
+  if (!s_) return;
+  detail::mpi_state& s = *s_;
+  const std::uint64_t seq = detail::announce_abort(s, reason);
+  // Ranks of other nodes may wait for this one in the hierarchical allreduce's ring, where they
+  // hear that communicator: it is aborted too, after the peers here were told (a rank waiting in
+  // its node's phase hears only this one) and before settling here.
+  if (across_ && !across_->operations().aborted()) across_->abort(reason);
+  detail::settle_abort(s, seq, reason);
+}
+
+HERD_MPI_MEMBER void mpi_communicator::create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+  if (!mpi::is_initialized()) {
+    throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
+                "MPI_Init_thread) before any communicator.");
+  }
+  if (comm == MPI_COMM_NULL) {
+    throw error("herd::mpi_communicator: MPI_COMM_NULL is no communicator (MPI_Comm_split gives it to the ranks it "
+                "leaves out). Create communicators only from one this rank belongs to.");
+  }
+  make_state(options);
+  int parent_rank = 0;
+  int parent_size = 1;
+  check(MPI_Comm_rank(comm, &parent_rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(comm, &parent_size), "MPI_Comm_size");
+  // MPI writes the new communicator when the duplication completes, which may be after this
+  // rank gave up on it: the handle and the request live on the heap, and are left to MPI (a few
+  // bytes, on purpose) when the wait below raises.
+  struct pending_dup {
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  auto dup = std::make_unique<pending_dup>();
+  check(MPI_Comm_idup(comm, &dup->copy, &dup->request), "MPI_Comm_idup");
+  try {
+    // Watched like every wait: a rank that never comes to the creation is reported, not waited
+    // for forever. (A nonblocking collective cannot be cancelled: on that error it stays pending.)
+    detail::watched_mpi_wait(
+        options, {"mpi_communicator", parent_rank, parent_size},
+        [&] {
+          int done = 0;
+          check(MPI_Test(&dup->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        },
+        [] {}, [] { return std::string("for the other ranks to create a communicator"); });
+  } catch (...) {
+    (void)dup.release();
+    throw;
+  }
+  const MPI_Comm copy = dup->copy;
+  adopt(copy);
+  try {
+    int world_rank = 0;
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+    detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
+    detail::agree_creation(*this, runtime::defaults().problem, renewed);
+    join_node();
+  } catch (...) {
+    detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
+    throw;
+  }
+}
+
+HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
+  make_state(options);
+  adopt(owned);
+  try {
+    join_node();
+  } catch (...) {
+    detail::retire(std::move(s_));
+    throw;
+  }
+}
+
+HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+  auto& self = const_cast<mpi_communicator&>(*this);
+  MPI_Comm part = MPI_COMM_NULL;
+  detail::run_operation(self, {kind}, [&] {
+    detail::agree_split(self, mine, ranks);
+    split_watched(mine.color == no_color ? MPI_UNDEFINED : mine.color, mine.key, &part);
+  });
+  if (part == MPI_COMM_NULL) return mpi_communicator(outside_tag{});
+  return mpi_communicator(part, options(), adopt_tag{});
+}
+
+HERD_MPI_MEMBER void mpi_communicator::join_node() {
+  const comm_options& o = options();
+  if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
+  auto body = [&] {
+    const detail::error_site site{"communicator", rank(), size()};
+    MPI_Comm node = MPI_COMM_NULL;
+    if (o.simulated_node_size > 0) {
+      split_watched(rank() / o.simulated_node_size, rank(), &node);
+    } else {
+      check(detail::watched_mpi_call(o, site, "in MPI_Comm_split_type for the ranks of this node", &node,
+                                     [parent = native(), key = rank()](MPI_Comm* made) {
+                                       return MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, made);
+                                     }),
+            "MPI_Comm_split_type");
+    }
+    int node_rank = 0;
+    int node_size = 1;
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_size(node, &node_size);
+    std::vector<int> local(static_cast<std::size_t>(node_size));
+    std::vector<int> members(local.size());
+    for (int i = 0; i < node_size; ++i) local[static_cast<std::size_t>(i)] = i;
+    MPI_Group node_group = MPI_GROUP_NULL;
+    MPI_Group all_group = MPI_GROUP_NULL;
+    MPI_Comm_group(node, &node_group);
+    MPI_Comm_group(native(), &all_group);
+    MPI_Group_translate_ranks(node_group, node_size, local.data(), all_group, members.data());
+    MPI_Group_free(&node_group);
+    MPI_Group_free(&all_group);
+    MPI_Comm_free(&node);
+
+    // The node's first rank creates the segment and sends its name and identity; the others map
+    // it and check the identity before any use; then every rank says whether that worked, and
+    // the name goes (the memory stays while it is mapped). First through /proc (an anonymous
+    // segment, which leaves nothing behind); if some rank could not attach that way (ranks in
+    // separate PID namespaces, a creator that is not dumpable) every node tries once more with a
+    // named segment in /dev/shm, removed as soon as its ranks have it.
+    struct node_report {
+      std::int32_t first = 0;  // the node's first rank: the node's identity
+      std::int32_t size = 0;
+      detail::shm_segment::identity id;  // the segment's (first rank)
+      char text[1024] = {};              // the segment's name (first rank), or what went wrong
+    };
+    // A slice holds at least one 8-byte element per rank (a reduce-scatter's pieces).
+    const std::size_t slice = std::max(o.shm_slice_bytes, 8 * static_cast<std::size_t>(node_size));
+    const std::size_t bytes = detail::shm_node::segment_bytes(node_size, slice);
+    std::string problem;
+    detail::shm_segment segment;
+    std::vector<node_report> reports(static_cast<std::size_t>(size()));
+    std::vector<std::string> names(static_cast<std::size_t>(size()));
+    auto attach = [&](bool named) {
+      problem.clear();
+      segment = {};
+      if (node_size > 1 && node_rank == 0) segment = detail::shm_segment::create(bytes, problem, named);
+      node_report mine;
+      mine.first = members[0];
+      mine.size = node_size;
+      mine.id = segment.id();
+      std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
+      auto exchange_reports = [&] {
+        const detail::exchanged all = detail::agree_identity(*this, &mine, sizeof mine);
+        for (int r = 0; r < size(); ++r) std::memcpy(&reports[static_cast<std::size_t>(r)], all.payload(r), sizeof mine);
+      };
+      exchange_reports();
+      for (int r = 0; r < size(); ++r) names[static_cast<std::size_t>(r)] = reports[static_cast<std::size_t>(r)].text;
+      const node_report& creator = reports[static_cast<std::size_t>(members[0])];
+      if (node_size > 1 && node_rank != 0 && !names[static_cast<std::size_t>(members[0])].empty()) {
+        segment = detail::shm_segment::open(names[static_cast<std::size_t>(members[0])], bytes, creator.id, problem);
+      }
+      // Every rank's problem (the first rank's: creating the segment; the others': mapping it).
+      std::memset(mine.text, 0, sizeof mine.text);
+      std::memcpy(mine.text, problem.data(), std::min(problem.size(), sizeof mine.text - 1));
+      exchange_reports();
+    };
+    attach(false);
+    bool unreachable = false;  // a rank could not attach to its node's anonymous segment
+    for (int r = 0; r < size(); ++r) {
+      const node_report& report = reports[static_cast<std::size_t>(r)];
+      unreachable = unreachable || (report.first != r && report.text[0] != '\0' &&
+                                    names[static_cast<std::size_t>(report.first)].rfind("/proc/", 0) == 0);
+    }
+    if (unreachable) {
+      segment.release_name();
+      attach(true);
+    }
+    segment.release_name();
+
+    std::string trouble;
+    int nodes = 0;
+    bool equal_sizes = true;
+    for (int r = 0; r < size(); ++r) {
+      const node_report& report = reports[static_cast<std::size_t>(r)];
+      if (trouble.empty() && report.text[0] != '\0') {
+        trouble = "rank " + std::to_string(r) + " could not share memory with its node: " + report.text;
+      }
+      nodes += report.first == r ? 1 : 0;
+      equal_sizes = equal_sizes && report.size == reports[0].size;
+    }
+    const bool one_node = nodes == 1;
+    const bool fits = (o.allreduce_algorithm != algorithm::shared_memory || one_node) &&
+                      (o.allreduce_algorithm != algorithm::hierarchical || equal_sizes);
+    if (!fits && fit_algorithm_) {  // every rank sees the same reports: every rank falls back
+      std::fprintf(stderr,
+                   "herd warning (rank %d of %d): HERD_ALLREDUCE_ALGORITHM=%s does not fit the ranks left after "
+                   "shrink() (%d nodes, %s ranks on each); this communicator uses auto.\n",
+                   rank(), size(), herd::name(o.allreduce_algorithm), nodes, equal_sizes ? "as many" : "not as many");
+      s_->ops.options().allreduce_algorithm = algorithm::automatic;
+    }
+    if (o.allreduce_algorithm == algorithm::shared_memory && !one_node) {
+      detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but the ranks are on " +
+                                     std::to_string(nodes) + " nodes",
+                           "Use auto (shared memory within nodes where it can) or hierarchical");
+    }
+    if (o.allreduce_algorithm == algorithm::hierarchical && !equal_sizes) {
+      detail::raise_agreed(site, "HERD_ALLREDUCE_ALGORITHM=hierarchical needs the same number of ranks on every node",
+                           "Start as many ranks on every node, or use auto");
+    }
+    if (!trouble.empty()) {
+      if (o.allreduce_algorithm != algorithm::automatic) {
+        detail::raise_agreed(site, trouble,
+                             "The node's ranks could not share memory, for the reason above (through /proc, and "
+                             "then, where that failed, through a named segment in /dev/shm); use "
+                             "HERD_ALLREDUCE_ALGORITHM=auto (which falls back to messages) or ring");
+      }
+      // Every rank says it: each falls back, and a rank's log may be the only one its user reads.
+      std::fprintf(stderr, "herd warning (rank %d of %d): %s; this communicator moves data with MPI messages only.\n",
+                   rank(), size(), trouble.c_str());
+      return;
+    }
+    if (node_size > 1) {
+      s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
+      s_->node_is_everyone = one_node;
+    }
+    if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
+      MPI_Comm part = MPI_COMM_NULL;
+      split_watched(node_rank, rank(), &part);
+      comm_options across = o;
+      across.allreduce_algorithm = algorithm::ring;
+      across_.reset(new mpi_communicator(part, across, adopt_tag{}));
+      detail::mpi_state& a = *across_->s_;
+      a.outer_ranks.resize(static_cast<std::size_t>(a.size));
+      std::vector<int> here(a.outer_ranks.size());
+      for (int i = 0; i < a.size; ++i) here[static_cast<std::size_t>(i)] = i;
+      MPI_Group across_group = MPI_GROUP_NULL;
+      MPI_Group outer_group = MPI_GROUP_NULL;
+      MPI_Comm_group(a.comm, &across_group);
+      MPI_Comm_group(native(), &outer_group);
+      MPI_Group_translate_ranks(across_group, a.size, here.data(), outer_group, a.outer_ranks.data());
+      MPI_Group_free(&across_group);
+      MPI_Group_free(&outer_group);
+      a.outer = s_.get();
+    }
+  };
+  detail::run_now(*this, {detail::op_kind::create, 0}, body);
+}
+
+HERD_MPI_MEMBER void mpi_communicator::split_watched(int color, int key, MPI_Comm* part) const {
+  check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
+                                 [parent = native(), color, key](MPI_Comm* made) {
+                                   return MPI_Comm_split(parent, color, key, made);
+                                 }),
+        "MPI_Comm_split");
+}
+
+HERD_MPI_MEMBER void mpi_communicator::make_state(comm_options options) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
+  if (level < MPI_THREAD_MULTIPLE) options.progress_thread = false;
+  s_ = std::make_unique<detail::mpi_state>(options);
+}
+
+HERD_MPI_MEMBER void mpi_communicator::adopt(MPI_Comm comm) {
+  s_->comm = comm;
+  s_->cuda_aware = mpi::cuda_aware();
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm, &s_->rank);
+  MPI_Comm_size(comm, &s_->size);
+  s_->listen();
+  detail::register_state(s_.get());
+}
+
+HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) const {
+  if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
+    return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
+           " rank " + std::to_string(s_->shown(r.peer_));
+  }
+  return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
+}
+
+HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
+  const char* what = receiving ? "irecv" : "isend";
+  state();
+  detail::check_peer(what, rank(), size(), peer);
+  detail::check_buffer(what, rank(), size(), data, bytes);
+  detail::check_tag(what, rank(), size(), tag);
+  if (s_->ops.aborted() && !s_->ops.in_operation()) s_->ops.raise_aborted(what, rank(), size());
+  if (detail::message_hook hook = detail::post_hook(); hook != nullptr && tag >= reserved_tag_base) hook(tag, receiving);
+  request r;
+  r.owner_ = s_.get();
+  r.peer_ = peer;
+  r.tag_ = tag;
+  r.receiving_ = receiving;
+  if (bytes <= detail::mpi_message_limit()) {
+    const int count = static_cast<int>(bytes);
+    check(receiving ? MPI_Irecv(data, count, MPI_BYTE, peer, tag, native(), &r.handle_)
+                    : MPI_Isend(data, count, MPI_BYTE, peer, tag, native(), &r.handle_),
+          receiving ? "MPI_Irecv" : "MPI_Isend");
+    return r;
+  }
+  // One message of `blocks` pieces of `limit` bytes and a remainder, so that every count fits an int.
+  const std::size_t limit = detail::mpi_message_limit();
+  const std::size_t blocks = bytes / limit;
+  if (blocks > static_cast<std::size_t>(INT_MAX)) {
+    detail::raise({what, rank(), size()}, "a message of " + std::to_string(bytes) + " bytes is too large for MPI",
+                  "Split the tensor");
+  }
+  MPI_Datatype whole = MPI_DATATYPE_NULL;
+  check(detail::make_byte_type(bytes, limit, &whole), "MPI_Type_create_struct");
+  const int code = receiving ? MPI_Irecv(data, 1, whole, peer, tag, native(), &r.handle_)
+                             : MPI_Isend(data, 1, whole, peer, tag, native(), &r.handle_);
+  MPI_Type_free(&whole);  // MPI keeps what a posted operation still needs
+  check(code, receiving ? "MPI_Irecv" : "MPI_Isend");
+  return r;
+}
+
+HERD_MPI_MEMBER void mpi_communicator::settle(MPI_Request& handle) noexcept {
+  detail::waiting watch(comm_options{});
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
+    if (watch.tick()) {
+      detail::tend();
+      if (watch.seconds() > 60) {
+        std::fprintf(stderr, "herd warning: a send was dropped while still pending; herd waits for it to complete "
+                             "(its receiver must post a matching receive), because MPI may still read its buffer.\n");
+        watch = detail::waiting(comm_options{});
+      }
+    }
+    watch.pause();
+  }
+  handle = MPI_REQUEST_NULL;
+}
+
+HERD_MPI_MEMBER void mpi_communicator::check(int code, const char* call) const {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
+                "This is an error inside MPI; check the MPI installation and that every rank is alive");
+}
+#undef HERD_MPI_MEMBER
+#endif
 
 }  // namespace herd
 
@@ -12912,8 +12974,9 @@ HERD_CONFIG_NAMESPACE_END
 //
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
 // allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator.
-// Not covered (compiled where they are called, as without the option): the _async forms, alltoall,
-// the other communicators, and the inline members of mpi_communicator itself.
+// Not covered (compiled where they are called, as without the option): the _async forms, alltoall
+// and the other communicators. mpi_communicator's own members that create it, connect its node,
+// post, wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
 
 
 #if !defined(HERD_NO_MPI) && (defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))

@@ -19,8 +19,9 @@
 //
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
 // allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator.
-// Not covered (compiled where they are called, as without the option): the _async forms, alltoall,
-// the other communicators, and the inline members of mpi_communicator itself.
+// Not covered (compiled where they are called, as without the option): the _async forms, alltoall
+// and the other communicators. mpi_communicator's own members that create it, connect its node,
+// post, wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
 
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>

@@ -24,8 +24,25 @@ foreach(entry IN ITEMS run_collective prepare_allreduce run_allreduce prepare_gr
     list(APPEND problems "${entry}<mpi_communicator> is defined in a file that should only call it")
   endif()
 endforeach()
+# mpi_communicator's members that create, connect, post, wait and abort: defined in the
+# implementation file only (comm/mpi.hpp, HERD_MPI_MEMBER). The callers create a communicator and
+# destroy it, so they reference those two; none of the members may be defined here.
+foreach(called IN ITEMS "its constructor=mpi_communicator\\([^)\n]*, herd::comm_options, herd::detail::op_label const\\*\\)"
+                        "its destructor=~mpi_communicator\\(\\)")
+  string(REPLACE "=" ";" called "${called}")
+  list(GET called 0 label)
+  list(GET called 1 pattern)
+  if(NOT all MATCHES "\n *U herd::mpi_communicator::${pattern}")
+    list(APPEND problems "mpi_communicator's ${label} is not left to the linker (no undefined reference)")
+  endif()
+endforeach()
+foreach(member IN ITEMS create join_node post wait abort leave shrink "~mpi_communicator")
+  if(all MATCHES "\n[0-9a-f]+ [TtWw] herd::mpi_communicator::${member}\\(")
+    list(APPEND problems "mpi_communicator::${member} is defined in a file that should only call it")
+  endif()
+endforeach()
 if(problems)
   list(JOIN problems "\n  " lines)
   message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
 endif()
-message(STATUS "the engine's 16 entry points are left to the implementation file")
+message(STATUS "the engine's 16 entry points and mpi_communicator's members are left to the implementation file")
