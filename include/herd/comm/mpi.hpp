@@ -384,7 +384,8 @@ HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options o
   create(comm, std::move(options), renewed);
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
+                                                  const detail::op_label* renewed) {
   create(comm, std::move(options), renewed);
 }
 
@@ -559,7 +560,8 @@ HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_op
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
+HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
+                                                            std::span<const int> ranks) const {
   auto& self = const_cast<mpi_communicator&>(*this);
   MPI_Comm part = MPI_COMM_NULL;
   detail::run_operation(self, {kind}, [&] {
@@ -760,7 +762,8 @@ HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) con
   return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
 }
 
-HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag, bool receiving) {
+HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
+                                                                 bool receiving) {
   const char* what = receiving ? "irecv" : "isend";
   state();
   detail::check_peer(what, rank(), size(), peer);
