@@ -66,7 +66,9 @@ template <communicator C> void run_reduce_scatter(C& comm, const reduce_scatter_
   agree(comm, mine, check);
   if (out.count == 0) return;
   if constexpr (native_collectives<C>) {
-    native_reduction(comm, out, op, host_sync, [&](reduce_op o) { comm.native_reduce_scatter(in, out, o); });
+    // The call's members, not the bindings: lambdas capture structured bindings from clang 16 on.
+    native_reduction(comm, call.out, op, host_sync,
+                     [&](reduce_op o) { comm.native_reduce_scatter(call.in, call.out, o); });
   } else {
     (void)host_sync;
 #if HERD_WITH_CUDA_KERNELS
