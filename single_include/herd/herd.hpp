@@ -2057,6 +2057,14 @@ class operation_state {
     if (op.done.load(std::memory_order_acquire)) {
       // Done: nothing else of this state is touched (a handle may outlive its communicator).
     } else if (options_.progress_thread) {
+      // An operation the progress thread has not taken yet runs here, after any queued before it:
+      // this thread would only wait for it, and running it saves the two hand-overs (the thread
+      // taking it, then waking this one), which cost microseconds when the ranks' threads share
+      // the cores. One the thread runs now is waited for: operations never run concurrently.
+      {
+        std::unique_lock lock(mutex_);
+        while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+      }
       // Woken by this operation's completion only, not by every other one's (after a spin: it is
       // often microseconds away).
       if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
