@@ -5,6 +5,7 @@
 #
 #   benchmarks/compile_time.sh                 # from the repository root, after tools/install-deps.sh
 #   RUNS=5 INCLUDE=single_include benchmarks/compile_time.sh
+#   BASELINE=<rev> benchmarks/compile_time.sh  # each herd case also with <rev>'s headers, alternated
 #
 # Targets (2-core machine): herd include-only <= 1.5x Eigen/Dense; the README quickstart <= 2.5x
 # with HERD_SEPARATE_COMPILATION and <= 4x header-only; the training loop <= 4x with
@@ -77,6 +78,15 @@ cases=(
   "nvcc: README quickstart|$nvcc|-I$include $mpi_flags|$work/quickstart.cu|$nvcc"
 )
 
+# BASELINE: the cases that include herd are timed with that revision's headers too, one compile
+# of each after the other in every run, so that the machine's drift falls on both alike.
+baseline_include=""
+if [[ -n "${BASELINE:-}" ]]; then
+  mkdir -p "$work/baseline"
+  git -C "$root" archive "$BASELINE" "$include" | tar -x -C "$work/baseline"
+  baseline_include="$work/baseline/$include"
+fi
+
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 time_one() {  # compiler flags source -> seconds
   local start end
@@ -91,26 +101,52 @@ printf 'herd compile times: %s, %s, %s run(s) each, -std=c++20 -O2 -c, include f
   "$($cxx --version | head -1)" "$(nproc) cores" "$runs" "$include" "$(date -u +%Y-%m-%d)"
 names=()
 medians=()
+baseline_medians=()  # with BASELINE: "median (min-max)" of the baseline's headers, per case
+ranges=()
 for spec in "${cases[@]}"; do
   IFS='|' read -r name compiler flags source needs <<<"$spec"
   names+=("$name")
   if [[ -n "$needs" && ! -e "$needs" ]]; then
-    medians+=("skipped ($needs not found)")
+    medians+=("skipped ($needs not found)") baseline_medians+=("") ranges+=("")
     continue
   fi
-  samples=()
-  for ((i = 0; i < runs; i++)); do samples+=("$(time_one "$compiler" "$flags" "$source")"); done
+  samples=() before=()
+  for ((i = 0; i < runs; i++)); do
+    if [[ -n "$baseline_include" && "$flags" == *"-I$include "* ]]; then
+      before+=("$(time_one "$compiler" "${flags/-I$include /-I$baseline_include }" "$source")")
+    fi
+    samples+=("$(time_one "$compiler" "$flags" "$source")")
+  done
   medians+=("$(printf '%s\n' "${samples[@]}" | median)")
+  if ((${#before[@]})); then
+    baseline_medians+=("$(printf '%s\n' "${before[@]}" | median) ($(printf '%s\n' "${before[@]}" | sort -g | head -1)-$(printf '%s\n' "${before[@]}" | sort -g | tail -1))")
+    ranges+=("$(printf '%s\n' "${samples[@]}" | sort -g | head -1)-$(printf '%s\n' "${samples[@]}" | sort -g | tail -1)")
+  else
+    baseline_medians+=("") ranges+=("")
+  fi
 done
 value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; return 0; }
 eigen=$(value_of "<Eigen/Dense>")
 herd_gxx=$(value_of "herd include-only")
-printf '| case | median s | / <Eigen/Dense> |\n|---|---:|---:|\n'
+if [[ -n "$baseline_include" ]]; then
+  printf '| case | median s (range) | / <Eigen/Dense> | with %s'"'"'s headers: median s (range) | now / %s |\n' "$BASELINE" "$BASELINE"
+  printf '|---|---:|---:|---:|---:|\n'
+else
+  printf '| case | median s | / <Eigen/Dense> |\n|---|---:|---:|\n'
+fi
 for i in "${!names[@]}"; do
   name=${names[$i]} m=${medians[$i]}
   if [[ "$m" == skipped* ]]; then printf '| %s | %s | |\n' "$name" "$m"; continue; fi
   ratio=$(awk -v a="$m" -v b="$eigen" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b }')
   [[ "$name" == "nvcc: herd include-only" && -n "$herd_gxx" ]] &&
     ratio="$ratio ($(awk -v a="$m" -v b="$herd_gxx" 'BEGIN { printf "%.2f", a / b }')x g++'s include-only)"
-  printf '| %s | %.2f | %s |\n' "$name" "$m" "$ratio"
+  if [[ -z "$baseline_include" ]]; then
+    printf '| %s | %.2f | %s |\n' "$name" "$m" "$ratio"
+  elif [[ -z "${baseline_medians[$i]}" ]]; then
+    printf '| %s | %.2f | %s | | |\n' "$name" "$m" "$ratio"
+  else
+    b=${baseline_medians[$i]%% *}
+    printf '| %s | %.2f (%s) | %s | %s | %s |\n' "$name" "$m" "${ranges[$i]}" "$ratio" "${baseline_medians[$i]}" \
+      "$(awk -v a="$m" -v b="$b" 'BEGIN { printf "%.2f", a / b }')"
+  fi
 done

@@ -12165,126 +12165,12 @@ class checkpoint {
 
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it. Tensors split over the ranks are gathered to root first.
-  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
-    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
-    const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
-    if (root < 0 || root >= site.size) {
-      detail::raise(site, "root " + std::to_string(root) + " is out of range",
-                    "Pass a root in [0, " + std::to_string(site.size) + ")");
-    }
-    // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
-    // enters a gather that another might skip.
-    std::vector<buffer_view> views;
-    std::optional<detail::ckpt::failure> fault;
-    try {
-      views = checked_views();
-    } catch (const detail::ckpt::failure& f) {
-      fault = f;
-    }
-    std::uint64_t signature = 14695981039346656037ull;
-    for (const entry& e : entries_) {
-      if (!e.split) continue;
-      signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
-      signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
-    }
-    const auto mine = static_cast<std::int64_t>(signature >> 1);
-    std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
-    buffer_view agreed_view{agreed, 3, dtype::i64};
-    herd::allreduce(agreed_view, comm, reduce_op::min);
-    if (fault) detail::raise(site, fault->what, fault->todo);
-    if (agreed[0] != comm.size()) {
-      detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
-                    "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
-    }
-    if (agreed[1] != -agreed[2]) {
-      detail::raise(site, "the ranks registered different state split over the ranks",
-                    "Register the same optimizers, over the same parameters, on every rank");
-    }
-    std::vector<host_tensor> gathered;
-    try {
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        const entry& e = entries_[i];
-        if (!e.split) continue;
-        gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
-        views[i] = gathered.back().view();
-      }
-    } catch (const detail::ckpt::failure& f) {  // alike on every rank
-      detail::raise(site, f.what, f.todo);
-    }
-    detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
-      write(path, views);
-      return std::string("o");
-    });
-    herd::barrier(comm);
-  }
+  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const;
 
   // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
   // no access to the file. false on every rank if it does not exist; herd::error on every rank if
   // it is damaged or its entries differ from those registered on any rank.
-  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
-    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
-    const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
-    std::optional<detail::ckpt::file_contents> contents;  // root's
-    const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
-      contents = detail::ckpt::read_file(path);
-      return contents ? "o" + std::string(contents->header()) : std::string("m");
-    });
-    if (status[0] == 'm') return false;
-
-    // Each rank checks its own entries against the file as root read it; one that differs stops
-    // every rank, before any tensor is written.
-    std::vector<buffer_view> views;
-    std::vector<std::pair<std::size_t, std::size_t>> order;
-    std::optional<detail::ckpt::failure> mismatch;
-    try {
-      views = checked_views();
-      order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
-                    views,
-                    contents ? "the registered entries"
-                             : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
-                                   std::to_string(root) + " read it)");
-    } catch (const detail::ckpt::failure& f) {
-      mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
-    } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
-      mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
-    }
-    std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
-    buffer_view faulty_view{&first_faulty, 1, dtype::i32};
-    herd::allreduce(faulty_view, comm, reduce_op::min);
-    if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
-    if (first_faulty != comm.size()) {
-      detail::raise(site,
-                    "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
-                        " (its own error says more)",
-                    "Register the same entries on every rank; every rank stops so that none waits forever");
-    }
-    if (!strict_) {
-      // Not strict, ranks could pick different entries and then wait on different broadcasts:
-      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
-      std::uint64_t signature = 14695981039346656037ull;
-      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
-      const auto mine = static_cast<std::int64_t>(signature >> 1);
-      std::int64_t range[2] = {mine, -mine};
-      buffer_view range_view{range, 2, dtype::i64};
-      herd::allreduce(range_view, comm, reduce_op::min);
-      if (range[0] != -range[1]) {
-        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
-                      "Register the same entries on every rank");
-      }
-    }
-    // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
-    // own part.
-    for (const auto& [t, v] : order) {
-      const entry& e = entries_[v];
-      if (e.split) {
-        detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
-        continue;
-      }
-      if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
-      herd::broadcast(views[v], comm, root);
-    }
-    return true;
-  }
+  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0);
 
  private:
   using entry = detail::ckpt::entry;
@@ -12380,6 +12266,128 @@ class checkpoint {
   bool strict_ = true;
   std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
+
+// The collective save and load are defined out of the class, so not inline: with
+// HERD_SEPARATE_COMPILATION a file compiles neither for mpi_communicator (extern templates,
+// collectives/separate_compilation.hpp), nor the file format code they call.
+
+template <communicator C> void checkpoint::save(const std::filesystem::path& path, C& comm, int root) const {
+  if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
+  const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
+  if (root < 0 || root >= site.size) {
+    detail::raise(site, "root " + std::to_string(root) + " is out of range",
+                  "Pass a root in [0, " + std::to_string(site.size) + ")");
+  }
+  // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
+  // enters a gather that another might skip.
+  std::vector<buffer_view> views;
+  std::optional<detail::ckpt::failure> fault;
+  try {
+    views = checked_views();
+  } catch (const detail::ckpt::failure& f) {
+    fault = f;
+  }
+  std::uint64_t signature = 14695981039346656037ull;
+  for (const entry& e : entries_) {
+    if (!e.split) continue;
+    signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
+    signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
+  }
+  const auto mine = static_cast<std::int64_t>(signature >> 1);
+  std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
+  buffer_view agreed_view{agreed, 3, dtype::i64};
+  herd::allreduce(agreed_view, comm, reduce_op::min);
+  if (fault) detail::raise(site, fault->what, fault->todo);
+  if (agreed[0] != comm.size()) {
+    detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
+                  "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
+  }
+  if (agreed[1] != -agreed[2]) {
+    detail::raise(site, "the ranks registered different state split over the ranks",
+                  "Register the same optimizers, over the same parameters, on every rank");
+  }
+  std::vector<host_tensor> gathered;
+  try {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const entry& e = entries_[i];
+      if (!e.split) continue;
+      gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
+      views[i] = gathered.back().view();
+    }
+  } catch (const detail::ckpt::failure& f) {  // alike on every rank
+    detail::raise(site, f.what, f.todo);
+  }
+  detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
+    write(path, views);
+    return std::string("o");
+  });
+  herd::barrier(comm);
+}
+
+template <communicator C> bool checkpoint::load(const std::filesystem::path& path, C& comm, int root) {
+  if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
+  const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
+  std::optional<detail::ckpt::file_contents> contents;  // root's
+  const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
+    contents = detail::ckpt::read_file(path);
+    return contents ? "o" + std::string(contents->header()) : std::string("m");
+  });
+  if (status[0] == 'm') return false;
+
+  // Each rank checks its own entries against the file as root read it; one that differs stops
+  // every rank, before any tensor is written.
+  std::vector<buffer_view> views;
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::optional<detail::ckpt::failure> mismatch;
+  try {
+    views = checked_views();
+    order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
+                  views,
+                  contents ? "the registered entries"
+                           : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
+                                 std::to_string(root) + " read it)");
+  } catch (const detail::ckpt::failure& f) {
+    mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
+  } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
+    mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
+  }
+  std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
+  buffer_view faulty_view{&first_faulty, 1, dtype::i32};
+  herd::allreduce(faulty_view, comm, reduce_op::min);
+  if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
+  if (first_faulty != comm.size()) {
+    detail::raise(site,
+                  "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
+                      " (its own error says more)",
+                  "Register the same entries on every rank; every rank stops so that none waits forever");
+  }
+  if (!strict_) {
+    // Not strict, ranks could pick different entries and then wait on different broadcasts:
+    // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+    std::uint64_t signature = 14695981039346656037ull;
+    for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+    const auto mine = static_cast<std::int64_t>(signature >> 1);
+    std::int64_t range[2] = {mine, -mine};
+    buffer_view range_view{range, 2, dtype::i64};
+    herd::allreduce(range_view, comm, reduce_op::min);
+    if (range[0] != -range[1]) {
+      detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
+                    "Register the same entries on every rank");
+    }
+  }
+  // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
+  // own part.
+  for (const auto& [t, v] : order) {
+    const entry& e = entries_[v];
+    if (e.split) {
+      detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
+      continue;
+    }
+    if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
+    herd::broadcast(views[v], comm, root);
+  }
+  return true;
+}
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
@@ -12986,1141 +12994,60 @@ HERD_CONFIG_NAMESPACE_END
 // file each need an implementation file of their own kind.
 //
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
-// allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator.
-// Not covered (compiled where they are called, as without the option): the _async forms, alltoall
-// and the other communicators. mpi_communicator's own members that create it, connect its node,
-// post, wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
+// allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator;
+// the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
+// fusion, casts); checkpoint's collective save and load on it, with the file format code. Not
+// covered (compiled where they are called, as without the option): the _async forms, alltoall and
+// the other communicators. mpi_communicator's own members that create it, connect its node, post,
+// wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
 
 
-#if !defined(HERD_NO_MPI) && (defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
-
-#if defined(HERD_IMPLEMENTATION)
-#define HERD_ENGINE_INSTANCE template  // the definitions, in the implementation file
-#else
-#define HERD_ENGINE_INSTANCE extern template  // declarations: compiled elsewhere
-#endif
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-using engine_comm = mpi_communicator;
-HERD_ENGINE_INSTANCE void run_collective<engine_comm>(engine_comm&, const op_label&, body_ref);
-HERD_ENGINE_INSTANCE allreduce_call prepare_allreduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
-                                                                   reduce_op);
-HERD_ENGINE_INSTANCE void run_allreduce<engine_comm>(engine_comm&, const allreduce_call&, bool);
-HERD_ENGINE_INSTANCE grouped_allreduce_call prepare_grouped_allreduce<engine_comm>(call_check, std::vector<buffer_view>,
-                                                                                   engine_comm&, reduce_op);
-HERD_ENGINE_INSTANCE void run_grouped_allreduce<engine_comm>(engine_comm&, const grouped_allreduce_call&, bool);
-HERD_ENGINE_INSTANCE broadcast_call prepare_broadcast<engine_comm>(call_check, buffer_view, engine_comm&, int);
-HERD_ENGINE_INSTANCE void run_broadcast<engine_comm>(engine_comm&, const broadcast_call&, bool);
-HERD_ENGINE_INSTANCE allgather_call prepare_allgatherv<engine_comm>(call_check, const_buffer_view, buffer_view,
-                                                                    std::span<const std::size_t>, engine_comm&);
-HERD_ENGINE_INSTANCE void run_allgatherv<engine_comm>(engine_comm&, const allgather_call&, bool);
-HERD_ENGINE_INSTANCE std::vector<std::size_t> allgather_counts<engine_comm>(call_check, std::size_t, engine_comm&);
-HERD_ENGINE_INSTANCE void run_reduce_scatter<engine_comm>(engine_comm&, const reduce_scatter_call&, bool);
-HERD_ENGINE_INSTANCE gather_call prepare_gatherv<engine_comm>(call_check, const_buffer_view, buffer_view,
-                                                              std::span<const std::size_t>, engine_comm&, int);
-HERD_ENGINE_INSTANCE void run_gatherv<engine_comm>(engine_comm&, const gather_call&);
-HERD_ENGINE_INSTANCE scatter_call prepare_scatterv<engine_comm>(call_check, const_buffer_view, buffer_view,
-                                                                std::span<const std::size_t>, engine_comm&, int);
-HERD_ENGINE_INSTANCE void run_scatterv<engine_comm>(engine_comm&, const scatter_call&);
-HERD_ENGINE_INSTANCE reduce_call prepare_reduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
-                                                             reduce_op, int);
-HERD_ENGINE_INSTANCE void run_reduce<engine_comm>(engine_comm&, const reduce_call&);
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-namespace herd {
-HERD_ENGINE_INSTANCE void barrier<mpi_communicator>(mpi_communicator&);
-}  // namespace herd
-
-#undef HERD_ENGINE_INSTANCE
-#endif
-
-#endif  // HERD_COLLECTIVES_SEPARATE_COMPILATION_HPP
-
-
-// ---- herd/data/distributed_sampler.hpp ----
-#ifndef HERD_DATA_DISTRIBUTED_SAMPLER_HPP
-#define HERD_DATA_DISTRIBUTED_SAMPLER_HPP
-// herd::distributed_sampler: which samples of a dataset each rank reads in an epoch, with the
-// partition rules of PyTorch's DistributedSampler, so that a model ported from PyTorch sees the
-// same split (the shuffled order itself comes from herd::random_engine, not torch's randperm).
+// ---- herd/optim/detail/reducer.hpp ----
+#ifndef HERD_OPTIM_DETAIL_REDUCER_HPP
+#define HERD_OPTIM_DETAIL_REDUCER_HPP
+// The reducer: combines a list of gradients over the ranks, for herd::distributed_optimizer and
+// herd::torch::DistributedDataParallel. It owns the buckets (DDP's: 1 MiB first, then 25 MiB, in
+// reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
+// marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
+// every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
+// uneven_inputs, the agreement on who still trains (detail/join.hpp; the DDP wrapper's forward()
+// makes it instead, after agree_elsewhere()), whose rounds a joined rank shadows through the
+// reducer's join_hook.
 //
-//   herd::distributed_sampler sampler(dataset.size(), comm);
-//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
-//     sampler.set_epoch(epoch);   // without it every epoch repeats the same order
-//     for (std::span<const std::size_t> batch : sampler.batches(64)) train_step(dataset, batch);
-//   }
+// States and transitions (one pass, from one thread at a time):
+// - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
+//   synchronized; the first mark() instead agrees on who trains (uneven_inputs, unless agreed
+//   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
+//   collecting marks.
+// - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
+//   are packed and started, in order on every rank (buckets in flight, on the progress thread).
+// - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
+//   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
+//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order
+//   (as DDP, not with find_unused_parameters unless static_graph).
+// A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
-// N = dataset size, W = world size. Each rank takes num_samples indices per epoch:
-//   num_samples = ceil((N - W) / W) if drop_last and N % W != 0, else ceil(N / W)
-//   (both equal floor(N / W) under drop_last, 0 when N < W); total = num_samples * W.
-// The epoch's order is permutation(N, seed + epoch) when shuffling, else 0..N-1. Without
-// drop_last it is padded to `total` by repeating it from its start; with drop_last it is cut to
-// `total`. Rank r takes order[r], order[r + W], order[r + 2W], ...
-//
-// When the number of ranks changes inside an epoch (a rank left: herd::run_elastic), reshard()
-// splits the rest of the epoch's order over the new ranks by the same rules, as Horovod's
-// ElasticSampler: the first C positions, those the old ranks consumed (start() on each), are set
-// aside, and positions C, C+1, ... of the order play the role of 0, 1, ... above, over N - C.
-//
-// Padding gives every rank the same number of samples (and batches), which training needs: a
-// rank that runs out of batches early leaves the others waiting in an allreduce. For evaluation
-// the duplicates skew summed metrics; for_evaluation() turns padding off instead.
+// Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
+
+
+// ---- herd/optim/detail/accumulation.hpp ----
+#ifndef HERD_OPTIM_DETAIL_ACCUMULATION_HPP
+#define HERD_OPTIM_DETAIL_ACCUMULATION_HPP
+// Local accumulation of backward passes between reductions (backward_passes_per_step, no_sync):
+// which passes reduce, and how the others add up. With accumulation::in_gradients the gradient
+// tensors hold the sum themselves (the caller's backward adds into them): passes are only counted.
+// With accumulation::by_copy the passes held back are copied into accumulators of
+// accumulation_dtype (f32 for 16-bit gradients), and the reduction folds the sum into the
+// gradients (or, for a gradient unused in the reducing pass, packs the sum itself).
+
+
+// ---- herd/optim/optimizer_options.hpp ----
+#ifndef HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
+#define HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
+// The options of herd::distributed_optimizer and herd::torch::DistributedDataParallel, the bucket
+// layout they reduce in (for gradients that live inside their buckets), and where the time of the
+// overlapped reductions went. optim/distributed_optimizer.hpp describes what each option does.
 
-
-// ---- herd/core/random.hpp ----
-#ifndef HERD_CORE_RANDOM_HPP
-#define HERD_CORE_RANDOM_HPP
-// herd::random_engine: a small seeded PRNG whose stream is the same on every platform, compiler
-// and standard library, so that every rank of a job (and every rerun) draws the same numbers.
-// std:: engines are portable but std:: distributions are not, hence our own uniform_below.
-//
-// The exact algorithms, enough to reproduce the stream elsewhere (all arithmetic mod 2^64):
-//
-//   splitmix64(x):  x += 0x9e3779b97f4a7c15; z = x;
-//                   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
-//                   z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
-//                   return z ^ (z >> 31)               (x is the caller's running state)
-//
-//   seeding:        x = seed; s[0], s[1], s[2], s[3] = four successive splitmix64(x) outputs
-//                   (never all zero: splitmix64 is a bijection of distinct counters)
-//
-//   next():         xoshiro256** (Blackman and Vigna, 2018), rotl = rotate left
-//                   result = rotl(s[1] * 5, 7) * 9;
-//                   t = s[1] << 17;
-//                   s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
-//                   s[2] ^= t; s[3] = rotl(s[3], 45);
-//                   return result
-//
-//   uniform_below(n), n >= 1: Lemire's multiply-and-reject ("Fast random integer generation in
-//   an interval", 2019), unbiased in [0, n):
-//                   m = next() * n as a 128-bit product; low = m mod 2^64
-//                   if low < n:
-//                     threshold = (2^64 - n) mod n
-//                     while low < threshold: m = next() * n; low = m mod 2^64
-//                   return m >> 64
-//   It consumes one next() per call except on rejection, which happens with probability
-//   threshold / 2^64 < n / 2^64.
-
-
-#include <bit>
-#include <cstdint>
-#include <limits>
-
-namespace herd {
-namespace detail {
-
-// One step of splitmix64: advances `state` and returns the mixed output.
-constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  return z ^ (z >> 31);
-}
-
-struct u128_parts {
-  std::uint64_t high;
-  std::uint64_t low;
-};
-
-// The same product without __int128; kept callable everywhere so tests can compare the two.
-constexpr u128_parts multiply_wide_portable(std::uint64_t a, std::uint64_t b) noexcept {
-  const std::uint64_t mask = 0xffffffffu;
-  const std::uint64_t a_lo = a & mask, a_hi = a >> 32, b_lo = b & mask, b_hi = b >> 32;
-  const std::uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
-  // At most (2^32 - 1)^2 + 2 * (2^32 - 1) = 2^64 - 1: no carry is lost.
-  const std::uint64_t middle = (lo_lo >> 32) + (hi_lo & mask) + lo_hi;
-  return {hi_hi + (hi_lo >> 32) + (middle >> 32), (middle << 32) | (lo_lo & mask)};
-}
-
-// The full 64x64 -> 128-bit product. Compilers without __int128 (MSVC) take the schoolbook route
-// on 32-bit halves, which gives the same bits.
-constexpr u128_parts multiply_wide(std::uint64_t a, std::uint64_t b) noexcept {
-#if defined(__SIZEOF_INT128__)
-  __extension__ typedef unsigned __int128 u128;  // __extension__: quiet under -Wpedantic
-  const u128 m = static_cast<u128>(a) * b;
-  return {static_cast<std::uint64_t>(m >> 64), static_cast<std::uint64_t>(m)};
-#else
-  return multiply_wide_portable(a, b);
-#endif
-}
-
-}  // namespace detail
-
-class random_engine {
- public:
-  using result_type = std::uint64_t;
-
-  explicit constexpr random_engine(std::uint64_t seed_value = 0) noexcept { seed(seed_value); }
-
-  // Restarts the stream: the same seed gives the same numbers.
-  constexpr void seed(std::uint64_t seed_value) noexcept {
-    std::uint64_t x = seed_value;
-    for (auto& word : state_) word = detail::splitmix64(x);
-  }
-
-  // The next 64 random bits (xoshiro256**).
-  constexpr std::uint64_t next() noexcept {
-    const std::uint64_t result = std::rotl(state_[1] * 5, 7) * 9;
-    const std::uint64_t t = state_[1] << 17;
-    state_[2] ^= state_[0];
-    state_[3] ^= state_[1];
-    state_[1] ^= state_[2];
-    state_[0] ^= state_[3];
-    state_[2] ^= t;
-    state_[3] = std::rotl(state_[3], 45);
-    return result;
-  }
-
-  // Uniform in [0, n), without modulo bias; n == 0 is a herd::error (the interval is empty).
-  constexpr std::uint64_t uniform_below(std::uint64_t n) {
-    if (n == 0) {
-      detail::raise({"random_engine::uniform_below"}, "the bound is 0, so [0, n) is empty",
-                    "Pass n >= 1");
-    }
-    detail::u128_parts m = detail::multiply_wide(next(), n);
-    if (m.low < n) {
-      // 2^64 mod n: products whose low word falls below it would make some results more likely.
-      const std::uint64_t threshold = (std::uint64_t{0} - n) % n;
-      while (m.low < threshold) m = detail::multiply_wide(next(), n);
-    }
-    return m.high;
-  }
-
-  // UniformRandomBitGenerator, for code that wants one; std:: distributions on top of it are
-  // not portable across standard libraries, uniform_below is.
-  static constexpr result_type min() noexcept { return 0; }
-  static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
-  constexpr result_type operator()() noexcept { return next(); }
-
-  friend constexpr bool operator==(const random_engine&, const random_engine&) noexcept = default;
-
- private:
-  std::uint64_t state_[4] = {};
-};
-
-}  // namespace herd
-
-#endif  // HERD_CORE_RANDOM_HPP
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <iterator>
-#include <numeric>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace herd {
-
-struct sampler_options {
-  bool shuffle = true;
-  std::uint64_t seed = 0;  // must be the same on every rank; the epoch's order uses seed + epoch
-  bool drop_last = false;  // drop the tail that does not fill every rank, instead of padding
-  bool pad = true;         // false: no padding, rank sizes may differ by one (ignored with drop_last)
-};
-
-// A permutation of 0..n-1, the same on every platform for a given seed: Fisher-Yates from the
-// last element down, for i = n-1 .. 1 swap p[i] with p[j], j = engine.uniform_below(i + 1), where
-// engine = random_engine(seed) and p starts as 0..n-1.
-inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
-  std::vector<std::size_t> p(n);
-  std::iota(p.begin(), p.end(), std::size_t{0});
-  random_engine engine(seed);
-  for (std::size_t i = n; i-- > 1;) {
-    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
-
-// Consecutive batches of an index list: a forward range of std::span<const std::size_t>, each
-// batch_size long except a short last one (dropped with drop_last_batch). It owns the indices,
-// so its spans live as long as the range does (a range-for over a temporary keeps it alive).
-class batch_range {
- public:
-  class iterator {
-   public:
-    using value_type = std::span<const std::size_t>;
-    using reference = value_type;
-    using difference_type = std::ptrdiff_t;
-    using iterator_concept = std::forward_iterator_tag;
-    using iterator_category = std::input_iterator_tag;  // by the legacy rules: * yields a value
-
-    iterator() = default;
-
-    value_type operator*() const { return {data_ + position_, std::min(batch_size_, limit_ - position_)}; }
-    iterator& operator++() {
-      position_ = std::min(position_ + batch_size_, limit_);
-      return *this;
-    }
-    iterator operator++(int) {
-      iterator before = *this;
-      ++*this;
-      return before;
-    }
-    friend bool operator==(const iterator&, const iterator&) = default;
-
-   private:
-    friend class batch_range;
-    iterator(const std::size_t* data, std::size_t position, std::size_t limit, std::size_t batch_size)
-        : data_(data), position_(position), limit_(limit), batch_size_(batch_size) {}
-
-    const std::size_t* data_ = nullptr;
-    std::size_t position_ = 0;
-    std::size_t limit_ = 0;  // one past the last index that belongs to some batch
-    std::size_t batch_size_ = 1;
-  };
-
-  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false)
-      : indices_(std::move(indices)), batch_size_(batch_size) {
-    if (batch_size == 0) {
-      detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
-    }
-    limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
-  }
-
-  iterator begin() const { return {indices_.data(), 0, limit_, batch_size_}; }
-  iterator end() const { return {indices_.data(), limit_, limit_, batch_size_}; }
-
-  // The number of batches.
-  std::size_t size() const noexcept { return limit_ / batch_size_ + (limit_ % batch_size_ != 0 ? 1 : 0); }
-  bool empty() const noexcept { return limit_ == 0; }
-  std::span<const std::size_t> operator[](std::size_t i) const {
-    const std::size_t first = i * batch_size_;
-    return {indices_.data() + first, std::min(batch_size_, limit_ - first)};
-  }
-
-  std::size_t batch_size() const noexcept { return batch_size_; }
-  // Every index of the range, including a dropped short tail.
-  const std::vector<std::size_t>& indices() const noexcept { return indices_; }
-
- private:
-  std::vector<std::size_t> indices_;
-  std::size_t batch_size_;
-  std::size_t limit_ = 0;
-};
-
-class distributed_sampler {
- public:
-  // Every rank must pass the same dataset_size and options; nothing checks this across ranks.
-  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {})
-      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
-    if (world_size < 1) {
-      detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
-                    "Pass the number of ranks (comm.size()), at least 1");
-    }
-    if (rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler", rank, world_size},
-                    "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
-                    "Pass this process's rank (comm.rank())");
-    }
-  }
-
-  template <communicator C>
-  distributed_sampler(std::size_t dataset_size, const C& comm, sampler_options options = {})
-      : distributed_sampler(dataset_size, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), options) {}
-
-  // For evaluation: no shuffle, no padding, nothing dropped. Rank r gets r, r+W, r+2W, ... < N,
-  // so metrics summed across ranks count every sample exactly once; rank sizes differ by at most
-  // one, so loop over this rank's own batches without a collective per batch.
-  static distributed_sampler for_evaluation(std::size_t dataset_size, int world_size, int rank) {
-    return distributed_sampler(dataset_size, world_size, rank, evaluation_options());
-  }
-  template <communicator C>
-  static distributed_sampler for_evaluation(std::size_t dataset_size, const C& comm) {
-    return distributed_sampler(dataset_size, comm, evaluation_options());
-  }
-
-  // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
-  // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
-  void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
-    if (start > size()) {
-      detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
-                    "start " + std::to_string(start) + " is beyond the " + std::to_string(size()) +
-                        " samples this rank has per epoch",
-                    "Pass the number of this rank's samples of the epoch already consumed, at most size()");
-    }
-    epoch_ = epoch;
-    start_ = start;
-    consumed_ = 0;
-  }
-
-  // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
-  void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
-
-  // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
-  // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
-  // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
-  void reshard(int world_size, int rank) {
-    if (world_size < 1 || rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler::reshard", rank, world_size},
-                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
-                    "Pass the new communicator's size() and rank()");
-    }
-    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
-    world_size_ = world_size;
-    rank_ = rank;
-    start_ = 0;
-  }
-  // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
-  std::size_t consumed() const noexcept { return consumed_; }
-
-  std::uint64_t epoch() const noexcept { return epoch_; }
-  std::size_t start() const noexcept { return start_; }
-
-  // This rank's samples per epoch (PyTorch's num_samples), counting from the epoch's beginning,
-  // not from start(). Without padding, this rank's own share.
-  std::size_t size() const noexcept {
-    const std::size_t n = remaining();
-    if (!equal_shares()) {
-      const auto w = static_cast<std::size_t>(world_size_);
-      const auto r = static_cast<std::size_t>(rank_);
-      return n / w + (r < n % w ? 1 : 0);
-    }
-    return num_samples();
-  }
-  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding
-  // (after a reshard(), of the rest of the epoch).
-  std::size_t total_size() const noexcept {
-    return equal_shares() ? num_samples() * static_cast<std::size_t>(world_size_) : remaining();
-  }
-  std::size_t dataset_size() const noexcept { return dataset_size_; }
-  int world_size() const noexcept { return world_size_; }
-  int rank() const noexcept { return rank_; }
-  const sampler_options& options() const noexcept { return options_; }
-
-  // This rank's indices for the current epoch, from start() on.
-  std::vector<std::size_t> indices() const {
-    const std::size_t count = size();
-    std::vector<std::size_t> result;
-    result.reserve(count - start_);
-    const auto w = static_cast<std::size_t>(world_size_);
-    const auto r = static_cast<std::size_t>(rank_);
-    // Position p of the padded order is order[p % N]: padding repeats the order from its start,
-    // and positions below N (all of them without padding) are the order itself. After a reshard(),
-    // the order begins at position consumed_ and is N - consumed_ long.
-    const std::size_t n = remaining();
-    if (options_.shuffle) {
-      const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
-      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
-    } else {
-      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
-    }
-    return result;
-  }
-
-  // This rank's indices from start() in batches of batch_size; the last one is short unless
-  // drop_last_batch drops it.
-  batch_range batches(std::size_t batch_size, bool drop_last_batch = false) const {
-    check_batch_size("distributed_sampler::batches", batch_size);
-    return batch_range(indices(), batch_size, drop_last_batch);
-  }
-
-  // How many batches batches(batch_size, drop_last_batch) yields, without building them.
-  std::size_t batch_count(std::size_t batch_size, bool drop_last_batch = false) const {
-    check_batch_size("distributed_sampler::batch_count", batch_size);
-    const std::size_t remaining = size() - start_;
-    return remaining / batch_size + (!drop_last_batch && remaining % batch_size != 0 ? 1 : 0);
-  }
-
- private:
-  static sampler_options evaluation_options() noexcept {
-    sampler_options options;
-    options.shuffle = false;
-    options.drop_last = false;
-    options.pad = false;
-    return options;
-  }
-
-  std::size_t remaining() const noexcept { return dataset_size_ - consumed_; }
-  // PyTorch's num_samples over what remains: ceil(n / W) written so that it cannot overflow;
-  // under drop_last PyTorch's ceil((n - W) / W) for n % W != 0 is floor(n / W) too, 0 when n < W.
-  std::size_t num_samples() const noexcept {
-    const std::size_t n = remaining();
-    const auto w = static_cast<std::size_t>(world_size_);
-    return options_.drop_last ? n / w : n / w + (n % w != 0 ? 1 : 0);
-  }
-
-  // Every rank gets num_samples: padded, or cut by drop_last (which never pads, so pad only
-  // matters without it).
-  bool equal_shares() const noexcept { return options_.drop_last || options_.pad; }
-
-  void check_batch_size(const char* operation, std::size_t batch_size) const {
-    if (batch_size == 0) {
-      detail::raise({operation, rank_, world_size_}, "the batch size is 0",
-                    "Pass a batch size of at least 1");
-    }
-  }
-
-  std::size_t dataset_size_;
-  int world_size_;
-  int rank_;
-  sampler_options options_;
-  std::uint64_t epoch_ = 0;
-  std::size_t start_ = 0;
-  std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
-};
-
-}  // namespace herd
-
-#endif  // HERD_DATA_DISTRIBUTED_SAMPLER_HPP
-
-
-// ---- herd/nn/sync_batch_norm.hpp ----
-#ifndef HERD_NN_SYNC_BATCH_NORM_HPP
-#define HERD_NN_SYNC_BATCH_NORM_HPP
-// Synchronized batch normalization (PyTorch's SyncBatchNorm): the batch statistics of every rank's
-// batch together, as if one rank normalized the whole global batch.
-//
-// For any tensor library, the two exchanges it needs, each one allreduce of f64 values:
-//
-//   herd::batch_moments m = herd::sync_batch_moments(sum, sum_sq, count, comm);
-//       forward: this rank's per-channel sums of x and x^2 over `count` elements per channel ->
-//       the global per-channel mean and (biased) variance, and the global count
-//   herd::sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
-//       backward: this rank's per-channel sums of dy and dy * xhat -> the global sums, in place
-//
-// and herd::sync_batch_norm, a layer for f32 host data laid out N x C x S (S: the spatial
-// elements of a channel, 1 for N x C), built on them. Its weight and bias gradients are this
-// rank's contributions, as any layer's: the distributed optimizer reduces them with the others.
-// Running statistics follow BatchNorm's: momentum 0.1, the unbiased variance.
-
-
-#include <cmath>
-#include <cstddef>
-#include <span>
-#include <string>
-#include <vector>
-
-namespace herd {
-
-struct batch_moments {
-  std::vector<double> mean;
-  std::vector<double> var;  // biased: what normalization divides by
-  double count = 0;         // elements per channel over every rank
-};
-
-struct sync_batch_norm_options {
-  double eps = 1e-5;
-  double momentum = 0.1;
-};
-
-HERD_CONFIG_NAMESPACE_BEGIN
-
-template <communicator C>
-batch_moments sync_batch_moments(std::span<const double> sum, std::span<const double> sum_sq, double count, C& comm) {
-  if (sum.size() != sum_sq.size()) {
-    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
-                  std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) + " sums of squares",
-                  "Pass one sum and one sum of squares per channel");
-  }
-  const std::size_t c = sum.size();
-  std::vector<double> fused(2 * c + 1);  // sums, sums of squares, count: one allreduce
-  std::copy(sum.begin(), sum.end(), fused.begin());
-  std::copy(sum_sq.begin(), sum_sq.end(), fused.begin() + static_cast<std::ptrdiff_t>(c));
-  fused[2 * c] = count;
-  allreduce(fused, comm);
-  batch_moments m;
-  m.count = fused[2 * c];
-  if (m.count < 2) {
-    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
-                  "the global batch has " + std::to_string(static_cast<long long>(m.count)) + " value(s) per channel",
-                  "Batch normalization in training needs more than one value per channel over all ranks");
-  }
-  m.mean.resize(c);
-  m.var.resize(c);
-  for (std::size_t i = 0; i < c; ++i) {
-    m.mean[i] = fused[i] / m.count;
-    m.var[i] = std::max(0.0, fused[c + i] / m.count - m.mean[i] * m.mean[i]);
-  }
-  return m;
-}
-
-template <communicator C> void sync_batch_norm_sums(std::span<double> sum_dy, std::span<double> sum_dy_xhat, C& comm) {
-  const std::size_t c = sum_dy.size();
-  std::vector<double> fused(sum_dy.begin(), sum_dy.end());
-  fused.insert(fused.end(), sum_dy_xhat.begin(), sum_dy_xhat.end());
-  allreduce(fused, comm);
-  std::copy(fused.begin(), fused.begin() + static_cast<std::ptrdiff_t>(c), sum_dy.begin());
-  std::copy(fused.begin() + static_cast<std::ptrdiff_t>(c), fused.end(), sum_dy_xhat.begin());
-}
-
-// A synchronized BatchNorm layer for f32 host data N x C x S. forward() in training normalizes
-// with the global statistics and keeps what backward() needs; evaluate() uses the running ones.
-// (In the configuration namespace with the collectives its members call.)
-class sync_batch_norm {
- public:
-  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {})
-      : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
-        grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
-
-  std::vector<float> weight, bias, running_mean, running_var;
-  std::vector<float> grad_weight, grad_bias;  // this rank's, from the last backward()
-
-  template <communicator C> void forward(const float* x, float* y, std::size_t n, std::size_t spatial, C& comm) {
-    const std::size_t c = channels_;
-    std::vector<double> sum(c, 0.0), sum_sq(c, 0.0);
-    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
-      sum[ch] += x[at];
-      sum_sq[ch] += static_cast<double>(x[at]) * x[at];
-    });
-    const batch_moments m = sync_batch_moments(sum, sum_sq, static_cast<double>(n * spatial), comm);
-    n_ = n;
-    spatial_ = spatial;
-    count_ = m.count;
-    xhat_.resize(n * c * spatial);
-    invstd_.resize(c);
-    for (std::size_t ch = 0; ch < c; ++ch) {
-      invstd_[ch] = 1.0 / std::sqrt(m.var[ch] + options_.eps);
-      const double unbiased = m.var[ch] * m.count / (m.count - 1);
-      running_mean[ch] = static_cast<float>((1 - options_.momentum) * running_mean[ch] + options_.momentum * m.mean[ch]);
-      running_var[ch] = static_cast<float>((1 - options_.momentum) * running_var[ch] + options_.momentum * unbiased);
-    }
-    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
-      const double h = (x[at] - m.mean[ch]) * invstd_[ch];
-      xhat_[at] = static_cast<float>(h);
-      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
-    });
-  }
-
-  // Inference: the running statistics, no communication.
-  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
-    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
-      const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
-      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
-    });
-  }
-
-  // dx from dy, with the global sums of dy and dy * xhat; grad_weight and grad_bias: this rank's.
-  template <communicator C> void backward(const float* dy, float* dx, C& comm) {
-    const std::size_t c = channels_;
-    std::vector<double> sum_dy(c, 0.0), sum_dy_xhat(c, 0.0);
-    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
-      sum_dy[ch] += dy[at];
-      sum_dy_xhat[ch] += static_cast<double>(dy[at]) * xhat_[at];
-    });
-    for (std::size_t ch = 0; ch < c; ++ch) {
-      grad_bias[ch] = static_cast<float>(sum_dy[ch]);
-      grad_weight[ch] = static_cast<float>(sum_dy_xhat[ch]);
-    }
-    sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
-    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
-      const double mean_dy = sum_dy[ch] / count_, mean_dy_xhat = sum_dy_xhat[ch] / count_;
-      dx[at] = static_cast<float>(weight[ch] * invstd_[ch] * (dy[at] - mean_dy - xhat_[at] * mean_dy_xhat));
-    });
-  }
-
-  std::size_t channels() const noexcept { return channels_; }
-
- private:
-  // f(channel, index) for every element of an N x C x S batch.
-  template <class F> void for_each(std::size_t n, std::size_t spatial, F&& f) const {
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t ch = 0; ch < channels_; ++ch)
-        for (std::size_t s = 0; s < spatial; ++s) f(ch, (i * channels_ + ch) * spatial + s);
-  }
-
-  sync_batch_norm_options options_;
-  std::size_t channels_;
-  std::size_t n_ = 0, spatial_ = 0;
-  double count_ = 0;
-  std::vector<float> xhat_;
-  std::vector<double> invstd_;
-};
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_NN_SYNC_BATCH_NORM_HPP
-
-
-// ---- herd/optim/adamw.hpp ----
-#ifndef HERD_OPTIM_ADAMW_HPP
-#define HERD_OPTIM_ADAMW_HPP
-// herd::adamw: Adam with decoupled weight decay, for parameters in host memory of any
-// floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
-//
-//   t += 1;  p = p * (1 - lr * weight_decay)
-//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g^2
-//   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-//
-// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype. The first
-// moment is updated as PyTorch 2.1 and later do, m.lerp_(g, 1 - beta1); PyTorch 1.13 and 2.0
-// compute m.mul_(beta1).add_(g, alpha=1 - beta1), which rounds differently in the last bit:
-// adamw_options::first_moment picks that one (adamw_first_moment::mul_add).
-
-
-// ---- herd/optim/detail/host_ops.hpp ----
-#ifndef HERD_OPTIM_DETAIL_HOST_OPS_HPP
-#define HERD_OPTIM_DETAIL_HOST_OPS_HPP
-// Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
-// the checks that a list of tensors is usable.
-
-
-#include <cstddef>
-#include <cstring>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-namespace herd::detail {
-
-// dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
-// rounded once into D.
-inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
-  if (n == 0) return;
-  if (dst_type == src_type && scale == 1.0) {
-    if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
-    return;
-  }
-  visit(dst_type, [&](auto d) {
-    using D = decltype(d);
-    visit(src_type, [&](auto s) {
-      using S = decltype(s);
-      auto* out = static_cast<D*>(dst);
-      const auto* in = static_cast<const S*>(src);
-      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
-        const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
-        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
-      } else {
-        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
-      }
-    });
-  });
-}
-
-// Raises unless every view is host memory of a valid dtype with data for its elements.
-inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
-  for (std::size_t i = 0; i < views.size(); ++i) {
-    const auto& v = views[i];
-    const std::string which = std::string(what) + " " + std::to_string(i);
-    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
-    if (v.data == nullptr && v.count != 0)
-      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
-            "Allocate it before handing it to herd");
-    if (!v.device.is_cpu())
-      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
-            "Compile with nvcc for device tensors, or keep these tensors in host memory");
-  }
-}
-
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
-// (whose own precision would swallow small contributions), the dtype itself otherwise.
-constexpr dtype accumulation_dtype(dtype t) noexcept {
-  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
-}
-
-// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
-inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
-  if (first) return host_cast(acc, acc_type, src, src_type, n);
-  visit(acc_type, [&](auto a) {
-    using A = decltype(a);
-    visit(src_type, [&](auto s) {
-      using S = decltype(s);
-      auto* out = static_cast<A*>(acc);
-      const auto* in = static_cast<const S*>(src);
-      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<A>(to_double(out[i]) + to_double(in[i]));
-    });
-  });
-}
-
-// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
-inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
-  visit(dst_type, [&](auto d) {
-    using D = decltype(d);
-    visit(acc_type, [&](auto a) {
-      using A = decltype(a);
-      auto* out = static_cast<D*>(dst);
-      const auto* in = static_cast<const A*>(acc);
-      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) + to_double(out[i]));
-    });
-  });
-}
-
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
-// live in host memory: what the reference optimizers need.
-inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
-                                    const char* operation) {
-  if (params.size() != grads.size()) {
-    raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
-          "Pass one gradient per parameter, in the same order");
-  }
-  require_host_tensors(params, operation, "parameter");
-  require_host_tensors(grads, operation, "gradient");
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (!is_floating_point(params[i].type)) {
-      raise({operation}, "parameter " + std::to_string(i) + " is " + std::string(name(params[i].type)),
-            "The reference optimizers update floating-point parameters (f16, bf16, f32, f64) only");
-    }
-    if (params[i].count != grads[i].count || params[i].type != grads[i].type) {
-      raise({operation}, "parameter " + std::to_string(i) + " (" + std::to_string(params[i].count) + " " +
-                             std::string(name(params[i].type)) + ") and its gradient (" + std::to_string(grads[i].count) +
-                             " " + std::string(name(grads[i].type)) + ") differ",
-            "Pass each parameter's own gradient, of the same size and dtype");
-    }
-  }
-}
-
-// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
-constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
-
-}  // namespace herd::detail
-
-#endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP
-
-// ---- herd/optim/parameters.hpp ----
-#ifndef HERD_OPTIM_PARAMETERS_HPP
-#define HERD_OPTIM_PARAMETERS_HPP
-// herd::parameters: a model's parameters and their gradients, listed once and handed to every part
-// of the training layer that needs them, instead of the same herd::views(...) written out for each:
-//
-//   herd::parameters params{herd::views(w, b), herd::views(grad_w, grad_b)};
-//   herd::sgd sgd(params, {.lr = 0.01, .momentum = 0.9});
-//   herd::distributed_optimizer opt(sgd, params, comm);   // reduces params.gradients
-//   herd::broadcast_parameters(params, comm, 0);          // sends params.values
-//
-// Both lists are views: the tensors stay the caller's, and must outlive the objects given them.
-// Where gradients move between steps (libtorch's zero_grad, a reallocating library), pass the
-// distributed optimizer a gradient_source instead.
-
-
-#include <vector>
-
-namespace herd {
-
-struct parameters {
-  std::vector<buffer_view> values;     // what the optimizer updates
-  std::vector<buffer_view> gradients;  // their gradients, in the same order
-};
-
-}  // namespace herd
-
-#endif  // HERD_OPTIM_PARAMETERS_HPP
-
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace herd {
-
-namespace detail {
-
-// at::lerp's arithmetic (its scalar and vectorized CPU kernels alike): from the nearer end, so that
-// weight 0 gives start and weight 1 gives end exactly; each operation rounds in T.
-template <class T> inline T lerp(T start, T end, T weight) noexcept {
-  return std::abs(weight) < T(0.5) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
-}
-
-}  // namespace detail
-
-// How AdamW updates its first moment m from the gradient g.
-enum class adamw_first_moment {
-  lerp,     // m.lerp_(g, 1 - beta1): torch.optim.AdamW of PyTorch 2.1 and later
-  mul_add,  // m.mul_(beta1).add_(g, alpha=1 - beta1): PyTorch 1.13 and 2.0
-};
-
-struct adamw_options {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  adamw_first_moment first_moment = adamw_first_moment::lerp;
-};
-
-class adamw {
- public:
-  adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options = {})
-      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
-    detail::require_parameter_pairs(params_, grads_, "adamw");
-    for (const auto& p : params_) {
-      exp_avg_.emplace_back(detail::state_dtype(p.type), p.count);
-      exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
-    }
-  }
-  explicit adamw(const parameters& p, adamw_options options = {}) : adamw(p.values, p.gradients, options) {}
-
-  void step() {
-    ++steps_;
-    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], exp_avg_[i], exp_avg_sq_[i]);
-  }
-
-  double lr() const noexcept { return options_.lr; }
-  void set_lr(double lr) noexcept { options_.lr = lr; }
-  const adamw_options& options() const noexcept { return options_; }
-  std::int64_t steps() const noexcept { return steps_; }
-
-  template <class F> void visit_state(F&& f) {
-    f(std::string("step"), buffer_view{&steps_, 1, dtype::i64, device::cpu()});
-    for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
-      f("exp_avg." + std::to_string(i), exp_avg_[i].view());
-      f("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i].view());
-    }
-  }
-
- private:
-  void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const {
-    visit(param.type, [&](auto element) {
-      using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
-        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-        auto* p = static_cast<T*>(param.data);
-        const auto* g = static_cast<const T*>(grad.data);
-        auto* m = static_cast<S*>(m_state.data());
-        auto* v = static_cast<S*>(v_state.data());
-        const double t = static_cast<double>(steps_);
-        const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
-        // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
-        // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
-        const auto b1 = static_cast<S>(options_.beta1);
-        const auto b2 = static_cast<S>(options_.beta2);
-        const auto keep1 = static_cast<S>(1 - options_.beta1);
-        const auto keep2 = static_cast<S>(1 - options_.beta2);
-        const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
-        const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
-        const auto eps = static_cast<S>(options_.eps);
-        const bool lerp = options_.first_moment == adamw_first_moment::lerp;
-        for (std::size_t j = 0; j < param.count; ++j) {
-          const S gj = static_cast<S>(g[j]);
-          const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
-          v[j] = b2 * v[j] + keep2 * gj * gj;
-          p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
-        }
-      }
-    });
-  }
-
-  std::vector<buffer_view> params_;
-  std::vector<buffer_view> grads_;
-  adamw_options options_;
-  std::vector<host_tensor> exp_avg_;
-  std::vector<host_tensor> exp_avg_sq_;
-  std::int64_t steps_ = 0;
-};
-
-}  // namespace herd
-
-#endif  // HERD_OPTIM_ADAMW_HPP
-
-// ---- herd/optim/broadcast.hpp ----
-#ifndef HERD_OPTIM_BROADCAST_HPP
-#define HERD_OPTIM_BROADCAST_HPP
-// Making every rank start from the same state, as Horovod's broadcast_parameters,
-// broadcast_optimizer_state and broadcast_object do.
-//
-//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step (or a herd::parameters)
-//   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
-//   herd::broadcast_object(epoch, comm, 0);                    // collectives/object.hpp: values, strings, vectors
-//
-// Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
-
-
-// ---- herd/optim/detail/same_tensors.hpp ----
-#ifndef HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
-#define HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
-// Checks that every rank holds the same list of tensors (count, sizes, dtypes) before a sequence
-// of collectives over them, so that a rank with a different model fails with a message on every
-// rank instead of pairing its tensors with the wrong ones or waiting forever. A problem this rank
-// found on its own (`local_fault`, e.g. gradients on two devices) travels in the same exchange and
-// is raised on every rank too. `what` names one tensor, in the singular.
-//
-// One allgather of a three-number summary per rank; only when the summaries differ does a second
-// exchange gather the full lists, to say which tensor differs.
-
-
-#include <array>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace herd::detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-template <communicator C>
-void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const char* operation, const char* what,
-                          const std::string& local_fault = {}) {
-  const error_site site{operation, comm.rank(), comm.size()};
-  std::vector<std::int64_t> mine;
-  if (local_fault.empty()) {
-    mine.reserve(views.size());
-    for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
-  }
-  std::uint64_t hash = 1469598103934665603ull;
-  for (std::int64_t code : mine) hash = (hash ^ static_cast<std::uint64_t>(code)) * 1099511628211ull;
-  const std::array<std::int64_t, 3> summary = {local_fault.empty() ? 0 : 1, static_cast<std::int64_t>(mine.size()),
-                                               static_cast<std::int64_t>(hash)};
-  std::vector<std::int64_t> summaries(3 * static_cast<std::size_t>(comm.size()));
-  allgather(summary, summaries, control_of(comm));  // host numbers: over the control channel
-  if (!local_fault.empty()) raise(site, local_fault, "Every rank stops so that none waits forever");
-  bool same = true;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
-    if (summaries[3 * r] != 0) {
-      raise(site, "rank " + std::to_string(r) + " found a problem with its " + what + "s (its own error says which)",
-            "Fix it on that rank; every rank stops so that none waits forever");
-    }
-    same = same && summaries[3 * r + 1] == summaries[1] && summaries[3 * r + 2] == summaries[2];
-  }
-  if (same) return;
-  std::vector<std::int64_t> all;
-  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
-  auto describe = [](std::int64_t code) {
-    const auto u = static_cast<std::uint64_t>(code);
-    return std::to_string(u >> 8) + " elements of " + std::string(name(static_cast<dtype>(u & 0xffu)));
-  };
-  std::size_t offset = 0;
-  for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
-    if (counts[r] != counts[0]) {
-      raise(site, "rank " + std::to_string(r) + " has " + std::to_string(counts[r]) + " " + what + "s but rank 0 has " +
-                      std::to_string(counts[0]),
-            std::string("Every rank must pass the same list of ") + what + "s, in the same order");
-    }
-    for (std::size_t i = 0; i < counts[r]; ++i) {
-      if (all[offset + i] != all[i]) {
-        raise(site, std::string(what) + " " + std::to_string(i) + " is " + describe(all[i]) + " on rank 0 but " +
-                        describe(all[offset + i]) + " on rank " + std::to_string(r),
-              std::string("Every rank must pass the same list of ") + what + "s, in the same order");
-      }
-    }
-  }
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd::detail
-
-#endif  // HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
-
-#include <vector>
-
-namespace herd {
-HERD_CONFIG_NAMESPACE_BEGIN
-
-template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
-  detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
-  for (buffer_view p : params) broadcast(p, comm, root);
-}
-
-// The values of a parameters list (its gradients stay as they are).
-template <communicator C> void broadcast_parameters(const parameters& params, C& comm, int root = 0) {
-  broadcast_parameters(params.values, comm, root);
-}
-
-template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
-  std::vector<buffer_view> state;
-  visit_optimizer_state(opt, [&](const auto&, buffer_view v) { state.push_back(v); });
-  detail::require_same_tensors(state, comm, "broadcast_optimizer_state", "optimizer state tensor");
-  for (buffer_view s : state) broadcast(s, comm, root);
-}
-
-HERD_CONFIG_NAMESPACE_END
-}  // namespace herd
-
-#endif  // HERD_OPTIM_BROADCAST_HPP
-
-// ---- herd/optim/clip.hpp ----
-#ifndef HERD_OPTIM_CLIP_HPP
-#define HERD_OPTIM_CLIP_HPP
-// herd::clip_grad_norm: gradient clipping by the global 2-norm, as torch.nn.utils.clip_grad_norm_:
-//
-//   total = sqrt(sum of every gradient element squared)
-//   every gradient *= min(1, max_norm / (total + 1e-6))
-//
-// and the total is returned. Call it on gradients every rank holds whole and equal (after the
-// distributed optimizer's synchronize(), or mixed_precision's unscale()): each rank then computes
-// the same norm with no communication. Where each rank holds a different part (zero_optimizer's
-// shards), pass the communicator: the squared norms of the parts are summed across the ranks
-// with one scalar allreduce (as DeepSpeed does), so every rank clips by the norm of the whole.
-// The squares are summed in double; a norm that is inf or NaN (an overflow) is returned as it is
-// and the gradients scale by NaN or 0, as torch's do, for the step to be skipped.
-
-
-#include <cmath>
-#include <type_traits>
-#include <vector>
-
-namespace herd {
-namespace detail {
-
-inline double squared_norm(const std::vector<buffer_view>& grads) {
-  require_host_tensors(grads, "clip_grad_norm", "gradient");
-  double sum = 0;
-  for (const buffer_view& g : grads) {
-    visit(g.type, [&](auto element) {
-      using T = decltype(element);
-      const auto* p = static_cast<const T*>(g.data);
-      for (std::size_t i = 0; i < g.count; ++i) sum += to_double(p[i]) * to_double(p[i]);
-    });
-  }
-  return sum;
-}
-
-// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
-// f64 gradients get it in double.
-inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
-  const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
-  for (const buffer_view& g : grads) {
-    visit(g.type, [&](auto element) {
-      using T = decltype(element);
-      if constexpr (!std::is_integral_v<T>) {
-        auto* p = static_cast<T*>(g.data);
-        if constexpr (std::is_same_v<T, double>) {
-          for (std::size_t i = 0; i < g.count; ++i) p[i] *= coefficient;
-        } else {
-          const auto c = static_cast<float>(coefficient);
-          for (std::size_t i = 0; i < g.count; ++i) p[i] = static_cast<T>(static_cast<float>(p[i]) * c);
-        }
-      }
-    });
-  }
-  return total;
-}
-
-}  // namespace detail
-
-// Clips gradients every rank holds whole; returns their total norm.
-inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
-  return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
-}
-
-namespace detail {
-HERD_CONFIG_NAMESPACE_BEGIN
-// The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
-// one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
-// clip_grad_norm's and zero_optimizer's, whose shards are such parts.
-template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
-  double squares = squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  herd::allreduce(scalar, comm, reduce_op::sum);
-  return squares;
-}
-HERD_CONFIG_NAMESPACE_END
-}  // namespace detail
-
-HERD_CONFIG_NAMESPACE_BEGIN
-// Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
-// the whole, the same on every rank. A collective: every rank calls it.
-template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
-  return detail::clip_by(grads, max_norm, std::sqrt(detail::global_squared_norm(grads, comm)));
-}
-HERD_CONFIG_NAMESPACE_END
-
-}  // namespace herd
-
-#endif  // HERD_OPTIM_CLIP_HPP
 
 // ---- herd/optim/compression.hpp ----
 #ifndef HERD_OPTIM_COMPRESSION_HPP
@@ -14155,85 +13082,6 @@ constexpr dtype wire_dtype(compression c, dtype t) noexcept {
 }  // namespace herd
 
 #endif  // HERD_OPTIM_COMPRESSION_HPP
-
-// ---- herd/optim/distributed_optimizer.hpp ----
-#ifndef HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
-#define HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
-// herd::distributed_optimizer: wraps any optimizer so that each of its steps uses the gradients
-// averaged (or summed) over all ranks, like Horovod's DistributedOptimizer.
-//
-//   herd::sgd sgd(herd::views(w, b), herd::views(grad_w, grad_b), {.lr = 0.1, .momentum = 0.9});
-//   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
-//   for (...) { forward(); backward(); opt.step(); }
-//
-// The wrapped optimizer needs only a step() member that reads the gradient tensors herd was given
-// (herd overwrites them in place with the reduced values just before calling it).
-//
-// - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
-//   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
-//   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
-//   When every rank shares a node (mpi_communicator's shared memory) and nothing is compressed or
-//   scaled, the group goes into shared memory and back straight from and into the gradients: one
-//   allreduce, no fusion buffer, no packing copies.
-// - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
-// - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
-//   (for op avg), which keeps sums of many large gradients from overflowing in f16. Gradients
-//   that are 16-bit on the wire (f16/bf16 gradients, or compression) are always averaged with
-//   f = the divisor, as DDP divides before its sum, whatever the dtypes beside them: no average
-//   within range overflows.
-// - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
-//   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
-//   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the
-//   wrapped optimizer. no_sync() does the same for as long as its guard lives. How the passes add
-//   up (accumulate): by default PyTorch's way (accumulation::in_gradients), the backward passes
-//   add into the gradients, zeroed once per optimizer step, and herd leaves them alone until the
-//   reduction (a gradient the last pass did not mark, with find_unused_parameters, is reduced as
-//   the earlier passes left it, as DDP's); with accumulation::by_copy, for backward passes that
-//   overwrite the gradients, herd keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
-//   the gradients must now ask for it, or it reduces the last pass alone.)
-// - synchronize() reduces now (to clip or inspect the averaged gradients before step());
-//   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
-//   the reduction altogether.
-// - Overlap with the backward pass (DDP's buckets): call mark_ready(i) as soon as gradient i is
-//   final. Gradients are grouped into buckets, in reverse order, the first of up to
-//   first_bucket_bytes (1 MiB), the others of up to bucket_bytes (25 MiB, HERD_BUCKET_BYTES); a
-//   bucket whose gradients are all ready is packed and its allreduce started asynchronously,
-//   buckets in order on every rank; step() starts what is left, waits, unpacks and steps. After
-//   the first such step the buckets are rebuilt in the order rank 0 saw its gradients become
-//   ready. A gradient never marked in a pass is an error on every rank, or, with
-//   find_unused_parameters, reduced as zeros. Without mark_ready, step() reduces everything at
-//   once, in fusion buffers of fusion_threshold_bytes (Horovod's tensor fusion).
-// - Gradients that live inside their bucket (DDP's gradient_as_bucket_view): a bucket whose
-//   gradients follow each other in memory in the bucket's order is reduced where they are, with
-//   no copy in or out. bucket_layout() says where each gradient goes for that; with
-//   gradient_as_bucket_view the buckets keep that layout (they are not rebuilt), so storage
-//   allocated by it stays valid for the optimizer's life. When every rank shares a node
-//   (mpi_communicator's shared memory), a host bucket goes into shared memory straight from its
-//   gradients wherever they are, and its result straight back into them: no copies either.
-// - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
-//   and the same options, and raises herd::error on every rank if not. Later steps check that
-//   this rank's gradients are still those (and on one device); a rank whose are not says so in
-//   the agreement of its next reduction, so that every rank raises, not just that one.
-
-
-// ---- herd/optim/detail/accumulation.hpp ----
-#ifndef HERD_OPTIM_DETAIL_ACCUMULATION_HPP
-#define HERD_OPTIM_DETAIL_ACCUMULATION_HPP
-// Local accumulation of backward passes between reductions (backward_passes_per_step, no_sync):
-// which passes reduce, and how the others add up. With accumulation::in_gradients the gradient
-// tensors hold the sum themselves (the caller's backward adds into them): passes are only counted.
-// With accumulation::by_copy the passes held back are copied into accumulators of
-// accumulation_dtype (f32 for 16-bit gradients), and the reduction folds the sum into the
-// gradients (or, for a gradient unused in the reducing pass, packs the sum itself).
-
-
-// ---- herd/optim/optimizer_options.hpp ----
-#ifndef HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
-#define HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
-// The options of herd::distributed_optimizer and herd::torch::DistributedDataParallel, the bucket
-// layout they reduce in (for gradients that live inside their buckets), and where the time of the
-// overlapped reductions went. optim/distributed_optimizer.hpp describes what each option does.
-
 
 // ---- herd/optim/detail/bucket_plan.hpp ----
 #ifndef HERD_OPTIM_DETAIL_BUCKET_PLAN_HPP
@@ -14431,6 +13279,132 @@ struct overlap_stats {
 
 #endif  // HERD_OPTIM_OPTIMIZER_OPTIONS_HPP
 
+// ---- herd/optim/detail/host_ops.hpp ----
+#ifndef HERD_OPTIM_DETAIL_HOST_OPS_HPP
+#define HERD_OPTIM_DETAIL_HOST_OPS_HPP
+// Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
+// the checks that a list of tensors is usable.
+
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace herd::detail {
+
+// dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
+// rounded once into D.
+inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
+  if (n == 0) return;
+  if (dst_type == src_type && scale == 1.0) {
+    if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
+    return;
+  }
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const S*>(src);
+      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
+        const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
+        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
+      }
+    });
+  });
+}
+
+// Raises unless every view is host memory of a valid dtype with data for its elements.
+inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& v = views[i];
+    const std::string which = std::string(what) + " " + std::to_string(i);
+    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
+    if (v.data == nullptr && v.count != 0)
+      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
+            "Allocate it before handing it to herd");
+    if (!v.device.is_cpu())
+      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
+            "Compile with nvcc for device tensors, or keep these tensors in host memory");
+  }
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
+// (whose own precision would swallow small contributions), the dtype itself otherwise.
+constexpr dtype accumulation_dtype(dtype t) noexcept {
+  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
+}
+
+// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
+inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
+  if (first) return host_cast(acc, acc_type, src, src_type, n);
+  visit(acc_type, [&](auto a) {
+    using A = decltype(a);
+    visit(src_type, [&](auto s) {
+      using S = decltype(s);
+      auto* out = static_cast<A*>(acc);
+      const auto* in = static_cast<const S*>(src);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<A>(to_double(out[i]) + to_double(in[i]));
+    });
+  });
+}
+
+// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
+inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
+  visit(dst_type, [&](auto d) {
+    using D = decltype(d);
+    visit(acc_type, [&](auto a) {
+      using A = decltype(a);
+      auto* out = static_cast<D*>(dst);
+      const auto* in = static_cast<const A*>(acc);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) + to_double(out[i]));
+    });
+  });
+}
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
+// live in host memory: what the reference optimizers need.
+inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                    const char* operation) {
+  if (params.size() != grads.size()) {
+    raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
+          "Pass one gradient per parameter, in the same order");
+  }
+  require_host_tensors(params, operation, "parameter");
+  require_host_tensors(grads, operation, "gradient");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!is_floating_point(params[i].type)) {
+      raise({operation}, "parameter " + std::to_string(i) + " is " + std::string(name(params[i].type)),
+            "The reference optimizers update floating-point parameters (f16, bf16, f32, f64) only");
+    }
+    if (params[i].count != grads[i].count || params[i].type != grads[i].type) {
+      raise({operation}, "parameter " + std::to_string(i) + " (" + std::to_string(params[i].count) + " " +
+                             std::string(name(params[i].type)) + ") and its gradient (" + std::to_string(grads[i].count) +
+                             " " + std::string(name(grads[i].type)) + ") differ",
+            "Pass each parameter's own gradient, of the same size and dtype");
+    }
+  }
+}
+
+// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
+constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP
+
 #include <cstddef>
 #include <vector>
 
@@ -14496,34 +13470,6 @@ class local_accumulation {
 }  // namespace herd::detail
 
 #endif  // HERD_OPTIM_DETAIL_ACCUMULATION_HPP
-
-// ---- herd/optim/detail/reducer.hpp ----
-#ifndef HERD_OPTIM_DETAIL_REDUCER_HPP
-#define HERD_OPTIM_DETAIL_REDUCER_HPP
-// The reducer: combines a list of gradients over the ranks, for herd::distributed_optimizer and
-// herd::torch::DistributedDataParallel. It owns the buckets (DDP's: 1 MiB first, then 25 MiB, in
-// reverse order, rebuilt once in the order rank 0 saw its gradients become ready), the readiness
-// marks, each bucket's operation, unused gradients (zeros with find_unused_parameters, an error on
-// every rank without), the first-step agreement (detail/gradient_checks.hpp) and, with
-// uneven_inputs, the agreement on who still trains (detail/join.hpp; the DDP wrapper's forward()
-// makes it instead, after agree_elsewhere()), whose rounds a joined rank shadows through the
-// reducer's join_hook.
-//
-// States and transitions (one pass, from one thread at a time):
-// - idle (no marks): synchronize() reduces every gradient at once, in fusion buffers, and is
-//   synchronized; the first mark() instead agrees on who trains (uneven_inputs, unless agreed
-//   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
-//   collecting marks.
-// - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
-//   are packed and started, in order on every rank (buckets in flight, on the progress thread).
-// - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
-//   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
-//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order
-//   (as DDP, not with find_unused_parameters unless static_graph).
-// A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
-//
-// Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
-
 
 // ---- herd/optim/detail/bucket_operation.hpp ----
 #ifndef HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
@@ -14637,6 +13583,80 @@ HERD_CONFIG_NAMESPACE_END
 // alone and return what is wrong, for the next reduction to raise on every rank (a problem found
 // in a pass that only accumulates waits here, pending, for the round's reduction).
 
+
+// ---- herd/optim/detail/same_tensors.hpp ----
+#ifndef HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
+#define HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
+// Checks that every rank holds the same list of tensors (count, sizes, dtypes) before a sequence
+// of collectives over them, so that a rank with a different model fails with a message on every
+// rank instead of pairing its tensors with the wrong ones or waiting forever. A problem this rank
+// found on its own (`local_fault`, e.g. gradients on two devices) travels in the same exchange and
+// is raised on every rank too. `what` names one tensor, in the singular.
+//
+// One allgather of a three-number summary per rank; only when the summaries differ does a second
+// exchange gather the full lists, to say which tensor differs.
+
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const char* operation, const char* what,
+                          const std::string& local_fault = {}) {
+  const error_site site{operation, comm.rank(), comm.size()};
+  std::vector<std::int64_t> mine;
+  if (local_fault.empty()) {
+    mine.reserve(views.size());
+    for (const auto& v : views) mine.push_back(static_cast<std::int64_t>((v.count << 8) | static_cast<std::uint8_t>(v.type)));
+  }
+  std::uint64_t hash = 1469598103934665603ull;
+  for (std::int64_t code : mine) hash = (hash ^ static_cast<std::uint64_t>(code)) * 1099511628211ull;
+  const std::array<std::int64_t, 3> summary = {local_fault.empty() ? 0 : 1, static_cast<std::int64_t>(mine.size()),
+                                               static_cast<std::int64_t>(hash)};
+  std::vector<std::int64_t> summaries(3 * static_cast<std::size_t>(comm.size()));
+  allgather(summary, summaries, control_of(comm));  // host numbers: over the control channel
+  if (!local_fault.empty()) raise(site, local_fault, "Every rank stops so that none waits forever");
+  bool same = true;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+    if (summaries[3 * r] != 0) {
+      raise(site, "rank " + std::to_string(r) + " found a problem with its " + what + "s (its own error says which)",
+            "Fix it on that rank; every rank stops so that none waits forever");
+    }
+    same = same && summaries[3 * r + 1] == summaries[1] && summaries[3 * r + 2] == summaries[2];
+  }
+  if (same) return;
+  std::vector<std::int64_t> all;
+  const std::vector<std::size_t> counts = allgatherv(mine, all, control_of(comm));
+  auto describe = [](std::int64_t code) {
+    const auto u = static_cast<std::uint64_t>(code);
+    return std::to_string(u >> 8) + " elements of " + std::string(name(static_cast<dtype>(u & 0xffu)));
+  };
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
+    if (counts[r] != counts[0]) {
+      raise(site, "rank " + std::to_string(r) + " has " + std::to_string(counts[r]) + " " + what + "s but rank 0 has " +
+                      std::to_string(counts[0]),
+            std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+    }
+    for (std::size_t i = 0; i < counts[r]; ++i) {
+      if (all[offset + i] != all[i]) {
+        raise(site, std::string(what) + " " + std::to_string(i) + " is " + describe(all[i]) + " on rank 0 but " +
+                        describe(all[offset + i]) + " on rank " + std::to_string(r),
+              std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+      }
+    }
+  }
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+#endif  // HERD_OPTIM_DETAIL_SAME_TENSORS_HPP
 
 #include <bit>
 #include <cstdint>
@@ -15391,21 +14411,7 @@ template <communicator C> class reducer final : public join_hook {
   }
 
   // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
-  void shadow(join_mode how) override {
-    if (how == join_mode::no_reduction) return;
-    std::vector<buffer_view> grads = source_();
-    with_mover(grads, [&](auto& mover) {
-      mover.begin();
-      for (const auto& g : grads) mover.zero(g);
-      mover.finish();
-    });
-    if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
-      for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
-      finish();
-    } else {
-      reduce_all();
-    }
-  }
+  void shadow(join_mode how) override;
 
   // Which gradients share a bucket now (indices into the gradient list), in launch order.
   std::vector<std::vector<std::size_t>> buckets() const {
@@ -15435,20 +14441,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // --- All ready at once (step-time fusion, detail/step_fusion.hpp).
 
-  void reduce_all() {
-    std::vector<buffer_view> grads = source_();
-    std::string fault = checks_.check_with_pending(grads);
-    if (!fault.empty()) {
-      end_round();
-      checks_.raise_everywhere(fault);
-    }
-    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-    const auto start = std::chrono::steady_clock::now();
-    set_policy();
-    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
-    reduce_seconds_ += seconds_since(start);
-  }
+  void reduce_all();
 
   // --- Buckets (marks).
 
@@ -15457,210 +14450,23 @@ template <communicator C> class reducer final : public join_hook {
     return pass_views_;
   }
 
-  void mark_one(std::size_t i, const buffer_view* given) {
-    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-    const auto start = std::chrono::steady_clock::now();
-    if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
-      begin_buckets();
-      pass_open_ = true;
-    }
-    if (i >= checks_.shapes().size()) {
-      if (pass_fault_.empty()) {
-        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
-                      std::to_string(checks_.shapes().size()) + ")";
-      }
-      return;
-    }
-    if (marked_[i]) {
-      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
-      return;
-    }
-    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
-    bucket_operation& b = buckets_[plan_.bucket_of[i]];
-    if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
-    marked_[i] = 1;
-    ++marks_;
-    ready_views_[i] = v;
-    if (!rebuilt_) ready_order_.push_back(i);
-    --b.waiting;
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
-    stats_.exposed += seconds_since(start);
-  }
-
+  void mark_one(std::size_t i, const buffer_view* given);
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
-  void begin_buckets() {
-    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
-    if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
-    if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
-    set_policy();
-    marked_.assign(checks_.shapes().size(), 0);
-    ready_views_.assign(checks_.shapes().size(), buffer_view{});
-    pass_views_.clear();
-    pass_fault_.clear();
-    ready_order_.clear();  // the rebuild follows the first pass that succeeds
-    next_launch_ = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
-  }
-
-  void make_plan(const std::vector<std::size_t>& order) {
-    plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
-                                      member_alignment(checks_.where()));
-    buckets_.clear();
-    buckets_.resize(plan_.buckets.size());
-  }
+  void begin_buckets();
+  void make_plan(const std::vector<std::size_t>& order);
 
   // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
   // found a problem with starts an operation that carries the problem instead, so that every rank
   // raises it and the buckets after it still pair up.
-  void launch(std::size_t b) {
-    bucket_operation& st = buckets_[b];
-    const bucket_plan::bucket& plan = plan_.buckets[b];
-    // In the timeline: packing and starting it, with the sequence number its operation takes.
-    trace::fields args = trace::fields::elements(plan.count, plan.type);
-    if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
-    args.extra_name = "bucket";
-    args.extra = static_cast<std::int64_t>(b);
-    const trace::span slice(track_, "launch bucket", args);
-    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
-    if (!fault.empty()) {
-      call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
-      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
-                             "and mark each ready once per backward pass");
-      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
-      return;
-    }
-    const dtype wire = policy_.wire(plan.type);
-    bool started = false;
-    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
-      mover.begin();
-      if (sums()) {
-        for (std::size_t i : plan.members) {
-          if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
-        }
-      }
-      const bool as_is = policy_.as_is(plan.type);
-      st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
-      if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
-        mover.finish();
-        started = true;
-        return;
-      }
-      if (st.in_place) {
-        mover.finish();
-        const buffer_view& first = ready_views_[plan.members.front()];
-        st.buffer = {first.data, plan.count, plan.type, first.device};
-      } else {
-        st.buffer = mover.bucket(b, wire, plan.count);
-        auto* base = static_cast<std::byte*>(st.buffer.data);
-        std::vector<move_item> pack, unused;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          void* slot = base + plan.offsets[k] * size_of(wire);
-          if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
-            pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
-          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
-            mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
-            if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
-          }
-        }
-        policy_.pack(mover, pack, wire, plan.type);
-        policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
-        mover.finish();
-        stats_.packed_bytes += plan.count * size_of(plan.type);
-      }
-    });
-    if (started) return;
-    call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
-  }
+  void launch(std::size_t b);
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
   // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
-  void finish() {
-    const auto start = std::chrono::steady_clock::now();
-    std::exception_ptr failure;
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
-      std::string missing;
-      for (std::size_t i : plan_.buckets[b].members) {
-        if (marked_[i]) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-        if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
-      }
-      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
-        buckets_[b].fault_code = 16;
-        buckets_[b].fault = "gradient(s) " + missing +
-                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
-                            "reduce gradients a pass did not produce as zeros)";
-      }
-      try {
-        launch(b);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    next_launch_ = buckets_.size();
-    const auto wait_start = std::chrono::steady_clock::now();
-    {
-      const trace::span phase(track_, "wait for buckets");
-      for (bucket_operation& st : buckets_) {
-        if (!st.done) continue;
-        try {
-          st.done->wait();
-        } catch (...) {
-          if (!failure) failure = std::current_exception();
-        }
-      }
-    }
-    stats_.waiting += seconds_since(wait_start);
-    for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
-    marks_ = 0;
-    pass_open_ = false;
-    if (failure) {
-      end_round();  // the round is abandoned
-      std::rethrow_exception(failure);
-    }
-    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
-      const trace::span phase(track_, "unpack buckets");
-      mover.begin();
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        const bucket_plan::bucket& plan = plan_.buckets[b];
-        if (buckets_[b].in_place) continue;
-        const dtype wire = buckets_[b].buffer.type;
-        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
-        std::vector<move_item> unpack;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          if (!marked_[i] && i >= pass_views().size()) continue;
-          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
-          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
-        }
-        policy_.unpack(mover, unpack, plan.type, wire);
-      }
-      mover.finish();
-    });
-    end_round();
-    ++stats_.steps;
-    stats_.exposed += seconds_since(start);
-    reduce_seconds_ += seconds_since(start);
-    // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
-    // whose order changes from pass to pass, unless the graph is declared static).
-    if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
-      rebuild();
-    }
-  }
+  void finish();
 
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
   // (those it never saw ready last, in reverse order), the same plan on every rank.
-  void rebuild() {
-    const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
-    std::vector<std::int64_t> order(seen.begin(), seen.end());
-    herd::broadcast(order, control_of(comm_), 0);
-    std::vector<std::size_t> chosen(order.begin(), order.end());
-    make_plan(chosen);
-    rebuilt_ = true;
-    ready_order_.clear();
-  }
+  void rebuild();
 
   C& comm_;
   gradient_source source_;
@@ -15689,10 +14495,1238 @@ template <communicator C> class reducer final : public join_hook {
   overlap_stats stats_;
 };
 
+// The members that reduce are defined out of the class, so not inline: with
+// HERD_SEPARATE_COMPILATION a file that trains compiles none of them (reducer<mpi_communicator> is
+// an extern template there, collectives/separate_compilation.hpp), nor the collectives they call.
+
+template <communicator C> void reducer<C>::shadow(join_mode how) {
+  if (how == join_mode::no_reduction) return;
+  std::vector<buffer_view> grads = source_();
+  with_mover(grads, [&](auto& mover) {
+    mover.begin();
+    for (const auto& g : grads) mover.zero(g);
+    mover.finish();
+  });
+  if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
+    for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
+    finish();
+  } else {
+    reduce_all();
+  }
+}
+
+template <communicator C> void reducer<C>::reduce_all() {
+  std::vector<buffer_view> grads = source_();
+  std::string fault = checks_.check_with_pending(grads);
+  if (!fault.empty()) {
+    end_round();
+    checks_.raise_everywhere(fault);
+  }
+  if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+  const auto start = std::chrono::steady_clock::now();
+  set_policy();
+  with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
+  reduce_seconds_ += seconds_since(start);
+}
+
+template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
+  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+  const auto start = std::chrono::steady_clock::now();
+  if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
+    begin_buckets();
+    pass_open_ = true;
+  }
+  if (i >= checks_.shapes().size()) {
+    if (pass_fault_.empty()) {
+      pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                    std::to_string(checks_.shapes().size()) + ")";
+    }
+    return;
+  }
+  if (marked_[i]) {
+    if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+    return;
+  }
+  const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+  bucket_operation& b = buckets_[plan_.bucket_of[i]];
+  if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+  marked_[i] = 1;
+  ++marks_;
+  ready_views_[i] = v;
+  if (!rebuilt_) ready_order_.push_back(i);
+  --b.waiting;
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+  stats_.exposed += seconds_since(start);
+}
+
+template <communicator C> void reducer<C>::begin_buckets() {
+  // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
+  if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+  if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+  if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
+  set_policy();
+  marked_.assign(checks_.shapes().size(), 0);
+  ready_views_.assign(checks_.shapes().size(), buffer_view{});
+  pass_views_.clear();
+  pass_fault_.clear();
+  ready_order_.clear();  // the rebuild follows the first pass that succeeds
+  next_launch_ = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
+}
+
+template <communicator C> void reducer<C>::make_plan(const std::vector<std::size_t>& order) {
+  plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
+                                    member_alignment(checks_.where()));
+  buckets_.clear();
+  buckets_.resize(plan_.buckets.size());
+}
+
+template <communicator C> void reducer<C>::launch(std::size_t b) {
+  bucket_operation& st = buckets_[b];
+  const bucket_plan::bucket& plan = plan_.buckets[b];
+  // In the timeline: packing and starting it, with the sequence number its operation takes.
+  trace::fields args = trace::fields::elements(plan.count, plan.type);
+  if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
+  args.extra_name = "bucket";
+  args.extra = static_cast<std::int64_t>(b);
+  const trace::span slice(track_, "launch bucket", args);
+  const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
+  if (!fault.empty()) {
+    call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
+    failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
+                           "and mark each ready once per backward pass");
+    st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
+    return;
+  }
+  const dtype wire = policy_.wire(plan.type);
+  bool started = false;
+  movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+    mover.begin();
+    if (sums()) {
+      for (std::size_t i : plan.members) {
+        if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
+      }
+    }
+    const bool as_is = policy_.as_is(plan.type);
+    st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
+    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
+      mover.finish();
+      started = true;
+      return;
+    }
+    if (st.in_place) {
+      mover.finish();
+      const buffer_view& first = ready_views_[plan.members.front()];
+      st.buffer = {first.data, plan.count, plan.type, first.device};
+    } else {
+      st.buffer = mover.bucket(b, wire, plan.count);
+      auto* base = static_cast<std::byte*>(st.buffer.data);
+      std::vector<move_item> pack, unused;
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        const std::size_t i = plan.members[k];
+        void* slot = base + plan.offsets[k] * size_of(wire);
+        if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
+          pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
+        } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
+          mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
+          if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
+        }
+      }
+      policy_.pack(mover, pack, wire, plan.type);
+      policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
+      mover.finish();
+      stats_.packed_bytes += plan.count * size_of(plan.type);
+    }
+  });
+  if (started) return;
+  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
+}
+
+template <communicator C> void reducer<C>::finish() {
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr failure;
+  for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
+    std::string missing;
+    for (std::size_t i : plan_.buckets[b].members) {
+      if (marked_[i]) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+      if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
+    }
+    if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
+      buckets_[b].fault_code = 16;
+      buckets_[b].fault = "gradient(s) " + missing +
+                          " were not marked ready in this backward pass (pass find_unused_parameters = true to "
+                          "reduce gradients a pass did not produce as zeros)";
+    }
+    try {
+      launch(b);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  next_launch_ = buckets_.size();
+  const auto wait_start = std::chrono::steady_clock::now();
+  {
+    const trace::span phase(track_, "wait for buckets");
+    for (bucket_operation& st : buckets_) {
+      if (!st.done) continue;
+      try {
+        st.done->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  stats_.waiting += seconds_since(wait_start);
+  for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
+  marks_ = 0;
+  pass_open_ = false;
+  if (failure) {
+    end_round();  // the round is abandoned
+    std::rethrow_exception(failure);
+  }
+  movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+    const trace::span phase(track_, "unpack buckets");
+    mover.begin();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const bucket_plan::bucket& plan = plan_.buckets[b];
+      if (buckets_[b].in_place) continue;
+      const dtype wire = buckets_[b].buffer.type;
+      const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
+      std::vector<move_item> unpack;
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        const std::size_t i = plan.members[k];
+        if (!marked_[i] && i >= pass_views().size()) continue;
+        const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
+        unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
+      }
+      policy_.unpack(mover, unpack, plan.type, wire);
+    }
+    mover.finish();
+  });
+  end_round();
+  ++stats_.steps;
+  stats_.exposed += seconds_since(start);
+  reduce_seconds_ += seconds_since(start);
+  // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
+  // whose order changes from pass to pass, unless the graph is declared static).
+  if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
+    rebuild();
+  }
+}
+
+template <communicator C> void reducer<C>::rebuild() {
+  const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
+  std::vector<std::int64_t> order(seen.begin(), seen.end());
+  herd::broadcast(order, control_of(comm_), 0);
+  std::vector<std::size_t> chosen(order.begin(), order.end());
+  make_plan(chosen);
+  rebuilt_ = true;
+  ready_order_.clear();
+}
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
 #endif  // HERD_OPTIM_DETAIL_REDUCER_HPP
+
+#if !defined(HERD_NO_MPI) && (defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
+
+#if defined(HERD_IMPLEMENTATION)
+#define HERD_ENGINE_INSTANCE template  // the definitions, in the implementation file
+#else
+#define HERD_ENGINE_INSTANCE extern template  // declarations: compiled elsewhere
+#endif
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+using engine_comm = mpi_communicator;
+HERD_ENGINE_INSTANCE void run_collective<engine_comm>(engine_comm&, const op_label&, body_ref);
+HERD_ENGINE_INSTANCE allreduce_call prepare_allreduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
+                                                                   reduce_op);
+HERD_ENGINE_INSTANCE void run_allreduce<engine_comm>(engine_comm&, const allreduce_call&, bool);
+HERD_ENGINE_INSTANCE grouped_allreduce_call prepare_grouped_allreduce<engine_comm>(call_check, std::vector<buffer_view>,
+                                                                                   engine_comm&, reduce_op);
+HERD_ENGINE_INSTANCE void run_grouped_allreduce<engine_comm>(engine_comm&, const grouped_allreduce_call&, bool);
+HERD_ENGINE_INSTANCE broadcast_call prepare_broadcast<engine_comm>(call_check, buffer_view, engine_comm&, int);
+HERD_ENGINE_INSTANCE void run_broadcast<engine_comm>(engine_comm&, const broadcast_call&, bool);
+HERD_ENGINE_INSTANCE allgather_call prepare_allgatherv<engine_comm>(call_check, const_buffer_view, buffer_view,
+                                                                    std::span<const std::size_t>, engine_comm&);
+HERD_ENGINE_INSTANCE void run_allgatherv<engine_comm>(engine_comm&, const allgather_call&, bool);
+HERD_ENGINE_INSTANCE std::vector<std::size_t> allgather_counts<engine_comm>(call_check, std::size_t, engine_comm&);
+HERD_ENGINE_INSTANCE void run_reduce_scatter<engine_comm>(engine_comm&, const reduce_scatter_call&, bool);
+HERD_ENGINE_INSTANCE gather_call prepare_gatherv<engine_comm>(call_check, const_buffer_view, buffer_view,
+                                                              std::span<const std::size_t>, engine_comm&, int);
+HERD_ENGINE_INSTANCE void run_gatherv<engine_comm>(engine_comm&, const gather_call&);
+HERD_ENGINE_INSTANCE scatter_call prepare_scatterv<engine_comm>(call_check, const_buffer_view, buffer_view,
+                                                                std::span<const std::size_t>, engine_comm&, int);
+HERD_ENGINE_INSTANCE void run_scatterv<engine_comm>(engine_comm&, const scatter_call&);
+HERD_ENGINE_INSTANCE reduce_call prepare_reduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
+                                                             reduce_op, int);
+HERD_ENGINE_INSTANCE void run_reduce<engine_comm>(engine_comm&, const reduce_call&);
+// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce.
+HERD_ENGINE_INSTANCE class reducer<engine_comm>;
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
+namespace herd {
+HERD_ENGINE_INSTANCE void barrier<mpi_communicator>(mpi_communicator&);
+HERD_CONFIG_NAMESPACE_BEGIN
+HERD_ENGINE_INSTANCE void checkpoint::save<mpi_communicator>(const std::filesystem::path&, mpi_communicator&, int) const;
+HERD_ENGINE_INSTANCE bool checkpoint::load<mpi_communicator>(const std::filesystem::path&, mpi_communicator&, int);
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#undef HERD_ENGINE_INSTANCE
+#endif
+
+#endif  // HERD_COLLECTIVES_SEPARATE_COMPILATION_HPP
+
+
+// ---- herd/data/distributed_sampler.hpp ----
+#ifndef HERD_DATA_DISTRIBUTED_SAMPLER_HPP
+#define HERD_DATA_DISTRIBUTED_SAMPLER_HPP
+// herd::distributed_sampler: which samples of a dataset each rank reads in an epoch, with the
+// partition rules of PyTorch's DistributedSampler, so that a model ported from PyTorch sees the
+// same split (the shuffled order itself comes from herd::random_engine, not torch's randperm).
+//
+//   herd::distributed_sampler sampler(dataset.size(), comm);
+//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);   // without it every epoch repeats the same order
+//     for (std::span<const std::size_t> batch : sampler.batches(64)) train_step(dataset, batch);
+//   }
+//
+// N = dataset size, W = world size. Each rank takes num_samples indices per epoch:
+//   num_samples = ceil((N - W) / W) if drop_last and N % W != 0, else ceil(N / W)
+//   (both equal floor(N / W) under drop_last, 0 when N < W); total = num_samples * W.
+// The epoch's order is permutation(N, seed + epoch) when shuffling, else 0..N-1. Without
+// drop_last it is padded to `total` by repeating it from its start; with drop_last it is cut to
+// `total`. Rank r takes order[r], order[r + W], order[r + 2W], ...
+//
+// When the number of ranks changes inside an epoch (a rank left: herd::run_elastic), reshard()
+// splits the rest of the epoch's order over the new ranks by the same rules, as Horovod's
+// ElasticSampler: the first C positions, those the old ranks consumed (start() on each), are set
+// aside, and positions C, C+1, ... of the order play the role of 0, 1, ... above, over N - C.
+//
+// Padding gives every rank the same number of samples (and batches), which training needs: a
+// rank that runs out of batches early leaves the others waiting in an allreduce. For evaluation
+// the duplicates skew summed metrics; for_evaluation() turns padding off instead.
+
+
+// ---- herd/core/random.hpp ----
+#ifndef HERD_CORE_RANDOM_HPP
+#define HERD_CORE_RANDOM_HPP
+// herd::random_engine: a small seeded PRNG whose stream is the same on every platform, compiler
+// and standard library, so that every rank of a job (and every rerun) draws the same numbers.
+// std:: engines are portable but std:: distributions are not, hence our own uniform_below.
+//
+// The exact algorithms, enough to reproduce the stream elsewhere (all arithmetic mod 2^64):
+//
+//   splitmix64(x):  x += 0x9e3779b97f4a7c15; z = x;
+//                   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+//                   z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+//                   return z ^ (z >> 31)               (x is the caller's running state)
+//
+//   seeding:        x = seed; s[0], s[1], s[2], s[3] = four successive splitmix64(x) outputs
+//                   (never all zero: splitmix64 is a bijection of distinct counters)
+//
+//   next():         xoshiro256** (Blackman and Vigna, 2018), rotl = rotate left
+//                   result = rotl(s[1] * 5, 7) * 9;
+//                   t = s[1] << 17;
+//                   s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+//                   s[2] ^= t; s[3] = rotl(s[3], 45);
+//                   return result
+//
+//   uniform_below(n), n >= 1: Lemire's multiply-and-reject ("Fast random integer generation in
+//   an interval", 2019), unbiased in [0, n):
+//                   m = next() * n as a 128-bit product; low = m mod 2^64
+//                   if low < n:
+//                     threshold = (2^64 - n) mod n
+//                     while low < threshold: m = next() * n; low = m mod 2^64
+//                   return m >> 64
+//   It consumes one next() per call except on rejection, which happens with probability
+//   threshold / 2^64 < n / 2^64.
+
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+namespace herd {
+namespace detail {
+
+// One step of splitmix64: advances `state` and returns the mixed output.
+constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  return z ^ (z >> 31);
+}
+
+struct u128_parts {
+  std::uint64_t high;
+  std::uint64_t low;
+};
+
+// The same product without __int128; kept callable everywhere so tests can compare the two.
+constexpr u128_parts multiply_wide_portable(std::uint64_t a, std::uint64_t b) noexcept {
+  const std::uint64_t mask = 0xffffffffu;
+  const std::uint64_t a_lo = a & mask, a_hi = a >> 32, b_lo = b & mask, b_hi = b >> 32;
+  const std::uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
+  // At most (2^32 - 1)^2 + 2 * (2^32 - 1) = 2^64 - 1: no carry is lost.
+  const std::uint64_t middle = (lo_lo >> 32) + (hi_lo & mask) + lo_hi;
+  return {hi_hi + (hi_lo >> 32) + (middle >> 32), (middle << 32) | (lo_lo & mask)};
+}
+
+// The full 64x64 -> 128-bit product. Compilers without __int128 (MSVC) take the schoolbook route
+// on 32-bit halves, which gives the same bits.
+constexpr u128_parts multiply_wide(std::uint64_t a, std::uint64_t b) noexcept {
+#if defined(__SIZEOF_INT128__)
+  __extension__ typedef unsigned __int128 u128;  // __extension__: quiet under -Wpedantic
+  const u128 m = static_cast<u128>(a) * b;
+  return {static_cast<std::uint64_t>(m >> 64), static_cast<std::uint64_t>(m)};
+#else
+  return multiply_wide_portable(a, b);
+#endif
+}
+
+}  // namespace detail
+
+class random_engine {
+ public:
+  using result_type = std::uint64_t;
+
+  explicit constexpr random_engine(std::uint64_t seed_value = 0) noexcept { seed(seed_value); }
+
+  // Restarts the stream: the same seed gives the same numbers.
+  constexpr void seed(std::uint64_t seed_value) noexcept {
+    std::uint64_t x = seed_value;
+    for (auto& word : state_) word = detail::splitmix64(x);
+  }
+
+  // The next 64 random bits (xoshiro256**).
+  constexpr std::uint64_t next() noexcept {
+    const std::uint64_t result = std::rotl(state_[1] * 5, 7) * 9;
+    const std::uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = std::rotl(state_[3], 45);
+    return result;
+  }
+
+  // Uniform in [0, n), without modulo bias; n == 0 is a herd::error (the interval is empty).
+  constexpr std::uint64_t uniform_below(std::uint64_t n) {
+    if (n == 0) {
+      detail::raise({"random_engine::uniform_below"}, "the bound is 0, so [0, n) is empty",
+                    "Pass n >= 1");
+    }
+    detail::u128_parts m = detail::multiply_wide(next(), n);
+    if (m.low < n) {
+      // 2^64 mod n: products whose low word falls below it would make some results more likely.
+      const std::uint64_t threshold = (std::uint64_t{0} - n) % n;
+      while (m.low < threshold) m = detail::multiply_wide(next(), n);
+    }
+    return m.high;
+  }
+
+  // UniformRandomBitGenerator, for code that wants one; std:: distributions on top of it are
+  // not portable across standard libraries, uniform_below is.
+  static constexpr result_type min() noexcept { return 0; }
+  static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
+  constexpr result_type operator()() noexcept { return next(); }
+
+  friend constexpr bool operator==(const random_engine&, const random_engine&) noexcept = default;
+
+ private:
+  std::uint64_t state_[4] = {};
+};
+
+}  // namespace herd
+
+#endif  // HERD_CORE_RANDOM_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+struct sampler_options {
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // must be the same on every rank; the epoch's order uses seed + epoch
+  bool drop_last = false;  // drop the tail that does not fill every rank, instead of padding
+  bool pad = true;         // false: no padding, rank sizes may differ by one (ignored with drop_last)
+};
+
+// A permutation of 0..n-1, the same on every platform for a given seed: Fisher-Yates from the
+// last element down, for i = n-1 .. 1 swap p[i] with p[j], j = engine.uniform_below(i + 1), where
+// engine = random_engine(seed) and p starts as 0..n-1.
+inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  random_engine engine(seed);
+  for (std::size_t i = n; i-- > 1;) {
+    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+// Consecutive batches of an index list: a forward range of std::span<const std::size_t>, each
+// batch_size long except a short last one (dropped with drop_last_batch). It owns the indices,
+// so its spans live as long as the range does (a range-for over a temporary keeps it alive).
+class batch_range {
+ public:
+  class iterator {
+   public:
+    using value_type = std::span<const std::size_t>;
+    using reference = value_type;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::forward_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // by the legacy rules: * yields a value
+
+    iterator() = default;
+
+    value_type operator*() const { return {data_ + position_, std::min(batch_size_, limit_ - position_)}; }
+    iterator& operator++() {
+      position_ = std::min(position_ + batch_size_, limit_);
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator before = *this;
+      ++*this;
+      return before;
+    }
+    friend bool operator==(const iterator&, const iterator&) = default;
+
+   private:
+    friend class batch_range;
+    iterator(const std::size_t* data, std::size_t position, std::size_t limit, std::size_t batch_size)
+        : data_(data), position_(position), limit_(limit), batch_size_(batch_size) {}
+
+    const std::size_t* data_ = nullptr;
+    std::size_t position_ = 0;
+    std::size_t limit_ = 0;  // one past the last index that belongs to some batch
+    std::size_t batch_size_ = 1;
+  };
+
+  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false)
+      : indices_(std::move(indices)), batch_size_(batch_size) {
+    if (batch_size == 0) {
+      detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
+    }
+    limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
+  }
+
+  iterator begin() const { return {indices_.data(), 0, limit_, batch_size_}; }
+  iterator end() const { return {indices_.data(), limit_, limit_, batch_size_}; }
+
+  // The number of batches.
+  std::size_t size() const noexcept { return limit_ / batch_size_ + (limit_ % batch_size_ != 0 ? 1 : 0); }
+  bool empty() const noexcept { return limit_ == 0; }
+  std::span<const std::size_t> operator[](std::size_t i) const {
+    const std::size_t first = i * batch_size_;
+    return {indices_.data() + first, std::min(batch_size_, limit_ - first)};
+  }
+
+  std::size_t batch_size() const noexcept { return batch_size_; }
+  // Every index of the range, including a dropped short tail.
+  const std::vector<std::size_t>& indices() const noexcept { return indices_; }
+
+ private:
+  std::vector<std::size_t> indices_;
+  std::size_t batch_size_;
+  std::size_t limit_ = 0;
+};
+
+class distributed_sampler {
+ public:
+  // Every rank must pass the same dataset_size and options; nothing checks this across ranks.
+  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {})
+      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
+    if (world_size < 1) {
+      detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
+                    "Pass the number of ranks (comm.size()), at least 1");
+    }
+    if (rank < 0 || rank >= world_size) {
+      detail::raise({"distributed_sampler", rank, world_size},
+                    "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+                    "Pass this process's rank (comm.rank())");
+    }
+  }
+
+  template <communicator C>
+  distributed_sampler(std::size_t dataset_size, const C& comm, sampler_options options = {})
+      : distributed_sampler(dataset_size, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), options) {}
+
+  // For evaluation: no shuffle, no padding, nothing dropped. Rank r gets r, r+W, r+2W, ... < N,
+  // so metrics summed across ranks count every sample exactly once; rank sizes differ by at most
+  // one, so loop over this rank's own batches without a collective per batch.
+  static distributed_sampler for_evaluation(std::size_t dataset_size, int world_size, int rank) {
+    return distributed_sampler(dataset_size, world_size, rank, evaluation_options());
+  }
+  template <communicator C>
+  static distributed_sampler for_evaluation(std::size_t dataset_size, const C& comm) {
+    return distributed_sampler(dataset_size, comm, evaluation_options());
+  }
+
+  // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
+  // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
+  void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
+    if (start > size()) {
+      detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
+                    "start " + std::to_string(start) + " is beyond the " + std::to_string(size()) +
+                        " samples this rank has per epoch",
+                    "Pass the number of this rank's samples of the epoch already consumed, at most size()");
+    }
+    epoch_ = epoch;
+    start_ = start;
+    consumed_ = 0;
+  }
+
+  // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
+  void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
+
+  // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
+  // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
+  // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
+  void reshard(int world_size, int rank) {
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      detail::raise({"distributed_sampler::reshard", rank, world_size},
+                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
+                    "Pass the new communicator's size() and rank()");
+    }
+    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
+    world_size_ = world_size;
+    rank_ = rank;
+    start_ = 0;
+  }
+  // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
+  std::size_t consumed() const noexcept { return consumed_; }
+
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  std::size_t start() const noexcept { return start_; }
+
+  // This rank's samples per epoch (PyTorch's num_samples), counting from the epoch's beginning,
+  // not from start(). Without padding, this rank's own share.
+  std::size_t size() const noexcept {
+    const std::size_t n = remaining();
+    if (!equal_shares()) {
+      const auto w = static_cast<std::size_t>(world_size_);
+      const auto r = static_cast<std::size_t>(rank_);
+      return n / w + (r < n % w ? 1 : 0);
+    }
+    return num_samples();
+  }
+  // Samples per epoch over all ranks: num_samples * world_size, or dataset_size without padding
+  // (after a reshard(), of the rest of the epoch).
+  std::size_t total_size() const noexcept {
+    return equal_shares() ? num_samples() * static_cast<std::size_t>(world_size_) : remaining();
+  }
+  std::size_t dataset_size() const noexcept { return dataset_size_; }
+  int world_size() const noexcept { return world_size_; }
+  int rank() const noexcept { return rank_; }
+  const sampler_options& options() const noexcept { return options_; }
+
+  // This rank's indices for the current epoch, from start() on.
+  std::vector<std::size_t> indices() const {
+    const std::size_t count = size();
+    std::vector<std::size_t> result;
+    result.reserve(count - start_);
+    const auto w = static_cast<std::size_t>(world_size_);
+    const auto r = static_cast<std::size_t>(rank_);
+    // Position p of the padded order is order[p % N]: padding repeats the order from its start,
+    // and positions below N (all of them without padding) are the order itself. After a reshard(),
+    // the order begins at position consumed_ and is N - consumed_ long.
+    const std::size_t n = remaining();
+    if (options_.shuffle) {
+      const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
+      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
+    } else {
+      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
+    }
+    return result;
+  }
+
+  // This rank's indices from start() in batches of batch_size; the last one is short unless
+  // drop_last_batch drops it.
+  batch_range batches(std::size_t batch_size, bool drop_last_batch = false) const {
+    check_batch_size("distributed_sampler::batches", batch_size);
+    return batch_range(indices(), batch_size, drop_last_batch);
+  }
+
+  // How many batches batches(batch_size, drop_last_batch) yields, without building them.
+  std::size_t batch_count(std::size_t batch_size, bool drop_last_batch = false) const {
+    check_batch_size("distributed_sampler::batch_count", batch_size);
+    const std::size_t remaining = size() - start_;
+    return remaining / batch_size + (!drop_last_batch && remaining % batch_size != 0 ? 1 : 0);
+  }
+
+ private:
+  static sampler_options evaluation_options() noexcept {
+    sampler_options options;
+    options.shuffle = false;
+    options.drop_last = false;
+    options.pad = false;
+    return options;
+  }
+
+  std::size_t remaining() const noexcept { return dataset_size_ - consumed_; }
+  // PyTorch's num_samples over what remains: ceil(n / W) written so that it cannot overflow;
+  // under drop_last PyTorch's ceil((n - W) / W) for n % W != 0 is floor(n / W) too, 0 when n < W.
+  std::size_t num_samples() const noexcept {
+    const std::size_t n = remaining();
+    const auto w = static_cast<std::size_t>(world_size_);
+    return options_.drop_last ? n / w : n / w + (n % w != 0 ? 1 : 0);
+  }
+
+  // Every rank gets num_samples: padded, or cut by drop_last (which never pads, so pad only
+  // matters without it).
+  bool equal_shares() const noexcept { return options_.drop_last || options_.pad; }
+
+  void check_batch_size(const char* operation, std::size_t batch_size) const {
+    if (batch_size == 0) {
+      detail::raise({operation, rank_, world_size_}, "the batch size is 0",
+                    "Pass a batch size of at least 1");
+    }
+  }
+
+  std::size_t dataset_size_;
+  int world_size_;
+  int rank_;
+  sampler_options options_;
+  std::uint64_t epoch_ = 0;
+  std::size_t start_ = 0;
+  std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
+};
+
+}  // namespace herd
+
+#endif  // HERD_DATA_DISTRIBUTED_SAMPLER_HPP
+
+
+// ---- herd/nn/sync_batch_norm.hpp ----
+#ifndef HERD_NN_SYNC_BATCH_NORM_HPP
+#define HERD_NN_SYNC_BATCH_NORM_HPP
+// Synchronized batch normalization (PyTorch's SyncBatchNorm): the batch statistics of every rank's
+// batch together, as if one rank normalized the whole global batch.
+//
+// For any tensor library, the two exchanges it needs, each one allreduce of f64 values:
+//
+//   herd::batch_moments m = herd::sync_batch_moments(sum, sum_sq, count, comm);
+//       forward: this rank's per-channel sums of x and x^2 over `count` elements per channel ->
+//       the global per-channel mean and (biased) variance, and the global count
+//   herd::sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
+//       backward: this rank's per-channel sums of dy and dy * xhat -> the global sums, in place
+//
+// and herd::sync_batch_norm, a layer for f32 host data laid out N x C x S (S: the spatial
+// elements of a channel, 1 for N x C), built on them. Its weight and bias gradients are this
+// rank's contributions, as any layer's: the distributed optimizer reduces them with the others.
+// Running statistics follow BatchNorm's: momentum 0.1, the unbiased variance.
+
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace herd {
+
+struct batch_moments {
+  std::vector<double> mean;
+  std::vector<double> var;  // biased: what normalization divides by
+  double count = 0;         // elements per channel over every rank
+};
+
+struct sync_batch_norm_options {
+  double eps = 1e-5;
+  double momentum = 0.1;
+};
+
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C>
+batch_moments sync_batch_moments(std::span<const double> sum, std::span<const double> sum_sq, double count, C& comm) {
+  if (sum.size() != sum_sq.size()) {
+    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
+                  std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) + " sums of squares",
+                  "Pass one sum and one sum of squares per channel");
+  }
+  const std::size_t c = sum.size();
+  std::vector<double> fused(2 * c + 1);  // sums, sums of squares, count: one allreduce
+  std::copy(sum.begin(), sum.end(), fused.begin());
+  std::copy(sum_sq.begin(), sum_sq.end(), fused.begin() + static_cast<std::ptrdiff_t>(c));
+  fused[2 * c] = count;
+  allreduce(fused, comm);
+  batch_moments m;
+  m.count = fused[2 * c];
+  if (m.count < 2) {
+    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
+                  "the global batch has " + std::to_string(static_cast<long long>(m.count)) + " value(s) per channel",
+                  "Batch normalization in training needs more than one value per channel over all ranks");
+  }
+  m.mean.resize(c);
+  m.var.resize(c);
+  for (std::size_t i = 0; i < c; ++i) {
+    m.mean[i] = fused[i] / m.count;
+    m.var[i] = std::max(0.0, fused[c + i] / m.count - m.mean[i] * m.mean[i]);
+  }
+  return m;
+}
+
+template <communicator C> void sync_batch_norm_sums(std::span<double> sum_dy, std::span<double> sum_dy_xhat, C& comm) {
+  const std::size_t c = sum_dy.size();
+  std::vector<double> fused(sum_dy.begin(), sum_dy.end());
+  fused.insert(fused.end(), sum_dy_xhat.begin(), sum_dy_xhat.end());
+  allreduce(fused, comm);
+  std::copy(fused.begin(), fused.begin() + static_cast<std::ptrdiff_t>(c), sum_dy.begin());
+  std::copy(fused.begin() + static_cast<std::ptrdiff_t>(c), fused.end(), sum_dy_xhat.begin());
+}
+
+// A synchronized BatchNorm layer for f32 host data N x C x S. forward() in training normalizes
+// with the global statistics and keeps what backward() needs; evaluate() uses the running ones.
+// (In the configuration namespace with the collectives its members call.)
+class sync_batch_norm {
+ public:
+  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {})
+      : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
+        grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+
+  std::vector<float> weight, bias, running_mean, running_var;
+  std::vector<float> grad_weight, grad_bias;  // this rank's, from the last backward()
+
+  template <communicator C> void forward(const float* x, float* y, std::size_t n, std::size_t spatial, C& comm) {
+    const std::size_t c = channels_;
+    std::vector<double> sum(c, 0.0), sum_sq(c, 0.0);
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      sum[ch] += x[at];
+      sum_sq[ch] += static_cast<double>(x[at]) * x[at];
+    });
+    const batch_moments m = sync_batch_moments(sum, sum_sq, static_cast<double>(n * spatial), comm);
+    n_ = n;
+    spatial_ = spatial;
+    count_ = m.count;
+    xhat_.resize(n * c * spatial);
+    invstd_.resize(c);
+    for (std::size_t ch = 0; ch < c; ++ch) {
+      invstd_[ch] = 1.0 / std::sqrt(m.var[ch] + options_.eps);
+      const double unbiased = m.var[ch] * m.count / (m.count - 1);
+      running_mean[ch] = static_cast<float>((1 - options_.momentum) * running_mean[ch] + options_.momentum * m.mean[ch]);
+      running_var[ch] = static_cast<float>((1 - options_.momentum) * running_var[ch] + options_.momentum * unbiased);
+    }
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      const double h = (x[at] - m.mean[ch]) * invstd_[ch];
+      xhat_[at] = static_cast<float>(h);
+      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+    });
+  }
+
+  // Inference: the running statistics, no communication.
+  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
+    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+      const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
+      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+    });
+  }
+
+  // dx from dy, with the global sums of dy and dy * xhat; grad_weight and grad_bias: this rank's.
+  template <communicator C> void backward(const float* dy, float* dx, C& comm) {
+    const std::size_t c = channels_;
+    std::vector<double> sum_dy(c, 0.0), sum_dy_xhat(c, 0.0);
+    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
+      sum_dy[ch] += dy[at];
+      sum_dy_xhat[ch] += static_cast<double>(dy[at]) * xhat_[at];
+    });
+    for (std::size_t ch = 0; ch < c; ++ch) {
+      grad_bias[ch] = static_cast<float>(sum_dy[ch]);
+      grad_weight[ch] = static_cast<float>(sum_dy_xhat[ch]);
+    }
+    sync_batch_norm_sums(sum_dy, sum_dy_xhat, comm);
+    for_each(n_, spatial_, [&](std::size_t ch, std::size_t at) {
+      const double mean_dy = sum_dy[ch] / count_, mean_dy_xhat = sum_dy_xhat[ch] / count_;
+      dx[at] = static_cast<float>(weight[ch] * invstd_[ch] * (dy[at] - mean_dy - xhat_[at] * mean_dy_xhat));
+    });
+  }
+
+  std::size_t channels() const noexcept { return channels_; }
+
+ private:
+  // f(channel, index) for every element of an N x C x S batch.
+  template <class F> void for_each(std::size_t n, std::size_t spatial, F&& f) const {
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t ch = 0; ch < channels_; ++ch)
+        for (std::size_t s = 0; s < spatial; ++s) f(ch, (i * channels_ + ch) * spatial + s);
+  }
+
+  sync_batch_norm_options options_;
+  std::size_t channels_;
+  std::size_t n_ = 0, spatial_ = 0;
+  double count_ = 0;
+  std::vector<float> xhat_;
+  std::vector<double> invstd_;
+};
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_NN_SYNC_BATCH_NORM_HPP
+
+
+// ---- herd/optim/adamw.hpp ----
+#ifndef HERD_OPTIM_ADAMW_HPP
+#define HERD_OPTIM_ADAMW_HPP
+// herd::adamw: Adam with decoupled weight decay, for parameters in host memory of any
+// floating-point dtype. The update follows torch.optim.AdamW (without amsgrad):
+//
+//   t += 1;  p = p * (1 - lr * weight_decay)
+//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g^2
+//   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+// Arithmetic runs in f32 (f64 for f64 parameters); the moments are kept in that dtype. The first
+// moment is updated as PyTorch 2.1 and later do, m.lerp_(g, 1 - beta1); PyTorch 1.13 and 2.0
+// compute m.mul_(beta1).add_(g, alpha=1 - beta1), which rounds differently in the last bit:
+// adamw_options::first_moment picks that one (adamw_first_moment::mul_add).
+
+
+// ---- herd/optim/parameters.hpp ----
+#ifndef HERD_OPTIM_PARAMETERS_HPP
+#define HERD_OPTIM_PARAMETERS_HPP
+// herd::parameters: a model's parameters and their gradients, listed once and handed to every part
+// of the training layer that needs them, instead of the same herd::views(...) written out for each:
+//
+//   herd::parameters params{herd::views(w, b), herd::views(grad_w, grad_b)};
+//   herd::sgd sgd(params, {.lr = 0.01, .momentum = 0.9});
+//   herd::distributed_optimizer opt(sgd, params, comm);   // reduces params.gradients
+//   herd::broadcast_parameters(params, comm, 0);          // sends params.values
+//
+// Both lists are views: the tensors stay the caller's, and must outlive the objects given them.
+// Where gradients move between steps (libtorch's zero_grad, a reallocating library), pass the
+// distributed optimizer a gradient_source instead.
+
+
+#include <vector>
+
+namespace herd {
+
+struct parameters {
+  std::vector<buffer_view> values;     // what the optimizer updates
+  std::vector<buffer_view> gradients;  // their gradients, in the same order
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_PARAMETERS_HPP
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace herd {
+
+namespace detail {
+
+// at::lerp's arithmetic (its scalar and vectorized CPU kernels alike): from the nearer end, so that
+// weight 0 gives start and weight 1 gives end exactly; each operation rounds in T.
+template <class T> inline T lerp(T start, T end, T weight) noexcept {
+  return std::abs(weight) < T(0.5) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
+}
+
+}  // namespace detail
+
+// How AdamW updates its first moment m from the gradient g.
+enum class adamw_first_moment {
+  lerp,     // m.lerp_(g, 1 - beta1): torch.optim.AdamW of PyTorch 2.1 and later
+  mul_add,  // m.mul_(beta1).add_(g, alpha=1 - beta1): PyTorch 1.13 and 2.0
+};
+
+struct adamw_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  adamw_first_moment first_moment = adamw_first_moment::lerp;
+};
+
+class adamw {
+ public:
+  adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options = {})
+      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+    detail::require_parameter_pairs(params_, grads_, "adamw");
+    for (const auto& p : params_) {
+      exp_avg_.emplace_back(detail::state_dtype(p.type), p.count);
+      exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
+    }
+  }
+  explicit adamw(const parameters& p, adamw_options options = {}) : adamw(p.values, p.gradients, options) {}
+
+  void step() {
+    ++steps_;
+    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], exp_avg_[i], exp_avg_sq_[i]);
+  }
+
+  double lr() const noexcept { return options_.lr; }
+  void set_lr(double lr) noexcept { options_.lr = lr; }
+  const adamw_options& options() const noexcept { return options_; }
+  std::int64_t steps() const noexcept { return steps_; }
+
+  template <class F> void visit_state(F&& f) {
+    f(std::string("step"), buffer_view{&steps_, 1, dtype::i64, device::cpu()});
+    for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
+      f("exp_avg." + std::to_string(i), exp_avg_[i].view());
+      f("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i].view());
+    }
+  }
+
+ private:
+  void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const {
+    visit(param.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
+        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        auto* p = static_cast<T*>(param.data);
+        const auto* g = static_cast<const T*>(grad.data);
+        auto* m = static_cast<S*>(m_state.data());
+        auto* v = static_cast<S*>(v_state.data());
+        const double t = static_cast<double>(steps_);
+        const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
+        // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
+        // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
+        const auto b1 = static_cast<S>(options_.beta1);
+        const auto b2 = static_cast<S>(options_.beta2);
+        const auto keep1 = static_cast<S>(1 - options_.beta1);
+        const auto keep2 = static_cast<S>(1 - options_.beta2);
+        const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
+        const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
+        const auto eps = static_cast<S>(options_.eps);
+        const bool lerp = options_.first_moment == adamw_first_moment::lerp;
+        for (std::size_t j = 0; j < param.count; ++j) {
+          const S gj = static_cast<S>(g[j]);
+          const S pj = static_cast<S>(p[j]) * decay;
+          m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
+          v[j] = b2 * v[j] + keep2 * gj * gj;
+          p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
+        }
+      }
+    });
+  }
+
+  std::vector<buffer_view> params_;
+  std::vector<buffer_view> grads_;
+  adamw_options options_;
+  std::vector<host_tensor> exp_avg_;
+  std::vector<host_tensor> exp_avg_sq_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_ADAMW_HPP
+
+// ---- herd/optim/broadcast.hpp ----
+#ifndef HERD_OPTIM_BROADCAST_HPP
+#define HERD_OPTIM_BROADCAST_HPP
+// Making every rank start from the same state, as Horovod's broadcast_parameters,
+// broadcast_optimizer_state and broadcast_object do.
+//
+//   herd::broadcast_parameters(herd::views(w, b), comm, 0);   // before the first step (or a herd::parameters)
+//   herd::broadcast_optimizer_state(sgd, comm, 0);             // after loading a checkpoint on rank 0
+//   herd::broadcast_object(epoch, comm, 0);                    // collectives/object.hpp: values, strings, vectors
+//
+// Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
+
+
+#include <vector>
+
+namespace herd {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
+  detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
+  for (buffer_view p : params) broadcast(p, comm, root);
+}
+
+// The values of a parameters list (its gradients stay as they are).
+template <communicator C> void broadcast_parameters(const parameters& params, C& comm, int root = 0) {
+  broadcast_parameters(params.values, comm, root);
+}
+
+template <class Optimizer, communicator C> void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
+  std::vector<buffer_view> state;
+  visit_optimizer_state(opt, [&](const auto&, buffer_view v) { state.push_back(v); });
+  detail::require_same_tensors(state, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  for (buffer_view s : state) broadcast(s, comm, root);
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd
+
+#endif  // HERD_OPTIM_BROADCAST_HPP
+
+// ---- herd/optim/clip.hpp ----
+#ifndef HERD_OPTIM_CLIP_HPP
+#define HERD_OPTIM_CLIP_HPP
+// herd::clip_grad_norm: gradient clipping by the global 2-norm, as torch.nn.utils.clip_grad_norm_:
+//
+//   total = sqrt(sum of every gradient element squared)
+//   every gradient *= min(1, max_norm / (total + 1e-6))
+//
+// and the total is returned. Call it on gradients every rank holds whole and equal (after the
+// distributed optimizer's synchronize(), or mixed_precision's unscale()): each rank then computes
+// the same norm with no communication. Where each rank holds a different part (zero_optimizer's
+// shards), pass the communicator: the squared norms of the parts are summed across the ranks
+// with one scalar allreduce (as DeepSpeed does), so every rank clips by the norm of the whole.
+// The squares are summed in double; a norm that is inf or NaN (an overflow) is returned as it is
+// and the gradients scale by NaN or 0, as torch's do, for the step to be skipped.
+
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace herd {
+namespace detail {
+
+inline double squared_norm(const std::vector<buffer_view>& grads) {
+  require_host_tensors(grads, "clip_grad_norm", "gradient");
+  double sum = 0;
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      const auto* p = static_cast<const T*>(g.data);
+      for (std::size_t i = 0; i < g.count; ++i) sum += to_double(p[i]) * to_double(p[i]);
+    });
+  }
+  return sum;
+}
+
+// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
+// f64 gradients get it in double.
+inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
+  const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
+  for (const buffer_view& g : grads) {
+    visit(g.type, [&](auto element) {
+      using T = decltype(element);
+      if constexpr (!std::is_integral_v<T>) {
+        auto* p = static_cast<T*>(g.data);
+        if constexpr (std::is_same_v<T, double>) {
+          for (std::size_t i = 0; i < g.count; ++i) p[i] *= coefficient;
+        } else {
+          const auto c = static_cast<float>(coefficient);
+          for (std::size_t i = 0; i < g.count; ++i) p[i] = static_cast<T>(static_cast<float>(p[i]) * c);
+        }
+      }
+    });
+  }
+  return total;
+}
+
+}  // namespace detail
+
+// Clips gradients every rank holds whole; returns their total norm.
+inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
+}
+
+namespace detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
+// one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
+// clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
+  double squares = squared_norm(grads);
+  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  herd::allreduce(scalar, comm, reduce_op::sum);
+  return squares;
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace detail
+
+HERD_CONFIG_NAMESPACE_BEGIN
+// Clips gradients that the ranks of `comm` hold in parts (each rank its own); returns the norm of
+// the whole, the same on every rank. A collective: every rank calls it.
+template <communicator C> double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm, C& comm) {
+  return detail::clip_by(grads, max_norm, std::sqrt(detail::global_squared_norm(grads, comm)));
+}
+HERD_CONFIG_NAMESPACE_END
+
+}  // namespace herd
+
+#endif  // HERD_OPTIM_CLIP_HPP
+
+// ---- herd/optim/distributed_optimizer.hpp ----
+#ifndef HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
+#define HERD_OPTIM_DISTRIBUTED_OPTIMIZER_HPP
+// herd::distributed_optimizer: wraps any optimizer so that each of its steps uses the gradients
+// averaged (or summed) over all ranks, like Horovod's DistributedOptimizer.
+//
+//   herd::sgd sgd(herd::views(w, b), herd::views(grad_w, grad_b), {.lr = 0.1, .momentum = 0.9});
+//   herd::distributed_optimizer opt(sgd, herd::views(grad_w, grad_b), comm);
+//   for (...) { forward(); backward(); opt.step(); }
+//
+// The wrapped optimizer needs only a step() member that reads the gradient tensors herd was given
+// (herd overwrites them in place with the reduced values just before calling it).
+//
+// - Tensor fusion: gradients of one dtype are packed into a fusion buffer of up to
+//   fusion_threshold_bytes (128 MiB, HERD_FUSION_THRESHOLD; 0 turns fusion off) and reduced with
+//   one allreduce per buffer. A gradient larger than the threshold is reduced on its own, in place.
+//   When every rank shares a node (mpi_communicator's shared memory) and nothing is compressed or
+//   scaled, the group goes into shared memory and back straight from and into the gradients: one
+//   allreduce, no fusion buffer, no packing copies.
+// - Compression: f32/f64 gradients cross the wire as f16 or bf16 (optim/compression.hpp).
+// - gradient_predivide_factor f: gradients are scaled by 1/f before the sum and by f/size after
+//   (for op avg), which keeps sums of many large gradients from overflowing in f16. Gradients
+//   that are 16-bit on the wire (f16/bf16 gradients, or compression) are always averaged with
+//   f = the divisor, as DDP divides before its sum, whatever the dtypes beside them: no average
+//   within range overflows.
+// - backward_passes_per_step k: call step() after every backward pass; the first k-1 calls of a
+//   round do not reduce, the k-th reduces the *sum* of the k passes (as Horovod, and as
+//   libtorch's own gradient accumulation: divide the loss by k for their mean) and steps the
+//   wrapped optimizer. no_sync() does the same for as long as its guard lives. How the passes add
+//   up (accumulate): by default PyTorch's way (accumulation::in_gradients), the backward passes
+//   add into the gradients, zeroed once per optimizer step, and herd leaves them alone until the
+//   reduction (a gradient the last pass did not mark, with find_unused_parameters, is reduced as
+//   the earlier passes left it, as DDP's); with accumulation::by_copy, for backward passes that
+//   overwrite the gradients, herd keeps the running sum itself. (The default was by_copy before: code whose passes overwrite
+//   the gradients must now ask for it, or it reduces the last pass alone.)
+// - synchronize() reduces now (to clip or inspect the averaged gradients before step());
+//   a later step() then does not reduce again. skip_synchronize() makes the next step() skip
+//   the reduction altogether.
+// - Overlap with the backward pass (DDP's buckets): call mark_ready(i) as soon as gradient i is
+//   final. Gradients are grouped into buckets, in reverse order, the first of up to
+//   first_bucket_bytes (1 MiB), the others of up to bucket_bytes (25 MiB, HERD_BUCKET_BYTES); a
+//   bucket whose gradients are all ready is packed and its allreduce started asynchronously,
+//   buckets in order on every rank; step() starts what is left, waits, unpacks and steps. After
+//   the first such step the buckets are rebuilt in the order rank 0 saw its gradients become
+//   ready. A gradient never marked in a pass is an error on every rank, or, with
+//   find_unused_parameters, reduced as zeros. Without mark_ready, step() reduces everything at
+//   once, in fusion buffers of fusion_threshold_bytes (Horovod's tensor fusion).
+// - Gradients that live inside their bucket (DDP's gradient_as_bucket_view): a bucket whose
+//   gradients follow each other in memory in the bucket's order is reduced where they are, with
+//   no copy in or out. bucket_layout() says where each gradient goes for that; with
+//   gradient_as_bucket_view the buckets keep that layout (they are not rebuilt), so storage
+//   allocated by it stays valid for the optimizer's life. When every rank shares a node
+//   (mpi_communicator's shared memory), a host bucket goes into shared memory straight from its
+//   gradients wherever they are, and its result straight back into them: no copies either.
+// - The first reduction checks that every rank holds the same gradients (count, sizes, dtypes)
+//   and the same options, and raises herd::error on every rank if not. Later steps check that
+//   this rank's gradients are still those (and on one device); a rank whose are not says so in
+//   the agreement of its next reduction, so that every rank raises, not just that one.
+
 
 // ---- herd/optim/detail/scoped_switch.hpp ----
 #ifndef HERD_OPTIM_DETAIL_SCOPED_SWITCH_HPP

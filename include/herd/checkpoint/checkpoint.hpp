@@ -153,126 +153,12 @@ class checkpoint {
 
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it. Tensors split over the ranks are gathered to root first.
-  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const {
-    if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
-    const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
-    if (root < 0 || root >= site.size) {
-      detail::raise(site, "root " + std::to_string(root) + " is out of range",
-                    "Pass a root in [0, " + std::to_string(site.size) + ")");
-    }
-    // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
-    // enters a gather that another might skip.
-    std::vector<buffer_view> views;
-    std::optional<detail::ckpt::failure> fault;
-    try {
-      views = checked_views();
-    } catch (const detail::ckpt::failure& f) {
-      fault = f;
-    }
-    std::uint64_t signature = 14695981039346656037ull;
-    for (const entry& e : entries_) {
-      if (!e.split) continue;
-      signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
-      signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
-    }
-    const auto mine = static_cast<std::int64_t>(signature >> 1);
-    std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
-    buffer_view agreed_view{agreed, 3, dtype::i64};
-    herd::allreduce(agreed_view, comm, reduce_op::min);
-    if (fault) detail::raise(site, fault->what, fault->todo);
-    if (agreed[0] != comm.size()) {
-      detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
-                    "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
-    }
-    if (agreed[1] != -agreed[2]) {
-      detail::raise(site, "the ranks registered different state split over the ranks",
-                    "Register the same optimizers, over the same parameters, on every rank");
-    }
-    std::vector<host_tensor> gathered;
-    try {
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        const entry& e = entries_[i];
-        if (!e.split) continue;
-        gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
-        views[i] = gathered.back().view();
-      }
-    } catch (const detail::ckpt::failure& f) {  // alike on every rank
-      detail::raise(site, f.what, f.todo);
-    }
-    detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
-      write(path, views);
-      return std::string("o");
-    });
-    herd::barrier(comm);
-  }
+  template <communicator C> void save(const std::filesystem::path& path, C& comm, int root = 0) const;
 
   // Root reads and checks the file, then sends each entry to every rank, so the other ranks need
   // no access to the file. false on every rank if it does not exist; herd::error on every rank if
   // it is damaged or its entries differ from those registered on any rank.
-  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0) {
-    if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
-    const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
-    std::optional<detail::ckpt::file_contents> contents;  // root's
-    const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
-      contents = detail::ckpt::read_file(path);
-      return contents ? "o" + std::string(contents->header()) : std::string("m");
-    });
-    if (status[0] == 'm') return false;
-
-    // Each rank checks its own entries against the file as root read it; one that differs stops
-    // every rank, before any tensor is written.
-    std::vector<buffer_view> views;
-    std::vector<std::pair<std::size_t, std::size_t>> order;
-    std::optional<detail::ckpt::failure> mismatch;
-    try {
-      views = checked_views();
-      order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
-                    views,
-                    contents ? "the registered entries"
-                             : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
-                                   std::to_string(root) + " read it)");
-    } catch (const detail::ckpt::failure& f) {
-      mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
-    } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
-      mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
-    }
-    std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
-    buffer_view faulty_view{&first_faulty, 1, dtype::i32};
-    herd::allreduce(faulty_view, comm, reduce_op::min);
-    if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
-    if (first_faulty != comm.size()) {
-      detail::raise(site,
-                    "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
-                        " (its own error says more)",
-                    "Register the same entries on every rank; every rank stops so that none waits forever");
-    }
-    if (!strict_) {
-      // Not strict, ranks could pick different entries and then wait on different broadcasts:
-      // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
-      std::uint64_t signature = 14695981039346656037ull;
-      for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
-      const auto mine = static_cast<std::int64_t>(signature >> 1);
-      std::int64_t range[2] = {mine, -mine};
-      buffer_view range_view{range, 2, dtype::i64};
-      herd::allreduce(range_view, comm, reduce_op::min);
-      if (range[0] != -range[1]) {
-        detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
-                      "Register the same entries on every rank");
-      }
-    }
-    // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
-    // own part.
-    for (const auto& [t, v] : order) {
-      const entry& e = entries_[v];
-      if (e.split) {
-        detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
-        continue;
-      }
-      if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
-      herd::broadcast(views[v], comm, root);
-    }
-    return true;
-  }
+  template <communicator C> bool load(const std::filesystem::path& path, C& comm, int root = 0);
 
  private:
   using entry = detail::ckpt::entry;
@@ -368,6 +254,128 @@ class checkpoint {
   bool strict_ = true;
   std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
+
+// The collective save and load are defined out of the class, so not inline: with
+// HERD_SEPARATE_COMPILATION a file compiles neither for mpi_communicator (extern templates,
+// collectives/separate_compilation.hpp), nor the file format code they call.
+
+template <communicator C> void checkpoint::save(const std::filesystem::path& path, C& comm, int root) const {
+  if constexpr (requires { comm.control(); }) return save(path, comm.control(), root);  // host memory only
+  const detail::error_site site{"checkpoint::save", comm.rank(), comm.size()};
+  if (root < 0 || root >= site.size) {
+    detail::raise(site, "root " + std::to_string(root) + " is out of range",
+                  "Pass a root in [0, " + std::to_string(site.size) + ")");
+  }
+  // Every rank's entries are checked, and the ranks agree on the split ones, before any rank
+  // enters a gather that another might skip.
+  std::vector<buffer_view> views;
+  std::optional<detail::ckpt::failure> fault;
+  try {
+    views = checked_views();
+  } catch (const detail::ckpt::failure& f) {
+    fault = f;
+  }
+  std::uint64_t signature = 14695981039346656037ull;
+  for (const entry& e : entries_) {
+    if (!e.split) continue;
+    signature = detail::ckpt::fnv1a64(e.name.data(), e.name.size(), signature);
+    signature = detail::ckpt::fnv1a64(&e.whole, sizeof e.whole, signature);
+  }
+  const auto mine = static_cast<std::int64_t>(signature >> 1);
+  std::int64_t agreed[3] = {fault ? comm.rank() : comm.size(), mine, -mine};
+  buffer_view agreed_view{agreed, 3, dtype::i64};
+  herd::allreduce(agreed_view, comm, reduce_op::min);
+  if (fault) detail::raise(site, fault->what, fault->todo);
+  if (agreed[0] != comm.size()) {
+    detail::raise(site, "rank " + std::to_string(agreed[0]) + " could not read its registered entries (its own error "
+                  "says more)", "Fix that rank's entries; every rank stops so that none waits forever");
+  }
+  if (agreed[1] != -agreed[2]) {
+    detail::raise(site, "the ranks registered different state split over the ranks",
+                  "Register the same optimizers, over the same parameters, on every rank");
+  }
+  std::vector<host_tensor> gathered;
+  try {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const entry& e = entries_[i];
+      if (!e.split) continue;
+      gathered.push_back(detail::ckpt::gather_whole(e.name, views[i], e.offset, e.whole, comm, root));
+      views[i] = gathered.back().view();
+    }
+  } catch (const detail::ckpt::failure& f) {  // alike on every rank
+    detail::raise(site, f.what, f.todo);
+  }
+  detail::ckpt::on_root(site, comm, root, path, "writes the checkpoint", [&] {
+    write(path, views);
+    return std::string("o");
+  });
+  herd::barrier(comm);
+}
+
+template <communicator C> bool checkpoint::load(const std::filesystem::path& path, C& comm, int root) {
+  if constexpr (requires { comm.control(); }) return load(path, comm.control(), root);
+  const detail::error_site site{"checkpoint::load", comm.rank(), comm.size()};
+  std::optional<detail::ckpt::file_contents> contents;  // root's
+  const std::string status = detail::ckpt::on_root(site, comm, root, path, "reads the checkpoint", [&] {
+    contents = detail::ckpt::read_file(path);
+    return contents ? "o" + std::string(contents->header()) : std::string("m");
+  });
+  if (status[0] == 'm') return false;
+
+  // Each rank checks its own entries against the file as root read it; one that differs stops
+  // every rank, before any tensor is written.
+  std::vector<buffer_view> views;
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::optional<detail::ckpt::failure> mismatch;
+  try {
+    views = checked_views();
+    order = match(path, contents ? contents->tensors : detail::safetensors::parse_header(status.substr(1)).tensors,
+                  views,
+                  contents ? "the registered entries"
+                           : "the entries registered on rank " + std::to_string(comm.rank()) + " (the file as rank " +
+                                 std::to_string(root) + " read it)");
+  } catch (const detail::ckpt::failure& f) {
+    mismatch = detail::ckpt::failure{f.what, f.todo.empty() ? "Register the same entries on every rank" : f.todo};
+  } catch (const detail::safetensors::malformed& m) {  // only a bug could garble what root checked
+    mismatch = detail::ckpt::failure{"the header rank " + std::to_string(root) + " sent is garbled: " + m.what, ""};
+  }
+  std::int32_t first_faulty = mismatch ? comm.rank() : comm.size();
+  buffer_view faulty_view{&first_faulty, 1, dtype::i32};
+  herd::allreduce(faulty_view, comm, reduce_op::min);
+  if (mismatch) detail::raise(site, mismatch->what, mismatch->todo);
+  if (first_faulty != comm.size()) {
+    detail::raise(site,
+                  "rank " + std::to_string(first_faulty) + "'s registered entries do not match " + path.string() +
+                      " (its own error says more)",
+                  "Register the same entries on every rank; every rank stops so that none waits forever");
+  }
+  if (!strict_) {
+    // Not strict, ranks could pick different entries and then wait on different broadcasts:
+    // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+    std::uint64_t signature = 14695981039346656037ull;
+    for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+    const auto mine = static_cast<std::int64_t>(signature >> 1);
+    std::int64_t range[2] = {mine, -mine};
+    buffer_view range_view{range, 2, dtype::i64};
+    herd::allreduce(range_view, comm, reduce_op::min);
+    if (range[0] != -range[1]) {
+      detail::raise(site, "the ranks' registered entries match different tensors of " + path.string() + " (strict off)",
+                    "Register the same entries on every rank");
+    }
+  }
+  // Root copies each tensor out of the file and sends it; of a split one, each rank receives its
+  // own part.
+  for (const auto& [t, v] : order) {
+    const entry& e = entries_[v];
+    if (e.split) {
+      detail::ckpt::scatter_whole(contents ? contents->data(t) : nullptr, views[v], e.offset, e.whole, comm, root);
+      continue;
+    }
+    if (contents) detail::ckpt::copy_in(e, views[v], contents->data(t));
+    herd::broadcast(views[v], comm, root);
+  }
+  return true;
+}
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd

@@ -18,11 +18,14 @@
 // file each need an implementation file of their own kind.
 //
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
-// allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator.
-// Not covered (compiled where they are called, as without the option): the _async forms, alltoall
-// and the other communicators. mpi_communicator's own members that create it, connect its node,
-// post, wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
+// allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator;
+// the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
+// fusion, casts); checkpoint's collective save and load on it, with the file format code. Not
+// covered (compiled where they are called, as without the option): the _async forms, alltoall and
+// the other communicators. mpi_communicator's own members that create it, connect its node, post,
+// wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
 
+#include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/barrier.hpp>
@@ -32,6 +35,7 @@
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/collectives/scatter.hpp>
 #include <herd/core/config.hpp>
+#include <herd/optim/detail/reducer.hpp>
 
 #if !defined(HERD_NO_MPI) && (defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
 #include <herd/comm/mpi.hpp>
@@ -68,11 +72,17 @@ HERD_ENGINE_INSTANCE void run_scatterv<engine_comm>(engine_comm&, const scatter_
 HERD_ENGINE_INSTANCE reduce_call prepare_reduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
                                                              reduce_op, int);
 HERD_ENGINE_INSTANCE void run_reduce<engine_comm>(engine_comm&, const reduce_call&);
+// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce.
+HERD_ENGINE_INSTANCE class reducer<engine_comm>;
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
 namespace herd {
 HERD_ENGINE_INSTANCE void barrier<mpi_communicator>(mpi_communicator&);
+HERD_CONFIG_NAMESPACE_BEGIN
+HERD_ENGINE_INSTANCE void checkpoint::save<mpi_communicator>(const std::filesystem::path&, mpi_communicator&, int) const;
+HERD_ENGINE_INSTANCE bool checkpoint::load<mpi_communicator>(const std::filesystem::path&, mpi_communicator&, int);
+HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
 
 #undef HERD_ENGINE_INSTANCE

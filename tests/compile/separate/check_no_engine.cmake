@@ -41,8 +41,25 @@ foreach(member IN ITEMS create join_node post wait abort leave shrink "~mpi_comm
     list(APPEND problems "mpi_communicator::${member} is defined in a file that should only call it")
   endif()
 endforeach()
+# The training layer: the reducer's members that reduce (optim/detail/reducer.hpp) and the
+# checkpoint's collective save and load, called from training.cpp, compiled in neither.
+foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_all"
+                       "detail::host::reducer<herd::mpi_communicator>::mark_one"
+                       "detail::host::reducer<herd::mpi_communicator>::finish"
+                       "host::checkpoint::save<herd::mpi_communicator>"
+                       "host::checkpoint::load<herd::mpi_communicator>")
+  string(REPLACE "<" "[<]" pattern "${entry}")
+  string(REPLACE ">" "[>]" pattern "${pattern}")
+  if(NOT all MATCHES "\n *U [^\n]*herd::${pattern}\\(")
+    list(APPEND problems "herd::${entry} is not left to the linker (no undefined reference)")
+  endif()
+  if(all MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*herd::${pattern}\\(")
+    list(APPEND problems "herd::${entry} is defined in a file that should only call it")
+  endif()
+endforeach()
 if(problems)
   list(JOIN problems "\n  " lines)
   message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
 endif()
-message(STATUS "the engine's 16 entry points and mpi_communicator's members are left to the implementation file")
+message(STATUS "the engine's 16 entry points, mpi_communicator's members, the reducer and the checkpoint's "
+               "collective save and load are left to the implementation file")

@@ -92,21 +92,7 @@ template <communicator C> class reducer final : public join_hook {
   }
 
   // A joined rank's round: zero gradients, reduced the way the ranks still training reduce theirs.
-  void shadow(join_mode how) override {
-    if (how == join_mode::no_reduction) return;
-    std::vector<buffer_view> grads = source_();
-    with_mover(grads, [&](auto& mover) {
-      mover.begin();
-      for (const auto& g : grads) mover.zero(g);
-      mover.finish();
-    });
-    if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
-      for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
-      finish();
-    } else {
-      reduce_all();
-    }
-  }
+  void shadow(join_mode how) override;
 
   // Which gradients share a bucket now (indices into the gradient list), in launch order.
   std::vector<std::vector<std::size_t>> buckets() const {
@@ -136,20 +122,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // --- All ready at once (step-time fusion, detail/step_fusion.hpp).
 
-  void reduce_all() {
-    std::vector<buffer_view> grads = source_();
-    std::string fault = checks_.check_with_pending(grads);
-    if (!fault.empty()) {
-      end_round();
-      checks_.raise_everywhere(fault);
-    }
-    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-    const auto start = std::chrono::steady_clock::now();
-    set_policy();
-    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
-    reduce_seconds_ += seconds_since(start);
-  }
+  void reduce_all();
 
   // --- Buckets (marks).
 
@@ -158,210 +131,23 @@ template <communicator C> class reducer final : public join_hook {
     return pass_views_;
   }
 
-  void mark_one(std::size_t i, const buffer_view* given) {
-    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-    const auto start = std::chrono::steady_clock::now();
-    if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
-      begin_buckets();
-      pass_open_ = true;
-    }
-    if (i >= checks_.shapes().size()) {
-      if (pass_fault_.empty()) {
-        pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
-                      std::to_string(checks_.shapes().size()) + ")";
-      }
-      return;
-    }
-    if (marked_[i]) {
-      if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
-      return;
-    }
-    const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
-    bucket_operation& b = buckets_[plan_.bucket_of[i]];
-    if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
-    marked_[i] = 1;
-    ++marks_;
-    ready_views_[i] = v;
-    if (!rebuilt_) ready_order_.push_back(i);
-    --b.waiting;
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
-    stats_.exposed += seconds_since(start);
-  }
-
+  void mark_one(std::size_t i, const buffer_view* given);
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
-  void begin_buckets() {
-    // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
-    if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
-    if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
-    if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
-    set_policy();
-    marked_.assign(checks_.shapes().size(), 0);
-    ready_views_.assign(checks_.shapes().size(), buffer_view{});
-    pass_views_.clear();
-    pass_fault_.clear();
-    ready_order_.clear();  // the rebuild follows the first pass that succeeds
-    next_launch_ = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
-  }
-
-  void make_plan(const std::vector<std::size_t>& order) {
-    plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
-                                      member_alignment(checks_.where()));
-    buckets_.clear();
-    buckets_.resize(plan_.buckets.size());
-  }
+  void begin_buckets();
+  void make_plan(const std::vector<std::size_t>& order);
 
   // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
   // found a problem with starts an operation that carries the problem instead, so that every rank
   // raises it and the buckets after it still pair up.
-  void launch(std::size_t b) {
-    bucket_operation& st = buckets_[b];
-    const bucket_plan::bucket& plan = plan_.buckets[b];
-    // In the timeline: packing and starting it, with the sequence number its operation takes.
-    trace::fields args = trace::fields::elements(plan.count, plan.type);
-    if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
-    args.extra_name = "bucket";
-    args.extra = static_cast<std::int64_t>(b);
-    const trace::span slice(track_, "launch bucket", args);
-    const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
-    if (!fault.empty()) {
-      call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
-      failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
-                             "and mark each ready once per backward pass");
-      st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
-      return;
-    }
-    const dtype wire = policy_.wire(plan.type);
-    bool started = false;
-    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
-      mover.begin();
-      if (sums()) {
-        for (std::size_t i : plan.members) {
-          if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
-        }
-      }
-      const bool as_is = policy_.as_is(plan.type);
-      st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
-      if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
-        mover.finish();
-        started = true;
-        return;
-      }
-      if (st.in_place) {
-        mover.finish();
-        const buffer_view& first = ready_views_[plan.members.front()];
-        st.buffer = {first.data, plan.count, plan.type, first.device};
-      } else {
-        st.buffer = mover.bucket(b, wire, plan.count);
-        auto* base = static_cast<std::byte*>(st.buffer.data);
-        std::vector<move_item> pack, unused;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          void* slot = base + plan.offsets[k] * size_of(wire);
-          if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
-            pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
-          } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
-            mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
-            if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
-          }
-        }
-        policy_.pack(mover, pack, wire, plan.type);
-        policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
-        mover.finish();
-        stats_.packed_bytes += plan.count * size_of(plan.type);
-      }
-    });
-    if (started) return;
-    call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-    st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
-  }
+  void launch(std::size_t b);
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
   // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
-  void finish() {
-    const auto start = std::chrono::steady_clock::now();
-    std::exception_ptr failure;
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
-      std::string missing;
-      for (std::size_t i : plan_.buckets[b].members) {
-        if (marked_[i]) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-        if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
-      }
-      if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
-        buckets_[b].fault_code = 16;
-        buckets_[b].fault = "gradient(s) " + missing +
-                            " were not marked ready in this backward pass (pass find_unused_parameters = true to "
-                            "reduce gradients a pass did not produce as zeros)";
-      }
-      try {
-        launch(b);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    next_launch_ = buckets_.size();
-    const auto wait_start = std::chrono::steady_clock::now();
-    {
-      const trace::span phase(track_, "wait for buckets");
-      for (bucket_operation& st : buckets_) {
-        if (!st.done) continue;
-        try {
-          st.done->wait();
-        } catch (...) {
-          if (!failure) failure = std::current_exception();
-        }
-      }
-    }
-    stats_.waiting += seconds_since(wait_start);
-    for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
-    marks_ = 0;
-    pass_open_ = false;
-    if (failure) {
-      end_round();  // the round is abandoned
-      std::rethrow_exception(failure);
-    }
-    movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
-      const trace::span phase(track_, "unpack buckets");
-      mover.begin();
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        const bucket_plan::bucket& plan = plan_.buckets[b];
-        if (buckets_[b].in_place) continue;
-        const dtype wire = buckets_[b].buffer.type;
-        const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
-        std::vector<move_item> unpack;
-        for (std::size_t k = 0; k < plan.members.size(); ++k) {
-          const std::size_t i = plan.members[k];
-          if (!marked_[i] && i >= pass_views().size()) continue;
-          const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
-          unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
-        }
-        policy_.unpack(mover, unpack, plan.type, wire);
-      }
-      mover.finish();
-    });
-    end_round();
-    ++stats_.steps;
-    stats_.exposed += seconds_since(start);
-    reduce_seconds_ += seconds_since(start);
-    // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
-    // whose order changes from pass to pass, unless the graph is declared static).
-    if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
-      rebuild();
-    }
-  }
+  void finish();
 
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
   // (those it never saw ready last, in reverse order), the same plan on every rank.
-  void rebuild() {
-    const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
-    std::vector<std::int64_t> order(seen.begin(), seen.end());
-    herd::broadcast(order, control_of(comm_), 0);
-    std::vector<std::size_t> chosen(order.begin(), order.end());
-    make_plan(chosen);
-    rebuilt_ = true;
-    ready_order_.clear();
-  }
+  void rebuild();
 
   C& comm_;
   gradient_source source_;
@@ -389,6 +175,238 @@ template <communicator C> class reducer final : public join_hook {
   bool agreed_elsewhere_ = false;
   overlap_stats stats_;
 };
+
+// The members that reduce are defined out of the class, so not inline: with
+// HERD_SEPARATE_COMPILATION a file that trains compiles none of them (reducer<mpi_communicator> is
+// an extern template there, collectives/separate_compilation.hpp), nor the collectives they call.
+
+template <communicator C> void reducer<C>::shadow(join_mode how) {
+  if (how == join_mode::no_reduction) return;
+  std::vector<buffer_view> grads = source_();
+  with_mover(grads, [&](auto& mover) {
+    mover.begin();
+    for (const auto& g : grads) mover.zero(g);
+    mover.finish();
+  });
+  if (how == join_mode::in_buckets) {  // mark every (zero) gradient, as they do theirs
+    for (std::size_t i = 0; i < grads.size(); ++i) mark_one(i, nullptr);
+    finish();
+  } else {
+    reduce_all();
+  }
+}
+
+template <communicator C> void reducer<C>::reduce_all() {
+  std::vector<buffer_view> grads = source_();
+  std::string fault = checks_.check_with_pending(grads);
+  if (!fault.empty()) {
+    end_round();
+    checks_.raise_everywhere(fault);
+  }
+  if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+  const auto start = std::chrono::steady_clock::now();
+  set_policy();
+  with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
+  reduce_seconds_ += seconds_since(start);
+}
+
+template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
+  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+  const auto start = std::chrono::steady_clock::now();
+  if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
+    begin_buckets();
+    pass_open_ = true;
+  }
+  if (i >= checks_.shapes().size()) {
+    if (pass_fault_.empty()) {
+      pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                    std::to_string(checks_.shapes().size()) + ")";
+    }
+    return;
+  }
+  if (marked_[i]) {
+    if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+    return;
+  }
+  const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+  bucket_operation& b = buckets_[plan_.bucket_of[i]];
+  if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+  marked_[i] = 1;
+  ++marks_;
+  ready_views_[i] = v;
+  if (!rebuilt_) ready_order_.push_back(i);
+  --b.waiting;
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+  stats_.exposed += seconds_since(start);
+}
+
+template <communicator C> void reducer<C>::begin_buckets() {
+  // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
+  if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
+  if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+  if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
+  set_policy();
+  marked_.assign(checks_.shapes().size(), 0);
+  ready_views_.assign(checks_.shapes().size(), buffer_view{});
+  pass_views_.clear();
+  pass_fault_.clear();
+  ready_order_.clear();  // the rebuild follows the first pass that succeeds
+  next_launch_ = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
+}
+
+template <communicator C> void reducer<C>::make_plan(const std::vector<std::size_t>& order) {
+  plan_ = bucket_plan::make(checks_.shapes(), order, options_.first_bucket_bytes, options_.bucket_bytes,
+                                    member_alignment(checks_.where()));
+  buckets_.clear();
+  buckets_.resize(plan_.buckets.size());
+}
+
+template <communicator C> void reducer<C>::launch(std::size_t b) {
+  bucket_operation& st = buckets_[b];
+  const bucket_plan::bucket& plan = plan_.buckets[b];
+  // In the timeline: packing and starting it, with the sequence number its operation takes.
+  trace::fields args = trace::fields::elements(plan.count, plan.type);
+  if (trace::on()) args.seq = comm_.operations().issued();  // issued() takes a lock: only when traced
+  args.extra_name = "bucket";
+  args.extra = static_cast<std::int64_t>(b);
+  const trace::span slice(track_, "launch bucket", args);
+  const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
+  if (!fault.empty()) {
+    call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
+    failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
+                           "and mark each ready once per backward pass");
+    st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
+    return;
+  }
+  const dtype wire = policy_.wire(plan.type);
+  bool started = false;
+  movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+    mover.begin();
+    if (sums()) {
+      for (std::size_t i : plan.members) {
+        if (marked_[i]) mover.fold(ready_views_[i], acc_->sum(i));
+      }
+    }
+    const bool as_is = policy_.as_is(plan.type);
+    st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
+    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
+      mover.finish();
+      started = true;
+      return;
+    }
+    if (st.in_place) {
+      mover.finish();
+      const buffer_view& first = ready_views_[plan.members.front()];
+      st.buffer = {first.data, plan.count, plan.type, first.device};
+    } else {
+      st.buffer = mover.bucket(b, wire, plan.count);
+      auto* base = static_cast<std::byte*>(st.buffer.data);
+      std::vector<move_item> pack, unused;
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        const std::size_t i = plan.members[k];
+        void* slot = base + plan.offsets[k] * size_of(wire);
+        if (marked_[i] || sums_in_gradients(i)) {  // unused in this pass: the earlier passes' sum, as it is
+          pack.push_back({(marked_[i] ? ready_views_[i] : pass_views()[i]).data, slot, checks_.shapes()[i].first});
+        } else {  // unused in this pass (find_unused_parameters): zeros, plus the passes accumulated
+          mover.zero({slot, checks_.shapes()[i].first, wire, checks_.where()});
+          if (sums()) unused.push_back({acc_->sum(i).data, slot, checks_.shapes()[i].first});
+        }
+      }
+      policy_.pack(mover, pack, wire, plan.type);
+      policy_.pack(mover, unused, wire, accumulation_dtype(plan.type));
+      mover.finish();
+      stats_.packed_bytes += plan.count * size_of(plan.type);
+    }
+  });
+  if (started) return;
+  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
+}
+
+template <communicator C> void reducer<C>::finish() {
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr failure;
+  for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
+    std::string missing;
+    for (std::size_t i : plan_.buckets[b].members) {
+      if (marked_[i]) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+      if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
+    }
+    if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
+      buckets_[b].fault_code = 16;
+      buckets_[b].fault = "gradient(s) " + missing +
+                          " were not marked ready in this backward pass (pass find_unused_parameters = true to "
+                          "reduce gradients a pass did not produce as zeros)";
+    }
+    try {
+      launch(b);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  next_launch_ = buckets_.size();
+  const auto wait_start = std::chrono::steady_clock::now();
+  {
+    const trace::span phase(track_, "wait for buckets");
+    for (bucket_operation& st : buckets_) {
+      if (!st.done) continue;
+      try {
+        st.done->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  stats_.waiting += seconds_since(wait_start);
+  for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();
+  marks_ = 0;
+  pass_open_ = false;
+  if (failure) {
+    end_round();  // the round is abandoned
+    std::rethrow_exception(failure);
+  }
+  movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
+    const trace::span phase(track_, "unpack buckets");
+    mover.begin();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const bucket_plan::bucket& plan = plan_.buckets[b];
+      if (buckets_[b].in_place) continue;
+      const dtype wire = buckets_[b].buffer.type;
+      const auto* base = static_cast<const std::byte*>(buckets_[b].buffer.data);
+      std::vector<move_item> unpack;
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        const std::size_t i = plan.members[k];
+        if (!marked_[i] && i >= pass_views().size()) continue;
+        const buffer_view to = marked_[i] ? ready_views_[i] : pass_views()[i];
+        unpack.push_back({base + plan.offsets[k] * size_of(wire), to.data, checks_.shapes()[i].first});
+      }
+      policy_.unpack(mover, unpack, plan.type, wire);
+    }
+    mover.finish();
+  });
+  end_round();
+  ++stats_.steps;
+  stats_.exposed += seconds_since(start);
+  reduce_seconds_ += seconds_since(start);
+  // As DDP's: rebuilt only where the ready order is the graph's own (not with unused parameters,
+  // whose order changes from pass to pass, unless the graph is declared static).
+  if (!rebuilt_ && !options_.gradient_as_bucket_view && (options_.static_graph || !options_.find_unused_parameters)) {
+    rebuild();
+  }
+}
+
+template <communicator C> void reducer<C>::rebuild() {
+  const std::vector<std::size_t> seen = bucket_plan::ready_order_first(ready_order_, checks_.shapes().size());
+  std::vector<std::int64_t> order(seen.begin(), seen.end());
+  herd::broadcast(order, control_of(comm_), 0);
+  std::vector<std::size_t> chosen(order.begin(), order.end());
+  make_plan(chosen);
+  rebuilt_ = true;
+  ready_order_.clear();
+}
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
