@@ -37,6 +37,22 @@
 #define HERD_WITH_CUDA_KERNELS 0
 #endif
 
+// Separate compilation, opt-in (collectives/separate_compilation.hpp): a non-template function
+// declared HERD_SEPARATE is defined where HERD_SEPARATE_DEFINITIONS is set: inline in every file
+// without HERD_SEPARATE_COMPILATION; with it, only in the program's implementation file
+// (HERD_IMPLEMENTATION), so that the other files neither parse nor compile its body. There it is a
+// weak symbol: such functions do not depend on the build's configuration, and a program may have
+// an nvcc and a g++ implementation file, each defining them. Without MPI the option does nothing.
+#if defined(HERD_NO_MPI) || !(defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
+#define HERD_SEPARATE inline
+#define HERD_SEPARATE_DEFINITIONS 1
+#elif defined(HERD_IMPLEMENTATION)
+#define HERD_SEPARATE __attribute__((weak))
+#define HERD_SEPARATE_DEFINITIONS 1
+#else
+#define HERD_SEPARATE
+#endif
+
 // Code whose behaviour depends on how the translation unit is compiled (collectives and the
 // optimizer run herd's kernels on device tensors only under nvcc) lives in an inline namespace
 // named after that configuration. A program that mixes nvcc-compiled and host-compiled TUs then
@@ -5603,16 +5619,9 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
 #include <vector>
 
 // mpi_communicator's members that create it, connect a node, post, wait, shrink, abort and settle
-// are defined after the class: inline, or, with HERD_SEPARATE_COMPILATION
-// (collectives/separate_compilation.hpp), only in the program's implementation file
-// (HERD_IMPLEMENTATION), so that the other files compile none of them. There they are weak
-// symbols: they do not depend on the build's configuration, and a program may have an nvcc and a
-// g++ implementation file, each defining them.
-#if defined(HERD_IMPLEMENTATION)
-#define HERD_MPI_MEMBER __attribute__((weak))
-#elif !defined(HERD_SEPARATE_COMPILATION)
-#define HERD_MPI_MEMBER inline
-#endif
+// are defined after the class, as HERD_SEPARATE (core/config.hpp): inline, or, with
+// HERD_SEPARATE_COMPILATION, only in the program's implementation file, so that the other files
+// compile none of them.
 
 namespace herd {
 namespace detail {
@@ -5949,26 +5958,26 @@ class mpi_communicator {
   bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
 
-#if defined(HERD_MPI_MEMBER)
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
                                                   fit_algorithm_t)
     : fit_algorithm_(true) {
   create(comm, std::move(options), renewed);
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
                                                   const detail::op_label* renewed) {
   create(comm, std::move(options), renewed);
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(mpi_communicator&& other) noexcept {
+HERD_SEPARATE mpi_communicator::mpi_communicator(mpi_communicator&& other) noexcept {
   if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
   s_ = std::move(other.s_);
   across_ = std::move(other.across_);
   member_ = other.member_;
 }
 
-HERD_MPI_MEMBER mpi_communicator& mpi_communicator::operator=(mpi_communicator&& other) noexcept {
+HERD_SEPARATE mpi_communicator& mpi_communicator::operator=(mpi_communicator&& other) noexcept {
   if (this != &other) {
     leave();
     if (other.s_) other.s_->ops.drain();
@@ -5979,9 +5988,9 @@ HERD_MPI_MEMBER mpi_communicator& mpi_communicator::operator=(mpi_communicator&&
   return *this;
 }
 
-HERD_MPI_MEMBER mpi_communicator::~mpi_communicator() { leave(); }
+HERD_SEPARATE mpi_communicator::~mpi_communicator() { leave(); }
 
-HERD_MPI_MEMBER void mpi_communicator::wait(request& r) {
+HERD_SEPARATE void mpi_communicator::wait(request& r) {
   if (test(r)) return;
   // Inside an operation, time spent here is a phase of it in the timeline.
   const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
@@ -5995,7 +6004,7 @@ HERD_MPI_MEMBER void mpi_communicator::wait(request& r) {
       [&] { return waiting_text(r); });
 }
 
-HERD_MPI_MEMBER void mpi_communicator::check_peers() {
+HERD_SEPARATE void mpi_communicator::check_peers() {
   if (detail::mpi_state* outer = state().outer) {
     outer->poll_notices();
     if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
@@ -6006,18 +6015,18 @@ HERD_MPI_MEMBER void mpi_communicator::check_peers() {
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::renew(const comm_options& options) const {
   state().ops.drain();  // queued operations first: they decide which operation completed last
   const detail::op_label last = s_->ops.last_completed();
   return mpi_communicator(native(), options, &last);
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options, rolled_back_t) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::renew(const comm_options& options, rolled_back_t) const {
   state().ops.drain();
   return mpi_communicator(native(), options, nullptr);
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::shrink(const comm_options& options) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::shrink(const comm_options& options) const {
   detail::mpi_state& s = state();
   s.ops.drain();
   const std::vector<int> members = detail::agree_staying(s, options);
@@ -6051,14 +6060,14 @@ HERD_MPI_MEMBER mpi_communicator mpi_communicator::shrink(const comm_options& op
   return mpi_communicator(survivors, options, nullptr, fit_algorithm);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::leave() noexcept {
+HERD_SEPARATE void mpi_communicator::leave() noexcept {
   if (!s_) return;
   s_->ops.drain();
   detail::retire(std::move(s_));
   across_.reset();
 }
 
-HERD_MPI_MEMBER void mpi_communicator::abort(std::string_view reason) noexcept {
+HERD_SEPARATE void mpi_communicator::abort(std::string_view reason) noexcept {
   if (!s_) return;
   detail::mpi_state& s = *s_;
   const std::uint64_t seq = detail::announce_abort(s, reason);
@@ -6069,7 +6078,7 @@ HERD_MPI_MEMBER void mpi_communicator::abort(std::string_view reason) noexcept {
   detail::settle_abort(s, seq, reason);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+HERD_SEPARATE void mpi_communicator::create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
   if (!mpi::is_initialized()) {
     throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                 "MPI_Init_thread) before any communicator.");
@@ -6121,7 +6130,7 @@ HERD_MPI_MEMBER void mpi_communicator::create(MPI_Comm comm, comm_options option
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
   make_state(options);
   adopt(owned);
   try {
@@ -6132,7 +6141,7 @@ HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_op
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
+HERD_SEPARATE mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
                                                             std::span<const int> ranks) const {
   auto& self = const_cast<mpi_communicator&>(*this);
   MPI_Comm part = MPI_COMM_NULL;
@@ -6144,7 +6153,7 @@ HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind
   return mpi_communicator(part, options(), adopt_tag{});
 }
 
-HERD_MPI_MEMBER void mpi_communicator::join_node() {
+HERD_SEPARATE void mpi_communicator::join_node() {
   const comm_options& o = options();
   if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
   auto body = [&] {
@@ -6300,7 +6309,7 @@ HERD_MPI_MEMBER void mpi_communicator::join_node() {
   detail::run_now(*this, {detail::op_kind::create, 0}, body);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::split_watched(int color, int key, MPI_Comm* part) const {
+HERD_SEPARATE void mpi_communicator::split_watched(int color, int key, MPI_Comm* part) const {
   check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
                                  [parent = native(), color, key](MPI_Comm* made) {
                                    return MPI_Comm_split(parent, color, key, made);
@@ -6308,7 +6317,7 @@ HERD_MPI_MEMBER void mpi_communicator::split_watched(int color, int key, MPI_Com
         "MPI_Comm_split");
 }
 
-HERD_MPI_MEMBER void mpi_communicator::make_state(comm_options options) {
+HERD_SEPARATE void mpi_communicator::make_state(comm_options options) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
@@ -6316,7 +6325,7 @@ HERD_MPI_MEMBER void mpi_communicator::make_state(comm_options options) {
   s_ = std::make_unique<detail::mpi_state>(options);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::adopt(MPI_Comm comm) {
+HERD_SEPARATE void mpi_communicator::adopt(MPI_Comm comm) {
   s_->comm = comm;
   s_->cuda_aware = mpi::cuda_aware();
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -6326,7 +6335,7 @@ HERD_MPI_MEMBER void mpi_communicator::adopt(MPI_Comm comm) {
   detail::register_state(s_.get());
 }
 
-HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) const {
+HERD_SEPARATE std::string mpi_communicator::waiting_text(const request& r) const {
   if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
     return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
            " rank " + std::to_string(s_->shown(r.peer_));
@@ -6334,7 +6343,7 @@ HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) con
   return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
 }
 
-HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
+HERD_SEPARATE mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
                                                                  bool receiving) {
   const char* what = receiving ? "irecv" : "isend";
   state();
@@ -6371,7 +6380,7 @@ HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std
   return r;
 }
 
-HERD_MPI_MEMBER void mpi_communicator::settle(MPI_Request& handle) noexcept {
+HERD_SEPARATE void mpi_communicator::settle(MPI_Request& handle) noexcept {
   detail::waiting watch(comm_options{});
   for (;;) {
     int done = 0;
@@ -6389,7 +6398,7 @@ HERD_MPI_MEMBER void mpi_communicator::settle(MPI_Request& handle) noexcept {
   handle = MPI_REQUEST_NULL;
 }
 
-HERD_MPI_MEMBER void mpi_communicator::check(int code, const char* call) const {
+HERD_SEPARATE void mpi_communicator::check(int code, const char* call) const {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
@@ -6397,7 +6406,6 @@ HERD_MPI_MEMBER void mpi_communicator::check(int code, const char* call) const {
   detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
                 "This is an error inside MPI; check the MPI installation and that every rank is alive");
 }
-#undef HERD_MPI_MEMBER
 #endif
 
 }  // namespace herd
@@ -12996,10 +13004,11 @@ HERD_CONFIG_NAMESPACE_END
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
 // allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator;
 // the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
-// fusion, casts); checkpoint's collective save and load on it, with the file format code. Not
-// covered (compiled where they are called, as without the option): the _async forms, alltoall and
-// the other communicators. mpi_communicator's own members that create it, connect its node, post,
-// wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
+// fusion, casts, the first check of the gradients); checkpoint's collective save and load on it,
+// with the file format code. Not covered (compiled where they are called, as without the option):
+// the _async forms, alltoall and the other communicators. mpi_communicator's own members that
+// create it, connect its node, post, wait, shrink and abort, and the optimizers' loops over pairs
+// of dtypes, follow the same option where they are defined (HERD_SEPARATE, core/config.hpp).
 
 
 // ---- herd/optim/detail/reducer.hpp ----
@@ -13296,7 +13305,48 @@ namespace herd::detail {
 
 // dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
 // rounded once into D.
-inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
+HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0);
+
+// Raises unless every view is host memory of a valid dtype with data for its elements.
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
+// (whose own precision would swallow small contributions), the dtype itself otherwise.
+constexpr dtype accumulation_dtype(dtype t) noexcept {
+  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
+}
+
+// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
+HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first);
+
+// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
+HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n);
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
+// live in host memory: what the reference optimizers need.
+HERD_SEPARATE void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                           const char* operation);
+
+// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
+constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+}  // namespace herd::detail
+
+// The definitions: inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation
+// file (core/config.hpp), so that a file that trains neither parses nor compiles their loops over
+// every pair of dtypes.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale) {
   if (n == 0) return;
   if (dst_type == src_type && scale == 1.0) {
     if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
@@ -13318,8 +13368,7 @@ inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type
   });
 }
 
-// Raises unless every view is host memory of a valid dtype with data for its elements.
-inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const std::string which = std::string(what) + " " + std::to_string(i);
@@ -13333,18 +13382,7 @@ inline void require_host_tensors(const std::vector<buffer_view>& views, const ch
   }
 }
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
-// (whose own precision would swallow small contributions), the dtype itself otherwise.
-constexpr dtype accumulation_dtype(dtype t) noexcept {
-  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
-}
-
-// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
-inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
+HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
   if (first) return host_cast(acc, acc_type, src, src_type, n);
   visit(acc_type, [&](auto a) {
     using A = decltype(a);
@@ -13357,8 +13395,7 @@ inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype sr
   });
 }
 
-// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
-inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
+HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
   visit(dst_type, [&](auto d) {
     using D = decltype(d);
     visit(acc_type, [&](auto a) {
@@ -13370,14 +13407,8 @@ inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type
   });
 }
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
-// live in host memory: what the reference optimizers need.
-inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
-                                    const char* operation) {
+HERD_SEPARATE void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                           const char* operation) {
   if (params.size() != grads.size()) {
     raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
           "Pass one gradient per parameter, in the same order");
@@ -13398,10 +13429,8 @@ inline void require_parameter_pairs(const std::vector<buffer_view>& params, cons
   }
 }
 
-// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
-constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
-
 }  // namespace herd::detail
+#endif
 
 #endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP
 
@@ -13687,22 +13716,7 @@ template <communicator C> class gradient_checks {
 
   // The first call checks the gradients on every rank together (and raises on every rank); later
   // calls check this rank's own and return what is wrong ("" when nothing is).
-  std::string check(const std::vector<buffer_view>& grads) {
-    std::string fault = local_fault(grads);
-    if (!checked_) {
-      require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
-      require_same_options();
-      shapes_.clear();
-      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
-      device_ = grads.empty() ? device::cpu() : grads[0].device;
-      checked_ = true;
-      return {};
-    }
-    bool same = grads.size() == shapes_.size();
-    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
-    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
-    return fault;
-  }
+  std::string check(const std::vector<buffer_view>& grads);
 
   // check(), then the problem a pass that only accumulated found, if check() found none.
   std::string check_with_pending(const std::vector<buffer_view>& grads) {
@@ -13754,39 +13768,7 @@ template <communicator C> class gradient_checks {
   }
 
  private:
-  void require_same_options() {
-    const std::vector<std::int64_t> mine = {
-        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
-        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
-        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
-        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
-        static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
-    herd::allgather(mine, all, control_of(comm_));
-    static const char* const names[] = {"op",
-                                        "compression",
-                                        "fusion_threshold_bytes",
-                                        "backward_passes_per_step",
-                                        "gradient_predivide_factor",
-                                        "bucket_bytes",
-                                        "first_bucket_bytes",
-                                        "find_unused_parameters",
-                                        "gradient_as_bucket_view",
-                                        "uneven_inputs",
-                                        "divide_by_active_ranks",
-                                        "accumulate",
-                                        "static_graph"};
-    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
-      for (std::size_t k = 0; k < mine.size(); ++k) {
-        if (all[r * mine.size() + k] != all[k]) {
-          raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
-        }
-      }
-    }
-  }
+  void require_same_options();
 
   // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
   // memory, or every one on the same GPU.
@@ -13819,6 +13801,60 @@ template <communicator C> class gradient_checks {
   std::vector<std::pair<std::size_t, dtype>> shapes_;
   device device_ = device::cpu();
 };
+
+// Defined out of the class, so not inline: with HERD_SEPARATE_COMPILATION a file compiles neither
+// for mpi_communicator (an extern template there, collectives/separate_compilation.hpp).
+
+template <communicator C> std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads) {
+  std::string fault = local_fault(grads);
+  if (!checked_) {
+    require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
+    require_same_options();
+    shapes_.clear();
+    for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+    device_ = grads.empty() ? device::cpu() : grads[0].device;
+    checked_ = true;
+    return {};
+  }
+  bool same = grads.size() == shapes_.size();
+  for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
+  if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
+  return fault;
+}
+
+template <communicator C> void gradient_checks<C>::require_same_options() {
+  const std::vector<std::int64_t> mine = {
+      static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
+      static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
+      std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
+      static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
+      options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
+      static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+  herd::allgather(mine, all, control_of(comm_));
+  static const char* const names[] = {"op",
+                                      "compression",
+                                      "fusion_threshold_bytes",
+                                      "backward_passes_per_step",
+                                      "gradient_predivide_factor",
+                                      "bucket_bytes",
+                                      "first_bucket_bytes",
+                                      "find_unused_parameters",
+                                      "gradient_as_bucket_view",
+                                      "uneven_inputs",
+                                      "divide_by_active_ranks",
+                                      "accumulate",
+                                      "static_graph"};
+  for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (all[r * mine.size() + k] != all[k]) {
+        raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+              std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+              "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
+      }
+    }
+  }
+}
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -14766,8 +14802,12 @@ HERD_ENGINE_INSTANCE void run_scatterv<engine_comm>(engine_comm&, const scatter_
 HERD_ENGINE_INSTANCE reduce_call prepare_reduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
                                                              reduce_op, int);
 HERD_ENGINE_INSTANCE void run_reduce<engine_comm>(engine_comm&, const reduce_call&);
-// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce.
+// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce, and
+// the checks of the gradients and of the ranks' options.
 HERD_ENGINE_INSTANCE class reducer<engine_comm>;
+HERD_ENGINE_INSTANCE class gradient_checks<engine_comm>;
+HERD_ENGINE_INSTANCE void require_same_tensors<engine_comm>(const std::vector<buffer_view>&, engine_comm&, const char*,
+                                                            const char*, const std::string&);
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 

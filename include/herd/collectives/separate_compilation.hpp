@@ -20,10 +20,11 @@
 // What it covers: the blocking collectives on tensors (allreduce and its grouped form, broadcast,
 // allgather(v), reduce_scatter, gather(v), scatter(v), reduce) and barrier, on mpi_communicator;
 // the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
-// fusion, casts); checkpoint's collective save and load on it, with the file format code. Not
-// covered (compiled where they are called, as without the option): the _async forms, alltoall and
-// the other communicators. mpi_communicator's own members that create it, connect its node, post,
-// wait, shrink and abort follow the same option in comm/mpi.hpp (HERD_MPI_MEMBER).
+// fusion, casts, the first check of the gradients); checkpoint's collective save and load on it,
+// with the file format code. Not covered (compiled where they are called, as without the option):
+// the _async forms, alltoall and the other communicators. mpi_communicator's own members that
+// create it, connect its node, post, wait, shrink and abort, and the optimizers' loops over pairs
+// of dtypes, follow the same option where they are defined (HERD_SEPARATE, core/config.hpp).
 
 #include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>
@@ -72,8 +73,12 @@ HERD_ENGINE_INSTANCE void run_scatterv<engine_comm>(engine_comm&, const scatter_
 HERD_ENGINE_INSTANCE reduce_call prepare_reduce<engine_comm>(call_check, const_buffer_view, buffer_view, engine_comm&,
                                                              reduce_op, int);
 HERD_ENGINE_INSTANCE void run_reduce<engine_comm>(engine_comm&, const reduce_call&);
-// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce.
+// The gradient reducer of distributed_optimizer and the DDP wrappers: its members that reduce, and
+// the checks of the gradients and of the ranks' options.
 HERD_ENGINE_INSTANCE class reducer<engine_comm>;
+HERD_ENGINE_INSTANCE class gradient_checks<engine_comm>;
+HERD_ENGINE_INSTANCE void require_same_tensors<engine_comm>(const std::vector<buffer_view>&, engine_comm&, const char*,
+                                                            const char*, const std::string&);
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 

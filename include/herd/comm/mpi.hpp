@@ -14,6 +14,7 @@
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
+#include <herd/core/config.hpp>
 
 #include <mpi.h>
 #if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
@@ -31,16 +32,9 @@
 #include <vector>
 
 // mpi_communicator's members that create it, connect a node, post, wait, shrink, abort and settle
-// are defined after the class: inline, or, with HERD_SEPARATE_COMPILATION
-// (collectives/separate_compilation.hpp), only in the program's implementation file
-// (HERD_IMPLEMENTATION), so that the other files compile none of them. There they are weak
-// symbols: they do not depend on the build's configuration, and a program may have an nvcc and a
-// g++ implementation file, each defining them.
-#if defined(HERD_IMPLEMENTATION)
-#define HERD_MPI_MEMBER __attribute__((weak))
-#elif !defined(HERD_SEPARATE_COMPILATION)
-#define HERD_MPI_MEMBER inline
-#endif
+// are defined after the class, as HERD_SEPARATE (core/config.hpp): inline, or, with
+// HERD_SEPARATE_COMPILATION, only in the program's implementation file, so that the other files
+// compile none of them.
 
 namespace herd {
 namespace detail {
@@ -377,26 +371,26 @@ class mpi_communicator {
   bool fit_algorithm_ = false;  // made by shrink(): an algorithm that does not fit falls back
 };
 
-#if defined(HERD_MPI_MEMBER)
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
                                                   fit_algorithm_t)
     : fit_algorithm_(true) {
   create(comm, std::move(options), renewed);
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
                                                   const detail::op_label* renewed) {
   create(comm, std::move(options), renewed);
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(mpi_communicator&& other) noexcept {
+HERD_SEPARATE mpi_communicator::mpi_communicator(mpi_communicator&& other) noexcept {
   if (other.s_) other.s_->ops.drain();  // queued operations refer to the object that queued them
   s_ = std::move(other.s_);
   across_ = std::move(other.across_);
   member_ = other.member_;
 }
 
-HERD_MPI_MEMBER mpi_communicator& mpi_communicator::operator=(mpi_communicator&& other) noexcept {
+HERD_SEPARATE mpi_communicator& mpi_communicator::operator=(mpi_communicator&& other) noexcept {
   if (this != &other) {
     leave();
     if (other.s_) other.s_->ops.drain();
@@ -407,9 +401,9 @@ HERD_MPI_MEMBER mpi_communicator& mpi_communicator::operator=(mpi_communicator&&
   return *this;
 }
 
-HERD_MPI_MEMBER mpi_communicator::~mpi_communicator() { leave(); }
+HERD_SEPARATE mpi_communicator::~mpi_communicator() { leave(); }
 
-HERD_MPI_MEMBER void mpi_communicator::wait(request& r) {
+HERD_SEPARATE void mpi_communicator::wait(request& r) {
   if (test(r)) return;
   // Inside an operation, time spent here is a phase of it in the timeline.
   const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
@@ -423,7 +417,7 @@ HERD_MPI_MEMBER void mpi_communicator::wait(request& r) {
       [&] { return waiting_text(r); });
 }
 
-HERD_MPI_MEMBER void mpi_communicator::check_peers() {
+HERD_SEPARATE void mpi_communicator::check_peers() {
   if (detail::mpi_state* outer = state().outer) {
     outer->poll_notices();
     if (std::string why = outer->hopeless(outer->ops.current()); !why.empty()) detail::raise(site(), why, "");
@@ -434,18 +428,18 @@ HERD_MPI_MEMBER void mpi_communicator::check_peers() {
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::renew(const comm_options& options) const {
   state().ops.drain();  // queued operations first: they decide which operation completed last
   const detail::op_label last = s_->ops.last_completed();
   return mpi_communicator(native(), options, &last);
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::renew(const comm_options& options, rolled_back_t) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::renew(const comm_options& options, rolled_back_t) const {
   state().ops.drain();
   return mpi_communicator(native(), options, nullptr);
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::shrink(const comm_options& options) const {
+HERD_SEPARATE mpi_communicator mpi_communicator::shrink(const comm_options& options) const {
   detail::mpi_state& s = state();
   s.ops.drain();
   const std::vector<int> members = detail::agree_staying(s, options);
@@ -479,14 +473,14 @@ HERD_MPI_MEMBER mpi_communicator mpi_communicator::shrink(const comm_options& op
   return mpi_communicator(survivors, options, nullptr, fit_algorithm);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::leave() noexcept {
+HERD_SEPARATE void mpi_communicator::leave() noexcept {
   if (!s_) return;
   s_->ops.drain();
   detail::retire(std::move(s_));
   across_.reset();
 }
 
-HERD_MPI_MEMBER void mpi_communicator::abort(std::string_view reason) noexcept {
+HERD_SEPARATE void mpi_communicator::abort(std::string_view reason) noexcept {
   if (!s_) return;
   detail::mpi_state& s = *s_;
   const std::uint64_t seq = detail::announce_abort(s, reason);
@@ -497,7 +491,7 @@ HERD_MPI_MEMBER void mpi_communicator::abort(std::string_view reason) noexcept {
   detail::settle_abort(s, seq, reason);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
+HERD_SEPARATE void mpi_communicator::create(MPI_Comm comm, comm_options options, const detail::op_label* renewed) {
   if (!mpi::is_initialized()) {
     throw error("herd::mpi_communicator: MPI is not initialized. Create a herd::mpi::environment (or call "
                 "MPI_Init_thread) before any communicator.");
@@ -549,7 +543,7 @@ HERD_MPI_MEMBER void mpi_communicator::create(MPI_Comm comm, comm_options option
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
+HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_options& options, adopt_tag) {
   make_state(options);
   adopt(owned);
   try {
@@ -560,7 +554,7 @@ HERD_MPI_MEMBER mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_op
   }
 }
 
-HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
+HERD_SEPARATE mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
                                                             std::span<const int> ranks) const {
   auto& self = const_cast<mpi_communicator&>(*this);
   MPI_Comm part = MPI_COMM_NULL;
@@ -572,7 +566,7 @@ HERD_MPI_MEMBER mpi_communicator mpi_communicator::split_by(detail::op_kind kind
   return mpi_communicator(part, options(), adopt_tag{});
 }
 
-HERD_MPI_MEMBER void mpi_communicator::join_node() {
+HERD_SEPARATE void mpi_communicator::join_node() {
   const comm_options& o = options();
   if (size() == 1 || o.allreduce_algorithm == algorithm::ring) return;
   auto body = [&] {
@@ -728,7 +722,7 @@ HERD_MPI_MEMBER void mpi_communicator::join_node() {
   detail::run_now(*this, {detail::op_kind::create, 0}, body);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::split_watched(int color, int key, MPI_Comm* part) const {
+HERD_SEPARATE void mpi_communicator::split_watched(int color, int key, MPI_Comm* part) const {
   check(detail::watched_mpi_call(options(), {"mpi_communicator", rank(), size()}, "in MPI_Comm_split", part,
                                  [parent = native(), color, key](MPI_Comm* made) {
                                    return MPI_Comm_split(parent, color, key, made);
@@ -736,7 +730,7 @@ HERD_MPI_MEMBER void mpi_communicator::split_watched(int color, int key, MPI_Com
         "MPI_Comm_split");
 }
 
-HERD_MPI_MEMBER void mpi_communicator::make_state(comm_options options) {
+HERD_SEPARATE void mpi_communicator::make_state(comm_options options) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   // A progress thread calls MPI while the caller may too: that needs MPI_THREAD_MULTIPLE.
@@ -744,7 +738,7 @@ HERD_MPI_MEMBER void mpi_communicator::make_state(comm_options options) {
   s_ = std::make_unique<detail::mpi_state>(options);
 }
 
-HERD_MPI_MEMBER void mpi_communicator::adopt(MPI_Comm comm) {
+HERD_SEPARATE void mpi_communicator::adopt(MPI_Comm comm) {
   s_->comm = comm;
   s_->cuda_aware = mpi::cuda_aware();
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -754,7 +748,7 @@ HERD_MPI_MEMBER void mpi_communicator::adopt(MPI_Comm comm) {
   detail::register_state(s_.get());
 }
 
-HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) const {
+HERD_SEPARATE std::string mpi_communicator::waiting_text(const request& r) const {
   if (const detail::mpi_state* outer = s_->outer; outer != nullptr && s_->ops.in_operation()) {
     return "in " + outer->ops.current().str() + ", across nodes, to " + (r.receiving_ ? "receive from" : "send to") +
            " rank " + std::to_string(s_->shown(r.peer_));
@@ -762,7 +756,7 @@ HERD_MPI_MEMBER std::string mpi_communicator::waiting_text(const request& r) con
   return detail::waiting_for(s_->ops, r.peer_, r.receiving_, r.tag_);
 }
 
-HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
+HERD_SEPARATE mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
                                                                  bool receiving) {
   const char* what = receiving ? "irecv" : "isend";
   state();
@@ -799,7 +793,7 @@ HERD_MPI_MEMBER mpi_communicator::request mpi_communicator::post(void* data, std
   return r;
 }
 
-HERD_MPI_MEMBER void mpi_communicator::settle(MPI_Request& handle) noexcept {
+HERD_SEPARATE void mpi_communicator::settle(MPI_Request& handle) noexcept {
   detail::waiting watch(comm_options{});
   for (;;) {
     int done = 0;
@@ -817,7 +811,7 @@ HERD_MPI_MEMBER void mpi_communicator::settle(MPI_Request& handle) noexcept {
   handle = MPI_REQUEST_NULL;
 }
 
-HERD_MPI_MEMBER void mpi_communicator::check(int code, const char* call) const {
+HERD_SEPARATE void mpi_communicator::check(int code, const char* call) const {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
@@ -825,7 +819,6 @@ HERD_MPI_MEMBER void mpi_communicator::check(int code, const char* call) const {
   detail::raise({"mpi_communicator", rank(), size()}, std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)),
                 "This is an error inside MPI; check the MPI installation and that every rank is alive");
 }
-#undef HERD_MPI_MEMBER
 #endif
 
 }  // namespace herd

@@ -22,6 +22,22 @@
 #define HERD_WITH_CUDA_KERNELS 0
 #endif
 
+// Separate compilation, opt-in (collectives/separate_compilation.hpp): a non-template function
+// declared HERD_SEPARATE is defined where HERD_SEPARATE_DEFINITIONS is set: inline in every file
+// without HERD_SEPARATE_COMPILATION; with it, only in the program's implementation file
+// (HERD_IMPLEMENTATION), so that the other files neither parse nor compile its body. There it is a
+// weak symbol: such functions do not depend on the build's configuration, and a program may have
+// an nvcc and a g++ implementation file, each defining them. Without MPI the option does nothing.
+#if defined(HERD_NO_MPI) || !(defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
+#define HERD_SEPARATE inline
+#define HERD_SEPARATE_DEFINITIONS 1
+#elif defined(HERD_IMPLEMENTATION)
+#define HERD_SEPARATE __attribute__((weak))
+#define HERD_SEPARATE_DEFINITIONS 1
+#else
+#define HERD_SEPARATE
+#endif
+
 // Code whose behaviour depends on how the translation unit is compiled (collectives and the
 // optimizer run herd's kernels on device tensors only under nvcc) lives in an inline namespace
 // named after that configuration. A program that mixes nvcc-compiled and host-compiled TUs then

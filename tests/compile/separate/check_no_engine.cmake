@@ -25,7 +25,7 @@ foreach(entry IN ITEMS run_collective prepare_allreduce run_allreduce prepare_gr
   endif()
 endforeach()
 # mpi_communicator's members that create, connect, post, wait and abort: defined in the
-# implementation file only (comm/mpi.hpp, HERD_MPI_MEMBER). The callers create a communicator and
+# implementation file only (comm/mpi.hpp, HERD_SEPARATE). The callers create a communicator and
 # destroy it, so they reference those two; none of the members may be defined here.
 foreach(called IN ITEMS "its constructor=mpi_communicator\\([^)\n]*, herd::comm_options, herd::detail::op_label const\\*\\)"
                         "its destructor=~mpi_communicator\\(\\)")
@@ -41,19 +41,22 @@ foreach(member IN ITEMS create join_node post wait abort leave shrink "~mpi_comm
     list(APPEND problems "mpi_communicator::${member} is defined in a file that should only call it")
   endif()
 endforeach()
-# The training layer: the reducer's members that reduce (optim/detail/reducer.hpp) and the
-# checkpoint's collective save and load, called from training.cpp, compiled in neither.
+# The training layer, called from training.cpp and compiled in neither file: the reducer's members
+# that reduce (optim/detail/reducer.hpp), the gradients' first check, the checkpoint's collective
+# save and load, and the optimizers' loops over pairs of dtypes (HERD_SEPARATE, optim/detail/host_ops.hpp).
 foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_all"
                        "detail::host::reducer<herd::mpi_communicator>::mark_one"
                        "detail::host::reducer<herd::mpi_communicator>::finish"
+                       "detail::host::gradient_checks<herd::mpi_communicator>::check"
                        "host::checkpoint::save<herd::mpi_communicator>"
-                       "host::checkpoint::load<herd::mpi_communicator>")
+                       "host::checkpoint::load<herd::mpi_communicator>"
+                       "detail::host_accumulate" "detail::host_fold" "detail::require_parameter_pairs")
   string(REPLACE "<" "[<]" pattern "${entry}")
   string(REPLACE ">" "[>]" pattern "${pattern}")
-  if(NOT all MATCHES "\n *U [^\n]*herd::${pattern}\\(")
+  if(NOT all MATCHES "\n *U [^\n]*herd::${pattern}(\\[abi:cxx11\\])?\\(")
     list(APPEND problems "herd::${entry} is not left to the linker (no undefined reference)")
   endif()
-  if(all MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*herd::${pattern}\\(")
+  if(all MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*herd::${pattern}(\\[abi:cxx11\\])?\\(")
     list(APPEND problems "herd::${entry} is defined in a file that should only call it")
   endif()
 endforeach()
@@ -61,5 +64,5 @@ if(problems)
   list(JOIN problems "\n  " lines)
   message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
 endif()
-message(STATUS "the engine's 16 entry points, mpi_communicator's members, the reducer and the checkpoint's "
-               "collective save and load are left to the implementation file")
+message(STATUS "the engine's 16 entry points, mpi_communicator's members, the reducer, the gradients' check, the "
+               "checkpoint's collective save and load and the optimizers' dtype loops are left to the implementation file")

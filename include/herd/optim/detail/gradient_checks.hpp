@@ -44,22 +44,7 @@ template <communicator C> class gradient_checks {
 
   // The first call checks the gradients on every rank together (and raises on every rank); later
   // calls check this rank's own and return what is wrong ("" when nothing is).
-  std::string check(const std::vector<buffer_view>& grads) {
-    std::string fault = local_fault(grads);
-    if (!checked_) {
-      require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
-      require_same_options();
-      shapes_.clear();
-      for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
-      device_ = grads.empty() ? device::cpu() : grads[0].device;
-      checked_ = true;
-      return {};
-    }
-    bool same = grads.size() == shapes_.size();
-    for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
-    if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
-    return fault;
-  }
+  std::string check(const std::vector<buffer_view>& grads);
 
   // check(), then the problem a pass that only accumulated found, if check() found none.
   std::string check_with_pending(const std::vector<buffer_view>& grads) {
@@ -111,39 +96,7 @@ template <communicator C> class gradient_checks {
   }
 
  private:
-  void require_same_options() {
-    const std::vector<std::int64_t> mine = {
-        static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
-        static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
-        std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
-        static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
-        options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
-        static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
-    herd::allgather(mine, all, control_of(comm_));
-    static const char* const names[] = {"op",
-                                        "compression",
-                                        "fusion_threshold_bytes",
-                                        "backward_passes_per_step",
-                                        "gradient_predivide_factor",
-                                        "bucket_bytes",
-                                        "first_bucket_bytes",
-                                        "find_unused_parameters",
-                                        "gradient_as_bucket_view",
-                                        "uneven_inputs",
-                                        "divide_by_active_ranks",
-                                        "accumulate",
-                                        "static_graph"};
-    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
-      for (std::size_t k = 0; k < mine.size(); ++k) {
-        if (all[r * mine.size() + k] != all[k]) {
-          raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-                std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-                "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
-        }
-      }
-    }
-  }
+  void require_same_options();
 
   // What is wrong with this rank's gradients on their own ("" when nothing is): every one in host
   // memory, or every one on the same GPU.
@@ -176,6 +129,60 @@ template <communicator C> class gradient_checks {
   std::vector<std::pair<std::size_t, dtype>> shapes_;
   device device_ = device::cpu();
 };
+
+// Defined out of the class, so not inline: with HERD_SEPARATE_COMPILATION a file compiles neither
+// for mpi_communicator (an extern template there, collectives/separate_compilation.hpp).
+
+template <communicator C> std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads) {
+  std::string fault = local_fault(grads);
+  if (!checked_) {
+    require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
+    require_same_options();
+    shapes_.clear();
+    for (const auto& g : grads) shapes_.emplace_back(g.count, g.type);
+    device_ = grads.empty() ? device::cpu() : grads[0].device;
+    checked_ = true;
+    return {};
+  }
+  bool same = grads.size() == shapes_.size();
+  for (std::size_t i = 0; same && i < grads.size(); ++i) same = shapes_[i] == std::make_pair(grads[i].count, grads[i].type);
+  if (fault.empty() && !same) fault = "the gradients changed since the first step (their number, sizes or dtypes)";
+  return fault;
+}
+
+template <communicator C> void gradient_checks<C>::require_same_options() {
+  const std::vector<std::int64_t> mine = {
+      static_cast<std::int64_t>(options_.op), static_cast<std::int64_t>(options_.compression),
+      static_cast<std::int64_t>(options_.fusion_threshold_bytes), options_.backward_passes_per_step,
+      std::bit_cast<std::int64_t>(options_.gradient_predivide_factor), static_cast<std::int64_t>(options_.bucket_bytes),
+      static_cast<std::int64_t>(options_.first_bucket_bytes), options_.find_unused_parameters ? 1 : 0,
+      options_.gradient_as_bucket_view ? 1 : 0, options_.uneven_inputs ? 1 : 0, options_.divide_by_active_ranks ? 1 : 0,
+      static_cast<std::int64_t>(options_.accumulate), options_.static_graph ? 1 : 0};
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+  herd::allgather(mine, all, control_of(comm_));
+  static const char* const names[] = {"op",
+                                      "compression",
+                                      "fusion_threshold_bytes",
+                                      "backward_passes_per_step",
+                                      "gradient_predivide_factor",
+                                      "bucket_bytes",
+                                      "first_bucket_bytes",
+                                      "find_unused_parameters",
+                                      "gradient_as_bucket_view",
+                                      "uneven_inputs",
+                                      "divide_by_active_ranks",
+                                      "accumulate",
+                                      "static_graph"};
+  for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (all[r * mine.size() + k] != all[k]) {
+        raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+              std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+              "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
+      }
+    }
+  }
+}
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

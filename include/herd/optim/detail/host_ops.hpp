@@ -3,6 +3,7 @@
 // Elementwise host loops the optimizer layer needs beyond reductions: casting with a scale, and
 // the checks that a list of tensors is usable.
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -17,7 +18,48 @@ namespace herd::detail {
 
 // dst[i] = D(src[i] * scale). dst may be src (same dtype). The product is formed in double and
 // rounded once into D.
-inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0) {
+HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0);
+
+// Raises unless every view is host memory of a valid dtype with data for its elements.
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
+// (whose own precision would swallow small contributions), the dtype itself otherwise.
+constexpr dtype accumulation_dtype(dtype t) noexcept {
+  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
+}
+
+// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
+HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first);
+
+// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
+HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n);
+
+}  // namespace herd::detail
+
+namespace herd::detail {
+
+// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
+// live in host memory: what the reference optimizers need.
+HERD_SEPARATE void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                           const char* operation);
+
+// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
+constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+}  // namespace herd::detail
+
+// The definitions: inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation
+// file (core/config.hpp), so that a file that trains neither parses nor compiles their loops over
+// every pair of dtypes.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale) {
   if (n == 0) return;
   if (dst_type == src_type && scale == 1.0) {
     if (dst != src) std::memmove(dst, src, n * size_of(dst_type));
@@ -39,8 +81,7 @@ inline void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type
   });
 }
 
-// Raises unless every view is host memory of a valid dtype with data for its elements.
-inline void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const std::string which = std::string(what) + " " + std::to_string(i);
@@ -54,18 +95,7 @@ inline void require_host_tensors(const std::vector<buffer_view>& views, const ch
   }
 }
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
-// (whose own precision would swallow small contributions), the dtype itself otherwise.
-constexpr dtype accumulation_dtype(dtype t) noexcept {
-  return t == dtype::f16 || t == dtype::bf16 ? dtype::f32 : t;
-}
-
-// acc[i] = src[i] (first) or acc[i] += src[i], in acc's dtype.
-inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
+HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
   if (first) return host_cast(acc, acc_type, src, src_type, n);
   visit(acc_type, [&](auto a) {
     using A = decltype(a);
@@ -78,8 +108,7 @@ inline void host_accumulate(void* acc, dtype acc_type, const void* src, dtype sr
   });
 }
 
-// dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
-inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
+HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n) {
   visit(dst_type, [&](auto d) {
     using D = decltype(d);
     visit(acc_type, [&](auto a) {
@@ -91,14 +120,8 @@ inline void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type
   });
 }
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
-// Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
-// live in host memory: what the reference optimizers need.
-inline void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
-                                    const char* operation) {
+HERD_SEPARATE void require_parameter_pairs(const std::vector<buffer_view>& params, const std::vector<buffer_view>& grads,
+                                           const char* operation) {
   if (params.size() != grads.size()) {
     raise({operation}, std::to_string(params.size()) + " parameters but " + std::to_string(grads.size()) + " gradients",
           "Pass one gradient per parameter, in the same order");
@@ -119,9 +142,7 @@ inline void require_parameter_pairs(const std::vector<buffer_view>& params, cons
   }
 }
 
-// The dtype optimizer state is kept in for parameters of dtype t: f64 for f64, f32 otherwise.
-constexpr dtype state_dtype(dtype t) noexcept { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
-
 }  // namespace herd::detail
+#endif
 
 #endif  // HERD_OPTIM_DETAIL_HOST_OPS_HPP
