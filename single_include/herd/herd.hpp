@@ -3833,160 +3833,48 @@ class world {
     std::lock_guard lock(registry_mutex_);
     return failure_;
   }
-  void fail(const std::string& reason) {
-    std::vector<std::shared_ptr<world>> children;
-    {
-      // Under the registry lock, so that a world split from this one right now sees the flag.
-      std::lock_guard lock(registry_mutex_);
-      if (failure_.empty()) failure_ = reason;
-      failed_.store(true, std::memory_order_release);
-      for (auto& weak : children_)
-        if (auto child = weak.lock()) children.push_back(std::move(child));
-    }
-    wake_all();
-    for (auto& child : children) child->fail(reason);
-  }
+  void fail(const std::string& reason);
 
   // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
-  void abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      auto& at = aborted_at_[static_cast<std::size_t>(rank)];
-      if (at == never) {
-        at = seq;
-        abort_reasons_[static_cast<std::size_t>(rank)] = reason;
-      }
-      events_.store(true, std::memory_order_release);
-    }
-    wake_all();
-  }
-  void depart(int rank, std::uint64_t issued) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      departed_at_[static_cast<std::size_t>(rank)] = issued;
-      events_.store(true, std::memory_order_release);
-    }
-    wake_all();
-  }
+  void abort_operation(int rank, std::uint64_t seq, const std::string& reason);
+  void depart(int rank, std::uint64_t issued);
 
   // Why rank `me`, in its operation `label`, waits in vain: a peer aborted that operation (or an
   // earlier one), or left before issuing it. Empty when there is hope.
-  std::string hopeless(int me, const op_label& label) {
-    if (!events_.load(std::memory_order_acquire)) return {};
-    std::lock_guard lock(registry_mutex_);
-    return hopeless_wait(
-        size_, me, label.seq,
-        [&](int q) {
-          const auto at = static_cast<std::size_t>(q);
-          return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
-        },
-        [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
-  }
+  std::string hopeless(int me, const op_label& label);
 
   // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.
-  void stay(int rank, std::uint64_t round) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      present_in_[static_cast<std::size_t>(rank)] = round;
-    }
-    wake_all();
-  }
+  void stay(int rank, std::uint64_t round);
   // For each rank, what is known of it in shrink `round` (staying_answer: 1 stays, 0 left, -1
   // not yet known).
-  std::vector<int> staying(std::uint64_t round) {
-    std::lock_guard lock(registry_mutex_);
-    std::vector<int> result(static_cast<std::size_t>(size_), -1);
-    for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
-    return result;
-  }
+  std::vector<int> staying(std::uint64_t round);
   // Rank `rank` proposes the members it counted in shrink `round`; what is known of rank q's proposal.
-  void propose(int rank, std::uint64_t round, members_digest members) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      proposals_[static_cast<std::size_t>(rank)] = {round, members};
-    }
-    wake_all();
-  }
-  member_news proposal_of(int q, std::uint64_t round) {
-    std::lock_guard lock(registry_mutex_);
-    const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
-    return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
-  }
+  void propose(int rank, std::uint64_t round, members_digest members);
+  member_news proposal_of(int q, std::uint64_t round);
   // The world of the ranks staying in shrink `round`, shared by them.
-  std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
-    std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
-  }
+  std::shared_ptr<world> survivors_world(std::uint64_t round, int members);
 
   // Posts a message, completing it (and its partner) at once if its partner is already waiting.
-  void post(const message_ptr& m) {
-    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
-    message_ptr partner;
-    {
-      std::lock_guard lock(box.mutex);
-      auto& partners = m->receiving ? box.sends : box.receives;
-      auto& mine = m->receiving ? box.receives : box.sends;
-      // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
-      auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
-        return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
-      });
-      if (match == partners.end()) {
-        mine.push_back(m);
-        return;
-      }
-      partner = *match;
-      partners.erase(match);
-      transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
-    }
-    complete(*partner);
-    complete(*m);
-  }
+  void post(const message_ptr& m);
 
   // Takes back a message nobody matched yet, so that nothing is read from or written into its
   // memory later; true if it was still unmatched.
-  bool withdraw(const message_ptr& m) {
-    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
-    std::lock_guard lock(box.mutex);
-    auto& mine = m->receiving ? box.receives : box.sends;
-    auto it = std::find(mine.begin(), mine.end(), m);
-    if (it == mine.end()) return false;
-    mine.erase(it);
-    return true;
-  }
+  bool withdraw(const message_ptr& m);
 
   waiter& waiter_of(int rank) noexcept { return waiters_[static_cast<std::size_t>(rank)]; }
 
   // The world that ranks of this one calling their n-th split with `color` share. Every rank
   // calls it once per split; the first member creates it. A rank left out (no_color) gets none,
   // but its split is counted, so that its next split meets the others'.
-  std::shared_ptr<world> split_world(int rank, int color, int members) {
-    std::lock_guard lock(registry_mutex_);
-    const int n = splits_[static_cast<std::size_t>(rank)]++;
-    if (color == no_color) return nullptr;
-    return shared_world(pending_splits_, std::make_pair(n, color), members);
-  }
+  std::shared_ptr<world> split_world(int rank, int color, int members);
 
   // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
-  std::shared_ptr<world> renewed_world(int rank) {
-    std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
-  }
+  std::shared_ptr<world> renewed_world(int rank);
 
  private:
   using pending = std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>>;
 
-  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members) {
-    auto& entry = table[key];
-    if (!entry.first) {
-      entry.first = std::make_shared<world>(members);
-      entry.second = members;
-      children_.push_back(entry.first);
-      if (failed()) entry.first->fail(failure_);
-    }
-    auto result = entry.first;
-    if (--entry.second == 0) table.erase(key);
-    return result;
-  }
+  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members);
 
   void wake_all() {
     for (auto& w : waiters_) {
@@ -4007,14 +3895,7 @@ class world {
     if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
   }
 
-  void complete(message& m) {
-    waiter& w = waiter_of(m.owner);
-    {
-      std::lock_guard lock(w.mutex);
-      m.done = true;
-    }
-    w.wake.notify_all();
-  }
+  void complete(message& m);
 
   int size_;
   std::deque<mailbox> boxes_;  // deque: mutexes neither copy nor move
@@ -4034,6 +3915,159 @@ class world {
   pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void world::fail(const std::string& reason) {
+  std::vector<std::shared_ptr<world>> children;
+  {
+    // Under the registry lock, so that a world split from this one right now sees the flag.
+    std::lock_guard lock(registry_mutex_);
+    if (failure_.empty()) failure_ = reason;
+    failed_.store(true, std::memory_order_release);
+    for (auto& weak : children_)
+      if (auto child = weak.lock()) children.push_back(std::move(child));
+  }
+  wake_all();
+  for (auto& child : children) child->fail(reason);
+}
+
+HERD_SEPARATE void world::abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    auto& at = aborted_at_[static_cast<std::size_t>(rank)];
+    if (at == never) {
+      at = seq;
+      abort_reasons_[static_cast<std::size_t>(rank)] = reason;
+    }
+    events_.store(true, std::memory_order_release);
+  }
+  wake_all();
+}
+
+HERD_SEPARATE void world::depart(int rank, std::uint64_t issued) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    departed_at_[static_cast<std::size_t>(rank)] = issued;
+    events_.store(true, std::memory_order_release);
+  }
+  wake_all();
+}
+
+HERD_SEPARATE std::string world::hopeless(int me, const op_label& label) {
+  if (!events_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(registry_mutex_);
+  return hopeless_wait(
+      size_, me, label.seq,
+      [&](int q) {
+        const auto at = static_cast<std::size_t>(q);
+        return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
+      },
+      [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
+}
+
+HERD_SEPARATE void world::stay(int rank, std::uint64_t round) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    present_in_[static_cast<std::size_t>(rank)] = round;
+  }
+  wake_all();
+}
+
+HERD_SEPARATE std::vector<int> world::staying(std::uint64_t round) {
+  std::lock_guard lock(registry_mutex_);
+  std::vector<int> result(static_cast<std::size_t>(size_), -1);
+  for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
+  return result;
+}
+
+HERD_SEPARATE void world::propose(int rank, std::uint64_t round, members_digest members) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    proposals_[static_cast<std::size_t>(rank)] = {round, members};
+  }
+  wake_all();
+}
+
+HERD_SEPARATE member_news world::proposal_of(int q, std::uint64_t round) {
+  std::lock_guard lock(registry_mutex_);
+  const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
+  return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::survivors_world(std::uint64_t round, int members) {
+  std::lock_guard lock(registry_mutex_);
+  return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
+}
+
+HERD_SEPARATE void world::post(const message_ptr& m) {
+  mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+  message_ptr partner;
+  {
+    std::lock_guard lock(box.mutex);
+    auto& partners = m->receiving ? box.sends : box.receives;
+    auto& mine = m->receiving ? box.receives : box.sends;
+    // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
+    auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
+      return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
+    });
+    if (match == partners.end()) {
+      mine.push_back(m);
+      return;
+    }
+    partner = *match;
+    partners.erase(match);
+    transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
+  }
+  complete(*partner);
+  complete(*m);
+}
+
+HERD_SEPARATE bool world::withdraw(const message_ptr& m) {
+  mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+  std::lock_guard lock(box.mutex);
+  auto& mine = m->receiving ? box.receives : box.sends;
+  auto it = std::find(mine.begin(), mine.end(), m);
+  if (it == mine.end()) return false;
+  mine.erase(it);
+  return true;
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::split_world(int rank, int color, int members) {
+  std::lock_guard lock(registry_mutex_);
+  const int n = splits_[static_cast<std::size_t>(rank)]++;
+  if (color == no_color) return nullptr;
+  return shared_world(pending_splits_, std::make_pair(n, color), members);
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::renewed_world(int rank) {
+  std::lock_guard lock(registry_mutex_);
+  return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::shared_world(pending& table, std::pair<int, int> key, int members) {
+  auto& entry = table[key];
+  if (!entry.first) {
+    entry.first = std::make_shared<world>(members);
+    entry.second = members;
+    children_.push_back(entry.first);
+    if (failed()) entry.first->fail(failure_);
+  }
+  auto result = entry.first;
+  if (--entry.second == 0) table.erase(key);
+  return result;
+}
+
+HERD_SEPARATE void world::complete(message& m) {
+  waiter& w = waiter_of(m.owner);
+  {
+    std::lock_guard lock(w.mutex);
+    m.done = true;
+  }
+  w.wake.notify_all();
+}
+
+#endif
 
 }  // namespace detail::local
 
@@ -4093,72 +4127,16 @@ class local_communicator {
   bool supports(device d) const noexcept { return d.is_cpu(); }
   detail::operation_state& operations() { return state(); }
 
-  request isend(const void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_buffer("isend", rank_, size(), data, bytes);
-    auto m = make_message(bytes, peer, tag, false);
-    m->send_data = data;
-    return start(std::move(m));
-  }
+  request isend(const void* data, std::size_t bytes, int peer, int tag);
 
-  request irecv(void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_buffer("irecv", rank_, size(), data, bytes);
-    auto m = make_message(bytes, peer, tag, true);
-    m->receive_data = data;
-    return start(std::move(m));
-  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag);
 
-  bool test(request& r) {
-    if (!r.pending()) return true;
-    {
-      std::lock_guard lock(world_->waiter_of(rank_).mutex);
-      if (!r.message_->done) {
-        if (world_->failed()) fail_with_world();
-        return false;
-      }
-    }
-    finish(r);
-    return true;
-  }
+  bool test(request& r);
 
-  void wait(request& r) {
-    if (!r.pending()) return;
-    {
-      // Inside an operation, time spent here is a phase of it in the timeline.
-      const detail::trace::span phase(ops_->track(),
-                                      ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
-                                      {.extra_name = "peer", .extra = r.message_->peer});
-      detail::local::waiter& w = world_->waiter_of(rank_);
-      // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
-      // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
-      // it), or by other traffic on the waiter (a progress thread's messages).
-      auto in_vain = [&] {
-        return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
-      };
-      detail::watched_wait(
-          options(), site(),
-          [&] {
-            {
-              std::lock_guard lock(w.mutex);
-              if (r.message_->done) return true;
-            }
-            if (in_vain()) check_peers();
-            return false;
-          },
-          [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
-          detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
-    }
-    finish(r);
-  }
+  void wait(request& r);
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
-  void check_peers() {
-    state();
-    if (world_->failed()) fail_with_world();
-    if (!ops_->in_operation()) return;
-    if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
-      detail::raise(site(), why, "");
-    }
-  }
+  void check_peers();
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
                 int source, int tag) {
@@ -4175,9 +4153,7 @@ class local_communicator {
 
   // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
   // others get one they are not members of. Every rank calls it, with the same list.
-  local_communicator subset(const std::vector<int>& ranks) const {
-    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
-  }
+  local_communicator subset(const std::vector<int>& ranks) const;
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
@@ -4185,15 +4161,8 @@ class local_communicator {
   // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
   // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   local_communicator renew() const { return renew(options()); }
-  local_communicator renew(const comm_options& options) const {
-    state().drain();  // queued operations first: they decide which operation completed last
-    const detail::op_label last = ops_->last_completed();
-    return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
-  }
-  local_communicator renew(const comm_options& options, rolled_back_t) const {
-    state().drain();
-    return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
-  }
+  local_communicator renew(const comm_options& options) const;
+  local_communicator renew(const comm_options& options, rolled_back_t) const;
 
   // A new communicator of the ranks that are still here, renumbered in their order here: how the
   // others go on when ranks left (their function returned, or they destroyed or left() their
@@ -4203,51 +4172,16 @@ class local_communicator {
   // said so or left; then each proposes the ranks it counted and waits until all of them proposed
   // the same, or raises.
   local_communicator shrink() const { return shrink(options()); }
-  local_communicator shrink(const comm_options& options) const {
-    state().drain();
-    const std::uint64_t round = ++shrinks_;
-    const detail::error_site site{"local_communicator::shrink", rank_, size()};
-    world_->stay(rank_, round);
-    std::vector<int> staying = world_->staying(round);
-    auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
-    watched_wait(options, site, [&] {
-      staying = world_->staying(round);
-      return unknown() == size();
-    }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
-    const std::vector<int> members = detail::staying_members(staying);
-    const detail::members_digest mine = detail::members_digest::of(members);
-    world_->propose(rank_, round, mine);
-    detail::members_state agreed;
-    watched_wait(options, site, [&] {
-      agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
-      return agreed.waiting_for < 0 || !agreed.problem.empty();
-    }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
-    if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-    return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
-  }
+  local_communicator shrink(const comm_options& options) const;
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
   // queued operations; the communicator is then empty, as one moved from. Their waits for this
   // rank raise at once, and they go on without it with shrink().
-  void leave() noexcept {
-    if (!ops_) return;
-    ops_->drain();
-    world_->depart(rank_, ops_->issued());
-    ops_.reset();
-  }
+  void leave() noexcept;
 
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
-  void abort(std::string_view reason) noexcept {
-    if (!ops_) return;
-    ops_->mark_aborted(reason);
-    try {
-      world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
-    } catch (...) {
-      world_->fail("a rank could not record an abort (out of memory)");
-    }
-  }
+  void abort(std::string_view reason) noexcept;
 
  private:
   // `renewed`: this rank's last completed operation of the communicator it renews, or null.
@@ -4263,19 +4197,7 @@ class local_communicator {
   explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
 
   // split and subset: a split operation of this communicator with this rank's request.
-  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
-    auto& self = const_cast<local_communicator&>(*this);
-    std::shared_ptr<detail::local::world> part;
-    int new_rank = -1;
-    detail::run_operation(self, {kind}, [&] {
-      const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
-      const std::vector<int> members = detail::split_members(all, mine.color);
-      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
-    });
-    if (!part) return local_communicator(outside_tag{});
-    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
-  }
+  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const;
 
   void take(local_communicator& other) noexcept {
     if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
@@ -4294,36 +4216,11 @@ class local_communicator {
     return *ops_;
   }
 
-  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
-    state();
-    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
-    detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
-    if (world_->failed()) fail_with_world();
-    if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
-    auto m = std::make_shared<detail::local::message>();
-    m->bytes = bytes;
-    m->owner = rank_;
-    m->peer = peer;
-    m->tag = tag;
-    m->receiving = receiving;
-    return m;
-  }
+  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const;
 
-  request start(detail::local::message_ptr m) {
-    world_->post(m);
-    request r;
-    r.world_ = world_;
-    r.message_ = std::move(m);
-    return r;
-  }
+  request start(detail::local::message_ptr m);
 
-  void finish(request& r) {
-    auto m = std::move(r.message_);
-    if (!m->failure.empty()) {
-      detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
-                    "Post receive buffers at least as large as the messages sent to them");
-    }
-  }
+  void finish(request& r);
 
   // The watched wait of this rank's shrink(): until done(), woken by any news of the world (or
   // every 20 ms: done() reads the news outside the waiter's mutex, so one may come unnoticed
@@ -4352,6 +4249,179 @@ class local_communicator {
   mutable std::uint64_t shrinks_ = 0;  // shrink() calls on this communicator
   std::unique_ptr<detail::operation_state> ops_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE local_communicator::request local_communicator::isend(const void* data, std::size_t bytes, int peer, int tag) {
+  detail::check_buffer("isend", rank_, size(), data, bytes);
+  auto m = make_message(bytes, peer, tag, false);
+  m->send_data = data;
+  return start(std::move(m));
+}
+
+HERD_SEPARATE local_communicator::request local_communicator::irecv(void* data, std::size_t bytes, int peer, int tag) {
+  detail::check_buffer("irecv", rank_, size(), data, bytes);
+  auto m = make_message(bytes, peer, tag, true);
+  m->receive_data = data;
+  return start(std::move(m));
+}
+
+HERD_SEPARATE bool local_communicator::test(request& r) {
+  if (!r.pending()) return true;
+  {
+    std::lock_guard lock(world_->waiter_of(rank_).mutex);
+    if (!r.message_->done) {
+      if (world_->failed()) fail_with_world();
+      return false;
+    }
+  }
+  finish(r);
+  return true;
+}
+
+HERD_SEPARATE void local_communicator::wait(request& r) {
+  if (!r.pending()) return;
+  {
+    // Inside an operation, time spent here is a phase of it in the timeline.
+    const detail::trace::span phase(ops_->track(),
+                                    ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
+                                    {.extra_name = "peer", .extra = r.message_->peer});
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
+    // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
+    // it), or by other traffic on the waiter (a progress thread's messages).
+    auto in_vain = [&] {
+      return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
+    };
+    detail::watched_wait(
+        options(), site(),
+        [&] {
+          {
+            std::lock_guard lock(w.mutex);
+            if (r.message_->done) return true;
+          }
+          if (in_vain()) check_peers();
+          return false;
+        },
+        [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
+        detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
+  }
+  finish(r);
+}
+
+HERD_SEPARATE void local_communicator::check_peers() {
+  state();
+  if (world_->failed()) fail_with_world();
+  if (!ops_->in_operation()) return;
+  if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
+    detail::raise(site(), why, "");
+  }
+}
+
+HERD_SEPARATE local_communicator local_communicator::subset(const std::vector<int>& ranks) const {
+  return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
+}
+
+HERD_SEPARATE local_communicator local_communicator::renew(const comm_options& options) const {
+  state().drain();  // queued operations first: they decide which operation completed last
+  const detail::op_label last = ops_->last_completed();
+  return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
+}
+
+HERD_SEPARATE local_communicator local_communicator::renew(const comm_options& options, rolled_back_t) const {
+  state().drain();
+  return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
+}
+
+HERD_SEPARATE local_communicator local_communicator::shrink(const comm_options& options) const {
+  state().drain();
+  const std::uint64_t round = ++shrinks_;
+  const detail::error_site site{"local_communicator::shrink", rank_, size()};
+  world_->stay(rank_, round);
+  std::vector<int> staying = world_->staying(round);
+  auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+  watched_wait(options, site, [&] {
+    staying = world_->staying(round);
+    return unknown() == size();
+  }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+  const std::vector<int> members = detail::staying_members(staying);
+  const detail::members_digest mine = detail::members_digest::of(members);
+  world_->propose(rank_, round, mine);
+  detail::members_state agreed;
+  watched_wait(options, site, [&] {
+    agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
+    return agreed.waiting_for < 0 || !agreed.problem.empty();
+  }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
+  if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
+  const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
+}
+
+HERD_SEPARATE void local_communicator::leave() noexcept {
+  if (!ops_) return;
+  ops_->drain();
+  world_->depart(rank_, ops_->issued());
+  ops_.reset();
+}
+
+HERD_SEPARATE void local_communicator::abort(std::string_view reason) noexcept {
+  if (!ops_) return;
+  ops_->mark_aborted(reason);
+  try {
+    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
+  } catch (...) {
+    world_->fail("a rank could not record an abort (out of memory)");
+  }
+}
+
+HERD_SEPARATE local_communicator local_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
+                                                            std::span<const int> ranks) const {
+  auto& self = const_cast<local_communicator&>(*this);
+  std::shared_ptr<detail::local::world> part;
+  int new_rank = -1;
+  detail::run_operation(self, {kind}, [&] {
+    const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
+    const std::vector<int> members = detail::split_members(all, mine.color);
+    new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
+  });
+  if (!part) return local_communicator(outside_tag{});
+  return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+}
+
+HERD_SEPARATE detail::local::message_ptr local_communicator::make_message(std::size_t bytes, int peer, int tag,
+                                                                        bool receiving) const {
+  state();
+  detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+  detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
+  if (world_->failed()) fail_with_world();
+  if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
+  auto m = std::make_shared<detail::local::message>();
+  m->bytes = bytes;
+  m->owner = rank_;
+  m->peer = peer;
+  m->tag = tag;
+  m->receiving = receiving;
+  return m;
+}
+
+HERD_SEPARATE local_communicator::request local_communicator::start(detail::local::message_ptr m) {
+  world_->post(m);
+  request r;
+  r.world_ = world_;
+  r.message_ = std::move(m);
+  return r;
+}
+
+HERD_SEPARATE void local_communicator::finish(request& r) {
+  auto m = std::move(r.message_);
+  if (!m->failure.empty()) {
+    detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
+                  "Post receive buffers at least as large as the messages sent to them");
+  }
+}
+
+#endif
 
 namespace local {
 
@@ -7008,15 +7078,40 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
 }
 
 // Whether `name` is the safetensors name of one of herd's dtypes.
-inline bool is_herd_dtype(std::string_view name) noexcept {
+HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept;
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
+HERD_SEPARATE std::uint64_t element_bytes(std::string_view name);
+
+// The product of `shape`; nullopt if it overflows.
+HERD_SEPARATE std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape);
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+HERD_SEPARATE bool is_utf8(std::string_view text);
+
+// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
+// messages, since a damaged file can hold any bytes where a name should be).
+HERD_SEPARATE std::string json_string(std::string_view text);
+
+// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
+// of 8 bytes so that the data section starts aligned.
+HERD_SEPARATE std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                        const std::vector<tensor_info>& tensors);
+
+// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
+// fit each tensor's shape and dtype and tile the data section from its start.
+HERD_SEPARATE header parse_header(std::string_view text);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept {
   for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
     if (dtype_name(static_cast<dtype>(i)) == name) return true;
   }
   return false;
 }
 
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
-inline std::uint64_t element_bytes(std::string_view name) {
+HERD_SEPARATE std::uint64_t element_bytes(std::string_view name) {
   constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
       {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
@@ -7025,8 +7120,7 @@ inline std::uint64_t element_bytes(std::string_view name) {
   return it == std::end(sizes) ? 0 : it->second;
 }
 
-// The product of `shape`; nullopt if it overflows.
-inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
+HERD_SEPARATE std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
   std::uint64_t n = 1;
   for (std::uint64_t d : shape) {
     if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
@@ -7035,8 +7129,7 @@ inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& s
   return n;
 }
 
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-inline bool is_utf8(std::string_view text) {
+HERD_SEPARATE bool is_utf8(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
@@ -7053,9 +7146,7 @@ inline bool is_utf8(std::string_view text) {
   return true;
 }
 
-// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
-// messages, since a damaged file can hold any bytes where a name should be).
-inline std::string json_string(std::string_view text) {
+HERD_SEPARATE std::string json_string(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     char escaped[7] = {'\\', c, '\0'};
@@ -7066,10 +7157,8 @@ inline std::string json_string(std::string_view text) {
   return out + "\"";
 }
 
-// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
-// of 8 bytes so that the data section starts aligned.
-inline std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
-                                 const std::vector<tensor_info>& tensors) {
+HERD_SEPARATE std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                        const std::vector<tensor_info>& tensors) {
   std::string out = "{\"__metadata__\":{";
   for (const auto& [key, value] : metadata) {
     out += (out.back() == '{' ? "" : ",") + json_string(key) + ":" + json_string(value);
@@ -7193,9 +7282,7 @@ class json_reader {
   std::size_t at_ = 0;
 };
 
-// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
-// fit each tensor's shape and dtype and tile the data section from its start.
-inline header parse_header(std::string_view text) {
+HERD_SEPARATE header parse_header(std::string_view text) {
   if (!is_utf8(text)) throw malformed{"its header is not valid UTF-8"};
   header h;
   json_reader json(text);
@@ -7248,6 +7335,8 @@ inline header parse_header(std::string_view text) {
   return h;
 }
 
+#endif
+
 }  // namespace herd::detail::safetensors
 
 #endif  // HERD_CHECKPOINT_DETAIL_SAFETENSORS_HPP
@@ -7293,18 +7382,11 @@ struct failure {
   std::string todo;
 };
 
-inline std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull) {
-  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  return state;
-}
+HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull);
 
-inline std::string system_message(int code) { return std::generic_category().message(code); }
+HERD_SEPARATE std::string system_message(int code);
 
-inline std::string hex(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
+HERD_SEPARATE std::string hex(std::uint64_t value);
 
 [[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
   throw failure{path.string() + " is damaged: " + detail,
@@ -7320,7 +7402,41 @@ using file_handle = std::unique_ptr<std::FILE, file_closer>;
 // Writes the length of `header`, `header` with its checksum filled in, and the data of `views` to
 // a temporary file beside `path`, then renames it over `path`. Until the rename, `path` keeps its
 // previous content, whatever happens to this process.
-inline void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
+HERD_SEPARATE void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views);
+
+// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
+struct file_contents {
+  std::string bytes;
+  std::size_t data_start = 0;
+  std::vector<st::tensor_info> tensors;  // by offset
+  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
+
+  // The bytes of tensors[t].
+  const std::byte* data(std::size_t t) const {
+    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
+  }
+};
+
+// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
+// it does not exist.
+HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state) {
+  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return state;
+}
+
+HERD_SEPARATE std::string system_message(int code) { return std::generic_category().message(code); }
+
+HERD_SEPARATE std::string hex(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+HERD_SEPARATE void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
   const std::uint64_t length = header.size();  // little-endian, as the host (safetensors.hpp)
   // The file's hash with the digits as '0', as `header` holds them now.
   std::uint64_t hash = fnv1a64(header.data(), header.size(), fnv1a64(&length, sizeof length));
@@ -7369,22 +7485,7 @@ inline void write_file(const std::filesystem::path& path, std::string header, co
   }
 }
 
-// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
-struct file_contents {
-  std::string bytes;
-  std::size_t data_start = 0;
-  std::vector<st::tensor_info> tensors;  // by offset
-  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
-
-  // The bytes of tensors[t].
-  const std::byte* data(std::size_t t) const {
-    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
-  }
-};
-
-// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
-// it does not exist.
-inline std::optional<file_contents> read_file(const std::filesystem::path& path) {
+HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path) {
   file_handle file(std::fopen(path.c_str(), "rb"));
   struct stat info {};
   const int code = !file ? errno : ::fstat(::fileno(file.get()), &info) != 0 ? errno : 0;
@@ -7446,6 +7547,8 @@ inline std::optional<file_contents> read_file(const std::filesystem::path& path)
   return f;
 }
 
+#endif
+
 }  // namespace detail::ckpt
 }  // namespace herd
 
@@ -7461,6 +7564,7 @@ inline std::optional<file_contents> read_file(const std::filesystem::path& path)
 // and back: element (i, j) here is t[i][j] in Python. The file has no field for a layout, so the
 // order of the data is the only way to keep the logical tensor.
 
+
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -7469,16 +7573,23 @@ namespace herd::detail::ckpt {
 
 // Whether memory of `shape` in column-major order differs from row-major order: it does unless
 // at most one dimension exceeds 1.
-inline bool reorders(const std::vector<std::size_t>& shape) {
+HERD_SEPARATE bool reorders(const std::vector<std::size_t>& shape);
+
+// Copies the elements of a tensor of `shape`, `element` bytes each, from column-major memory to
+// row-major order (`to_row_major`), or back.
+HERD_SEPARATE void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
+                           bool to_row_major);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool reorders(const std::vector<std::size_t>& shape) {
   std::size_t longer = 0;
   for (std::size_t d : shape) longer += d > 1 ? 1 : 0;
   return longer > 1;
 }
 
-// Copies the elements of a tensor of `shape`, `element` bytes each, from column-major memory to
-// row-major order (`to_row_major`), or back.
-inline void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
-                    bool to_row_major) {
+HERD_SEPARATE void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
+                           bool to_row_major) {
   std::size_t count = 1;
   for (std::size_t d : shape) count *= d;
   if (count == 0) return;
@@ -7499,6 +7610,8 @@ inline void reorder(void* out, const void* in, const std::vector<std::size_t>& s
     }
   }
 }
+
+#endif
 
 }  // namespace herd::detail::ckpt
 
@@ -7531,7 +7644,14 @@ struct entry {
 };
 
 // What is wrong with an entry's memory as it is now, if anything.
-inline std::optional<failure> fault(const entry& e, const buffer_view& v) {
+HERD_SEPARATE std::optional<failure> fault(const entry& e, const buffer_view& v);
+
+// Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
+HERD_SEPARATE void copy_in(const entry& e, const buffer_view& view, const std::byte* from);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::optional<failure> fault(const entry& e, const buffer_view& v) {
   const std::string what = "the tensor " + st::json_string(e.name);
   std::string dims;
   for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
@@ -7571,8 +7691,7 @@ inline std::optional<failure> fault(const entry& e, const buffer_view& v) {
   return std::nullopt;
 }
 
-// Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
-inline void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
+HERD_SEPARATE void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
   if (view.count == 0) return;
   if (e.column_major) {
     if (const std::vector<std::size_t> shape = e.column_major(); reorders(shape)) {
@@ -7581,6 +7700,8 @@ inline void copy_in(const entry& e, const buffer_view& view, const std::byte* fr
   }
   std::memcpy(view.data, from, view.bytes());
 }
+
+#endif
 
 }  // namespace herd::detail::ckpt
 
@@ -7607,11 +7728,19 @@ namespace herd::detail::ckpt {
 // when the two sets of entries are not the same, or (strict off) an entry of both differs;
 // records the keys either side lacks.
 // `registered`: the entries as a file would describe them; `index`: entry by name.
-inline std::vector<std::pair<std::size_t, std::size_t>> match(
-    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
-    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
-    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
-    std::vector<std::string>& unexpected, const std::string& subject) {
+HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
+           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+           std::vector<std::string>& unexpected, const std::string& subject);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
+           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+           std::vector<std::string>& unexpected, const std::string& subject) {
   const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
     const std::string count = std::to_string(st::elements(t.shape).value_or(0));
     return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
@@ -7659,6 +7788,8 @@ inline std::vector<std::pair<std::size_t, std::size_t>> match(
   }
   throw failure{what, todo};
 }
+
+#endif
 
 }  // namespace herd::detail::ckpt
 
@@ -12126,23 +12257,7 @@ class checkpoint {
 
   // Writes the file from this process alone (no communicator involved); state split over several
   // ranks needs save(path, comm).
-  void save(const std::filesystem::path& path) const {
-    try {
-      const std::vector<buffer_view> views = checked_views();
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        if (entries_[i].split && views[i].count != entries_[i].whole) {
-          throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
-                                          " is split over the ranks, and this rank holds " +
-                                          std::to_string(views[i].count) + " of its " +
-                                          std::to_string(entries_[i].whole) + " elements",
-                                      "Save with save(path, comm), which gathers it whole"};
-        }
-      }
-      write(path, views);
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::save"}, f.what, f.todo);
-    }
-  }
+  void save(const std::filesystem::path& path) const;
 
   // Strict (the default): a load needs the file's entries and the registered ones to be the same
   // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
@@ -12156,20 +12271,7 @@ class checkpoint {
   const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
 
   // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
-  bool load(const std::filesystem::path& path) {
-    try {
-      const auto file = detail::ckpt::read_file(path);
-      if (!file) return false;
-      const std::vector<buffer_view> views = checked_views();
-      for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
-        const entry& e = entries_[v];
-        detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
-      }
-      return true;
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::load"}, f.what, f.todo);
-    }
-  }
+  bool load(const std::filesystem::path& path);
 
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it. Tensors split over the ranks are gathered to root first.
@@ -12183,97 +12285,147 @@ class checkpoint {
  private:
   using entry = detail::ckpt::entry;
 
-  checkpoint& insert(std::string_view operation, entry e) {
-    const std::string name = detail::safetensors::json_string(e.name);
-    if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
-      detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
-                    "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
-    }
-    if (index_.contains(e.name)) {
-      detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
-    }
-    if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
-    index_.emplace(e.name, entries_.size());
-    entries_.push_back(std::move(e));
-    return *this;
-  }
+  checkpoint& insert(std::string_view operation, entry e);
 
   // Each entry's memory as it is now, checked.
-  std::vector<buffer_view> checked_views() const {
-    std::vector<buffer_view> views;
-    for (const entry& e : entries_) {
-      try {
-        views.push_back(e.view());
-      } catch (const std::exception& ex) {
-        throw detail::ckpt::failure{
-            "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
-            "Register tensors herd can read as contiguous host memory"};
-      }
-      if (const auto f = fault(e, views.back())) throw *f;
-    }
-    return views;
-  }
+  std::vector<buffer_view> checked_views() const;
 
   // The entries as a file describes them, offsets left to write().
-  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const {
-    std::vector<detail::safetensors::tensor_info> out;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const entry& e = entries_[i];
-      out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
-      if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
-    }
-    return out;
-  }
+  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const;
 
   // Pairs of (a tensor of `file`, the entry it fills), or a failure naming the differences;
   // records the keys either side lacks (strict off).
   std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
                                                          const std::vector<detail::safetensors::tensor_info>& file,
-                                                         const std::vector<buffer_view>& views, const std::string& subject) {
-    return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
-  }
+                                                         const std::vector<buffer_view>& views, const std::string& subject);
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
   // aligned to its element size, as the data section is to 8 bytes.
   // `views`: each entry's memory, checked (a split entry's: the whole, gathered).
-  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
-    std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (!entries_[i].column_major) continue;
-      const std::vector<std::size_t> shape = entries_[i].column_major();
-      if (!detail::ckpt::reorders(shape)) continue;
-      host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
-      detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
-      views[i] = copy.view();
-    }
-    const std::vector<detail::safetensors::tensor_info> all = tensors(views);
-    std::vector<detail::safetensors::tensor_info> in_order;
-    std::vector<buffer_view> data;
-    std::string values;
-    for (std::size_t element = 8; element > 0; element /= 2) {
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        if (size_of(views[i].type) != element) continue;
-        const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
-        in_order.push_back(all[i]);
-        in_order.back().begin = at;
-        in_order.back().end = at + views[i].bytes();
-        data.push_back(views[i]);
-        if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
-      }
-    }
-    detail::ckpt::write_file(path,
-                             detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
-                                                                 {"herd.checkpoint", detail::ckpt::format_version},
-                                                                 {"herd.values", "[" + values + "]"}},
-                                                                in_order),
-                             data);
-  }
+  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const;
 
   std::vector<entry> entries_;
   std::map<std::string, std::size_t, std::less<>> index_;
   bool strict_ = true;
   std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void checkpoint::save(const std::filesystem::path& path) const {
+  try {
+    const std::vector<buffer_view> views = checked_views();
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].split && views[i].count != entries_[i].whole) {
+        throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
+                                        " is split over the ranks, and this rank holds " +
+                                        std::to_string(views[i].count) + " of its " +
+                                        std::to_string(entries_[i].whole) + " elements",
+                                    "Save with save(path, comm), which gathers it whole"};
+      }
+    }
+    write(path, views);
+  } catch (const detail::ckpt::failure& f) {
+    detail::raise({"checkpoint::save"}, f.what, f.todo);
+  }
+}
+
+HERD_SEPARATE bool checkpoint::load(const std::filesystem::path& path) {
+  try {
+    const auto file = detail::ckpt::read_file(path);
+    if (!file) return false;
+    const std::vector<buffer_view> views = checked_views();
+    for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
+      const entry& e = entries_[v];
+      detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
+    }
+    return true;
+  } catch (const detail::ckpt::failure& f) {
+    detail::raise({"checkpoint::load"}, f.what, f.todo);
+  }
+}
+
+HERD_SEPARATE checkpoint& checkpoint::insert(std::string_view operation, entry e) {
+  const std::string name = detail::safetensors::json_string(e.name);
+  if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
+    detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
+                  "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
+  }
+  if (index_.contains(e.name)) {
+    detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
+  }
+  if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
+  index_.emplace(e.name, entries_.size());
+  entries_.push_back(std::move(e));
+  return *this;
+}
+
+HERD_SEPARATE std::vector<buffer_view> checkpoint::checked_views() const {
+  std::vector<buffer_view> views;
+  for (const entry& e : entries_) {
+    try {
+      views.push_back(e.view());
+    } catch (const std::exception& ex) {
+      throw detail::ckpt::failure{
+          "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
+          "Register tensors herd can read as contiguous host memory"};
+    }
+    if (const auto f = fault(e, views.back())) throw *f;
+  }
+  return views;
+}
+
+HERD_SEPARATE std::vector<detail::safetensors::tensor_info> checkpoint::tensors(
+    const std::vector<buffer_view>& views) const {
+  std::vector<detail::safetensors::tensor_info> out;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const entry& e = entries_[i];
+    out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
+    if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
+  }
+  return out;
+}
+
+HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> checkpoint::match(
+    const std::filesystem::path& path, const std::vector<detail::safetensors::tensor_info>& file,
+    const std::vector<buffer_view>& views, const std::string& subject) {
+  return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
+}
+
+HERD_SEPARATE void checkpoint::write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
+  std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].column_major) continue;
+    const std::vector<std::size_t> shape = entries_[i].column_major();
+    if (!detail::ckpt::reorders(shape)) continue;
+    host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
+    detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
+    views[i] = copy.view();
+  }
+  const std::vector<detail::safetensors::tensor_info> all = tensors(views);
+  std::vector<detail::safetensors::tensor_info> in_order;
+  std::vector<buffer_view> data;
+  std::string values;
+  for (std::size_t element = 8; element > 0; element /= 2) {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (size_of(views[i].type) != element) continue;
+      const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
+      in_order.push_back(all[i]);
+      in_order.back().begin = at;
+      in_order.back().end = at + views[i].bytes();
+      data.push_back(views[i]);
+      if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
+    }
+  }
+  detail::ckpt::write_file(path,
+                           detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
+                                                               {"herd.checkpoint", detail::ckpt::format_version},
+                                                               {"herd.values", "[" + values + "]"}},
+                                                              in_order),
+                           data);
+}
+
+#endif
 
 // The collective save and load are defined out of the class, so not inline: with
 // HERD_SEPARATE_COMPILATION a file compiles neither for mpi_communicator (extern templates,
@@ -13006,9 +13158,10 @@ HERD_CONFIG_NAMESPACE_END
 // the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
 // fusion, casts, the first check of the gradients); checkpoint's collective save and load on it,
 // with the file format code. Not covered (compiled where they are called, as without the option):
-// the _async forms, alltoall and the other communicators. mpi_communicator's own members that
-// create it, connect its node, post, wait, shrink and abort, and the optimizers' loops over pairs
-// of dtypes, follow the same option where they are defined (HERD_SEPARATE, core/config.hpp).
+// the _async forms, alltoall and the other communicators. Non-template code follows the same
+// option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
+// local_communicator's members that create them, post, wait, shrink and abort, the checkpoint's
+// file code, and the optimizers' loops over pairs of dtypes.
 
 
 // ---- herd/optim/detail/reducer.hpp ----

@@ -106,23 +106,7 @@ class checkpoint {
 
   // Writes the file from this process alone (no communicator involved); state split over several
   // ranks needs save(path, comm).
-  void save(const std::filesystem::path& path) const {
-    try {
-      const std::vector<buffer_view> views = checked_views();
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        if (entries_[i].split && views[i].count != entries_[i].whole) {
-          throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
-                                          " is split over the ranks, and this rank holds " +
-                                          std::to_string(views[i].count) + " of its " +
-                                          std::to_string(entries_[i].whole) + " elements",
-                                      "Save with save(path, comm), which gathers it whole"};
-        }
-      }
-      write(path, views);
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::save"}, f.what, f.todo);
-    }
-  }
+  void save(const std::filesystem::path& path) const;
 
   // Strict (the default): a load needs the file's entries and the registered ones to be the same
   // set. Not strict, as PyTorch's load_state_dict(strict=False): the entries the file lacks keep
@@ -136,20 +120,7 @@ class checkpoint {
   const std::vector<std::string>& unexpected_keys() const noexcept { return unexpected_; }
 
   // Fills every registered entry from the file; false, touching nothing, if the file does not exist.
-  bool load(const std::filesystem::path& path) {
-    try {
-      const auto file = detail::ckpt::read_file(path);
-      if (!file) return false;
-      const std::vector<buffer_view> views = checked_views();
-      for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
-        const entry& e = entries_[v];
-        detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
-      }
-      return true;
-    } catch (const detail::ckpt::failure& f) {
-      detail::raise({"checkpoint::load"}, f.what, f.todo);
-    }
-  }
+  bool load(const std::filesystem::path& path);
 
   // Root writes the file; every rank returns once it is in place, or raises herd::error if root
   // could not write it. Tensors split over the ranks are gathered to root first.
@@ -163,97 +134,147 @@ class checkpoint {
  private:
   using entry = detail::ckpt::entry;
 
-  checkpoint& insert(std::string_view operation, entry e) {
-    const std::string name = detail::safetensors::json_string(e.name);
-    if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
-      detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
-                    "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
-    }
-    if (index_.contains(e.name)) {
-      detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
-    }
-    if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
-    index_.emplace(e.name, entries_.size());
-    entries_.push_back(std::move(e));
-    return *this;
-  }
+  checkpoint& insert(std::string_view operation, entry e);
 
   // Each entry's memory as it is now, checked.
-  std::vector<buffer_view> checked_views() const {
-    std::vector<buffer_view> views;
-    for (const entry& e : entries_) {
-      try {
-        views.push_back(e.view());
-      } catch (const std::exception& ex) {
-        throw detail::ckpt::failure{
-            "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
-            "Register tensors herd can read as contiguous host memory"};
-      }
-      if (const auto f = fault(e, views.back())) throw *f;
-    }
-    return views;
-  }
+  std::vector<buffer_view> checked_views() const;
 
   // The entries as a file describes them, offsets left to write().
-  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const {
-    std::vector<detail::safetensors::tensor_info> out;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const entry& e = entries_[i];
-      out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
-      if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
-    }
-    return out;
-  }
+  std::vector<detail::safetensors::tensor_info> tensors(const std::vector<buffer_view>& views) const;
 
   // Pairs of (a tensor of `file`, the entry it fills), or a failure naming the differences;
   // records the keys either side lacks (strict off).
   std::vector<std::pair<std::size_t, std::size_t>> match(const std::filesystem::path& path,
                                                          const std::vector<detail::safetensors::tensor_info>& file,
-                                                         const std::vector<buffer_view>& views, const std::string& subject) {
-    return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
-  }
+                                                         const std::vector<buffer_view>& views, const std::string& subject);
 
   // herd's metadata, then the entries by decreasing element size, so that the data of each is
   // aligned to its element size, as the data section is to 8 bytes.
   // `views`: each entry's memory, checked (a split entry's: the whole, gathered).
-  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
-    std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (!entries_[i].column_major) continue;
-      const std::vector<std::size_t> shape = entries_[i].column_major();
-      if (!detail::ckpt::reorders(shape)) continue;
-      host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
-      detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
-      views[i] = copy.view();
-    }
-    const std::vector<detail::safetensors::tensor_info> all = tensors(views);
-    std::vector<detail::safetensors::tensor_info> in_order;
-    std::vector<buffer_view> data;
-    std::string values;
-    for (std::size_t element = 8; element > 0; element /= 2) {
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        if (size_of(views[i].type) != element) continue;
-        const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
-        in_order.push_back(all[i]);
-        in_order.back().begin = at;
-        in_order.back().end = at + views[i].bytes();
-        data.push_back(views[i]);
-        if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
-      }
-    }
-    detail::ckpt::write_file(path,
-                             detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
-                                                                 {"herd.checkpoint", detail::ckpt::format_version},
-                                                                 {"herd.values", "[" + values + "]"}},
-                                                                in_order),
-                             data);
-  }
+  void write(const std::filesystem::path& path, std::vector<buffer_view> views) const;
 
   std::vector<entry> entries_;
   std::map<std::string, std::size_t, std::less<>> index_;
   bool strict_ = true;
   std::vector<std::string> missing_, unexpected_;  // of the last load, strict off
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void checkpoint::save(const std::filesystem::path& path) const {
+  try {
+    const std::vector<buffer_view> views = checked_views();
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].split && views[i].count != entries_[i].whole) {
+        throw detail::ckpt::failure{"the tensor " + detail::safetensors::json_string(entries_[i].name) +
+                                        " is split over the ranks, and this rank holds " +
+                                        std::to_string(views[i].count) + " of its " +
+                                        std::to_string(entries_[i].whole) + " elements",
+                                    "Save with save(path, comm), which gathers it whole"};
+      }
+    }
+    write(path, views);
+  } catch (const detail::ckpt::failure& f) {
+    detail::raise({"checkpoint::save"}, f.what, f.todo);
+  }
+}
+
+HERD_SEPARATE bool checkpoint::load(const std::filesystem::path& path) {
+  try {
+    const auto file = detail::ckpt::read_file(path);
+    if (!file) return false;
+    const std::vector<buffer_view> views = checked_views();
+    for (const auto& [t, v] : match(path, file->tensors, views, "the registered entries")) {
+      const entry& e = entries_[v];
+      detail::ckpt::copy_in(e, views[v], file->data(t) + (e.split ? e.offset * size_of(views[v].type) : 0));
+    }
+    return true;
+  } catch (const detail::ckpt::failure& f) {
+    detail::raise({"checkpoint::load"}, f.what, f.todo);
+  }
+}
+
+HERD_SEPARATE checkpoint& checkpoint::insert(std::string_view operation, entry e) {
+  const std::string name = detail::safetensors::json_string(e.name);
+  if (e.name.empty() || !detail::safetensors::is_utf8(e.name) || e.name == "__metadata__") {
+    detail::raise({operation}, "the name " + name + " is empty, not UTF-8, or reserved",
+                  "Give every entry a UTF-8 name other than \"\" and \"__metadata__\" (names are JSON strings)");
+  }
+  if (index_.contains(e.name)) {
+    detail::raise({operation}, "an entry named " + name + " is already registered", "Give every entry a unique name");
+  }
+  if (const auto f = detail::ckpt::fault(e, e.view())) detail::raise({operation}, f->what, f->todo);
+  index_.emplace(e.name, entries_.size());
+  entries_.push_back(std::move(e));
+  return *this;
+}
+
+HERD_SEPARATE std::vector<buffer_view> checkpoint::checked_views() const {
+  std::vector<buffer_view> views;
+  for (const entry& e : entries_) {
+    try {
+      views.push_back(e.view());
+    } catch (const std::exception& ex) {
+      throw detail::ckpt::failure{
+          "the adapter of the tensor " + detail::safetensors::json_string(e.name) + " rejected it: " + ex.what(),
+          "Register tensors herd can read as contiguous host memory"};
+    }
+    if (const auto f = fault(e, views.back())) throw *f;
+  }
+  return views;
+}
+
+HERD_SEPARATE std::vector<detail::safetensors::tensor_info> checkpoint::tensors(
+    const std::vector<buffer_view>& views) const {
+  std::vector<detail::safetensors::tensor_info> out;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const entry& e = entries_[i];
+    out.push_back({e.name, std::string(detail::safetensors::dtype_name(views[i].type)), e.shape, 0, 0});
+    if (e.shape.empty()) out.back().shape = {e.split ? e.whole : views[i].count};
+  }
+  return out;
+}
+
+HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> checkpoint::match(
+    const std::filesystem::path& path, const std::vector<detail::safetensors::tensor_info>& file,
+    const std::vector<buffer_view>& views, const std::string& subject) {
+  return detail::ckpt::match(path, file, tensors(views), entries_, index_, strict_, missing_, unexpected_, subject);
+}
+
+HERD_SEPARATE void checkpoint::write(const std::filesystem::path& path, std::vector<buffer_view> views) const {
+  std::vector<host_tensor> row_major;  // copies of the column-major entries, in file order
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].column_major) continue;
+    const std::vector<std::size_t> shape = entries_[i].column_major();
+    if (!detail::ckpt::reorders(shape)) continue;
+    host_tensor& copy = row_major.emplace_back(views[i].type, views[i].count);
+    detail::ckpt::reorder(copy.data(), views[i].data, shape, size_of(views[i].type), true);
+    views[i] = copy.view();
+  }
+  const std::vector<detail::safetensors::tensor_info> all = tensors(views);
+  std::vector<detail::safetensors::tensor_info> in_order;
+  std::vector<buffer_view> data;
+  std::string values;
+  for (std::size_t element = 8; element > 0; element /= 2) {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (size_of(views[i].type) != element) continue;
+      const std::uint64_t at = in_order.empty() ? 0 : in_order.back().end;
+      in_order.push_back(all[i]);
+      in_order.back().begin = at;
+      in_order.back().end = at + views[i].bytes();
+      data.push_back(views[i]);
+      if (entries_[i].value) values += (values.empty() ? "" : ",") + detail::safetensors::json_string(all[i].name);
+    }
+  }
+  detail::ckpt::write_file(path,
+                           detail::safetensors::format_header({{"herd.checksum", "fnv1a64:0000000000000000"},
+                                                               {"herd.checkpoint", detail::ckpt::format_version},
+                                                               {"herd.values", "[" + values + "]"}},
+                                                              in_order),
+                           data);
+}
+
+#endif
 
 // The collective save and load are defined out of the class, so not inline: with
 // HERD_SEPARATE_COMPILATION a file compiles neither for mpi_communicator (extern templates,

@@ -22,9 +22,10 @@
 // the reducing behind distributed_optimizer and the DDP wrappers on it (detail::reducer: buckets,
 // fusion, casts, the first check of the gradients); checkpoint's collective save and load on it,
 // with the file format code. Not covered (compiled where they are called, as without the option):
-// the _async forms, alltoall and the other communicators. mpi_communicator's own members that
-// create it, connect its node, post, wait, shrink and abort, and the optimizers' loops over pairs
-// of dtypes, follow the same option where they are defined (HERD_SEPARATE, core/config.hpp).
+// the _async forms, alltoall and the other communicators. Non-template code follows the same
+// option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
+// local_communicator's members that create them, post, wait, shrink and abort, the checkpoint's
+// file code, and the optimizers' loops over pairs of dtypes.
 
 #include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>

@@ -17,6 +17,7 @@
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
+#include <herd/core/config.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -82,160 +83,48 @@ class world {
     std::lock_guard lock(registry_mutex_);
     return failure_;
   }
-  void fail(const std::string& reason) {
-    std::vector<std::shared_ptr<world>> children;
-    {
-      // Under the registry lock, so that a world split from this one right now sees the flag.
-      std::lock_guard lock(registry_mutex_);
-      if (failure_.empty()) failure_ = reason;
-      failed_.store(true, std::memory_order_release);
-      for (auto& weak : children_)
-        if (auto child = weak.lock()) children.push_back(std::move(child));
-    }
-    wake_all();
-    for (auto& child : children) child->fail(reason);
-  }
+  void fail(const std::string& reason);
 
   // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
-  void abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      auto& at = aborted_at_[static_cast<std::size_t>(rank)];
-      if (at == never) {
-        at = seq;
-        abort_reasons_[static_cast<std::size_t>(rank)] = reason;
-      }
-      events_.store(true, std::memory_order_release);
-    }
-    wake_all();
-  }
-  void depart(int rank, std::uint64_t issued) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      departed_at_[static_cast<std::size_t>(rank)] = issued;
-      events_.store(true, std::memory_order_release);
-    }
-    wake_all();
-  }
+  void abort_operation(int rank, std::uint64_t seq, const std::string& reason);
+  void depart(int rank, std::uint64_t issued);
 
   // Why rank `me`, in its operation `label`, waits in vain: a peer aborted that operation (or an
   // earlier one), or left before issuing it. Empty when there is hope.
-  std::string hopeless(int me, const op_label& label) {
-    if (!events_.load(std::memory_order_acquire)) return {};
-    std::lock_guard lock(registry_mutex_);
-    return hopeless_wait(
-        size_, me, label.seq,
-        [&](int q) {
-          const auto at = static_cast<std::size_t>(q);
-          return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
-        },
-        [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
-  }
+  std::string hopeless(int me, const op_label& label);
 
   // --- shrink(): rank `rank` says it stays, in its shrink number `round` of this world.
-  void stay(int rank, std::uint64_t round) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      present_in_[static_cast<std::size_t>(rank)] = round;
-    }
-    wake_all();
-  }
+  void stay(int rank, std::uint64_t round);
   // For each rank, what is known of it in shrink `round` (staying_answer: 1 stays, 0 left, -1
   // not yet known).
-  std::vector<int> staying(std::uint64_t round) {
-    std::lock_guard lock(registry_mutex_);
-    std::vector<int> result(static_cast<std::size_t>(size_), -1);
-    for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
-    return result;
-  }
+  std::vector<int> staying(std::uint64_t round);
   // Rank `rank` proposes the members it counted in shrink `round`; what is known of rank q's proposal.
-  void propose(int rank, std::uint64_t round, members_digest members) {
-    {
-      std::lock_guard lock(registry_mutex_);
-      proposals_[static_cast<std::size_t>(rank)] = {round, members};
-    }
-    wake_all();
-  }
-  member_news proposal_of(int q, std::uint64_t round) {
-    std::lock_guard lock(registry_mutex_);
-    const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
-    return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
-  }
+  void propose(int rank, std::uint64_t round, members_digest members);
+  member_news proposal_of(int q, std::uint64_t round);
   // The world of the ranks staying in shrink `round`, shared by them.
-  std::shared_ptr<world> survivors_world(std::uint64_t round, int members) {
-    std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
-  }
+  std::shared_ptr<world> survivors_world(std::uint64_t round, int members);
 
   // Posts a message, completing it (and its partner) at once if its partner is already waiting.
-  void post(const message_ptr& m) {
-    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
-    message_ptr partner;
-    {
-      std::lock_guard lock(box.mutex);
-      auto& partners = m->receiving ? box.sends : box.receives;
-      auto& mine = m->receiving ? box.receives : box.sends;
-      // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
-      auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
-        return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
-      });
-      if (match == partners.end()) {
-        mine.push_back(m);
-        return;
-      }
-      partner = *match;
-      partners.erase(match);
-      transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
-    }
-    complete(*partner);
-    complete(*m);
-  }
+  void post(const message_ptr& m);
 
   // Takes back a message nobody matched yet, so that nothing is read from or written into its
   // memory later; true if it was still unmatched.
-  bool withdraw(const message_ptr& m) {
-    mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
-    std::lock_guard lock(box.mutex);
-    auto& mine = m->receiving ? box.receives : box.sends;
-    auto it = std::find(mine.begin(), mine.end(), m);
-    if (it == mine.end()) return false;
-    mine.erase(it);
-    return true;
-  }
+  bool withdraw(const message_ptr& m);
 
   waiter& waiter_of(int rank) noexcept { return waiters_[static_cast<std::size_t>(rank)]; }
 
   // The world that ranks of this one calling their n-th split with `color` share. Every rank
   // calls it once per split; the first member creates it. A rank left out (no_color) gets none,
   // but its split is counted, so that its next split meets the others'.
-  std::shared_ptr<world> split_world(int rank, int color, int members) {
-    std::lock_guard lock(registry_mutex_);
-    const int n = splits_[static_cast<std::size_t>(rank)]++;
-    if (color == no_color) return nullptr;
-    return shared_world(pending_splits_, std::make_pair(n, color), members);
-  }
+  std::shared_ptr<world> split_world(int rank, int color, int members);
 
   // The world every rank's n-th renew() shares: the same ranks, with nothing in flight.
-  std::shared_ptr<world> renewed_world(int rank) {
-    std::lock_guard lock(registry_mutex_);
-    return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
-  }
+  std::shared_ptr<world> renewed_world(int rank);
 
  private:
   using pending = std::map<std::pair<int, int>, std::pair<std::shared_ptr<world>, int>>;
 
-  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members) {
-    auto& entry = table[key];
-    if (!entry.first) {
-      entry.first = std::make_shared<world>(members);
-      entry.second = members;
-      children_.push_back(entry.first);
-      if (failed()) entry.first->fail(failure_);
-    }
-    auto result = entry.first;
-    if (--entry.second == 0) table.erase(key);
-    return result;
-  }
+  std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members);
 
   void wake_all() {
     for (auto& w : waiters_) {
@@ -256,14 +145,7 @@ class world {
     if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
   }
 
-  void complete(message& m) {
-    waiter& w = waiter_of(m.owner);
-    {
-      std::lock_guard lock(w.mutex);
-      m.done = true;
-    }
-    w.wake.notify_all();
-  }
+  void complete(message& m);
 
   int size_;
   std::deque<mailbox> boxes_;  // deque: mutexes neither copy nor move
@@ -283,6 +165,159 @@ class world {
   pending pending_shrinks_;
   std::vector<std::weak_ptr<world>> children_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void world::fail(const std::string& reason) {
+  std::vector<std::shared_ptr<world>> children;
+  {
+    // Under the registry lock, so that a world split from this one right now sees the flag.
+    std::lock_guard lock(registry_mutex_);
+    if (failure_.empty()) failure_ = reason;
+    failed_.store(true, std::memory_order_release);
+    for (auto& weak : children_)
+      if (auto child = weak.lock()) children.push_back(std::move(child));
+  }
+  wake_all();
+  for (auto& child : children) child->fail(reason);
+}
+
+HERD_SEPARATE void world::abort_operation(int rank, std::uint64_t seq, const std::string& reason) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    auto& at = aborted_at_[static_cast<std::size_t>(rank)];
+    if (at == never) {
+      at = seq;
+      abort_reasons_[static_cast<std::size_t>(rank)] = reason;
+    }
+    events_.store(true, std::memory_order_release);
+  }
+  wake_all();
+}
+
+HERD_SEPARATE void world::depart(int rank, std::uint64_t issued) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    departed_at_[static_cast<std::size_t>(rank)] = issued;
+    events_.store(true, std::memory_order_release);
+  }
+  wake_all();
+}
+
+HERD_SEPARATE std::string world::hopeless(int me, const op_label& label) {
+  if (!events_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(registry_mutex_);
+  return hopeless_wait(
+      size_, me, label.seq,
+      [&](int q) {
+        const auto at = static_cast<std::size_t>(q);
+        return peer_news{departed_at_[at], aborted_at_[at], abort_reasons_[at]};
+      },
+      [](int q) { return q; }, label.str(), [](std::uint64_t at) { return "its operation #" + std::to_string(at); });
+}
+
+HERD_SEPARATE void world::stay(int rank, std::uint64_t round) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    present_in_[static_cast<std::size_t>(rank)] = round;
+  }
+  wake_all();
+}
+
+HERD_SEPARATE std::vector<int> world::staying(std::uint64_t round) {
+  std::lock_guard lock(registry_mutex_);
+  std::vector<int> result(static_cast<std::size_t>(size_), -1);
+  for (std::size_t q = 0; q < result.size(); ++q) result[q] = staying_answer(present_in_[q], departed_at_[q] != never, round);
+  return result;
+}
+
+HERD_SEPARATE void world::propose(int rank, std::uint64_t round, members_digest members) {
+  {
+    std::lock_guard lock(registry_mutex_);
+    proposals_[static_cast<std::size_t>(rank)] = {round, members};
+  }
+  wake_all();
+}
+
+HERD_SEPARATE member_news world::proposal_of(int q, std::uint64_t round) {
+  std::lock_guard lock(registry_mutex_);
+  const auto& [proposed_in, proposal] = proposals_[static_cast<std::size_t>(q)];
+  return {departed_at_[static_cast<std::size_t>(q)] != never, proposed_in == round, proposal};
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::survivors_world(std::uint64_t round, int members) {
+  std::lock_guard lock(registry_mutex_);
+  return shared_world(pending_shrinks_, std::make_pair(static_cast<int>(round), 0), members);
+}
+
+HERD_SEPARATE void world::post(const message_ptr& m) {
+  mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+  message_ptr partner;
+  {
+    std::lock_guard lock(box.mutex);
+    auto& partners = m->receiving ? box.sends : box.receives;
+    auto& mine = m->receiving ? box.receives : box.sends;
+    // A receive matches the oldest send from its peer; a send, the oldest receive expecting it.
+    auto match = std::find_if(partners.begin(), partners.end(), [&](const message_ptr& other) {
+      return other->tag == m->tag && (m->receiving ? other->owner == m->peer : other->peer == m->owner);
+    });
+    if (match == partners.end()) {
+      mine.push_back(m);
+      return;
+    }
+    partner = *match;
+    partners.erase(match);
+    transfer(m->receiving ? *partner : *m, m->receiving ? *m : *partner);
+  }
+  complete(*partner);
+  complete(*m);
+}
+
+HERD_SEPARATE bool world::withdraw(const message_ptr& m) {
+  mailbox& box = boxes_[static_cast<std::size_t>(m->receiving ? m->owner : m->peer)];
+  std::lock_guard lock(box.mutex);
+  auto& mine = m->receiving ? box.receives : box.sends;
+  auto it = std::find(mine.begin(), mine.end(), m);
+  if (it == mine.end()) return false;
+  mine.erase(it);
+  return true;
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::split_world(int rank, int color, int members) {
+  std::lock_guard lock(registry_mutex_);
+  const int n = splits_[static_cast<std::size_t>(rank)]++;
+  if (color == no_color) return nullptr;
+  return shared_world(pending_splits_, std::make_pair(n, color), members);
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::renewed_world(int rank) {
+  std::lock_guard lock(registry_mutex_);
+  return shared_world(pending_splits_, std::make_pair(renewals_[static_cast<std::size_t>(rank)]++, -1), size_);
+}
+
+HERD_SEPARATE std::shared_ptr<world> world::shared_world(pending& table, std::pair<int, int> key, int members) {
+  auto& entry = table[key];
+  if (!entry.first) {
+    entry.first = std::make_shared<world>(members);
+    entry.second = members;
+    children_.push_back(entry.first);
+    if (failed()) entry.first->fail(failure_);
+  }
+  auto result = entry.first;
+  if (--entry.second == 0) table.erase(key);
+  return result;
+}
+
+HERD_SEPARATE void world::complete(message& m) {
+  waiter& w = waiter_of(m.owner);
+  {
+    std::lock_guard lock(w.mutex);
+    m.done = true;
+  }
+  w.wake.notify_all();
+}
+
+#endif
 
 }  // namespace detail::local
 
@@ -342,72 +377,16 @@ class local_communicator {
   bool supports(device d) const noexcept { return d.is_cpu(); }
   detail::operation_state& operations() { return state(); }
 
-  request isend(const void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_buffer("isend", rank_, size(), data, bytes);
-    auto m = make_message(bytes, peer, tag, false);
-    m->send_data = data;
-    return start(std::move(m));
-  }
+  request isend(const void* data, std::size_t bytes, int peer, int tag);
 
-  request irecv(void* data, std::size_t bytes, int peer, int tag) {
-    detail::check_buffer("irecv", rank_, size(), data, bytes);
-    auto m = make_message(bytes, peer, tag, true);
-    m->receive_data = data;
-    return start(std::move(m));
-  }
+  request irecv(void* data, std::size_t bytes, int peer, int tag);
 
-  bool test(request& r) {
-    if (!r.pending()) return true;
-    {
-      std::lock_guard lock(world_->waiter_of(rank_).mutex);
-      if (!r.message_->done) {
-        if (world_->failed()) fail_with_world();
-        return false;
-      }
-    }
-    finish(r);
-    return true;
-  }
+  bool test(request& r);
 
-  void wait(request& r) {
-    if (!r.pending()) return;
-    {
-      // Inside an operation, time spent here is a phase of it in the timeline.
-      const detail::trace::span phase(ops_->track(),
-                                      ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
-                                      {.extra_name = "peer", .extra = r.message_->peer});
-      detail::local::waiter& w = world_->waiter_of(rank_);
-      // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
-      // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
-      // it), or by other traffic on the waiter (a progress thread's messages).
-      auto in_vain = [&] {
-        return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
-      };
-      detail::watched_wait(
-          options(), site(),
-          [&] {
-            {
-              std::lock_guard lock(w.mutex);
-              if (r.message_->done) return true;
-            }
-            if (in_vain()) check_peers();
-            return false;
-          },
-          [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
-          detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
-    }
-    finish(r);
-  }
+  void wait(request& r);
 
   // Raises if a peer aborted the running operation (or an earlier one), or left before it.
-  void check_peers() {
-    state();
-    if (world_->failed()) fail_with_world();
-    if (!ops_->in_operation()) return;
-    if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
-      detail::raise(site(), why, "");
-    }
-  }
+  void check_peers();
 
   void sendrecv(const void* send, std::size_t send_bytes, int destination, void* receive, std::size_t receive_bytes,
                 int source, int tag) {
@@ -424,9 +403,7 @@ class local_communicator {
 
   // The listed ranks, in the order listed, as a new communicator (Horovod's process set); the
   // others get one they are not members of. Every rank calls it, with the same list.
-  local_communicator subset(const std::vector<int>& ranks) const {
-    return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
-  }
+  local_communicator subset(const std::vector<int>& ranks) const;
 
   // A new communicator of the same ranks, with nothing in flight: how ranks go on after an
   // abort (as ncclCommAbort followed by a new ncclCommInitRank). Every rank calls it.
@@ -434,15 +411,8 @@ class local_communicator {
   // succeeded on some ranks before others gave up): if not, it raises on every rank, naming each
   // rank's last; renew(options, herd::rolled_back) is for ranks brought back to one state first.
   local_communicator renew() const { return renew(options()); }
-  local_communicator renew(const comm_options& options) const {
-    state().drain();  // queued operations first: they decide which operation completed last
-    const detail::op_label last = ops_->last_completed();
-    return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
-  }
-  local_communicator renew(const comm_options& options, rolled_back_t) const {
-    state().drain();
-    return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
-  }
+  local_communicator renew(const comm_options& options) const;
+  local_communicator renew(const comm_options& options, rolled_back_t) const;
 
   // A new communicator of the ranks that are still here, renumbered in their order here: how the
   // others go on when ranks left (their function returned, or they destroyed or left() their
@@ -452,51 +422,16 @@ class local_communicator {
   // said so or left; then each proposes the ranks it counted and waits until all of them proposed
   // the same, or raises.
   local_communicator shrink() const { return shrink(options()); }
-  local_communicator shrink(const comm_options& options) const {
-    state().drain();
-    const std::uint64_t round = ++shrinks_;
-    const detail::error_site site{"local_communicator::shrink", rank_, size()};
-    world_->stay(rank_, round);
-    std::vector<int> staying = world_->staying(round);
-    auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
-    watched_wait(options, site, [&] {
-      staying = world_->staying(round);
-      return unknown() == size();
-    }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
-    const std::vector<int> members = detail::staying_members(staying);
-    const detail::members_digest mine = detail::members_digest::of(members);
-    world_->propose(rank_, round, mine);
-    detail::members_state agreed;
-    watched_wait(options, site, [&] {
-      agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
-      return agreed.waiting_for < 0 || !agreed.problem.empty();
-    }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
-    if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-    return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
-  }
+  local_communicator shrink(const comm_options& options) const;
 
   // Tells the other ranks that this rank leaves (as destroying the communicator does), after its
   // queued operations; the communicator is then empty, as one moved from. Their waits for this
   // rank raise at once, and they go on without it with shrink().
-  void leave() noexcept {
-    if (!ops_) return;
-    ops_->drain();
-    world_->depart(rank_, ops_->issued());
-    ops_.reset();
-  }
+  void leave() noexcept;
 
   // Aborts the running operation: tells the peers (their waits for this rank raise at once). A
   // request of the operation still pending is withdrawn when its owner destroys it.
-  void abort(std::string_view reason) noexcept {
-    if (!ops_) return;
-    ops_->mark_aborted(reason);
-    try {
-      world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
-    } catch (...) {
-      world_->fail("a rank could not record an abort (out of memory)");
-    }
-  }
+  void abort(std::string_view reason) noexcept;
 
  private:
   // `renewed`: this rank's last completed operation of the communicator it renews, or null.
@@ -512,19 +447,7 @@ class local_communicator {
   explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
 
   // split and subset: a split operation of this communicator with this rank's request.
-  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const {
-    auto& self = const_cast<local_communicator&>(*this);
-    std::shared_ptr<detail::local::world> part;
-    int new_rank = -1;
-    detail::run_operation(self, {kind}, [&] {
-      const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
-      const std::vector<int> members = detail::split_members(all, mine.color);
-      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
-    });
-    if (!part) return local_communicator(outside_tag{});
-    return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
-  }
+  local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const;
 
   void take(local_communicator& other) noexcept {
     if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
@@ -543,36 +466,11 @@ class local_communicator {
     return *ops_;
   }
 
-  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const {
-    state();
-    detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
-    detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
-    if (world_->failed()) fail_with_world();
-    if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
-    auto m = std::make_shared<detail::local::message>();
-    m->bytes = bytes;
-    m->owner = rank_;
-    m->peer = peer;
-    m->tag = tag;
-    m->receiving = receiving;
-    return m;
-  }
+  detail::local::message_ptr make_message(std::size_t bytes, int peer, int tag, bool receiving) const;
 
-  request start(detail::local::message_ptr m) {
-    world_->post(m);
-    request r;
-    r.world_ = world_;
-    r.message_ = std::move(m);
-    return r;
-  }
+  request start(detail::local::message_ptr m);
 
-  void finish(request& r) {
-    auto m = std::move(r.message_);
-    if (!m->failure.empty()) {
-      detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
-                    "Post receive buffers at least as large as the messages sent to them");
-    }
-  }
+  void finish(request& r);
 
   // The watched wait of this rank's shrink(): until done(), woken by any news of the world (or
   // every 20 ms: done() reads the news outside the waiter's mutex, so one may come unnoticed
@@ -601,6 +499,179 @@ class local_communicator {
   mutable std::uint64_t shrinks_ = 0;  // shrink() calls on this communicator
   std::unique_ptr<detail::operation_state> ops_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE local_communicator::request local_communicator::isend(const void* data, std::size_t bytes, int peer, int tag) {
+  detail::check_buffer("isend", rank_, size(), data, bytes);
+  auto m = make_message(bytes, peer, tag, false);
+  m->send_data = data;
+  return start(std::move(m));
+}
+
+HERD_SEPARATE local_communicator::request local_communicator::irecv(void* data, std::size_t bytes, int peer, int tag) {
+  detail::check_buffer("irecv", rank_, size(), data, bytes);
+  auto m = make_message(bytes, peer, tag, true);
+  m->receive_data = data;
+  return start(std::move(m));
+}
+
+HERD_SEPARATE bool local_communicator::test(request& r) {
+  if (!r.pending()) return true;
+  {
+    std::lock_guard lock(world_->waiter_of(rank_).mutex);
+    if (!r.message_->done) {
+      if (world_->failed()) fail_with_world();
+      return false;
+    }
+  }
+  finish(r);
+  return true;
+}
+
+HERD_SEPARATE void local_communicator::wait(request& r) {
+  if (!r.pending()) return;
+  {
+    // Inside an operation, time spent here is a phase of it in the timeline.
+    const detail::trace::span phase(ops_->track(),
+                                    ops_->in_operation() ? (r.message_->receiving ? "wait to receive" : "wait to send") : nullptr,
+                                    {.extra_name = "peer", .extra = r.message_->peer});
+    detail::local::waiter& w = world_->waiter_of(rank_);
+    // Asleep until this rank's waiter is woken: by the message, by news that it never comes (a
+    // failed world, a peer's abort or departure: check_peers raises, at the first wake-up after
+    // it), or by other traffic on the waiter (a progress thread's messages).
+    auto in_vain = [&] {
+      return world_->failed() || (ops_->in_operation() && !world_->hopeless(rank_, ops_->current()).empty());
+    };
+    detail::watched_wait(
+        options(), site(),
+        [&] {
+          {
+            std::lock_guard lock(w.mutex);
+            if (r.message_->done) return true;
+          }
+          if (in_vain()) check_peers();
+          return false;
+        },
+        [] {}, [&] { return detail::waiting_for(*ops_, r.message_->peer, r.message_->receiving, r.message_->tag); },
+        detail::woken(w.mutex, w.wake, std::chrono::milliseconds(250), [&] { return r.message_->done || in_vain(); }));
+  }
+  finish(r);
+}
+
+HERD_SEPARATE void local_communicator::check_peers() {
+  state();
+  if (world_->failed()) fail_with_world();
+  if (!ops_->in_operation()) return;
+  if (std::string why = world_->hopeless(rank_, ops_->current()); !why.empty()) {
+    detail::raise(site(), why, "");
+  }
+}
+
+HERD_SEPARATE local_communicator local_communicator::subset(const std::vector<int>& ranks) const {
+  return split_by(detail::op_kind::subset, detail::subset_request(ranks, rank_), ranks);
+}
+
+HERD_SEPARATE local_communicator local_communicator::renew(const comm_options& options) const {
+  state().drain();  // queued operations first: they decide which operation completed last
+  const detail::op_label last = ops_->last_completed();
+  return local_communicator(world_->renewed_world(rank_), rank_, options, &last);
+}
+
+HERD_SEPARATE local_communicator local_communicator::renew(const comm_options& options, rolled_back_t) const {
+  state().drain();
+  return local_communicator(world_->renewed_world(rank_), rank_, options, nullptr);
+}
+
+HERD_SEPARATE local_communicator local_communicator::shrink(const comm_options& options) const {
+  state().drain();
+  const std::uint64_t round = ++shrinks_;
+  const detail::error_site site{"local_communicator::shrink", rank_, size()};
+  world_->stay(rank_, round);
+  std::vector<int> staying = world_->staying(round);
+  auto unknown = [&] { return static_cast<int>(std::find(staying.begin(), staying.end(), -1) - staying.begin()); };
+  watched_wait(options, site, [&] {
+    staying = world_->staying(round);
+    return unknown() == size();
+  }, [&] { return "for rank " + std::to_string(unknown()) + " to say whether it stays or left"; });
+  const std::vector<int> members = detail::staying_members(staying);
+  const detail::members_digest mine = detail::members_digest::of(members);
+  world_->propose(rank_, round, mine);
+  detail::members_state agreed;
+  watched_wait(options, site, [&] {
+    agreed = detail::members_verdict(members, rank_, mine, [&](int q) { return world_->proposal_of(q, round); });
+    return agreed.waiting_for < 0 || !agreed.problem.empty();
+  }, [&] { return "for rank " + std::to_string(agreed.waiting_for) + " to say which ranks it counted as staying"; });
+  if (!agreed.problem.empty()) detail::raise(site, agreed.problem, detail::shrink_advice());
+  const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  return local_communicator(world_->survivors_world(round, static_cast<int>(members.size())), new_rank, options, nullptr);
+}
+
+HERD_SEPARATE void local_communicator::leave() noexcept {
+  if (!ops_) return;
+  ops_->drain();
+  world_->depart(rank_, ops_->issued());
+  ops_.reset();
+}
+
+HERD_SEPARATE void local_communicator::abort(std::string_view reason) noexcept {
+  if (!ops_) return;
+  ops_->mark_aborted(reason);
+  try {
+    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
+  } catch (...) {
+    world_->fail("a rank could not record an abort (out of memory)");
+  }
+}
+
+HERD_SEPARATE local_communicator local_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
+                                                            std::span<const int> ranks) const {
+  auto& self = const_cast<local_communicator&>(*this);
+  std::shared_ptr<detail::local::world> part;
+  int new_rank = -1;
+  detail::run_operation(self, {kind}, [&] {
+    const std::vector<detail::split_request> all = detail::agree_split(self, mine, ranks);
+    const std::vector<int> members = detail::split_members(all, mine.color);
+    new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    part = world_->split_world(rank_, mine.color, static_cast<int>(members.size()));
+  });
+  if (!part) return local_communicator(outside_tag{});
+  return local_communicator(std::move(part), new_rank, options(), adopt_tag{});
+}
+
+HERD_SEPARATE detail::local::message_ptr local_communicator::make_message(std::size_t bytes, int peer, int tag,
+                                                                        bool receiving) const {
+  state();
+  detail::check_peer(receiving ? "irecv" : "isend", rank_, size(), peer);
+  detail::check_tag(receiving ? "irecv" : "isend", rank_, size(), tag);
+  if (world_->failed()) fail_with_world();
+  if (ops_->aborted() && !ops_->in_operation()) ops_->raise_aborted(receiving ? "irecv" : "isend", rank_, size());
+  auto m = std::make_shared<detail::local::message>();
+  m->bytes = bytes;
+  m->owner = rank_;
+  m->peer = peer;
+  m->tag = tag;
+  m->receiving = receiving;
+  return m;
+}
+
+HERD_SEPARATE local_communicator::request local_communicator::start(detail::local::message_ptr m) {
+  world_->post(m);
+  request r;
+  r.world_ = world_;
+  r.message_ = std::move(m);
+  return r;
+}
+
+HERD_SEPARATE void local_communicator::finish(request& r) {
+  auto m = std::move(r.message_);
+  if (!m->failure.empty()) {
+    detail::raise({m->receiving ? "irecv" : "isend", rank_, size()}, m->failure,
+                  "Post receive buffers at least as large as the messages sent to them");
+  }
+}
+
+#endif
 
 namespace local {
 

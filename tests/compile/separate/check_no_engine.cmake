@@ -43,13 +43,14 @@ foreach(member IN ITEMS create join_node post wait abort leave shrink "~mpi_comm
 endforeach()
 # The training layer, called from training.cpp and compiled in neither file: the reducer's members
 # that reduce (optim/detail/reducer.hpp), the gradients' first check, the checkpoint's collective
-# save and load, and the optimizers' loops over pairs of dtypes (HERD_SEPARATE, optim/detail/host_ops.hpp).
+# save and load and its file code, and the optimizers' loops over pairs of dtypes (HERD_SEPARATE:
+# checkpoint/checkpoint.hpp, optim/detail/host_ops.hpp).
 foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_all"
                        "detail::host::reducer<herd::mpi_communicator>::mark_one"
                        "detail::host::reducer<herd::mpi_communicator>::finish"
                        "detail::host::gradient_checks<herd::mpi_communicator>::check"
                        "host::checkpoint::save<herd::mpi_communicator>"
-                       "host::checkpoint::load<herd::mpi_communicator>"
+                       "host::checkpoint::load<herd::mpi_communicator>" "host::checkpoint::insert"
                        "detail::host_accumulate" "detail::host_fold" "detail::require_parameter_pairs")
   string(REPLACE "<" "[<]" pattern "${entry}")
   string(REPLACE ">" "[>]" pattern "${pattern}")

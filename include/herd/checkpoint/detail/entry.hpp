@@ -6,6 +6,7 @@
 #include <herd/checkpoint/detail/file.hpp>
 #include <herd/checkpoint/detail/layout.hpp>
 #include <herd/checkpoint/detail/safetensors.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
@@ -36,7 +37,14 @@ struct entry {
 };
 
 // What is wrong with an entry's memory as it is now, if anything.
-inline std::optional<failure> fault(const entry& e, const buffer_view& v) {
+HERD_SEPARATE std::optional<failure> fault(const entry& e, const buffer_view& v);
+
+// Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
+HERD_SEPARATE void copy_in(const entry& e, const buffer_view& view, const std::byte* from);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::optional<failure> fault(const entry& e, const buffer_view& v) {
   const std::string what = "the tensor " + st::json_string(e.name);
   std::string dims;
   for (std::uint64_t d : e.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
@@ -76,8 +84,7 @@ inline std::optional<failure> fault(const entry& e, const buffer_view& v) {
   return std::nullopt;
 }
 
-// Fills an entry's memory `view` from the file's bytes at `from`, in its own order.
-inline void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
+HERD_SEPARATE void copy_in(const entry& e, const buffer_view& view, const std::byte* from) {
   if (view.count == 0) return;
   if (e.column_major) {
     if (const std::vector<std::size_t> shape = e.column_major(); reorders(shape)) {
@@ -86,6 +93,8 @@ inline void copy_in(const entry& e, const buffer_view& view, const std::byte* fr
   }
   std::memcpy(view.data, from, view.bytes());
 }
+
+#endif
 
 }  // namespace herd::detail::ckpt
 

@@ -9,6 +9,7 @@
 // POSIX only (fsync, rename).
 
 #include <herd/checkpoint/detail/safetensors.hpp>
+#include <herd/core/config.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
 #include <fcntl.h>
@@ -52,18 +53,11 @@ struct failure {
   std::string todo;
 };
 
-inline std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull) {
-  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  return state;
-}
+HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state = 14695981039346656037ull);
 
-inline std::string system_message(int code) { return std::generic_category().message(code); }
+HERD_SEPARATE std::string system_message(int code);
 
-inline std::string hex(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
+HERD_SEPARATE std::string hex(std::uint64_t value);
 
 [[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
   throw failure{path.string() + " is damaged: " + detail,
@@ -79,7 +73,41 @@ using file_handle = std::unique_ptr<std::FILE, file_closer>;
 // Writes the length of `header`, `header` with its checksum filled in, and the data of `views` to
 // a temporary file beside `path`, then renames it over `path`. Until the rename, `path` keeps its
 // previous content, whatever happens to this process.
-inline void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
+HERD_SEPARATE void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views);
+
+// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
+struct file_contents {
+  std::string bytes;
+  std::size_t data_start = 0;
+  std::vector<st::tensor_info> tensors;  // by offset
+  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
+
+  // The bytes of tensors[t].
+  const std::byte* data(std::size_t t) const {
+    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
+  }
+};
+
+// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
+// it does not exist.
+HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state) {
+  for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return state;
+}
+
+HERD_SEPARATE std::string system_message(int code) { return std::generic_category().message(code); }
+
+HERD_SEPARATE std::string hex(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+HERD_SEPARATE void write_file(const std::filesystem::path& path, std::string header, const std::vector<buffer_view>& views) {
   const std::uint64_t length = header.size();  // little-endian, as the host (safetensors.hpp)
   // The file's hash with the digits as '0', as `header` holds them now.
   std::uint64_t hash = fnv1a64(header.data(), header.size(), fnv1a64(&length, sizeof length));
@@ -128,22 +156,7 @@ inline void write_file(const std::filesystem::path& path, std::string header, co
   }
 }
 
-// A checkpoint file read into memory: one snapshot, so that what was checked is what is loaded.
-struct file_contents {
-  std::string bytes;
-  std::size_t data_start = 0;
-  std::vector<st::tensor_info> tensors;  // by offset
-  std::string_view header() const { return std::string_view(bytes).substr(8, data_start - 8); }
-
-  // The bytes of tensors[t].
-  const std::byte* data(std::size_t t) const {
-    return reinterpret_cast<const std::byte*>(bytes.data() + data_start + tensors[t].begin);
-  }
-};
-
-// The file at `path`, its structure (and a herd file's checksum and version) checked; nullopt if
-// it does not exist.
-inline std::optional<file_contents> read_file(const std::filesystem::path& path) {
+HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path) {
   file_handle file(std::fopen(path.c_str(), "rb"));
   struct stat info {};
   const int code = !file ? errno : ::fstat(::fileno(file.get()), &info) != 0 ? errno : 0;
@@ -204,6 +217,8 @@ inline std::optional<file_contents> read_file(const std::filesystem::path& path)
   f.tensors = std::move(parsed.tensors);
   return f;
 }
+
+#endif
 
 }  // namespace detail::ckpt
 }  // namespace herd

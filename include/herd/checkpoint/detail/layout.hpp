@@ -7,6 +7,8 @@
 // and back: element (i, j) here is t[i][j] in Python. The file has no field for a layout, so the
 // order of the data is the only way to keep the logical tensor.
 
+#include <herd/core/config.hpp>
+
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -15,16 +17,23 @@ namespace herd::detail::ckpt {
 
 // Whether memory of `shape` in column-major order differs from row-major order: it does unless
 // at most one dimension exceeds 1.
-inline bool reorders(const std::vector<std::size_t>& shape) {
+HERD_SEPARATE bool reorders(const std::vector<std::size_t>& shape);
+
+// Copies the elements of a tensor of `shape`, `element` bytes each, from column-major memory to
+// row-major order (`to_row_major`), or back.
+HERD_SEPARATE void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
+                           bool to_row_major);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool reorders(const std::vector<std::size_t>& shape) {
   std::size_t longer = 0;
   for (std::size_t d : shape) longer += d > 1 ? 1 : 0;
   return longer > 1;
 }
 
-// Copies the elements of a tensor of `shape`, `element` bytes each, from column-major memory to
-// row-major order (`to_row_major`), or back.
-inline void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
-                    bool to_row_major) {
+HERD_SEPARATE void reorder(void* out, const void* in, const std::vector<std::size_t>& shape, std::size_t element,
+                           bool to_row_major) {
   std::size_t count = 1;
   for (std::size_t d : shape) count *= d;
   if (count == 0) return;
@@ -45,6 +54,8 @@ inline void reorder(void* out, const void* in, const std::vector<std::size_t>& s
     }
   }
 }
+
+#endif
 
 }  // namespace herd::detail::ckpt
 

@@ -7,6 +7,7 @@
 // whose bytes (little-endian, row-major) are [begin, end) of the data section. The tensors tile
 // the data section from its first byte to its last, as the reference reader demands.
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 
 #include <algorithm>
@@ -57,15 +58,40 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
 }
 
 // Whether `name` is the safetensors name of one of herd's dtypes.
-inline bool is_herd_dtype(std::string_view name) noexcept {
+HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept;
+
+// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
+HERD_SEPARATE std::uint64_t element_bytes(std::string_view name);
+
+// The product of `shape`; nullopt if it overflows.
+HERD_SEPARATE std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape);
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+HERD_SEPARATE bool is_utf8(std::string_view text);
+
+// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
+// messages, since a damaged file can hold any bytes where a name should be).
+HERD_SEPARATE std::string json_string(std::string_view text);
+
+// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
+// of 8 bytes so that the data section starts aligned.
+HERD_SEPARATE std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                        const std::vector<tensor_info>& tensors);
+
+// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
+// fit each tensor's shape and dtype and tile the data section from its start.
+HERD_SEPARATE header parse_header(std::string_view text);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept {
   for (int i = 0; is_valid(static_cast<dtype>(i)); ++i) {
     if (dtype_name(static_cast<dtype>(i)) == name) return true;
   }
   return false;
 }
 
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
-inline std::uint64_t element_bytes(std::string_view name) {
+HERD_SEPARATE std::uint64_t element_bytes(std::string_view name) {
   constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
       {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
@@ -74,8 +100,7 @@ inline std::uint64_t element_bytes(std::string_view name) {
   return it == std::end(sizes) ? 0 : it->second;
 }
 
-// The product of `shape`; nullopt if it overflows.
-inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
+HERD_SEPARATE std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape) {
   std::uint64_t n = 1;
   for (std::uint64_t d : shape) {
     if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
@@ -84,8 +109,7 @@ inline std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& s
   return n;
 }
 
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-inline bool is_utf8(std::string_view text) {
+HERD_SEPARATE bool is_utf8(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
@@ -102,9 +126,7 @@ inline bool is_utf8(std::string_view text) {
   return true;
 }
 
-// `text` as a JSON string: quotes, backslashes and control bytes escaped (also how names appear in
-// messages, since a damaged file can hold any bytes where a name should be).
-inline std::string json_string(std::string_view text) {
+HERD_SEPARATE std::string json_string(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     char escaped[7] = {'\\', c, '\0'};
@@ -115,10 +137,8 @@ inline std::string json_string(std::string_view text) {
   return out + "\"";
 }
 
-// The header of a file of `tensors` (offsets set, in data order), padded with spaces to a multiple
-// of 8 bytes so that the data section starts aligned.
-inline std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
-                                 const std::vector<tensor_info>& tensors) {
+HERD_SEPARATE std::string format_header(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                        const std::vector<tensor_info>& tensors) {
   std::string out = "{\"__metadata__\":{";
   for (const auto& [key, value] : metadata) {
     out += (out.back() == '{' ? "" : ",") + json_string(key) + ":" + json_string(value);
@@ -242,9 +262,7 @@ class json_reader {
   std::size_t at_ = 0;
 };
 
-// Parses and checks a header: well-formed JSON, each name once, known dtypes, data offsets that
-// fit each tensor's shape and dtype and tile the data section from its start.
-inline header parse_header(std::string_view text) {
+HERD_SEPARATE header parse_header(std::string_view text) {
   if (!is_utf8(text)) throw malformed{"its header is not valid UTF-8"};
   header h;
   json_reader json(text);
@@ -296,6 +314,8 @@ inline header parse_header(std::string_view text) {
   }
   return h;
 }
+
+#endif
 
 }  // namespace herd::detail::safetensors
 
