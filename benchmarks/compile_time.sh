@@ -88,6 +88,7 @@ if [[ -n "${BASELINE:-}" ]]; then
 fi
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+spread() { sort -g | awk 'NR == 1 {low = $1} {high = $1} END {print low "-" high}'; }  # min-max
 time_one() {  # compiler flags source -> seconds
   local start end
   start=$(date +%s.%N)
@@ -101,13 +102,14 @@ printf 'herd compile times: %s, %s, %s run(s) each, -std=c++20 -O2 -c, include f
   "$($cxx --version | head -1)" "$(nproc) cores" "$runs" "$include" "$(date -u +%Y-%m-%d)"
 names=()
 medians=()
-baseline_medians=()  # with BASELINE: "median (min-max)" of the baseline's headers, per case
-ranges=()
+ranges=()            # with BASELINE, per case: min-max of its runs,
+baseline_medians=()  # the median of the runs with the baseline's headers,
+baseline_ranges=()   # and their min-max
 for spec in "${cases[@]}"; do
   IFS='|' read -r name compiler flags source needs <<<"$spec"
   names+=("$name")
   if [[ -n "$needs" && ! -e "$needs" ]]; then
-    medians+=("skipped ($needs not found)") baseline_medians+=("") ranges+=("")
+    medians+=("skipped ($needs not found)") ranges+=("") baseline_medians+=("") baseline_ranges+=("")
     continue
   fi
   samples=() before=()
@@ -119,10 +121,11 @@ for spec in "${cases[@]}"; do
   done
   medians+=("$(printf '%s\n' "${samples[@]}" | median)")
   if ((${#before[@]})); then
-    baseline_medians+=("$(printf '%s\n' "${before[@]}" | median) ($(printf '%s\n' "${before[@]}" | sort -g | head -1)-$(printf '%s\n' "${before[@]}" | sort -g | tail -1))")
-    ranges+=("$(printf '%s\n' "${samples[@]}" | sort -g | head -1)-$(printf '%s\n' "${samples[@]}" | sort -g | tail -1)")
+    ranges+=("$(printf '%s\n' "${samples[@]}" | spread)")
+    baseline_medians+=("$(printf '%s\n' "${before[@]}" | median)")
+    baseline_ranges+=("$(printf '%s\n' "${before[@]}" | spread)")
   else
-    baseline_medians+=("") ranges+=("")
+    ranges+=("") baseline_medians+=("") baseline_ranges+=("")
   fi
 done
 value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; return 0; }
@@ -145,8 +148,8 @@ for i in "${!names[@]}"; do
   elif [[ -z "${baseline_medians[$i]}" ]]; then
     printf '| %s | %.2f | %s | | |\n' "$name" "$m" "$ratio"
   else
-    b=${baseline_medians[$i]%% *}
-    printf '| %s | %.2f (%s) | %s | %s | %s |\n' "$name" "$m" "${ranges[$i]}" "$ratio" "${baseline_medians[$i]}" \
+    b=${baseline_medians[$i]}
+    printf '| %s | %.2f (%s) | %s | %.2f (%s) | %s |\n' "$name" "$m" "${ranges[$i]}" "$ratio" "$b" "${baseline_ranges[$i]}" \
       "$(awk -v a="$m" -v b="$b" 'BEGIN { printf "%.2f", a / b }')"
   fi
 done
