@@ -8435,11 +8435,19 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 // own earlier work, so no ring of ranks can wait on itself; copies, transfers and reductions of
 // different items overlap. The broadcast is a pipelined chain through the same slots.
 //
-// The device side is a backend that runs operations in order on one stream:
-//   to_host(host, device, bytes), to_device(device, host, bytes), copy(device, device, bytes),
-//   reduce(type, op, out, a, b, n, avg_ranks), mark() -> marker, done(marker), wait(marker),
-//   finish(), host_buffer(bytes, which) (page-locked; which is 0 or 1), device_buffer(bytes).
-// cuda/staging.hpp runs it on a CUDA stream; the tests run it on a worker thread over host memory.
+// The device side is a backend with two queues, each run in order, one per direction over the
+// link, so that a segment's way out overlaps another's way in:
+//   outbound: to_host(host, device, bytes)
+//   inbound:  to_device(device, host, bytes), copy(device, device, bytes),
+//             reduce(type, op, out, a, b, n, avg_ranks)
+//   mark_outbound(), mark_inbound() -> marker (after the work queued so far on that queue);
+//   outbound_after(m), inbound_after(m): that queue's later work waits for m (of the other one);
+//   done(marker), wait(marker), finish(), host_buffer(bytes, which) (page-locked; which is 0 or
+//   1), device_buffer(bytes).
+// The ring orders the two queues exactly where the data asks for it: an item's way out after the
+// way in of the item it forwards (which wrote what it sends), and an item's way in after its own
+// way out (which may read what the way in overwrites); everything else overlaps. cuda/staging.hpp
+// runs the queues on two CUDA streams; the tests on two worker threads over host memory.
 
 
 #include <cstddef>
@@ -8488,9 +8496,12 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::byte* device_slots = dev.device_buffer(W * slot_bytes);
   using marker = typename Backend::marker;
   using request = typename C::request;
-  std::vector<marker> staged_copy(W);  // the device-to-host copy of the item in each send slot
-  std::vector<marker> drained(W);      // the last device work reading each receive slot
+  std::vector<marker> staged_copy(total);  // each item's way out (outbound)
+  std::vector<marker> drained(total);      // each item's way in and device work (inbound)
   std::vector<request> receives(W);
+  // What the caller queued inbound before the ring (an allgather's own chunk copied into place)
+  // is read by the first ways out.
+  dev.outbound_after(dev.mark_inbound());
   std::deque<request> sends;  // in order, from item `sends_done`
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
@@ -8499,7 +8510,7 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   auto step = [&] {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
-    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
+    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted - W]))) {
       receives[posted % W] = comm.irecv(receive_slots + (posted % W) * slot_bytes,
                                         receive_bytes(step_of(posted), posted % segments), left, tag);
       ++posted;
@@ -8508,12 +8519,13 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
     // Stage what is final on the device into free send slots.
     while (staged < total && staged < sends_done + W && (staged < segments || staged - segments < arrivals)) {
       const auto [from, bytes] = send_from(step_of(staged), staged % segments);
+      if (staged >= segments) dev.outbound_after(drained[staged - segments]);
       dev.to_host(send_slots + (staged % W) * slot_bytes, from, bytes);
-      staged_copy[staged % W] = dev.mark();
+      staged_copy[staged] = dev.mark_outbound();
       ++staged;
       progress = true;
     }
-    while (sent < staged && dev.done(staged_copy[sent % W])) {
+    while (sent < staged && dev.done(staged_copy[sent])) {
       const std::size_t bytes = send_from(step_of(sent), sent % segments).second;
       sends.push_back(comm.isend(send_slots + (sent % W) * slot_bytes, bytes, right, tag));
       ++sent;
@@ -8530,8 +8542,9 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       const std::size_t slot = arrivals % W;
       const int s = step_of(arrivals);
       const std::size_t k = arrivals % segments;
+      dev.inbound_after(staged_copy[arrivals]);
       arrived(s, k, receive_slots + slot * slot_bytes, receive_bytes(s, k), device_slots + slot * slot_bytes);
-      drained[slot] = dev.mark();
+      drained[arrivals] = dev.mark_inbound();
       ++arrivals;
       progress = true;
     }
@@ -8677,7 +8690,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
     if (!receives_from_left) {
       while (ready < segments && slot_free(ready)) {
         dev.to_host(slots + (ready % W) * segment_bytes, data + ready * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark();
+        copied[ready % W] = dev.mark_outbound();
         ++ready;
         progress = true;
       }
@@ -8689,7 +8702,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       }
       while (ready < posted && comm.test(receives[ready % W])) {
         dev.to_device(data + ready * segment_bytes, slots + (ready % W) * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark();
+        copied[ready % W] = dev.mark_inbound();
         ++ready;
         progress = true;
       }
@@ -8722,10 +8735,13 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
 // ---- herd/cuda/staging.hpp ----
 #ifndef HERD_CUDA_STAGING_HPP
 #define HERD_CUDA_STAGING_HPP
-// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
-// stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
-// and events as markers. One per device and thread, so that its buffers (the staging slots, of a
-// size bounded by the segment) are reused.
+// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on two CUDA
+// streams of herd's own, one per direction over the link: copies from the device to page-locked
+// host memory on the outbound stream; copies to the device, herd's reduce kernel and device
+// copies on the inbound one, so that a segment goes out while another comes in (PCIe moves both
+// ways at once). Events are the markers, and each cross-stream ordering the algorithm asks for is
+// an event wait. One per device and thread, so that its buffers (the staging slots, of a size
+// bounded by the segment) are reused.
 
 
 // ---- herd/cuda/kernels.hpp ----
@@ -8750,8 +8766,11 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
 #define HERD_CUDA_DETAIL_BATCHED_BODY_HPP
 // The body of herd's batched copy: many tensors packed into (or unpacked from) one fusion buffer
 // in a single kernel launch, each element cast and scaled on the way. Work is cut into blocks of
-// `elements_per_block` elements of one tensor; block b finds its tensor by binary search over the
-// tensors' first blocks, and its threads share that block's range.
+// `elements_per_block` elements of one tensor; block b reads its tensor's index from a table the
+// host made with the descriptors (batch_block_entries), and its threads share that block's range.
+// (A binary search over the tensors' first blocks, which this table replaced, is about ten
+// dependent loads before a block's first copy: with 1000 tensors it left the pack of 64 MiB at
+// 0.68 of a device copy on an H200.)
 
 
 // ---- herd/cuda/detail/elementwise_body.hpp ----
@@ -8856,6 +8875,7 @@ HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_
 
 #endif  // HERD_CUDA_DETAIL_VECTOR_ACCESS_HPP
 
+#include <cmath>
 #include <cstddef>
 #include <type_traits>
 
@@ -8884,16 +8904,46 @@ template <class T, reduce_op Op> HERD_HOST_DEVICE T combine_numbers(T a, T b) {
   else return combine<Op>{}(a, b);  // min, max: a comparison, nothing converted back
 }
 
-// avg's division by the rank count: by a power of two it is a multiplication by the exact
-// reciprocal, which rounds the same and costs one instruction where a division costs about ten.
+// avg's division by the rank count, as multiplications by the reciprocal r = 1/n rounded to
+// nearest. By a power of two, q = x * r is exact. By any other count q is within an ulp of x / n,
+// and one correction gives the division's own rounding: the remainder x - q * n is exact in one
+// fused multiply-add, and q + remainder * r, rounded once, is the correctly rounded quotient
+// (Markstein's theorem, for results clear of the subnormal range; the kernels divide only 16-bit
+// values widened to float, and the tests check every one of them, bf16's subnormals included,
+// against the division). Three instructions where a division costs about ten and a slow-path
+// branch: the f16 average over 3 ranks ran at 0.75 of a copy on an H200 with the division. An
+// exact q is kept as it is (a zero remainder would turn -0 into +0), and so is an infinite one
+// (its remainder would be a NaN).
 template <class C> struct rank_divisor {
-  int ranks;
+  C ranks;
   C reciprocal;
   bool exact;
   HERD_HOST_DEVICE explicit rank_divisor(int n)
-      : ranks(n), reciprocal(n > 0 ? C(1) / static_cast<C>(n) : C(0)), exact(n > 0 && (n & (n - 1)) == 0) {}
-  HERD_HOST_DEVICE C operator()(C x) const { return exact ? x * reciprocal : x / static_cast<C>(ranks); }
+      : ranks(static_cast<C>(n)), reciprocal(n > 0 ? C(1) / static_cast<C>(n) : C(0)), exact(n > 0 && (n & (n - 1)) == 0) {}
+  HERD_HOST_DEVICE C operator()(C x) const {
+    const C q = x * reciprocal;
+    if (exact) return q;
+    const C remainder = std::fma(-q, ranks, x);
+    const C corrected = std::fma(remainder, reciprocal, q);
+    return remainder != C(0) && std::isfinite(q) ? corrected : q;
+  }
 };
+
+// Runs store(i, load(i)) for i = thread, thread + threads, ... below `count`, four at a time with
+// the four loads issued before the first store: the compiler cannot move a load past a store that
+// might alias it, and one load in flight per thread leaves most of a GPU's memory bandwidth idle.
+template <class Load, class Store>
+HERD_HOST_DEVICE void grid_stride_by_four(std::size_t count, std::size_t thread, std::size_t threads, Load load, Store store) {
+  std::size_t i = thread;
+  for (; i + 3 * threads < count; i += 4 * threads) {
+    const auto x0 = load(i), x1 = load(i + threads), x2 = load(i + 2 * threads), x3 = load(i + 3 * threads);
+    store(i, x0);
+    store(i + threads, x1);
+    store(i + 2 * threads, x2);
+    store(i + 3 * threads, x3);
+  }
+  for (; i < count; i += threads) store(i, load(i));
+}
 
 // out[i] = a[i] ∘ b[i] (divided by avg_ranks when non-zero); out may be a or b.
 template <class T> struct reduce_args {
@@ -8918,26 +8968,27 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
   if (!together || head >= p.n) head = p.n;  // no common alignment: every element one by one
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.a[i], p.b[i]);
   const std::size_t vectors = (p.n - head) / V;
-  for (std::size_t v = thread; v < vectors; v += threads) {
-    const std::size_t at = head + v * V;
-    const auto x = load_lanes<T, V>(p.a + at);
-    const auto y = load_lanes<T, V>(p.b + at);
+  struct pair {
+    lanes<T, V> x, y;
+  };
+  auto load = [&](std::size_t v) { return pair{load_lanes<T, V>(p.a + head + v * V), load_lanes<T, V>(p.b + head + v * V)}; };
+  auto store = [&](std::size_t v, const pair& in) {
     lanes<T, V> r;
     if constexpr (herd::detail::is_16bit_float<T>) {
       bool numbers = true;
-      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
+      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(in.x.v[j]) & is_number(in.y.v[j]);
       if (numbers) {
         for (std::size_t j = 0; j < V; ++j) {
-          const T c = combine_numbers<T, Op>(x.v[j], y.v[j]);
+          const T c = combine_numbers<T, Op>(in.x.v[j], in.y.v[j]);
           r.v[j] = p.avg_ranks > 0 ? unchecked_narrow<T>(divide(unchecked_widen(c))) : c;
         }
-        store_lanes<T, V>(p.out + at, r);
-        continue;
+        return store_lanes<T, V>(p.out + head + v * V, r);
       }
     }
-    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j], y.v[j]);
-    store_lanes<T, V>(p.out + at, r);
-  }
+    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(in.x.v[j], in.y.v[j]);
+    store_lanes<T, V>(p.out + head + v * V, r);
+  };
+  grid_stride_by_four(vectors, thread, threads, load, store);
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.a[i], p.b[i]);
 }
 
@@ -8974,13 +9025,13 @@ HERD_HOST_DEVICE void cast_thread(const cast_args<D, S>& p, std::size_t thread, 
   if (head != steps_to_alignment(p.out, sizeof(D), sizeof(D) * V) || head >= p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.in[i]);
   const std::size_t vectors = (p.n - head) / V;
-  for (std::size_t v = thread; v < vectors; v += threads) {
-    const std::size_t at = head + v * V;
-    const auto x = load_lanes<S, V>(p.in + at);
-    lanes<D, V> r;
-    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j]);
-    store_lanes<D, V>(p.out + at, r);
-  }
+  grid_stride_by_four(
+      vectors, thread, threads, [&](std::size_t v) { return load_lanes<S, V>(p.in + head + v * V); },
+      [&](std::size_t v, const lanes<S, V>& x) {
+        lanes<D, V> r;
+        for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j]);
+        store_lanes<D, V>(p.out + head + v * V, r);
+      });
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.in[i]);
 }
 
@@ -9003,17 +9054,7 @@ template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, st
   const std::size_t words = (p.n - head) / W;
   auto from = [&](std::size_t w) { return load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)); };
   auto to = [&](std::size_t w, const lanes<Word, V>& x) { store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w), x); };
-  // Four loads in flight before the first store: the compiler cannot reorder them past stores
-  // that might alias, and one load at a time leaves most of a GPU's memory bandwidth idle.
-  std::size_t w = thread;
-  for (; w + 3 * threads < words; w += 4 * threads) {
-    const auto x0 = from(w), x1 = from(w + threads), x2 = from(w + 2 * threads), x3 = from(w + 3 * threads);
-    to(w, x0);
-    to(w + threads, x1);
-    to(w + 2 * threads, x2);
-    to(w + 3 * threads, x3);
-  }
-  for (; w < words; w += threads) to(w, from(w));
+  grid_stride_by_four(words, thread, threads, from, to);
   for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
@@ -9033,6 +9074,8 @@ HERD_HOST_DEVICE inline void copy_thread(const copy_args& p, std::size_t thread,
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace herd::cuda::detail {
 
@@ -9045,28 +9088,16 @@ struct batch_entry {
 
 struct batch_args {
   const batch_entry* entries;
-  std::uint32_t entry_count;
+  const std::uint32_t* entry_of_block;  // the entry each block belongs to
   std::uint64_t elements_per_block;
   double scale;
 };
-
-// The entry block `block` belongs to: the last one whose first_block <= block.
-HERD_HOST_DEVICE inline std::uint32_t batch_entry_of(const batch_args& a, std::uint64_t block) {
-  std::uint32_t lo = 0;
-  std::uint32_t hi = a.entry_count - 1;
-  while (lo < hi) {
-    const std::uint32_t mid = lo + (hi - lo + 1) / 2;
-    if (a.entries[mid].first_block <= block) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
 
 // Thread `thread` of `threads` in block `block`: D and S are the element types of out and in
 // (the same type and a scale of 1 take the byte-copy path).
 template <class D, class S>
 HERD_HOST_DEVICE void batch_thread(const batch_args& a, std::uint64_t block, std::size_t thread, std::size_t threads) {
-  const batch_entry& e = a.entries[batch_entry_of(a, block)];
+  const batch_entry& e = a.entries[a.entry_of_block[block]];
   const std::uint64_t begin = (block - e.first_block) * a.elements_per_block;
   if (begin >= e.count) return;
   const std::uint64_t n = e.count - begin < a.elements_per_block ? e.count - begin : a.elements_per_block;
@@ -9084,6 +9115,15 @@ HERD_HOST_DEVICE void batch_thread(const batch_args& a, std::uint64_t block, std
 // Blocks a tensor of `count` elements needs.
 HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uint64_t elements_per_block) {
   return count == 0 ? 0 : (count + elements_per_block - 1) / elements_per_block;
+}
+
+// The entry each block belongs to, for entries in order of their first blocks (batch_args).
+inline std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries, std::uint64_t elements_per_block) {
+  std::vector<std::uint32_t> owner;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    owner.resize(entries[i].first_block + batch_blocks(entries[i].count, elements_per_block), static_cast<std::uint32_t>(i));
+  }
+  return owner;
 }
 
 }  // namespace herd::cuda::detail
@@ -9296,8 +9336,8 @@ class batched_copy {
     if (blocks == 0) return;
     if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
     const device_guard on(device_of(stream));
-    slot& turn = slot_for(table, stream);
-    const detail::batch_args args{turn.device_table, static_cast<std::uint32_t>(table.size()), per_block, scale};
+    slot& turn = slot_for(table, per_block, stream);
+    const detail::batch_args args{turn.device_table, turn.device_owners, per_block, scale};
     const auto grid = static_cast<unsigned>(blocks);
     if (bytes) {
       kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
@@ -9318,19 +9358,21 @@ class batched_copy {
     pinned_buffer on_host;
     std::optional<event> used;  // recorded after the launch that last read this slot
     std::vector<detail::batch_entry> table;  // what the slot holds on the device
+    std::uint64_t per_block = 0;
     cudaStream_t stream = nullptr;           // where it was last read
     const detail::batch_entry* device_table = nullptr;
+    const std::uint32_t* device_owners = nullptr;  // each block's entry, after the table
   };
 
-  // A slot holding `table` on the device. A training loop packs the same tensors every step, so
-  // a slot that already holds this table and was last read on this stream is used again as it
-  // is (sending it again cost as long as packing 30 MB on an H100). Otherwise the next slot in
-  // turn gets it: its page-locked copy is rewritten once the launch that last read it is done,
-  // which by then it almost always is, and sent on the stream.
-  slot& slot_for(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+  // A slot holding `table` (and each block's entry) on the device. A training loop packs the same
+  // tensors every step, so a slot that already holds this table and was last read on this stream
+  // is used again as it is (sending it again cost as long as packing 30 MB on an H100). Otherwise
+  // the next slot in turn gets it: its page-locked copy is rewritten once the launch that last
+  // read it is done, which by then it almost always is, and sent on the stream.
+  slot& slot_for(const std::vector<detail::batch_entry>& table, std::uint64_t per_block, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
     for (slot& s : slots_) {
-      if (s.device_table != nullptr && s.stream == stream && s.table.size() == table.size() &&
+      if (s.device_table != nullptr && s.stream == stream && s.per_block == per_block && s.table.size() == table.size() &&
           std::memcmp(s.table.data(), table.data(), bytes) == 0) {
         return s;
       }
@@ -9342,13 +9384,18 @@ class batched_copy {
     } else {
       s.used.emplace();
     }
-    void* staging = s.on_host.get(bytes);
+    const std::vector<std::uint32_t> owners = detail::batch_block_entries(table, per_block);
+    const std::size_t owner_bytes = owners.size() * sizeof(std::uint32_t);
+    auto* staging = static_cast<std::byte*>(s.on_host.get(bytes + owner_bytes));
     std::memcpy(staging, table.data(), bytes);
-    void* on_device = s.on_device.get(bytes);
-    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes, cudaMemcpyHostToDevice, stream));
+    std::memcpy(staging + bytes, owners.data(), owner_bytes);
+    auto* on_device = static_cast<std::byte*>(s.on_device.get(bytes + owner_bytes));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes + owner_bytes, cudaMemcpyHostToDevice, stream));
     s.table = table;
+    s.per_block = per_block;
     s.stream = stream;
-    s.device_table = static_cast<const detail::batch_entry*>(on_device);
+    s.device_table = reinterpret_cast<const detail::batch_entry*>(on_device);
+    s.device_owners = reinterpret_cast<const std::uint32_t*>(on_device + bytes);
     return s;
   }
 
@@ -9374,7 +9421,7 @@ class stream_stage {
  public:
   using marker = std::size_t;
 
-  explicit stream_stage(int device) : device_(device), stream_(on_device(device)) {}
+  explicit stream_stage(int device) : device_(device), outbound_(on_device(device)), inbound_(on_device(device)) {}
 
   // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
@@ -9382,40 +9429,46 @@ class stream_stage {
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    order_.after(stream_.get(), current_stream());  // the caller's stream may be another device's
+    const cudaStream_t caller = current_stream();  // the caller's stream may be another device's
+    order_.after(outbound_.get(), caller);
+    order_.after(inbound_.get(), caller);
   }
 
+  // Outbound: device to host.
   void to_host(void* host, const void* device, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
-                                    stream_.get()));
+                                    outbound_.get()));
   }
+  // Inbound: host to device, and the work on the device.
   void to_device(void* device, const void* host, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
-                                    stream_.get()));
+                                    inbound_.get()));
   }
   void copy(void* to, const void* from, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, inbound_.get()));
   }
   template <class = void>  // a template, as cuda::reduce: no kernel is compiled unless it is called
   void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
-    cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
+    cuda::reduce(type, op, out, a, b, n, avg_ranks, inbound_.get());
   }
 
-  marker mark() {
-    const device_guard on(device_);  // an event is made and recorded on its stream's device
-    if (used_ == events_.size()) events_.emplace_back();
-    events_[used_].record(stream_.get());
-    return used_++;
-  }
+  // A marker after the work queued so far in one direction, and a wait of the other direction's
+  // later work for it.
+  marker mark_outbound() { return mark(outbound_.get()); }
+  marker mark_inbound() { return mark(inbound_.get()); }
+  void outbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(outbound_.get(), events_[m].get(), 0)); }
+  void inbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(inbound_.get(), events_[m].get(), 0)); }
   bool done(marker m) const { return events_[m].done(); }
   void wait(marker m) const { events_[m].synchronize(); }
-  void finish() { stream_.synchronize(); }
+  void finish() {
+    outbound_.synchronize();
+    inbound_.synchronize();
+  }
 
   std::byte* host_buffer(std::size_t bytes, int which) {
     return static_cast<std::byte*>(direct_ ? on_device_[which].get(bytes) : pinned_[which].get(bytes));
   }
   std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
-  cudaStream_t stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
 
  private:
@@ -9424,8 +9477,16 @@ class stream_stage {
     return cuda::stream();
   }
 
+  marker mark(cudaStream_t on) {
+    const device_guard here(device_);  // an event is made and recorded on its stream's device
+    if (used_ == events_.size()) events_.emplace_back();
+    events_[used_].record(on);
+    return used_++;
+  }
+
   int device_;
-  cuda::stream stream_;
+  cuda::stream outbound_;
+  cuda::stream inbound_;
   cuda::stream_order order_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;

@@ -168,6 +168,35 @@ TEST_CASE("avg's rank divisor rounds as a division for every rank count") {
   }
 }
 
+// The kernels divide 16-bit sums widened to float (reduce_thread): every such dividend, the
+// infinities and subnormals included, against the division, for rank counts 1 to 1024 and a
+// sample of larger ones. A bare multiplication by the reciprocal differs at 3 ranks already.
+TEST_CASE("avg's rank divisor gives the division's bits on every 16-bit dividend") {
+  herd_test::rng g(83);
+  std::vector<int> counts;
+  for (int n = 1; n <= 1024; ++n) counts.push_back(n);
+  for (int i = 0; i < 64; ++i) counts.push_back(1025 + static_cast<int>(g.below(1 << 20)));
+  for (bool is_half : {true, false}) {
+    std::vector<float> dividends;
+    for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+      const auto b = static_cast<std::uint16_t>(bits);
+      const float x = is_half ? static_cast<float>(herd::half::from_bits(b)) : static_cast<float>(herd::bfloat16::from_bits(b));
+      if (!std::isnan(x)) dividends.push_back(x);
+    }
+    std::size_t differ = 0;
+    int first_differing = 0;
+    for (int n : counts) {
+      const rank_divisor<float> divide(n);
+      for (float x : dividends) {
+        const bool wrong = herd::detail::float_bits(divide(x)) != herd::detail::float_bits(x / static_cast<float>(n));
+        if (wrong && differ++ == 0) first_differing = n;
+      }
+    }
+    INFO(std::string(is_half ? "f16" : "bf16"), " dividends, first differing rank count ", first_differing);
+    CHECK(differ == 0);
+  }
+}
+
 // Pointers that share a misalignment within an element never reach a 16-byte boundary together
 // (a GPU refuses such pointers at launch; the bodies must still never issue a misaligned vector
 // access, which the emulated loads and stores would report). Sizes above a vector's elements.
@@ -288,8 +317,12 @@ TEST_CASE("the batched copy body packs and unpacks a thousand tensors of mixed s
       at += n;
     }
     const double scale = compress ? 0.5 : 1.0;
-    const batch_args pack_args{pack.data(), static_cast<std::uint32_t>(pack.size()), per_block, scale};
-    const batch_args unpack_args{unpack.data(), static_cast<std::uint32_t>(unpack.size()), per_block, 1.0 / scale};
+    const std::vector<std::uint32_t> pack_owners = batch_block_entries(pack, per_block);
+    const std::vector<std::uint32_t> unpack_owners = batch_block_entries(unpack, per_block);
+    REQUIRE(pack_owners.size() == blocks);
+    REQUIRE(unpack_owners.size() == unpack_blocks);
+    const batch_args pack_args{pack.data(), pack_owners.data(), per_block, scale};
+    const batch_args unpack_args{unpack.data(), unpack_owners.data(), per_block, 1.0 / scale};
     const std::size_t threads = round == 0 ? 256 : 3;
     for (std::uint64_t b = 0; b < blocks; ++b) {
       for (std::size_t t = 0; t < threads; ++t) {
@@ -489,7 +522,8 @@ TEST_CASE("bucket plans pad their members' offsets so that packing keeps the vec
   for (std::size_t i = 0; i < 1000; i += 4) element_path += steps_to_alignment(packed + at + i, 4, 16) != 0;
   CHECK(element_path == 0);
   const batch_entry entries[] = {{first, packed + b.offsets[plan.slot_of[1]], 3, 0}, {second, packed + at, 1000, 1}};
-  const batch_args args{entries, 2, 4096, 1.0};
+  const std::uint32_t owners[] = {0, 1};
+  const batch_args args{entries, owners, 4096, 1.0};
   host_vector_loads() = {};
   for (std::size_t t = 0; t < 5; ++t) batch_thread<float, float>(args, 1, t, 5);  // the second gradient's block
   CHECK(host_vector_loads().wide_bytes == 4000);  // all of it in 16-byte vectors

@@ -227,8 +227,8 @@ class batched_copy {
     if (blocks == 0) return;
     if (blocks > 0x7fffffffu) herd::detail::raise({"cuda::batched_copy"}, "too many blocks", "Split the batch");
     const device_guard on(device_of(stream));
-    slot& turn = slot_for(table, stream);
-    const detail::batch_args args{turn.device_table, static_cast<std::uint32_t>(table.size()), per_block, scale};
+    slot& turn = slot_for(table, per_block, stream);
+    const detail::batch_args args{turn.device_table, turn.device_owners, per_block, scale};
     const auto grid = static_cast<unsigned>(blocks);
     if (bytes) {
       kernels::batch<std::uint8_t, std::uint8_t><<<grid, block_threads, 0, stream>>>(args);
@@ -249,19 +249,21 @@ class batched_copy {
     pinned_buffer on_host;
     std::optional<event> used;  // recorded after the launch that last read this slot
     std::vector<detail::batch_entry> table;  // what the slot holds on the device
+    std::uint64_t per_block = 0;
     cudaStream_t stream = nullptr;           // where it was last read
     const detail::batch_entry* device_table = nullptr;
+    const std::uint32_t* device_owners = nullptr;  // each block's entry, after the table
   };
 
-  // A slot holding `table` on the device. A training loop packs the same tensors every step, so
-  // a slot that already holds this table and was last read on this stream is used again as it
-  // is (sending it again cost as long as packing 30 MB on an H100). Otherwise the next slot in
-  // turn gets it: its page-locked copy is rewritten once the launch that last read it is done,
-  // which by then it almost always is, and sent on the stream.
-  slot& slot_for(const std::vector<detail::batch_entry>& table, cudaStream_t stream) {
+  // A slot holding `table` (and each block's entry) on the device. A training loop packs the same
+  // tensors every step, so a slot that already holds this table and was last read on this stream
+  // is used again as it is (sending it again cost as long as packing 30 MB on an H100). Otherwise
+  // the next slot in turn gets it: its page-locked copy is rewritten once the launch that last
+  // read it is done, which by then it almost always is, and sent on the stream.
+  slot& slot_for(const std::vector<detail::batch_entry>& table, std::uint64_t per_block, cudaStream_t stream) {
     const std::size_t bytes = table.size() * sizeof(detail::batch_entry);
     for (slot& s : slots_) {
-      if (s.device_table != nullptr && s.stream == stream && s.table.size() == table.size() &&
+      if (s.device_table != nullptr && s.stream == stream && s.per_block == per_block && s.table.size() == table.size() &&
           std::memcmp(s.table.data(), table.data(), bytes) == 0) {
         return s;
       }
@@ -273,13 +275,18 @@ class batched_copy {
     } else {
       s.used.emplace();
     }
-    void* staging = s.on_host.get(bytes);
+    const std::vector<std::uint32_t> owners = detail::batch_block_entries(table, per_block);
+    const std::size_t owner_bytes = owners.size() * sizeof(std::uint32_t);
+    auto* staging = static_cast<std::byte*>(s.on_host.get(bytes + owner_bytes));
     std::memcpy(staging, table.data(), bytes);
-    void* on_device = s.on_device.get(bytes);
-    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes, cudaMemcpyHostToDevice, stream));
+    std::memcpy(staging + bytes, owners.data(), owner_bytes);
+    auto* on_device = static_cast<std::byte*>(s.on_device.get(bytes + owner_bytes));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(on_device, staging, bytes + owner_bytes, cudaMemcpyHostToDevice, stream));
     s.table = table;
+    s.per_block = per_block;
     s.stream = stream;
-    s.device_table = static_cast<const detail::batch_entry*>(on_device);
+    s.device_table = reinterpret_cast<const detail::batch_entry*>(on_device);
+    s.device_owners = reinterpret_cast<const std::uint32_t*>(on_device + bytes);
     return s;
   }
 
