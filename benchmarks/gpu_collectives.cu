@@ -13,6 +13,12 @@
 //   staged   herd::allreduce of the device tensor over MPI, all processes: the staged ring
 //   mpi      MPI_Allreduce of a host buffer of the same size, all processes (where the staged
 //            ring's transfers go)
+// and the two limits of the staged ring, which at p ranks moves 2(p-1)/p of the bytes out of and
+// as many into each device, and as many over MPI, so its busbw is at most each limit's GB/s:
+//   copy GB/s  device to page-locked host and page-locked host to device at once (two streams),
+//              every process at once (processes that share a GPU share its link)
+//   p2p GB/s   MPI_Isend to the right and MPI_Irecv from the left of page-locked host buffers,
+//              every process at once, in the ring's 1 MiB messages (the staged ring's transfers)
 // Sizes in bytes of f32 data, 4 KiB to --max-mib. busbw = 2(p-1)/p * bytes / time. Every rank's
 // input is all ones, and every result is checked to be the number of ranks (whole up to 64 MiB,
 // its first and last MiB above); a wrong result or a failed NCCL call ends the run with status 1.
@@ -25,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -98,6 +105,8 @@ int main(int argc, char** argv) {
   const int p = world.size();
   const std::size_t max_bytes = max_mib << 20;
   herd::cuda::device_buffer in_buf, out_buf;
+  herd::cuda::pinned_buffer host_from_buf, host_to_buf;
+  herd::cuda::stream down, up;
   auto* in = static_cast<float*>(in_buf.get(max_bytes));
   auto* out = static_cast<float*>(out_buf.get(max_bytes));
   std::vector<float> host_in(max_bytes / 4, 1.0f), host_out(max_bytes / 4);
@@ -115,10 +124,14 @@ int main(int argc, char** argv) {
   if (world.rank() == 0) {
     std::printf("# herd allreduce of GPU tensors on %s, %d process(es) on %d GPU(s), median of %d\n", prop.name, p, gpus,
                 reps);
-    std::printf("%10s %10s %10s %10s %8s %10s %10s %10s %8s\n", "bytes", "copy us", "nccl us", "herd us", "herd/ncl",
-                "staged us", "mpi us", "busbw GB/s", "stg/mpi");
+    std::printf("%10s %10s %10s %10s %8s %10s %10s %10s %8s %9s %9s %8s\n", "bytes", "copy us", "nccl us", "herd us",
+                "herd/ncl", "staged us", "mpi us", "busbw GB/s", "stg/mpi", "copy GB/s", "p2p GB/s", "stg/lim");
   }
-  double staged_at_256 = 0, mpi_at_256 = 0;
+  double staged_at_256 = 0, mpi_at_256 = 0, limit_at_256 = 0;
+  const std::size_t message = std::size_t{1} << 20;
+  auto* host_from = static_cast<std::byte*>(host_from_buf.get(max_bytes));
+  auto* host_to = static_cast<std::byte*>(host_to_buf.get(max_bytes));
+  std::memset(host_from, 1, max_bytes);
   for (std::size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     const std::size_t n = bytes / 4;
     const herd::const_buffer_view vin(in, n, herd::dtype::f32, herd::device::cuda(device));
@@ -134,8 +147,28 @@ int main(int argc, char** argv) {
     HERD_CUDA_CHECK(cudaMemset(out, 0, bytes));
     const double herd_nccl = median_us(world, [&] { herd::allreduce(vin, vout, gpu); }, reps);
     expect("herd::allreduce over NCCL", bytes, out, true, 1.0f);
-    double staged = 0, mpi = 0;
+    double staged = 0, mpi = 0, copy_gbs = 0, p2p_gbs = 0;
     if (p > 1) {
+      const double both_ways = median_us(world, [&] {
+        HERD_CUDA_CHECK(cudaMemcpyAsync(host_to, in, bytes, cudaMemcpyDeviceToHost, down.get()));
+        HERD_CUDA_CHECK(cudaMemcpyAsync(out, host_from, bytes, cudaMemcpyHostToDevice, up.get()));
+        down.synchronize();
+        up.synchronize();
+      }, reps);
+      copy_gbs = static_cast<double>(bytes) / both_ways / 1e3;
+      const int right = (world.rank() + 1) % p, left = (world.rank() + p - 1) % p;
+      const double exchange = median_us(world, [&] {
+        std::vector<MPI_Request> requests;
+        for (std::size_t at = 0; at < bytes; at += message) {
+          const int len = static_cast<int>(std::min(message, bytes - at));
+          requests.emplace_back();
+          MPI_Irecv(host_to + at, len, MPI_BYTE, left, 7, world.native(), &requests.back());
+          requests.emplace_back();
+          MPI_Isend(host_from + at, len, MPI_BYTE, right, 7, world.native(), &requests.back());
+        }
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+      }, reps);
+      p2p_gbs = static_cast<double>(bytes) / exchange / 1e3;
       HERD_CUDA_CHECK(cudaMemset(out, 0, bytes));
       staged = median_us(world, [&] { herd::allreduce(vin, vout, world); }, reps);
       expect("herd::allreduce staged over MPI", bytes, out, true, static_cast<float>(p));
@@ -144,17 +177,20 @@ int main(int argc, char** argv) {
       }, reps);
       expect("MPI_Allreduce", bytes, host_out.data(), false, static_cast<float>(p));
     }
-    if (bytes == (std::size_t{256} << 20)) staged_at_256 = staged, mpi_at_256 = mpi;
+    const double busbw = p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(bytes) / staged / 1e3 : 0.0;
+    const double limit = std::min(copy_gbs, p2p_gbs);
+    if (bytes == (std::size_t{256} << 20)) staged_at_256 = staged, mpi_at_256 = mpi, limit_at_256 = limit;
     if (world.rank() == 0) {
-      const double busbw = p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(bytes) / staged / 1e3 : 0.0;
-      std::printf("%10zu %10.1f %10.1f %10.1f %8.2f %10.1f %10.1f %10.2f %8.2f\n", bytes, copy, nccl, herd_nccl,
-                  herd_nccl / nccl, staged, mpi, busbw, p > 1 ? mpi / staged : 0.0);
+      std::printf("%10zu %10.1f %10.1f %10.1f %8.2f %10.1f %10.1f %10.2f %8.2f %9.2f %9.2f %8.2f\n", bytes, copy, nccl,
+                  herd_nccl, herd_nccl / nccl, staged, mpi, busbw, p > 1 ? mpi / staged : 0.0, copy_gbs, p2p_gbs,
+                  limit > 0 ? busbw / limit : 0.0);
     }
   }
   if (world.rank() == 0) {
     if (p > 1 && staged_at_256 > 0) {
-      std::printf("summary: staged ring at 256 MiB, %d processes: %.2f GB/s busbw, %.2fx MPI_Allreduce on host memory\n", p,
-                  2.0 * (p - 1) / p * 268435456.0 / staged_at_256 / 1e3, mpi_at_256 / staged_at_256);
+      const double busbw = 2.0 * (p - 1) / p * 268435456.0 / staged_at_256 / 1e3;
+      std::printf("summary: staged ring at 256 MiB, %d processes: %.2f GB/s busbw, %.2fx MPI_Allreduce on host memory, "
+                  "%.2f of its limit (%.2f GB/s)\n", p, busbw, mpi_at_256 / staged_at_256, busbw / limit_at_256, limit_at_256);
     } else {
       std::printf("summary: NCCL at one rank, herd's path beside raw NCCL (table above)\n");
     }

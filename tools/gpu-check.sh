@@ -248,6 +248,8 @@ run tests host 0 cuda_host_tests @
 for n in 1 2 3; do run tests "gpu_np$n" 1 gpu_tests "$mpiexec" -n $n @; done
 for k in 1 2; do run kernels "kernels_run$k" 1 cuda_kernels @ --max-mib 1024 --reps 20; done
 for n in 1 2; do run collectives "collectives_np$n" 1 gpu_collectives "$mpiexec" -n $n @ --max-mib 1024 --reps 7; done
+# What handing a bucket to the progress thread costs, with a core per thread (benchmarks/handoff.cpp).
+for n in 1 2 4; do run collectives "handoff_np$n" 0 handoff "$mpiexec" -n $n @ --ops 2000 --reps 7; done
 for n in 1 2; do run tests "torch_cuda_np$n" 1 torch_cuda_tests "$mpiexec" -n $n @; done
 run tests torch_cpu_np2 0 torch_mpi_tests "$mpiexec" -n 2 @
 run examples device_tensor 1 device_tensor "$mpiexec" -n 2 @
@@ -257,17 +259,7 @@ for n in 1 2; do
     run examples "libtorch_mnist_${reduction}_np$n" 1 libtorch_mnist "$mpiexec" -n $n @ --data "$data" --epochs 1 --reduction $reduction
   done
 done
-# herd against PyTorch DDP over nccl, same model, batch and GPU; VS_DDP_ROUNDS alternating rounds.
-# Then the same at 1 rank on the CPU (GPU hidden), where no reduction runs: the C++ forward pass
-# beside Python's on the same libtorch, in rounds, on this machine's cores.
-for ((round = 1; round <= ${VS_DDP_ROUNDS:-2}; ++round)); do
-  run examples "vs_ddp_gpu_round$round" 1 libtorch_mnist env DEVICE=cuda BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 \
-      DATA="$data" RANKS="${VS_DDP_GPU_RANKS:-1 2}" STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
-done
-for ((round = 1; round <= ${VS_DDP_CPU_ROUNDS:-3}; ++round)); do
-  run examples "vs_ddp_cpu_round$round" 0 libtorch_mnist env DEVICE=cpu BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 DATA="$data" \
-      RANKS=1 STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
-done
+# Before the long benchmark rounds below, so that a budget they spend does not skip it.
 if command -v compute-sanitizer >/dev/null; then
   if (($(left) >= 120)); then
     # API errors are not reported: NCCL's set-up probes for kernel images of other architectures
@@ -280,6 +272,23 @@ else
   note "memcheck" "skipped: compute-sanitizer not found"
 fi
 
+# herd against PyTorch DDP over nccl, same model, batch and GPU; VS_DDP_ROUNDS alternating rounds.
+# Then the same on the CPU (GPU hidden), in rounds, on this machine's cores: by default at 1 rank,
+# where no reduction runs (the C++ forward pass beside Python's on the same libtorch); with
+# VS_DDP_CPU_RANKS="2 4 8" and VS_DDP_CPU_MODELS="cnn mlp", herd's overlapped and blocking
+# reductions beside DDP's with a core per rank (the MLP for VS_DDP_MLP_STEPS steps, default 40).
+for ((round = 1; round <= ${VS_DDP_ROUNDS:-2}; ++round)); do
+  run examples "vs_ddp_gpu_round$round" 1 libtorch_mnist env DEVICE=cuda BUILD_DIR="$build" MPIEXEC="$mpiexec" PYTHON=python3 \
+      DATA="$data" RANKS="${VS_DDP_GPU_RANKS:-1 2}" STEPS="${VS_DDP_STEPS:-400}" benchmarks/vs_pytorch_ddp/run.sh
+done
+for ((round = 1; round <= ${VS_DDP_CPU_ROUNDS:-3}; ++round)); do
+  for model in ${VS_DDP_CPU_MODELS:-cnn}; do
+    steps=${VS_DDP_STEPS:-400}
+    [[ $model == mlp ]] && steps=${VS_DDP_MLP_STEPS:-40}
+    run examples "vs_ddp_cpu_${model}_round$round" 0 libtorch_mnist env DEVICE=cpu BUILD_DIR="$build" MPIEXEC="$mpiexec" \
+        PYTHON=python3 DATA="$data" MODEL="$model" RANKS="${VS_DDP_CPU_RANKS:-1}" STEPS="$steps" benchmarks/vs_pytorch_ddp/run.sh
+  done
+done
 # A file that grew past what comes back keeps its head and tail; logs.tgz holds it whole.
 for f in "$out"/{build,tests,kernels,collectives,examples}.txt; do
   [[ -f "$f" ]] || continue

@@ -145,9 +145,12 @@ TEST_CASE("staged ring allgatherv and chain broadcast over an emulated device de
       const auto r = static_cast<std::size_t>(comm.rank());
       herd_test::emulated_device device(3000 + r);
       std::vector<std::uint8_t> out(total, 0xee);
-      std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]), counts[r],
-                  out.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]));
+      const std::vector<std::uint8_t> mine(whole.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r]),
+                                           whole.begin() + static_cast<std::ptrdiff_t>(chunks.offset[r] + counts[r]));
       as_operation(comm, [&] {
+        // This rank's chunk put in place on the device's inbound queue, as an out-of-place
+        // allgather does (collectives/detail/dispatch.hpp): the first ways out must wait for it.
+        if (counts[r] != 0) device.copy(out.data() + chunks.offset[r], mine.data(), counts[r]);
         herd::detail::staged_ring_allgather(comm, device, reinterpret_cast<std::byte*>(out.data()), 1, chunks, segment);
       });
       gathered[r] = out;
