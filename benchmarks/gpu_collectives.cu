@@ -18,7 +18,7 @@
 //   copy GB/s  device to page-locked host and page-locked host to device at once (two streams),
 //              every process at once (processes that share a GPU share its link)
 //   p2p GB/s   MPI_Isend to the right and MPI_Irecv from the left of page-locked host buffers,
-//              every process at once, in the ring's 1 MiB messages (the staged ring's transfers)
+//              every process at once, in the ring's 1 MiB messages and window (its transfers)
 // Sizes in bytes of f32 data, 4 KiB to --max-mib. busbw = 2(p-1)/p * bytes / time. Every rank's
 // input is all ones, and every result is checked to be the number of ranks (whole up to 64 MiB,
 // its first and last MiB above); a wrong result or a failed NCCL call ends the run with status 1.
@@ -158,15 +158,18 @@ int main(int argc, char** argv) {
       copy_gbs = static_cast<double>(bytes) / both_ways / 1e3;
       const int right = (world.rank() + 1) % p, left = (world.rank() + p - 1) % p;
       const double exchange = median_us(world, [&] {
-        std::vector<MPI_Request> requests;
-        for (std::size_t at = 0; at < bytes; at += message) {
+        // As the ring sends: its window of messages in flight each way, the next posted as one ends.
+        constexpr std::size_t window = herd::detail::staged_window;
+        std::vector<MPI_Request> receives(window, MPI_REQUEST_NULL), sends(window, MPI_REQUEST_NULL);
+        for (std::size_t k = 0, at = 0; at < bytes; ++k, at += message) {
           const int len = static_cast<int>(std::min(message, bytes - at));
-          requests.emplace_back();
-          MPI_Irecv(host_to + at, len, MPI_BYTE, left, 7, world.native(), &requests.back());
-          requests.emplace_back();
-          MPI_Isend(host_from + at, len, MPI_BYTE, right, 7, world.native(), &requests.back());
+          MPI_Wait(&receives[k % window], MPI_STATUS_IGNORE);
+          MPI_Wait(&sends[k % window], MPI_STATUS_IGNORE);
+          MPI_Irecv(host_to + at, len, MPI_BYTE, left, 7, world.native(), &receives[k % window]);
+          MPI_Isend(host_from + at, len, MPI_BYTE, right, 7, world.native(), &sends[k % window]);
         }
-        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        MPI_Waitall(static_cast<int>(window), receives.data(), MPI_STATUSES_IGNORE);
+        MPI_Waitall(static_cast<int>(window), sends.data(), MPI_STATUSES_IGNORE);
       }, reps);
       p2p_gbs = static_cast<double>(bytes) / exchange / 1e3;
       HERD_CUDA_CHECK(cudaMemset(out, 0, bytes));

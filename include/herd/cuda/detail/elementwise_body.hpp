@@ -66,22 +66,6 @@ template <class C> struct rank_divisor {
   }
 };
 
-// Runs store(i, load(i)) for i = thread, thread + threads, ... below `count`, four at a time with
-// the four loads issued before the first store: the compiler cannot move a load past a store that
-// might alias it, and one load in flight per thread leaves most of a GPU's memory bandwidth idle.
-template <class Load, class Store>
-HERD_HOST_DEVICE void grid_stride_by_four(std::size_t count, std::size_t thread, std::size_t threads, Load load, Store store) {
-  std::size_t i = thread;
-  for (; i + 3 * threads < count; i += 4 * threads) {
-    const auto x0 = load(i), x1 = load(i + threads), x2 = load(i + 2 * threads), x3 = load(i + 3 * threads);
-    store(i, x0);
-    store(i + threads, x1);
-    store(i + 2 * threads, x2);
-    store(i + 3 * threads, x3);
-  }
-  for (; i < count; i += threads) store(i, load(i));
-}
-
 // out[i] = a[i] ∘ b[i] (divided by avg_ranks when non-zero); out may be a or b.
 template <class T> struct reduce_args {
   T* out;
@@ -105,27 +89,28 @@ HERD_HOST_DEVICE void reduce_thread(const reduce_args<T>& p, std::size_t thread,
   if (!together || head >= p.n) head = p.n;  // no common alignment: every element one by one
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.a[i], p.b[i]);
   const std::size_t vectors = (p.n - head) / V;
-  struct pair {
-    lanes<T, V> x, y;
-  };
-  auto load = [&](std::size_t v) { return pair{load_lanes<T, V>(p.a + head + v * V), load_lanes<T, V>(p.b + head + v * V)}; };
-  auto store = [&](std::size_t v, const pair& in) {
+  // One vector of each side in flight per thread: four (as the copy body has) left the 16-bit
+  // sums and averages at 0.65-0.71 of a copy on an H200, where these loops reach 0.93-0.96.
+  for (std::size_t v = thread; v < vectors; v += threads) {
+    const std::size_t at = head + v * V;
+    const auto x = load_lanes<T, V>(p.a + at);
+    const auto y = load_lanes<T, V>(p.b + at);
     lanes<T, V> r;
     if constexpr (herd::detail::is_16bit_float<T>) {
       bool numbers = true;
-      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(in.x.v[j]) & is_number(in.y.v[j]);
+      for (std::size_t j = 0; j < V; ++j) numbers = numbers & is_number(x.v[j]) & is_number(y.v[j]);
       if (numbers) {
         for (std::size_t j = 0; j < V; ++j) {
-          const T c = combine_numbers<T, Op>(in.x.v[j], in.y.v[j]);
+          const T c = combine_numbers<T, Op>(x.v[j], y.v[j]);
           r.v[j] = p.avg_ranks > 0 ? unchecked_narrow<T>(divide(unchecked_widen(c))) : c;
         }
-        return store_lanes<T, V>(p.out + head + v * V, r);
+        store_lanes<T, V>(p.out + at, r);
+        continue;
       }
     }
-    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(in.x.v[j], in.y.v[j]);
-    store_lanes<T, V>(p.out + head + v * V, r);
-  };
-  grid_stride_by_four(vectors, thread, threads, load, store);
+    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j], y.v[j]);
+    store_lanes<T, V>(p.out + at, r);
+  }
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.a[i], p.b[i]);
 }
 
@@ -162,13 +147,13 @@ HERD_HOST_DEVICE void cast_thread(const cast_args<D, S>& p, std::size_t thread, 
   if (head != steps_to_alignment(p.out, sizeof(D), sizeof(D) * V) || head >= p.n) head = p.n;
   for (std::size_t i = thread; i < head; i += threads) p.out[i] = one(p.in[i]);
   const std::size_t vectors = (p.n - head) / V;
-  grid_stride_by_four(
-      vectors, thread, threads, [&](std::size_t v) { return load_lanes<S, V>(p.in + head + v * V); },
-      [&](std::size_t v, const lanes<S, V>& x) {
-        lanes<D, V> r;
-        for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j]);
-        store_lanes<D, V>(p.out + head + v * V, r);
-      });
+  for (std::size_t v = thread; v < vectors; v += threads) {  // one vector in flight: as reduce_thread
+    const std::size_t at = head + v * V;
+    const auto x = load_lanes<S, V>(p.in + at);
+    lanes<D, V> r;
+    for (std::size_t j = 0; j < V; ++j) r.v[j] = one(x.v[j]);
+    store_lanes<D, V>(p.out + at, r);
+  }
   for (std::size_t i = head + vectors * V + thread; i < p.n; i += threads) p.out[i] = one(p.in[i]);
 }
 
@@ -191,7 +176,17 @@ template <std::size_t W> HERD_HOST_DEVICE void copy_words(const copy_args& p, st
   const std::size_t words = (p.n - head) / W;
   auto from = [&](std::size_t w) { return load_lanes<Word, V>(reinterpret_cast<const Word*>(p.in + head + W * w)); };
   auto to = [&](std::size_t w, const lanes<Word, V>& x) { store_lanes<Word, V>(reinterpret_cast<Word*>(p.out + head + W * w), x); };
-  grid_stride_by_four(words, thread, threads, from, to);
+  // Four loads in flight before the first store: the compiler cannot reorder them past stores
+  // that might alias, and one load at a time leaves most of a GPU's memory bandwidth idle.
+  std::size_t w = thread;
+  for (; w + 3 * threads < words; w += 4 * threads) {
+    const auto x0 = from(w), x1 = from(w + threads), x2 = from(w + 2 * threads), x3 = from(w + 3 * threads);
+    to(w, x0);
+    to(w + threads, x1);
+    to(w + 2 * threads, x2);
+    to(w + 3 * threads, x3);
+  }
+  for (; w < words; w += threads) to(w, from(w));
   for (std::size_t i = head + words * W + thread; i < p.n; i += threads) p.out[i] = p.in[i];
 }
 
