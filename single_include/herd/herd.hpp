@@ -8435,19 +8435,11 @@ void ring_allgather(C& comm, std::byte* base, std::size_t element_bytes, const c
 // own earlier work, so no ring of ranks can wait on itself; copies, transfers and reductions of
 // different items overlap. The broadcast is a pipelined chain through the same slots.
 //
-// The device side is a backend with two queues, each run in order, one per direction over the
-// link, so that a segment's way out overlaps another's way in:
-//   outbound: to_host(host, device, bytes)
-//   inbound:  to_device(device, host, bytes), copy(device, device, bytes),
-//             reduce(type, op, out, a, b, n, avg_ranks)
-//   mark_outbound(), mark_inbound() -> marker (after the work queued so far on that queue);
-//   outbound_after(m), inbound_after(m): that queue's later work waits for m (of the other one);
-//   done(marker), wait(marker), finish(), host_buffer(bytes, which) (page-locked; which is 0 or
-//   1), device_buffer(bytes).
-// The ring orders the two queues exactly where the data asks for it: an item's way out after the
-// way in of the item it forwards (which wrote what it sends), and an item's way in after its own
-// way out (which may read what the way in overwrites); everything else overlaps. cuda/staging.hpp
-// runs the queues on two CUDA streams; the tests on two worker threads over host memory.
+// The device side is a backend that runs operations in order on one stream:
+//   to_host(host, device, bytes), to_device(device, host, bytes), copy(device, device, bytes),
+//   reduce(type, op, out, a, b, n, avg_ranks), mark() -> marker, done(marker), wait(marker),
+//   finish(), host_buffer(bytes, which) (page-locked; which is 0 or 1), device_buffer(bytes).
+// cuda/staging.hpp runs it on a CUDA stream; the tests run it on a worker thread over host memory.
 
 
 #include <cstddef>
@@ -8496,12 +8488,9 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::byte* device_slots = dev.device_buffer(W * slot_bytes);
   using marker = typename Backend::marker;
   using request = typename C::request;
-  std::vector<marker> staged_copy(total);  // each item's way out (outbound)
-  std::vector<marker> drained(total);      // each item's way in and device work (inbound)
+  std::vector<marker> staged_copy(W);  // the device-to-host copy of the item in each send slot
+  std::vector<marker> drained(W);      // the last device work reading each receive slot
   std::vector<request> receives(W);
-  // What the caller queued inbound before the ring (an allgather's own chunk copied into place)
-  // is read by the first ways out.
-  dev.outbound_after(dev.mark_inbound());
   std::deque<request> sends;  // in order, from item `sends_done`
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
@@ -8510,7 +8499,7 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   auto step = [&] {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
-    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted - W]))) {
+    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
       receives[posted % W] = comm.irecv(receive_slots + (posted % W) * slot_bytes,
                                         receive_bytes(step_of(posted), posted % segments), left, tag);
       ++posted;
@@ -8519,13 +8508,12 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
     // Stage what is final on the device into free send slots.
     while (staged < total && staged < sends_done + W && (staged < segments || staged - segments < arrivals)) {
       const auto [from, bytes] = send_from(step_of(staged), staged % segments);
-      if (staged >= segments) dev.outbound_after(drained[staged - segments]);
       dev.to_host(send_slots + (staged % W) * slot_bytes, from, bytes);
-      staged_copy[staged] = dev.mark_outbound();
+      staged_copy[staged % W] = dev.mark();
       ++staged;
       progress = true;
     }
-    while (sent < staged && dev.done(staged_copy[sent])) {
+    while (sent < staged && dev.done(staged_copy[sent % W])) {
       const std::size_t bytes = send_from(step_of(sent), sent % segments).second;
       sends.push_back(comm.isend(send_slots + (sent % W) * slot_bytes, bytes, right, tag));
       ++sent;
@@ -8542,9 +8530,8 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       const std::size_t slot = arrivals % W;
       const int s = step_of(arrivals);
       const std::size_t k = arrivals % segments;
-      dev.inbound_after(staged_copy[arrivals]);
       arrived(s, k, receive_slots + slot * slot_bytes, receive_bytes(s, k), device_slots + slot * slot_bytes);
-      drained[arrivals] = dev.mark_inbound();
+      drained[slot] = dev.mark();
       ++arrivals;
       progress = true;
     }
@@ -8690,7 +8677,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
     if (!receives_from_left) {
       while (ready < segments && slot_free(ready)) {
         dev.to_host(slots + (ready % W) * segment_bytes, data + ready * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark_outbound();
+        copied[ready % W] = dev.mark();
         ++ready;
         progress = true;
       }
@@ -8702,7 +8689,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       }
       while (ready < posted && comm.test(receives[ready % W])) {
         dev.to_device(data + ready * segment_bytes, slots + (ready % W) * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark_inbound();
+        copied[ready % W] = dev.mark();
         ++ready;
         progress = true;
       }
@@ -8735,13 +8722,10 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
 // ---- herd/cuda/staging.hpp ----
 #ifndef HERD_CUDA_STAGING_HPP
 #define HERD_CUDA_STAGING_HPP
-// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on two CUDA
-// streams of herd's own, one per direction over the link: copies from the device to page-locked
-// host memory on the outbound stream; copies to the device, herd's reduce kernel and device
-// copies on the inbound one, so that a segment goes out while another comes in (PCIe moves both
-// ways at once). Events are the markers, and each cross-stream ordering the algorithm asks for is
-// an event wait. One per device and thread, so that its buffers (the staging slots, of a size
-// bounded by the segment) are reused.
+// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
+// stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
+// and events as markers. One per device and thread, so that its buffers (the staging slots, of a
+// size bounded by the segment) are reused.
 
 
 // ---- herd/cuda/kernels.hpp ----
@@ -9416,7 +9400,7 @@ class stream_stage {
  public:
   using marker = std::size_t;
 
-  explicit stream_stage(int device) : device_(device), outbound_(on_device(device)), inbound_(on_device(device)) {}
+  explicit stream_stage(int device) : device_(device), stream_(on_device(device)) {}
 
   // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
@@ -9424,46 +9408,40 @@ class stream_stage {
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    const cudaStream_t caller = current_stream();  // the caller's stream may be another device's
-    order_.after(outbound_.get(), caller);
-    order_.after(inbound_.get(), caller);
+    order_.after(stream_.get(), current_stream());  // the caller's stream may be another device's
   }
 
-  // Outbound: device to host.
   void to_host(void* host, const void* device, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
-                                    outbound_.get()));
+                                    stream_.get()));
   }
-  // Inbound: host to device, and the work on the device.
   void to_device(void* device, const void* host, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
-                                    inbound_.get()));
+                                    stream_.get()));
   }
   void copy(void* to, const void* from, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, inbound_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   }
   template <class = void>  // a template, as cuda::reduce: no kernel is compiled unless it is called
   void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
-    cuda::reduce(type, op, out, a, b, n, avg_ranks, inbound_.get());
+    cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
   }
 
-  // A marker after the work queued so far in one direction, and a wait of the other direction's
-  // later work for it.
-  marker mark_outbound() { return mark(outbound_.get()); }
-  marker mark_inbound() { return mark(inbound_.get()); }
-  void outbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(outbound_.get(), events_[m].get(), 0)); }
-  void inbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(inbound_.get(), events_[m].get(), 0)); }
+  marker mark() {
+    const device_guard on(device_);  // an event is made and recorded on its stream's device
+    if (used_ == events_.size()) events_.emplace_back();
+    events_[used_].record(stream_.get());
+    return used_++;
+  }
   bool done(marker m) const { return events_[m].done(); }
   void wait(marker m) const { events_[m].synchronize(); }
-  void finish() {
-    outbound_.synchronize();
-    inbound_.synchronize();
-  }
+  void finish() { stream_.synchronize(); }
 
   std::byte* host_buffer(std::size_t bytes, int which) {
     return static_cast<std::byte*>(direct_ ? on_device_[which].get(bytes) : pinned_[which].get(bytes));
   }
   std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
+  cudaStream_t stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
 
  private:
@@ -9472,16 +9450,8 @@ class stream_stage {
     return cuda::stream();
   }
 
-  marker mark(cudaStream_t on) {
-    const device_guard here(device_);  // an event is made and recorded on its stream's device
-    if (used_ == events_.size()) events_.emplace_back();
-    events_[used_].record(on);
-    return used_++;
-  }
-
   int device_;
-  cuda::stream outbound_;
-  cuda::stream inbound_;
+  cuda::stream stream_;
   cuda::stream_order order_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;

@@ -1,12 +1,9 @@
 #ifndef HERD_CUDA_STAGING_HPP
 #define HERD_CUDA_STAGING_HPP
-// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on two CUDA
-// streams of herd's own, one per direction over the link: copies from the device to page-locked
-// host memory on the outbound stream; copies to the device, herd's reduce kernel and device
-// copies on the inbound one, so that a segment goes out while another comes in (PCIe moves both
-// ways at once). Events are the markers, and each cross-stream ordering the algorithm asks for is
-// an event wait. One per device and thread, so that its buffers (the staging slots, of a size
-// bounded by the segment) are reused.
+// The device side of herd's staged collectives (collectives/detail/staged_ring.hpp) on a CUDA
+// stream of herd's own: copies between device and page-locked host memory, herd's reduce kernel,
+// and events as markers. One per device and thread, so that its buffers (the staging slots, of a
+// size bounded by the segment) are reused.
 
 #include <herd/core/config.hpp>
 #include <herd/cuda/kernels.hpp>
@@ -24,7 +21,7 @@ class stream_stage {
  public:
   using marker = std::size_t;
 
-  explicit stream_stage(int device) : device_(device), outbound_(on_device(device)), inbound_(on_device(device)) {}
+  explicit stream_stage(int device) : device_(device), stream_(on_device(device)) {}
 
   // Orders this stage after the work already queued on the caller's stream (current_stream()).
   // `direct`: the communicator moves device memory itself (a CUDA-aware MPI), so the "host"
@@ -32,46 +29,40 @@ class stream_stage {
   void begin(bool direct = false) {
     direct_ = direct;
     used_ = 0;
-    const cudaStream_t caller = current_stream();  // the caller's stream may be another device's
-    order_.after(outbound_.get(), caller);
-    order_.after(inbound_.get(), caller);
+    order_.after(stream_.get(), current_stream());  // the caller's stream may be another device's
   }
 
-  // Outbound: device to host.
   void to_host(void* host, const void* device, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
-                                    outbound_.get()));
+                                    stream_.get()));
   }
-  // Inbound: host to device, and the work on the device.
   void to_device(void* device, const void* host, std::size_t bytes) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, direct_ ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
-                                    inbound_.get()));
+                                    stream_.get()));
   }
   void copy(void* to, const void* from, std::size_t bytes) {
-    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, inbound_.get()));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   }
   template <class = void>  // a template, as cuda::reduce: no kernel is compiled unless it is called
   void reduce(dtype type, reduce_op op, void* out, const void* a, const void* b, std::size_t n, int avg_ranks) {
-    cuda::reduce(type, op, out, a, b, n, avg_ranks, inbound_.get());
+    cuda::reduce(type, op, out, a, b, n, avg_ranks, stream_.get());
   }
 
-  // A marker after the work queued so far in one direction, and a wait of the other direction's
-  // later work for it.
-  marker mark_outbound() { return mark(outbound_.get()); }
-  marker mark_inbound() { return mark(inbound_.get()); }
-  void outbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(outbound_.get(), events_[m].get(), 0)); }
-  void inbound_after(marker m) { HERD_CUDA_CHECK(cudaStreamWaitEvent(inbound_.get(), events_[m].get(), 0)); }
+  marker mark() {
+    const device_guard on(device_);  // an event is made and recorded on its stream's device
+    if (used_ == events_.size()) events_.emplace_back();
+    events_[used_].record(stream_.get());
+    return used_++;
+  }
   bool done(marker m) const { return events_[m].done(); }
   void wait(marker m) const { events_[m].synchronize(); }
-  void finish() {
-    outbound_.synchronize();
-    inbound_.synchronize();
-  }
+  void finish() { stream_.synchronize(); }
 
   std::byte* host_buffer(std::size_t bytes, int which) {
     return static_cast<std::byte*>(direct_ ? on_device_[which].get(bytes) : pinned_[which].get(bytes));
   }
   std::byte* device_buffer(std::size_t bytes) { return static_cast<std::byte*>(scratch_.get(bytes)); }
+  cudaStream_t stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
 
  private:
@@ -80,16 +71,8 @@ class stream_stage {
     return cuda::stream();
   }
 
-  marker mark(cudaStream_t on) {
-    const device_guard here(device_);  // an event is made and recorded on its stream's device
-    if (used_ == events_.size()) events_.emplace_back();
-    events_[used_].record(on);
-    return used_++;
-  }
-
   int device_;
-  cuda::stream outbound_;
-  cuda::stream inbound_;
+  cuda::stream stream_;
   cuda::stream_order order_;
   std::vector<cuda::event> events_;
   std::size_t used_ = 0;

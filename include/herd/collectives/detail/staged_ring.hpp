@@ -16,19 +16,11 @@
 // own earlier work, so no ring of ranks can wait on itself; copies, transfers and reductions of
 // different items overlap. The broadcast is a pipelined chain through the same slots.
 //
-// The device side is a backend with two queues, each run in order, one per direction over the
-// link, so that a segment's way out overlaps another's way in:
-//   outbound: to_host(host, device, bytes)
-//   inbound:  to_device(device, host, bytes), copy(device, device, bytes),
-//             reduce(type, op, out, a, b, n, avg_ranks)
-//   mark_outbound(), mark_inbound() -> marker (after the work queued so far on that queue);
-//   outbound_after(m), inbound_after(m): that queue's later work waits for m (of the other one);
-//   done(marker), wait(marker), finish(), host_buffer(bytes, which) (page-locked; which is 0 or
-//   1), device_buffer(bytes).
-// The ring orders the two queues exactly where the data asks for it: an item's way out after the
-// way in of the item it forwards (which wrote what it sends), and an item's way in after its own
-// way out (which may read what the way in overwrites); everything else overlaps. cuda/staging.hpp
-// runs the queues on two CUDA streams; the tests on two worker threads over host memory.
+// The device side is a backend that runs operations in order on one stream:
+//   to_host(host, device, bytes), to_device(device, host, bytes), copy(device, device, bytes),
+//   reduce(type, op, out, a, b, n, avg_ranks), mark() -> marker, done(marker), wait(marker),
+//   finish(), host_buffer(bytes, which) (page-locked; which is 0 or 1), device_buffer(bytes).
+// cuda/staging.hpp runs it on a CUDA stream; the tests run it on a worker thread over host memory.
 
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/communicator.hpp>
@@ -80,12 +72,9 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   std::byte* device_slots = dev.device_buffer(W * slot_bytes);
   using marker = typename Backend::marker;
   using request = typename C::request;
-  std::vector<marker> staged_copy(total);  // each item's way out (outbound)
-  std::vector<marker> drained(total);      // each item's way in and device work (inbound)
+  std::vector<marker> staged_copy(W);  // the device-to-host copy of the item in each send slot
+  std::vector<marker> drained(W);      // the last device work reading each receive slot
   std::vector<request> receives(W);
-  // What the caller queued inbound before the ring (an allgather's own chunk copied into place)
-  // is read by the first ways out.
-  dev.outbound_after(dev.mark_inbound());
   std::deque<request> sends;  // in order, from item `sends_done`
   std::size_t staged = 0, sent = 0, sends_done = 0, posted = 0, arrivals = 0;
   auto step_of = [&](std::size_t j) { return static_cast<int>(j / segments); };
@@ -94,7 +83,7 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
   auto step = [&] {
     bool progress = false;
     // Receive slots free once the previous item's device work has read them.
-    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted - W]))) {
+    while (posted < total && posted < arrivals + W && (posted < W || dev.done(drained[posted % W]))) {
       receives[posted % W] = comm.irecv(receive_slots + (posted % W) * slot_bytes,
                                         receive_bytes(step_of(posted), posted % segments), left, tag);
       ++posted;
@@ -103,13 +92,12 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
     // Stage what is final on the device into free send slots.
     while (staged < total && staged < sends_done + W && (staged < segments || staged - segments < arrivals)) {
       const auto [from, bytes] = send_from(step_of(staged), staged % segments);
-      if (staged >= segments) dev.outbound_after(drained[staged - segments]);
       dev.to_host(send_slots + (staged % W) * slot_bytes, from, bytes);
-      staged_copy[staged] = dev.mark_outbound();
+      staged_copy[staged % W] = dev.mark();
       ++staged;
       progress = true;
     }
-    while (sent < staged && dev.done(staged_copy[sent])) {
+    while (sent < staged && dev.done(staged_copy[sent % W])) {
       const std::size_t bytes = send_from(step_of(sent), sent % segments).second;
       sends.push_back(comm.isend(send_slots + (sent % W) * slot_bytes, bytes, right, tag));
       ++sent;
@@ -126,9 +114,8 @@ void staged_ring_pipeline(C& comm, Backend& dev, const char* operation, int step
       const std::size_t slot = arrivals % W;
       const int s = step_of(arrivals);
       const std::size_t k = arrivals % segments;
-      dev.inbound_after(staged_copy[arrivals]);
       arrived(s, k, receive_slots + slot * slot_bytes, receive_bytes(s, k), device_slots + slot * slot_bytes);
-      drained[arrivals] = dev.mark_inbound();
+      drained[slot] = dev.mark();
       ++arrivals;
       progress = true;
     }
@@ -274,7 +261,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
     if (!receives_from_left) {
       while (ready < segments && slot_free(ready)) {
         dev.to_host(slots + (ready % W) * segment_bytes, data + ready * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark_outbound();
+        copied[ready % W] = dev.mark();
         ++ready;
         progress = true;
       }
@@ -286,7 +273,7 @@ void staged_chain_broadcast(C& comm, Backend& dev, std::byte* data, std::size_t 
       }
       while (ready < posted && comm.test(receives[ready % W])) {
         dev.to_device(data + ready * segment_bytes, slots + (ready % W) * segment_bytes, length(ready));
-        copied[ready % W] = dev.mark_inbound();
+        copied[ready % W] = dev.mark();
         ++ready;
         progress = true;
       }
