@@ -1454,188 +1454,46 @@ inline std::uint32_t new_track() noexcept {
 }
 
 // This process's rank as its launcher tells it (0 when none does).
-inline int launcher_rank() noexcept {
-  for (const char* variable : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    const char* text = std::getenv(variable);
-    if (text != nullptr && *text != '\0') return std::atoi(text);
-  }
-  return 0;
-}
+HERD_SEPARATE int launcher_rank() noexcept;
 
 // /tmp/run.json -> /tmp/run.rank3.json
-inline std::filesystem::path rank_file(const std::filesystem::path& path, int rank) {
-  std::filesystem::path file = path;
-  const std::string extension = path.has_extension() ? path.extension().string() : std::string(".json");
-  file.replace_filename(path.stem().string() + ".rank" + std::to_string(rank) + extension);
-  return file;
-}
+HERD_SEPARATE std::filesystem::path rank_file(const std::filesystem::path& path, int rank);
 
 class recorder {
  public:
   static constexpr std::size_t max_waiting = std::size_t{1} << 18;
   static constexpr std::size_t batch = 8192;
 
-  static recorder& instance() {
-    static recorder r;
-    return r;
-  }
+  static recorder& instance();
   recorder(const recorder&) = delete;
   recorder& operator=(const recorder&) = delete;
   ~recorder() { stop(); }
 
   // Opens `file` (after closing the one open) and starts recording into it.
-  void start(const std::filesystem::path& file, int rank) {
-    stop();
-    std::FILE* out = std::fopen(file.c_str(), "w");
-    if (out == nullptr) {
-      const std::string reason = std::generic_category().message(errno);
-      throw error("herd::timeline: cannot open '" + file.string() + "' for writing (" + reason +
-                  "). Give a path in a directory that exists and that this process may write.");
-    }
-    std::lock_guard lock(mutex_);
-    out_ = out;
-    file_ = file;
-    rank_ = rank;
-    dropped_ = 0;
-    // Times on the system clock, so that files of ranks on different machines share an axis,
-    // counted from 2025-01-01 UTC rather than 1970: viewers read them as doubles, which then still
-    // resolve nanoseconds.
-    constexpr std::int64_t since_1970_ns = std::int64_t{1735689600} * 1000000000;
-    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
-    origin_ns_ = wall - since_1970_ns - now_ns();
-    unwritten_names_.assign(names_.begin(), names_.end());
-    stopping_ = false;
-    std::fputs("[\n", out_);
-    std::fprintf(out_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", rank, rank);
-    std::fprintf(out_, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", rank, rank);
-    writer_ = std::thread([this] { write_loop(); });
-    enabled().store(true, std::memory_order_release);
-  }
+  void start(const std::filesystem::path& file, int rank);
 
   // Writes what waits, closes the file; a no-op when none is open.
-  void stop() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (out_ == nullptr) return;
-      enabled().store(false, std::memory_order_release);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (writer_.joinable()) writer_.join();
-    std::lock_guard lock(mutex_);
-    if (dropped_ != 0) {
-      std::fprintf(out_, "{\"name\":\"herd: %llu events dropped (too many waited to be written)\",\"ph\":\"i\",\"s\":\"p\","
-                   "\"pid\":%d,\"tid\":0,\"ts\":0},\n", static_cast<unsigned long long>(dropped_), rank_);
-    }
-    // A last metadata event, so that the array needs no trailing comma removed.
-    std::fprintf(out_, "{\"name\":\"herd_timeline_end\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"dropped\":%llu}}\n]\n", rank_,
-                 static_cast<unsigned long long>(dropped_));
-    std::fclose(out_);
-    out_ = nullptr;
-  }
+  void stop() noexcept;
 
-  bool active() const {
-    std::lock_guard lock(mutex_);
-    return out_ != nullptr;
-  }
-  std::filesystem::path file() const {
-    std::lock_guard lock(mutex_);
-    return out_ != nullptr ? file_ : std::filesystem::path();
-  }
+  bool active() const;
+  std::filesystem::path file() const;
 
-  void record(const event& e) {
-    std::lock_guard lock(mutex_);
-    if (out_ == nullptr || stopping_) return;
-    if (waiting_.size() >= max_waiting) {
-      ++dropped_;
-      return;
-    }
-    waiting_.push_back(e);
-    if (waiting_.size() == batch) wake_.notify_one();
-  }
+  void record(const event& e);
 
   // Names a track (a communicator's "rank 1 of 4"), once per track for all files to come.
-  void name_track(std::uint32_t track, std::string name) {
-    std::lock_guard lock(mutex_);
-    auto [at, added] = names_.emplace(track, std::move(name));
-    if (added && out_ != nullptr) unwritten_names_.emplace_back(at->first, at->second);
-  }
+  void name_track(std::uint32_t track, std::string name);
 
  private:
   recorder() = default;
 
-  void write_loop() {
-    std::vector<event> taken;
-    std::vector<std::pair<std::uint32_t, std::string>> names;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || waiting_.size() >= batch; });
-      taken.swap(waiting_);
-      names.swap(unwritten_names_);
-      const bool last = stopping_;
-      std::FILE* out = out_;
-      lock.unlock();
-      for (const auto& [track, name] : names) write_name(out, track, name);
-      for (const event& e : taken) write(out, e);
-      std::fflush(out);
-      taken.clear();
-      names.clear();
-      lock.lock();
-      if (last && waiting_.empty()) return;
-    }
-  }
+  void write_loop();
 
-  void write_name(std::FILE* out, std::uint32_t track, const std::string& name) const {
-    std::string escaped;
-    for (char c : name) {
-      if (c == '"' || c == '\\') escaped.push_back('\\');
-      if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
-    }
-    std::fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"%s\"}},\n", rank_, track,
-                 escaped.c_str());
-    std::fprintf(out, "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"sort_index\":%u}},\n", rank_,
-                 track, track);
-  }
+  void write_name(std::FILE* out, std::uint32_t track, const std::string& name) const;
 
   // Microseconds with three decimals, from integer nanoseconds (a double would round them).
-  static void print_us(char* out, std::size_t size, std::int64_t ns) {
-    const bool negative = ns < 0;
-    const auto magnitude = static_cast<unsigned long long>(negative ? -ns : ns);
-    std::snprintf(out, size, "%s%llu.%03llu", negative ? "-" : "", magnitude / 1000, magnitude % 1000);
-  }
+  static void print_us(char* out, std::size_t size, std::int64_t ns);
 
-  void write(std::FILE* out, const event& e) const {
-    char ts[32];
-    print_us(ts, sizeof ts, origin_ns_ + e.begin_ns);
-    std::fprintf(out, "{\"name\":\"%s\",\"cat\":\"herd\",\"ph\":\"%c\",\"pid\":%d,\"tid\":%u,\"ts\":%s", e.name, e.phase, rank_,
-                 e.track, ts);
-    if (e.phase == 'X') {
-      char dur[32];
-      print_us(dur, sizeof dur, e.end_ns - e.begin_ns);
-      std::fprintf(out, ",\"dur\":%s", dur);
-    } else if (e.phase == 'b' || e.phase == 'e') {
-      std::fprintf(out, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
-    } else if (e.phase == 'i') {
-      std::fputs(",\"s\":\"t\"", out);
-    }
-    std::fputs(",\"args\":{", out);
-    const char* comma = "";
-    if (e.args.seq != fields::none) {
-      std::fprintf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.args.seq));
-      comma = ",";
-    }
-    if (e.args.count != fields::none) {
-      std::fprintf(out, "%s\"count\":%llu", comma, static_cast<unsigned long long>(e.args.count));
-      if (e.args.typed) {
-        std::fprintf(out, ",\"dtype\":\"%.*s\",\"bytes\":%llu", static_cast<int>(name(e.args.type).size()),
-                     name(e.args.type).data(), static_cast<unsigned long long>(e.args.count * size_of(e.args.type)));
-      }
-      comma = ",";
-    }
-    if (e.args.extra_name != nullptr) std::fprintf(out, "%s\"%s\":%lld", comma, e.args.extra_name, static_cast<long long>(e.args.extra));
-    std::fputs("}},\n", out);
-  }
+  void write(std::FILE* out, const event& e) const;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
@@ -1709,7 +1567,179 @@ inline void name_track(std::uint32_t track, std::string name) noexcept {
 
 // HERD_TIMELINE: started once per process, by its first communicator. A file that cannot be
 // opened is reported on stderr and the run goes on without a timeline.
-inline void start_from_environment(int rank) noexcept {
+HERD_SEPARATE void start_from_environment(int rank) noexcept;
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE int launcher_rank() noexcept {
+  for (const char* variable : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* text = std::getenv(variable);
+    if (text != nullptr && *text != '\0') return std::atoi(text);
+  }
+  return 0;
+}
+
+HERD_SEPARATE std::filesystem::path rank_file(const std::filesystem::path& path, int rank) {
+  std::filesystem::path file = path;
+  const std::string extension = path.has_extension() ? path.extension().string() : std::string(".json");
+  file.replace_filename(path.stem().string() + ".rank" + std::to_string(rank) + extension);
+  return file;
+}
+
+HERD_SEPARATE recorder& recorder::instance() {
+  static recorder r;
+  return r;
+}
+
+HERD_SEPARATE void recorder::start(const std::filesystem::path& file, int rank) {
+  stop();
+  std::FILE* out = std::fopen(file.c_str(), "w");
+  if (out == nullptr) {
+    const std::string reason = std::generic_category().message(errno);
+    throw error("herd::timeline: cannot open '" + file.string() + "' for writing (" + reason +
+                "). Give a path in a directory that exists and that this process may write.");
+  }
+  std::lock_guard lock(mutex_);
+  out_ = out;
+  file_ = file;
+  rank_ = rank;
+  dropped_ = 0;
+  // Times on the system clock, so that files of ranks on different machines share an axis,
+  // counted from 2025-01-01 UTC rather than 1970: viewers read them as doubles, which then still
+  // resolve nanoseconds.
+  constexpr std::int64_t since_1970_ns = std::int64_t{1735689600} * 1000000000;
+  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+  origin_ns_ = wall - since_1970_ns - now_ns();
+  unwritten_names_.assign(names_.begin(), names_.end());
+  stopping_ = false;
+  std::fputs("[\n", out_);
+  std::fprintf(out_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", rank, rank);
+  std::fprintf(out_, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", rank, rank);
+  writer_ = std::thread([this] { write_loop(); });
+  enabled().store(true, std::memory_order_release);
+}
+
+HERD_SEPARATE void recorder::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (out_ == nullptr) return;
+    enabled().store(false, std::memory_order_release);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  std::lock_guard lock(mutex_);
+  if (dropped_ != 0) {
+    std::fprintf(out_, "{\"name\":\"herd: %llu events dropped (too many waited to be written)\",\"ph\":\"i\",\"s\":\"p\","
+                 "\"pid\":%d,\"tid\":0,\"ts\":0},\n", static_cast<unsigned long long>(dropped_), rank_);
+  }
+  // A last metadata event, so that the array needs no trailing comma removed.
+  std::fprintf(out_, "{\"name\":\"herd_timeline_end\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"dropped\":%llu}}\n]\n", rank_,
+               static_cast<unsigned long long>(dropped_));
+  std::fclose(out_);
+  out_ = nullptr;
+}
+
+HERD_SEPARATE bool recorder::active() const {
+  std::lock_guard lock(mutex_);
+  return out_ != nullptr;
+}
+
+HERD_SEPARATE std::filesystem::path recorder::file() const {
+  std::lock_guard lock(mutex_);
+  return out_ != nullptr ? file_ : std::filesystem::path();
+}
+
+HERD_SEPARATE void recorder::record(const event& e) {
+  std::lock_guard lock(mutex_);
+  if (out_ == nullptr || stopping_) return;
+  if (waiting_.size() >= max_waiting) {
+    ++dropped_;
+    return;
+  }
+  waiting_.push_back(e);
+  if (waiting_.size() == batch) wake_.notify_one();
+}
+
+HERD_SEPARATE void recorder::name_track(std::uint32_t track, std::string name) {
+  std::lock_guard lock(mutex_);
+  auto [at, added] = names_.emplace(track, std::move(name));
+  if (added && out_ != nullptr) unwritten_names_.emplace_back(at->first, at->second);
+}
+
+HERD_SEPARATE void recorder::write_loop() {
+  std::vector<event> taken;
+  std::vector<std::pair<std::uint32_t, std::string>> names;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || waiting_.size() >= batch; });
+    taken.swap(waiting_);
+    names.swap(unwritten_names_);
+    const bool last = stopping_;
+    std::FILE* out = out_;
+    lock.unlock();
+    for (const auto& [track, name] : names) write_name(out, track, name);
+    for (const event& e : taken) write(out, e);
+    std::fflush(out);
+    taken.clear();
+    names.clear();
+    lock.lock();
+    if (last && waiting_.empty()) return;
+  }
+}
+
+HERD_SEPARATE void recorder::write_name(std::FILE* out, std::uint32_t track, const std::string& name) const {
+  std::string escaped;
+  for (char c : name) {
+    if (c == '"' || c == '\\') escaped.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+  }
+  std::fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"%s\"}},\n", rank_, track,
+               escaped.c_str());
+  std::fprintf(out, "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"sort_index\":%u}},\n", rank_,
+               track, track);
+}
+
+HERD_SEPARATE void recorder::print_us(char* out, std::size_t size, std::int64_t ns) {
+  const bool negative = ns < 0;
+  const auto magnitude = static_cast<unsigned long long>(negative ? -ns : ns);
+  std::snprintf(out, size, "%s%llu.%03llu", negative ? "-" : "", magnitude / 1000, magnitude % 1000);
+}
+
+HERD_SEPARATE void recorder::write(std::FILE* out, const event& e) const {
+  char ts[32];
+  print_us(ts, sizeof ts, origin_ns_ + e.begin_ns);
+  std::fprintf(out, "{\"name\":\"%s\",\"cat\":\"herd\",\"ph\":\"%c\",\"pid\":%d,\"tid\":%u,\"ts\":%s", e.name, e.phase, rank_,
+               e.track, ts);
+  if (e.phase == 'X') {
+    char dur[32];
+    print_us(dur, sizeof dur, e.end_ns - e.begin_ns);
+    std::fprintf(out, ",\"dur\":%s", dur);
+  } else if (e.phase == 'b' || e.phase == 'e') {
+    std::fprintf(out, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
+  } else if (e.phase == 'i') {
+    std::fputs(",\"s\":\"t\"", out);
+  }
+  std::fputs(",\"args\":{", out);
+  const char* comma = "";
+  if (e.args.seq != fields::none) {
+    std::fprintf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.args.seq));
+    comma = ",";
+  }
+  if (e.args.count != fields::none) {
+    std::fprintf(out, "%s\"count\":%llu", comma, static_cast<unsigned long long>(e.args.count));
+    if (e.args.typed) {
+      std::fprintf(out, ",\"dtype\":\"%.*s\",\"bytes\":%llu", static_cast<int>(name(e.args.type).size()),
+                   name(e.args.type).data(), static_cast<unsigned long long>(e.args.count * size_of(e.args.type)));
+    }
+    comma = ",";
+  }
+  if (e.args.extra_name != nullptr) std::fprintf(out, "%s\"%s\":%lld", comma, e.args.extra_name, static_cast<long long>(e.args.extra));
+  std::fputs("}},\n", out);
+}
+
+HERD_SEPARATE void start_from_environment(int rank) noexcept {
   static std::once_flag once;
   std::call_once(once, [rank] {
     const char* path = std::getenv("HERD_TIMELINE");
@@ -1721,6 +1751,8 @@ inline void start_from_environment(int rank) noexcept {
     }
   });
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail::trace
 
@@ -2603,9 +2635,7 @@ inline error_site site_of(const operation_state& ops, const char* fallback, int 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -2761,11 +2791,18 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  // Eight bytes from the kernel's generator (read from /dev/urandom, not through <random>, which
+  // costs every file that includes herd a tenth of a second to parse); the clock and a counter
+  // where it cannot be read.
   static std::uint64_t random_word() {
-    static std::random_device device;
-    static std::mutex mutex;
-    const std::lock_guard lock(mutex);
-    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+    std::uint64_t word = 0;
+    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
+    if (fd >= 0) ::close(fd);
+    if (read_all) return word;
+    static std::atomic<std::uint64_t> calls{0};
+    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
   }
 
   std::byte* base_ = nullptr;
@@ -4946,13 +4983,7 @@ inline int multiprocessors(int device) {
 namespace herd::detail {
 
 // Whether MPI can be called: initialized and not yet finalized (herd::mpi::is_initialized).
-inline bool mpi_running() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
+HERD_SEPARATE bool mpi_running();
 
 class mpi_state;
 
@@ -4971,24 +5002,11 @@ struct mpi_registry {
   bool tender_running = false;  // it runs (it ends once nothing is left to tend)
   bool finalizing = false;      // MPI_Finalize began: that thread calls MPI no more, and ends
 };
-inline mpi_registry& registry() {
-  static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
-  return r;
-}
+HERD_SEPARATE mpi_registry& registry();
 
 // A committed datatype of `bytes` bytes made of pieces of `limit` bytes and a remainder, for a
 // message whose byte count does not fit an int (MPI before version 4 counts in int).
-inline int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type) {
-  MPI_Datatype block = MPI_DATATYPE_NULL;
-  int code = MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
-  if (code != MPI_SUCCESS) return code;
-  int lengths[2] = {static_cast<int>(bytes / limit), static_cast<int>(bytes % limit)};
-  MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(bytes / limit * limit)};
-  MPI_Datatype types[2] = {block, MPI_BYTE};
-  code = MPI_Type_create_struct(lengths[1] != 0 ? 2 : 1, lengths, offsets, types, type);
-  MPI_Type_free(&block);  // the struct keeps what it needs
-  return code == MPI_SUCCESS ? MPI_Type_commit(type) : code;
-}
+HERD_SEPARATE int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type);
 
 // A notice between the ranks of one communicator. Small enough to travel eagerly.
 struct mpi_notice {
@@ -5028,118 +5046,36 @@ class mpi_state {
   mpi_state(const mpi_state&) = delete;
   mpi_state& operator=(const mpi_state&) = delete;
 
-  ~mpi_state() {
-    {
-      auto& r = registry();
-      std::lock_guard lock(r.mutex);
-      r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
-      r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
-    }
-    release();
-  }
+  ~mpi_state();
 
   // Gives back what MPI holds for this communicator.
-  void release() noexcept {
-    if (!mpi_running()) return;
-    if (incoming_request != MPI_REQUEST_NULL) {
-      MPI_Cancel(&incoming_request);
-      MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
-    }
-    // Notices are small and sent eagerly, so they complete at once; one that does not within a
-    // second keeps its buffer (leaked on purpose) rather than free memory MPI may still read.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (reap_outgoing() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-    for (auto& [buffer, request] : outgoing) {
-      MPI_Request_free(&request);
-      (void)buffer.release();
-    }
-    outgoing.clear();
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-    comm = MPI_COMM_NULL;
-  }
+  void release() noexcept;
 
-  void listen() {
-    peers.assign(static_cast<std::size_t>(size), mpi_peer{});
-    MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
-  }
+  void listen();
 
   // --- What the peers said. Written under notice_mutex (the progress thread and the caller's
   // may both poll), read under it too.
 
   // Takes in the notices that arrived (unless another thread is doing so right now).
-  void poll_notices() {
-    std::unique_lock lock(notice_mutex, std::try_to_lock);
-    if (!lock || incoming_request == MPI_REQUEST_NULL) return;
-    for (;;) {
-      int arrived = 0;
-      MPI_Status status;
-      if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
-      record(incoming, status.MPI_SOURCE);
-      MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
-    }
-  }
+  void poll_notices();
 
   // Whether every peer has settled the messages of an abort (or left).
-  bool all_settled() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && !peer.done && peer.departed_at == never) return false;
-    }
-    return true;
-  }
+  bool all_settled();
 
   // Whether every peer that told of its own abort has also settled it (or left).
-  bool answering_settled() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
-    }
-    return true;
-  }
+  bool answering_settled();
 
   // Whether every peer has said it left: then no message can come any more.
-  bool all_departed() {
-    std::lock_guard lock(notice_mutex);
-    for (int q = 0; q < size; ++q)
-      if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == never) return false;
-    return true;
-  }
+  bool all_departed();
 
   // Shrink number `round`: for each rank, what this rank knows of it (staying_answer).
-  std::vector<int> staying(std::uint64_t round) {
-    std::lock_guard lock(notice_mutex);
-    std::vector<int> result(static_cast<std::size_t>(size), -1);
-    for (int q = 0; q < size; ++q) {
-      const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-      result[static_cast<std::size_t>(q)] = q == rank ? 1 : staying_answer(peer.present_in, peer.departed_at != never, round);
-    }
-    return result;
-  }
+  std::vector<int> staying(std::uint64_t round);
   // What this rank knows of rank q's proposal in shrink `round`.
-  member_news proposal_of(int q, std::uint64_t round) {
-    std::lock_guard lock(notice_mutex);
-    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-    return {peer.departed_at != never, peer.proposed_in == round, peer.proposal};
-  }
+  member_news proposal_of(int q, std::uint64_t round);
 
   // Why this rank, in operation `label`, waits in vain (empty when there is hope).
   // A departure is named before an abort, which may only be another rank's report of it.
-  std::string hopeless(const op_label& label) {
-    std::lock_guard lock(notice_mutex);
-    return hopeless_wait(
-        size, rank, label.seq,
-        [&](int q) {
-          const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
-          return peer_news{peer.departed_at, peer.aborted_at, peer.reason};
-        },
-        [&](int q) { return shown(q); },
-        outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str(),
-        [&](std::uint64_t at) {
-          return outer != nullptr ? std::string("its part across nodes") : "its operation #" + std::to_string(at);
-        });
-  }
+  std::string hopeless(const op_label& label);
 
   // The hierarchical allreduce's communicator across nodes runs inside an operation of the
   // communicator that made it (`outer`): its waits listen to that one's notices too (a rank that
@@ -5152,86 +5088,21 @@ class mpi_state {
   // --- Notices to the peers.
 
   // `to_departed` false: not to the peers known to have left (they may have finalized MPI).
-  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}, bool to_departed = true) noexcept {
-    for (int q = 0; q < size; ++q) {
-      if (q == rank) continue;
-      if (!to_departed) {
-        std::lock_guard lock(notice_mutex);
-        if (peers[static_cast<std::size_t>(q)].departed_at != never) continue;
-      }
-      try {
-        auto notice = std::make_unique<mpi_notice>();
-        notice->type = type;
-        notice->seq = seq;
-        const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
-        if (n != 0) std::memcpy(notice->reason, reason.data(), n);
-        std::lock_guard lock(outgoing_mutex);
-        outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
-        auto& [buffer, request] = outgoing.back();
-        MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
-      } catch (...) {
-        // Out of memory: that peer will notice through its own watchdog instead.
-      }
-    }
-  }
+  void notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason = {}, bool to_departed = true) noexcept;
 
   // Forgets the notices that were delivered; true while some are still in flight.
-  bool reap_outgoing() noexcept {
-    std::lock_guard lock(outgoing_mutex);
-    while (!outgoing.empty()) {
-      int done = 0;
-      MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
-      if (!done) return true;
-      outgoing.pop_front();
-    }
-    return false;
-  }
+  bool reap_outgoing() noexcept;
 
   // --- Draining: taking, and throwing away, what peers sent, so that their sends complete.
 
   // After an abort: the agreements (control tag) and the data of the aborted operation, and of
   // any later one a peer reports it aborted in (it may have sent for that one already).
-  void drain_aborted() noexcept {
-    drain_tag(control_tag);
-    drain_tag(data_tag(aborted_seq));
-    std::uint64_t seen[8];
-    int count = 0;
-    {
-      std::lock_guard lock(notice_mutex);
-      for (const mpi_peer& peer : peers) {
-        if (peer.aborted_at != never && peer.aborted_at != aborted_seq && count < 8) seen[count++] = peer.aborted_at;
-      }
-    }
-    for (int i = 0; i < count; ++i) drain_tag(data_tag(seen[i]));
-  }
+  void drain_aborted() noexcept;
 
   // A retired communicator: everything, notices included (taken in as notices).
-  void drain_everything() noexcept {
-    for (;;) {
-      int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
-      if (status.MPI_TAG == notice_tag) {
-        mpi_notice notice;
-        MPI_Mrecv(&notice, sizeof notice, MPI_BYTE, &message, MPI_STATUS_IGNORE);
-        std::lock_guard lock(notice_mutex);
-        record(notice, status.MPI_SOURCE);
-      } else if (!take(message, status)) {
-        return;
-      }
-    }
-  }
+  void drain_everything() noexcept;
 
-  void drain_tag(int tag) noexcept {
-    for (;;) {
-      int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
-      if (!take(message, status)) return;
-    }
-  }
+  void drain_tag(int tag) noexcept;
 
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
@@ -5248,48 +5119,11 @@ class mpi_state {
   std::vector<mpi_orphan> orphans;
 
  private:
-  void record(const mpi_notice& notice, int from) {
-    if (notice.magic != mpi_notice{}.magic || from < 0 || from >= size || from == rank) return;
-    mpi_peer& peer = peers[static_cast<std::size_t>(from)];
-    if (notice.type == mpi_notice::abort && notice.seq < peer.aborted_at) {
-      peer.aborted_at = notice.seq;
-      try {
-        peer.reason.assign(notice.reason, strnlen(notice.reason, sizeof notice.reason));
-      } catch (...) {
-      }
-    } else if (notice.type == mpi_notice::done) {
-      peer.done = true;
-    } else if (notice.type == mpi_notice::closed) {
-      peer.departed_at = notice.seq;
-    } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
-      peer.present_in = notice.seq;
-    } else if (notice.type == mpi_notice::members && notice.seq > peer.proposed_in) {
-      peer.proposed_in = notice.seq;
-      std::memcpy(&peer.proposal.count, notice.reason, sizeof(std::uint64_t));
-      std::memcpy(&peer.proposal.hash, notice.reason + sizeof(std::uint64_t), sizeof(std::uint64_t));
-    }
-  }
+  void record(const mpi_notice& notice, int from);
 
   // Receives a probed message whole (a receive into a smaller buffer is an error MPI may treat as
   // fatal); false if no buffer that large could be had, leaving it.
-  bool take(MPI_Message& message, const MPI_Status& status) noexcept {
-    MPI_Count bytes = 0;
-    MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-    try {
-      if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
-    } catch (...) {
-      return false;
-    }
-    if (bytes <= INT_MAX) {
-      MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
-    } else {
-      MPI_Datatype whole = MPI_DATATYPE_NULL;
-      make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
-      MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
-      MPI_Type_free(&whole);
-    }
-    return true;
-  }
+  bool take(MPI_Message& message, const MPI_Status& status) noexcept;
 
   std::vector<mpi_peer> peers;
   mpi_notice incoming;
@@ -5303,56 +5137,18 @@ class mpi_state {
 };
 
 // Tells every peer that this rank leaves the communicator after the operations it issued.
-inline void depart(mpi_state& s) noexcept {
-  if (s.departed || s.comm == MPI_COMM_NULL || !mpi_running()) return;
-  s.departed = true;
-  std::uint64_t issued = 0;
-  try {
-    issued = s.ops.issued();
-  } catch (...) {
-    return;
-  }
-  s.notify_all(mpi_notice::closed, issued);
-}
+HERD_SEPARATE void depart(mpi_state& s) noexcept;
 
 // Frees the retired communicators that every peer has left; `all` frees the others too.
-inline void tend_retired(mpi_registry& r, bool all) noexcept {
-  for (auto it = r.retired.begin(); it != r.retired.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain_everything();
-    s.reap_outgoing();
-    if (all || s.all_departed()) {
-      it = r.retired.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
+HERD_SEPARATE void tend_retired(mpi_registry& r, bool all) noexcept;
 
 // Called now and then by every wait of this process: drains the aborted communicators whose
 // peers have not all settled, and the retired ones (see mpi_registry), so that peers' sends to
 // this rank complete even while it is busy with something else.
 // The aborted communicators' part of tend (r.mutex held).
-inline void tend_unsettled(mpi_registry& r) noexcept {
-  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
-    mpi_state& s = **it;
-    s.poll_notices();
-    s.drain_aborted();
-    s.reap_outgoing();
-    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
-  }
-}
+HERD_SEPARATE void tend_unsettled(mpi_registry& r) noexcept;
 
-inline void tend() noexcept {
-  auto& r = registry();
-  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
-  std::unique_lock lock(r.mutex, std::try_to_lock);
-  if (!lock) return;
-  tend_unsettled(r);
-  tend_retired(r, false);
-  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
-}
+HERD_SEPARATE void tend() noexcept;
 
 // Drains the aborted communicators (tend_unsettled) from a thread of its own, every millisecond
 // while some are unsettled. The waits of this process tend too, but a rank whose error reached its
@@ -5367,227 +5163,45 @@ inline void tend() noexcept {
 // 20 without). The thread ends once none is unsettled, and at MPI_Finalize: at_finalize sets
 // finalizing under the registry's lock, which the thread holds while it calls MPI, and joins it.
 // Called under r.mutex.
-inline void start_tender(mpi_registry& r) noexcept {
-  if (r.tender_running || r.finalizing) return;
-  if (r.tender.joinable()) r.tender.join();  // the last one, which found nothing left to tend and ended
-  int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
-  if (level < MPI_THREAD_MULTIPLE) return;
-  try {
-    r.tender = std::thread([&r] {
-      for (;;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::unique_lock lock(r.mutex, std::try_to_lock);
-        if (!lock) continue;
-        if (!r.finalizing) tend_unsettled(r);
-        if (r.finalizing || r.unsettled.empty()) {
-          r.tender_running = false;
-          return;
-        }
-      }
-    });
-    r.tender_running = true;
-  } catch (...) {
-    // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
-  }
-}
+HERD_SEPARATE void start_tender(mpi_registry& r) noexcept;
 
-inline void add_unsettled(mpi_state* s) noexcept {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  try {
-    r.unsettled.push_back(s);
-  } catch (...) {
-    return;
-  }
-  r.anything_to_tend.store(true, std::memory_order_release);
-  start_tender(r);
-}
+HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept;
 
-inline int at_finalize(MPI_Comm, int, void*, void*) {
-  auto& r = registry();
-  {
-    std::lock_guard lock(r.mutex);
-    r.finalizing = true;
-  }
-  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
-  std::lock_guard lock(r.mutex);
-  for (mpi_state* s : r.live) {
-    s->ops.drain();  // queued operations first: they still need MPI
-    depart(*s);
-  }
-  // The peers' departures arrive as they destroy their communicators, normally within moments;
-  // a peer that is stuck is given up on after ten seconds.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    tend_retired(r, false);
-    bool waiting = !r.retired.empty();
-    for (mpi_state* s : r.live) {
-      s->poll_notices();
-      s->drain_everything();
-      waiting = waiting || !s->all_departed();
-    }
-    if (!waiting || std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  tend_retired(r, true);
-  for (mpi_state* s : r.live) s->release();
-  r.anything_to_tend.store(false, std::memory_order_release);
-  return MPI_SUCCESS;
-}
+HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*);
 
-inline void register_state(mpi_state* s) {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (!r.hooked) {
-    int key = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, nullptr);
-    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
-    r.hooked = true;
-  }
-  r.live.push_back(s);
-}
+HERD_SEPARATE void register_state(mpi_state* s);
 
 // A communicator's state after its owner is gone: it tells the peers and stays retired until
 // they have all left too.
-inline void retire(std::unique_ptr<mpi_state> s) noexcept {
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
-  s->node.reset();  // unmapping is local: peers keep their own mappings
-  if (!mpi_running() || s->comm == MPI_COMM_NULL) return;
-  depart(*s);
-  try {
-    r.retired.push_back(std::move(s));
-  } catch (...) {
-    return;  // s is freed now, without waiting for the peers
-  }
-  r.anything_to_tend.store(true, std::memory_order_release);
-  tend_retired(r, false);
-  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
-}
+HERD_SEPARATE void retire(std::unique_ptr<mpi_state> s) noexcept;
 
 // Ends the whole job. MPI_Abort on MPI_COMM_WORLD, not on the communicator that failed: MPICH
 // 4.0 (ch4) took the abort of a duplicate, or of a communicator of some ranks, as one of its
 // processes only, leaving a peer that sleeps outside MPI, or that is in MPI_Finalize, running
 // until it woke (ctest mpi_abort_job_*, measured from outside the job). The job is lost anyway:
 // MPI may still read memory this process would free.
-[[noreturn]] inline void end_job() noexcept {
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
-}
+[[noreturn]] HERD_SEPARATE void end_job() noexcept;
 
-inline void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
-  std::string peers;
-  for (auto& o : s.orphans) {
-    if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
-    const std::string name = std::to_string(s.shown(o.peer));
-    if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
-  }
-  if (!peers.empty()) peers.resize(peers.size() - 2);
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
-  const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
-                           (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
-                           " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
-                           " did not take what it sent, and MPI cannot cancel a send";
-  if (s.ops.options().end_job_if_unsettled) {
-    std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
-                         "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
-                         "herd::error instead.)\n",
-                 what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
-    std::fflush(stderr);
-    end_job();
-  }
-  s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
-                       "takes them; do not free or reuse them before then.");
-  std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
-}
+HERD_SEPARATE void give_up_settling_or_throw(mpi_state& s, std::string_view reason);
 
 // Past the shutdown time, a send of the aborted operation is still pending: its peer has not
 // taken it, and MPI cannot cancel it, so MPI may read its buffer for as long as that lasts. As
 // torch's NCCL watchdog does, herd then ends the job, naming the peer and the operation; with
 // comm_options::end_job_if_unsettled off it returns instead, leaving the sends to MPI, and the
 // error says that their buffers still belong to MPI.
-inline void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
-  try {
-    give_up_settling_or_throw(s, reason);
-  } catch (...) {  // out of memory for the words: the decision stands
-    if (s.ops.options().end_job_if_unsettled) end_job();
-  }
-  for (auto& o : s.orphans) {
-    if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
-  }
-}
+HERD_SEPARATE void give_up_settling(mpi_state& s, std::string_view reason) noexcept;
 
 // Begins the abort of the running operation (outside any: of the one aborted before, or else of
 // the next one this rank would issue, which its peers may be waiting in): marks the communicator
 // aborted, cancels this rank's receives of the operation and tells every peer. Returns the
 // operation's number.
-inline std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
-  const bool before = s.ops.aborted();
-  s.ops.mark_aborted(reason);
-  std::uint64_t seq = s.aborted_seq;
-  if (s.ops.in_operation()) {
-    seq = s.ops.current().seq;
-  } else if (!before) {
-    try {
-      seq = s.ops.issued();
-    } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
-      seq = 0;
-    }
-  }
-  s.aborted_seq = seq;
-  for (auto& o : s.orphans) {
-    if (o.receiving) MPI_Cancel(&o.handle);
-  }
-  s.notify_all(mpi_notice::abort, seq, reason);
-  return seq;
-}
+HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept;
 
 // Settles abort #seq: returns once this rank's sends are complete and every peer that answered
 // has said "done", within the bound (see the top of this file). Not the watched wait
 // (watchdog.hpp): it never raises (it runs while an abort unwinds), its end is two conditions with
 // a give-up of their own past the bound, and its warning says what settling needs.
-inline void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept {
-  // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
-  // they answer: one that told of its own abort is about to say "done"; one that said nothing
-  // (stalled, or not yet aware) is left to this process's later waits (tend).
-  const double bound = s.ops.options().stall_shutdown_seconds;
-  waiting watch(s.ops.options());
-  bool said_done = false;
-  bool warned = false;
-  for (;;) {
-    bool in_flight = false;
-    for (auto& o : s.orphans) {
-      int done = 0;
-      if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
-      in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
-    }
-    if (!in_flight && !said_done) {
-      s.notify_all(mpi_notice::done, seq);
-      said_done = true;
-    }
-    s.poll_notices();
-    s.drain_aborted();
-    s.reap_outgoing();
-    if (watch.tick()) tend();
-    if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
-    if (!said_done && bound > 0 && watch.seconds() > bound) {
-      give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
-      break;
-    }
-    if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
-      warned = true;
-      std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
-                           "an abort; its peers must take what it sent before it can return.\n",
-                   s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
-    }
-    watch.pause();
-  }
-  s.orphans.clear();
-  if (!s.all_settled()) add_unsettled(&s);
-}
+HERD_SEPARATE void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept;
 
 // The watched wait (watchdog.hpp) of every blocking step of an mpi_communicator: each tick first
 // tends this process's aborted and retired communicators (tend), whose peers may still send to
@@ -5634,7 +5248,502 @@ int watched_mpi_call(const comm_options& options, const error_site& site, const 
 // waits until it heard of every peer that it stays or left; then proposes the ranks it counted and
 // waits until every one of them proposed the same. Returns them, in their order; raises (under the
 // watchdog of `options`, or at once when they cannot agree) otherwise.
-inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
+HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& options);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool mpi_running() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+HERD_SEPARATE mpi_registry& registry() {
+  static mpi_registry& r = *new mpi_registry;  // never destroyed: MPI_Finalize may come after static destructors
+  return r;
+}
+
+HERD_SEPARATE int make_byte_type(std::size_t bytes, std::size_t limit, MPI_Datatype* type) {
+  MPI_Datatype block = MPI_DATATYPE_NULL;
+  int code = MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
+  if (code != MPI_SUCCESS) return code;
+  int lengths[2] = {static_cast<int>(bytes / limit), static_cast<int>(bytes % limit)};
+  MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(bytes / limit * limit)};
+  MPI_Datatype types[2] = {block, MPI_BYTE};
+  code = MPI_Type_create_struct(lengths[1] != 0 ? 2 : 1, lengths, offsets, types, type);
+  MPI_Type_free(&block);  // the struct keeps what it needs
+  return code == MPI_SUCCESS ? MPI_Type_commit(type) : code;
+}
+
+HERD_SEPARATE mpi_state::~mpi_state() {
+  {
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
+    r.unsettled.erase(std::remove(r.unsettled.begin(), r.unsettled.end(), this), r.unsettled.end());
+  }
+  release();
+}
+
+HERD_SEPARATE void mpi_state::release() noexcept {
+  if (!mpi_running()) return;
+  if (incoming_request != MPI_REQUEST_NULL) {
+    MPI_Cancel(&incoming_request);
+    MPI_Wait(&incoming_request, MPI_STATUS_IGNORE);
+  }
+  // Notices are small and sent eagerly, so they complete at once; one that does not within a
+  // second keeps its buffer (leaked on purpose) rather than free memory MPI may still read.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (reap_outgoing() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  for (auto& [buffer, request] : outgoing) {
+    MPI_Request_free(&request);
+    (void)buffer.release();
+  }
+  outgoing.clear();
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  comm = MPI_COMM_NULL;
+}
+
+HERD_SEPARATE void mpi_state::listen() {
+  peers.assign(static_cast<std::size_t>(size), mpi_peer{});
+  MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+}
+
+HERD_SEPARATE void mpi_state::poll_notices() {
+  std::unique_lock lock(notice_mutex, std::try_to_lock);
+  if (!lock || incoming_request == MPI_REQUEST_NULL) return;
+  for (;;) {
+    int arrived = 0;
+    MPI_Status status;
+    if (MPI_Test(&incoming_request, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+    record(incoming, status.MPI_SOURCE);
+    MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, notice_tag, comm, &incoming_request);
+  }
+}
+
+HERD_SEPARATE bool mpi_state::all_settled() {
+  std::lock_guard lock(notice_mutex);
+  for (int q = 0; q < size; ++q) {
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    if (q != rank && !peer.done && peer.departed_at == never) return false;
+  }
+  return true;
+}
+
+HERD_SEPARATE bool mpi_state::answering_settled() {
+  std::lock_guard lock(notice_mutex);
+  for (int q = 0; q < size; ++q) {
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    if (q != rank && peer.aborted_at != never && !peer.done && peer.departed_at == never) return false;
+  }
+  return true;
+}
+
+HERD_SEPARATE bool mpi_state::all_departed() {
+  std::lock_guard lock(notice_mutex);
+  for (int q = 0; q < size; ++q)
+    if (q != rank && peers[static_cast<std::size_t>(q)].departed_at == never) return false;
+  return true;
+}
+
+HERD_SEPARATE std::vector<int> mpi_state::staying(std::uint64_t round) {
+  std::lock_guard lock(notice_mutex);
+  std::vector<int> result(static_cast<std::size_t>(size), -1);
+  for (int q = 0; q < size; ++q) {
+    const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+    result[static_cast<std::size_t>(q)] = q == rank ? 1 : staying_answer(peer.present_in, peer.departed_at != never, round);
+  }
+  return result;
+}
+
+HERD_SEPARATE member_news mpi_state::proposal_of(int q, std::uint64_t round) {
+  std::lock_guard lock(notice_mutex);
+  const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+  return {peer.departed_at != never, peer.proposed_in == round, peer.proposal};
+}
+
+HERD_SEPARATE std::string mpi_state::hopeless(const op_label& label) {
+  std::lock_guard lock(notice_mutex);
+  return hopeless_wait(
+      size, rank, label.seq,
+      [&](int q) {
+        const mpi_peer& peer = peers[static_cast<std::size_t>(q)];
+        return peer_news{peer.departed_at, peer.aborted_at, peer.reason};
+      },
+      [&](int q) { return shown(q); },
+      outer != nullptr ? outer->ops.current().str() + " (its part across nodes)" : label.str(),
+      [&](std::uint64_t at) {
+        return outer != nullptr ? std::string("its part across nodes") : "its operation #" + std::to_string(at);
+      });
+}
+
+HERD_SEPARATE void mpi_state::notify_all(std::uint8_t type, std::uint64_t seq, std::string_view reason, bool to_departed) noexcept {
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    if (!to_departed) {
+      std::lock_guard lock(notice_mutex);
+      if (peers[static_cast<std::size_t>(q)].departed_at != never) continue;
+    }
+    try {
+      auto notice = std::make_unique<mpi_notice>();
+      notice->type = type;
+      notice->seq = seq;
+      const std::size_t n = std::min(reason.size(), sizeof notice->reason - 1);
+      if (n != 0) std::memcpy(notice->reason, reason.data(), n);
+      std::lock_guard lock(outgoing_mutex);
+      outgoing.emplace_back(std::move(notice), MPI_REQUEST_NULL);
+      auto& [buffer, request] = outgoing.back();
+      MPI_Isend(buffer.get(), sizeof(mpi_notice), MPI_BYTE, q, notice_tag, comm, &request);
+    } catch (...) {
+      // Out of memory: that peer will notice through its own watchdog instead.
+    }
+  }
+}
+
+HERD_SEPARATE bool mpi_state::reap_outgoing() noexcept {
+  std::lock_guard lock(outgoing_mutex);
+  while (!outgoing.empty()) {
+    int done = 0;
+    MPI_Test(&outgoing.front().second, &done, MPI_STATUS_IGNORE);
+    if (!done) return true;
+    outgoing.pop_front();
+  }
+  return false;
+}
+
+HERD_SEPARATE void mpi_state::drain_aborted() noexcept {
+  drain_tag(control_tag);
+  drain_tag(data_tag(aborted_seq));
+  std::uint64_t seen[8];
+  int count = 0;
+  {
+    std::lock_guard lock(notice_mutex);
+    for (const mpi_peer& peer : peers) {
+      if (peer.aborted_at != never && peer.aborted_at != aborted_seq && count < 8) seen[count++] = peer.aborted_at;
+    }
+  }
+  for (int i = 0; i < count; ++i) drain_tag(data_tag(seen[i]));
+}
+
+HERD_SEPARATE void mpi_state::drain_everything() noexcept {
+  for (;;) {
+    int flag = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+    if (status.MPI_TAG == notice_tag) {
+      mpi_notice notice;
+      MPI_Mrecv(&notice, sizeof notice, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      std::lock_guard lock(notice_mutex);
+      record(notice, status.MPI_SOURCE);
+    } else if (!take(message, status)) {
+      return;
+    }
+  }
+}
+
+HERD_SEPARATE void mpi_state::drain_tag(int tag) noexcept {
+  for (;;) {
+    int flag = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+    if (!take(message, status)) return;
+  }
+}
+
+HERD_SEPARATE void mpi_state::record(const mpi_notice& notice, int from) {
+  if (notice.magic != mpi_notice{}.magic || from < 0 || from >= size || from == rank) return;
+  mpi_peer& peer = peers[static_cast<std::size_t>(from)];
+  if (notice.type == mpi_notice::abort && notice.seq < peer.aborted_at) {
+    peer.aborted_at = notice.seq;
+    try {
+      peer.reason.assign(notice.reason, strnlen(notice.reason, sizeof notice.reason));
+    } catch (...) {
+    }
+  } else if (notice.type == mpi_notice::done) {
+    peer.done = true;
+  } else if (notice.type == mpi_notice::closed) {
+    peer.departed_at = notice.seq;
+  } else if (notice.type == mpi_notice::present && notice.seq > peer.present_in) {
+    peer.present_in = notice.seq;
+  } else if (notice.type == mpi_notice::members && notice.seq > peer.proposed_in) {
+    peer.proposed_in = notice.seq;
+    std::memcpy(&peer.proposal.count, notice.reason, sizeof(std::uint64_t));
+    std::memcpy(&peer.proposal.hash, notice.reason + sizeof(std::uint64_t), sizeof(std::uint64_t));
+  }
+}
+
+HERD_SEPARATE bool mpi_state::take(MPI_Message& message, const MPI_Status& status) noexcept {
+  MPI_Count bytes = 0;
+  MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+  try {
+    if (static_cast<std::size_t>(bytes) > sink.size()) sink.resize(static_cast<std::size_t>(bytes));
+  } catch (...) {
+    return false;
+  }
+  if (bytes <= INT_MAX) {
+    MPI_Mrecv(sink.data(), static_cast<int>(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Datatype whole = MPI_DATATYPE_NULL;
+    make_byte_type(static_cast<std::size_t>(bytes), std::size_t{1} << 30, &whole);
+    MPI_Mrecv(sink.data(), 1, whole, &message, MPI_STATUS_IGNORE);
+    MPI_Type_free(&whole);
+  }
+  return true;
+}
+
+HERD_SEPARATE void depart(mpi_state& s) noexcept {
+  if (s.departed || s.comm == MPI_COMM_NULL || !mpi_running()) return;
+  s.departed = true;
+  std::uint64_t issued = 0;
+  try {
+    issued = s.ops.issued();
+  } catch (...) {
+    return;
+  }
+  s.notify_all(mpi_notice::closed, issued);
+}
+
+HERD_SEPARATE void tend_retired(mpi_registry& r, bool all) noexcept {
+  for (auto it = r.retired.begin(); it != r.retired.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_everything();
+    s.reap_outgoing();
+    if (all || s.all_departed()) {
+      it = r.retired.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+HERD_SEPARATE void tend_unsettled(mpi_registry& r) noexcept {
+  for (auto it = r.unsettled.begin(); it != r.unsettled.end();) {
+    mpi_state& s = **it;
+    s.poll_notices();
+    s.drain_aborted();
+    s.reap_outgoing();
+    it = s.all_settled() ? r.unsettled.erase(it) : it + 1;
+  }
+}
+
+HERD_SEPARATE void tend() noexcept {
+  auto& r = registry();
+  if (!r.anything_to_tend.load(std::memory_order_acquire)) return;
+  std::unique_lock lock(r.mutex, std::try_to_lock);
+  if (!lock) return;
+  tend_unsettled(r);
+  tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
+}
+
+HERD_SEPARATE void start_tender(mpi_registry& r) noexcept {
+  if (r.tender_running || r.finalizing) return;
+  if (r.tender.joinable()) r.tender.join();  // the last one, which found nothing left to tend and ended
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) return;
+  try {
+    r.tender = std::thread([&r] {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::unique_lock lock(r.mutex, std::try_to_lock);
+        if (!lock) continue;
+        if (!r.finalizing) tend_unsettled(r);
+        if (r.finalizing || r.unsettled.empty()) {
+          r.tender_running = false;
+          return;
+        }
+      }
+    });
+    r.tender_running = true;
+  } catch (...) {
+    // No thread to be had: the waits tend, as without MPI_THREAD_MULTIPLE.
+  }
+}
+
+HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  try {
+    r.unsettled.push_back(s);
+  } catch (...) {
+    return;
+  }
+  r.anything_to_tend.store(true, std::memory_order_release);
+  start_tender(r);
+}
+
+HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
+  auto& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    r.finalizing = true;
+  }
+  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
+  std::lock_guard lock(r.mutex);
+  for (mpi_state* s : r.live) {
+    s->ops.drain();  // queued operations first: they still need MPI
+    depart(*s);
+  }
+  // The peers' departures arrive as they destroy their communicators, normally within moments;
+  // a peer that is stuck is given up on after ten seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    tend_retired(r, false);
+    bool waiting = !r.retired.empty();
+    for (mpi_state* s : r.live) {
+      s->poll_notices();
+      s->drain_everything();
+      waiting = waiting || !s->all_departed();
+    }
+    if (!waiting || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  tend_retired(r, true);
+  for (mpi_state* s : r.live) s->release();
+  r.anything_to_tend.store(false, std::memory_order_release);
+  return MPI_SUCCESS;
+}
+
+HERD_SEPARATE void register_state(mpi_state* s) {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (!r.hooked) {
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    r.hooked = true;
+  }
+  r.live.push_back(s);
+}
+
+HERD_SEPARATE void retire(std::unique_ptr<mpi_state> s) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.live.erase(std::remove(r.live.begin(), r.live.end(), s.get()), r.live.end());
+  s->node.reset();  // unmapping is local: peers keep their own mappings
+  if (!mpi_running() || s->comm == MPI_COMM_NULL) return;
+  depart(*s);
+  try {
+    r.retired.push_back(std::move(s));
+  } catch (...) {
+    return;  // s is freed now, without waiting for the peers
+  }
+  r.anything_to_tend.store(true, std::memory_order_release);
+  tend_retired(r, false);
+  r.anything_to_tend.store(!r.unsettled.empty() || !r.retired.empty(), std::memory_order_release);
+}
+
+[[noreturn]] HERD_SEPARATE void end_job() noexcept {
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
+}
+
+HERD_SEPARATE void give_up_settling_or_throw(mpi_state& s, std::string_view reason) {
+  std::string peers;
+  for (auto& o : s.orphans) {
+    if (o.handle == MPI_REQUEST_NULL || o.receiving) continue;
+    const std::string name = std::to_string(s.shown(o.peer));
+    if (peers.find("rank " + name + ",") == std::string::npos) peers += "rank " + name + ", ";
+  }
+  if (!peers.empty()) peers.resize(peers.size() - 2);
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", s.ops.options().stall_shutdown_seconds);
+  const std::string what = "rank " + std::to_string(s.shown(s.rank)) + " could not settle " +
+                           (s.ops.in_operation() ? s.ops.current().str() : std::string("its aborted operation")) +
+                           " within HERD_STALL_SHUTDOWN_TIME_SECONDS=" + seconds + " s: " + peers +
+                           " did not take what it sent, and MPI cannot cancel a send";
+  if (s.ops.options().end_job_if_unsettled) {
+    std::fprintf(stderr, "herd: %s (the abort: %.*s). Ending the job with MPI_Abort, as MPI may still read "
+                         "memory the program would free. (comm_options::end_job_if_unsettled = false raises "
+                         "herd::error instead.)\n",
+                 what.c_str(), static_cast<int>(std::min<std::size_t>(reason.size(), 2000)), reason.data());
+    std::fflush(stderr);
+    end_job();
+  }
+  s.ops.set_abort_note(" Moreover " + what + ": those buffers still belong to MPI, which reads them until the peer "
+                       "takes them; do not free or reuse them before then.");
+  std::fprintf(stderr, "herd warning: %s; its buffers still belong to MPI.\n", what.c_str());
+}
+
+HERD_SEPARATE void give_up_settling(mpi_state& s, std::string_view reason) noexcept {
+  try {
+    give_up_settling_or_throw(s, reason);
+  } catch (...) {  // out of memory for the words: the decision stands
+    if (s.ops.options().end_job_if_unsettled) end_job();
+  }
+  for (auto& o : s.orphans) {
+    if (o.handle != MPI_REQUEST_NULL) MPI_Request_free(&o.handle);  // the send completes on its own
+  }
+}
+
+HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason) noexcept {
+  const bool before = s.ops.aborted();
+  s.ops.mark_aborted(reason);
+  std::uint64_t seq = s.aborted_seq;
+  if (s.ops.in_operation()) {
+    seq = s.ops.current().seq;
+  } else if (!before) {
+    try {
+      seq = s.ops.issued();
+    } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
+      seq = 0;
+    }
+  }
+  s.aborted_seq = seq;
+  for (auto& o : s.orphans) {
+    if (o.receiving) MPI_Cancel(&o.handle);
+  }
+  s.notify_all(mpi_notice::abort, seq, reason);
+  return seq;
+}
+
+HERD_SEPARATE void settle_abort(mpi_state& s, std::uint64_t seq, std::string_view reason) noexcept {
+  // Settling is bounded by the shutdown time (none when it is 0). Peers are waited for only while
+  // they answer: one that told of its own abort is about to say "done"; one that said nothing
+  // (stalled, or not yet aware) is left to this process's later waits (tend).
+  const double bound = s.ops.options().stall_shutdown_seconds;
+  waiting watch(s.ops.options());
+  bool said_done = false;
+  bool warned = false;
+  for (;;) {
+    bool in_flight = false;
+    for (auto& o : s.orphans) {
+      int done = 0;
+      if (o.handle != MPI_REQUEST_NULL) MPI_Test(&o.handle, &done, MPI_STATUS_IGNORE);
+      in_flight = in_flight || o.handle != MPI_REQUEST_NULL;
+    }
+    if (!in_flight && !said_done) {
+      s.notify_all(mpi_notice::done, seq);
+      said_done = true;
+    }
+    s.poll_notices();
+    s.drain_aborted();
+    s.reap_outgoing();
+    if (watch.tick()) tend();
+    if (said_done && (s.answering_settled() || (bound > 0 && watch.seconds() > bound))) break;
+    if (!said_done && bound > 0 && watch.seconds() > bound) {
+      give_up_settling(s, reason);  // ends the job, or leaves the sends to MPI and says so
+      break;
+    }
+    if (!warned && !said_done && watch.seconds() > 60) {  // only without a bound: the watchdog is off
+      warned = true;
+      std::fprintf(stderr, "herd warning: rank %d has waited %.0f s to settle the messages of operation #%llu after "
+                           "an abort; its peers must take what it sent before it can return.\n",
+                   s.rank, watch.seconds(), static_cast<unsigned long long>(seq));
+    }
+    watch.pause();
+  }
+  s.orphans.clear();
+  if (!s.all_settled()) add_unsettled(&s);
+}
+
+HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& options) {
   const std::uint64_t round = ++s.shrinks;
   const error_site site{"mpi_communicator::shrink", s.rank, s.size};
   s.notify_all(mpi_notice::present, round, {}, false);
@@ -5668,6 +5777,8 @@ inline std::vector<int> agree_staying(mpi_state& s, const comm_options& options)
   if (!state.problem.empty()) raise(site, state.problem, shrink_advice());
   return members;
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -7986,43 +8097,7 @@ class call_check {
 };
 
 // Raises on every rank if the ranks passed different arguments.
-inline void verify_arguments(const error_site& site, std::span<const signature> all) {
-  const char* const every = "Every rank must call the same collective with the same ";
-  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
-                 std::string(every) + "list of tensors, in the same order");
-  }
-  if (differs(all, [](const signature& s) { return s.type; })) {
-    raise_agreed(site, "the dtype differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-                 std::string(every) + "dtype");
-  }
-  if (differs(all, [](const signature& s) { return s.op; })) {
-    raise_agreed(site, "the reduce_op differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-                 std::string(every) + "reduce_op");
-  }
-  if (differs(all, [](const signature& s) { return s.count; })) {
-    raise_agreed(site, "the element count differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-                 std::string(every) + "number of elements");
-  }
-  if (differs(all, [](const signature& s) { return s.root; })) {
-    raise_agreed(site, "the root differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-                 std::string(every) + "root");
-  }
-  if (differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
-  }
-  if (differs(all, [](const signature& s) { return s.memory; })) {
-    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
-                           per_rank(all, [](const signature& s) {
-                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
-                           }) + ")",
-                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
-  }
-}
+HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);
 
 // The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
 // arguments; the operation's identity and the protocol options are filled in here) and `payload`
@@ -8062,6 +8137,48 @@ inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
   }
   return h;
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all) {
+  const char* const every = "Every rank must call the same collective with the same ";
+  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
+                 std::string(every) + "list of tensors, in the same order");
+  }
+  if (differs(all, [](const signature& s) { return s.type; })) {
+    raise_agreed(site, "the dtype differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
+                 std::string(every) + "dtype");
+  }
+  if (differs(all, [](const signature& s) { return s.op; })) {
+    raise_agreed(site, "the reduce_op differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
+                 std::string(every) + "reduce_op");
+  }
+  if (differs(all, [](const signature& s) { return s.count; })) {
+    raise_agreed(site, "the element count differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
+                 std::string(every) + "number of elements");
+  }
+  if (differs(all, [](const signature& s) { return s.root; })) {
+    raise_agreed(site, "the root differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
+                 std::string(every) + "root");
+  }
+  if (differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
+  }
+  if (differs(all, [](const signature& s) { return s.memory; })) {
+    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
+                           per_rank(all, [](const signature& s) {
+                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
+                           }) + ")",
+                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -27,6 +27,7 @@
 // batches; at most 262144 events wait, beyond which events are counted and dropped (the file says
 // how many), so memory stays bounded whatever the run.
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 
@@ -97,188 +98,46 @@ inline std::uint32_t new_track() noexcept {
 }
 
 // This process's rank as its launcher tells it (0 when none does).
-inline int launcher_rank() noexcept {
-  for (const char* variable : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    const char* text = std::getenv(variable);
-    if (text != nullptr && *text != '\0') return std::atoi(text);
-  }
-  return 0;
-}
+HERD_SEPARATE int launcher_rank() noexcept;
 
 // /tmp/run.json -> /tmp/run.rank3.json
-inline std::filesystem::path rank_file(const std::filesystem::path& path, int rank) {
-  std::filesystem::path file = path;
-  const std::string extension = path.has_extension() ? path.extension().string() : std::string(".json");
-  file.replace_filename(path.stem().string() + ".rank" + std::to_string(rank) + extension);
-  return file;
-}
+HERD_SEPARATE std::filesystem::path rank_file(const std::filesystem::path& path, int rank);
 
 class recorder {
  public:
   static constexpr std::size_t max_waiting = std::size_t{1} << 18;
   static constexpr std::size_t batch = 8192;
 
-  static recorder& instance() {
-    static recorder r;
-    return r;
-  }
+  static recorder& instance();
   recorder(const recorder&) = delete;
   recorder& operator=(const recorder&) = delete;
   ~recorder() { stop(); }
 
   // Opens `file` (after closing the one open) and starts recording into it.
-  void start(const std::filesystem::path& file, int rank) {
-    stop();
-    std::FILE* out = std::fopen(file.c_str(), "w");
-    if (out == nullptr) {
-      const std::string reason = std::generic_category().message(errno);
-      throw error("herd::timeline: cannot open '" + file.string() + "' for writing (" + reason +
-                  "). Give a path in a directory that exists and that this process may write.");
-    }
-    std::lock_guard lock(mutex_);
-    out_ = out;
-    file_ = file;
-    rank_ = rank;
-    dropped_ = 0;
-    // Times on the system clock, so that files of ranks on different machines share an axis,
-    // counted from 2025-01-01 UTC rather than 1970: viewers read them as doubles, which then still
-    // resolve nanoseconds.
-    constexpr std::int64_t since_1970_ns = std::int64_t{1735689600} * 1000000000;
-    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
-    origin_ns_ = wall - since_1970_ns - now_ns();
-    unwritten_names_.assign(names_.begin(), names_.end());
-    stopping_ = false;
-    std::fputs("[\n", out_);
-    std::fprintf(out_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", rank, rank);
-    std::fprintf(out_, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", rank, rank);
-    writer_ = std::thread([this] { write_loop(); });
-    enabled().store(true, std::memory_order_release);
-  }
+  void start(const std::filesystem::path& file, int rank);
 
   // Writes what waits, closes the file; a no-op when none is open.
-  void stop() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (out_ == nullptr) return;
-      enabled().store(false, std::memory_order_release);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (writer_.joinable()) writer_.join();
-    std::lock_guard lock(mutex_);
-    if (dropped_ != 0) {
-      std::fprintf(out_, "{\"name\":\"herd: %llu events dropped (too many waited to be written)\",\"ph\":\"i\",\"s\":\"p\","
-                   "\"pid\":%d,\"tid\":0,\"ts\":0},\n", static_cast<unsigned long long>(dropped_), rank_);
-    }
-    // A last metadata event, so that the array needs no trailing comma removed.
-    std::fprintf(out_, "{\"name\":\"herd_timeline_end\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"dropped\":%llu}}\n]\n", rank_,
-                 static_cast<unsigned long long>(dropped_));
-    std::fclose(out_);
-    out_ = nullptr;
-  }
+  void stop() noexcept;
 
-  bool active() const {
-    std::lock_guard lock(mutex_);
-    return out_ != nullptr;
-  }
-  std::filesystem::path file() const {
-    std::lock_guard lock(mutex_);
-    return out_ != nullptr ? file_ : std::filesystem::path();
-  }
+  bool active() const;
+  std::filesystem::path file() const;
 
-  void record(const event& e) {
-    std::lock_guard lock(mutex_);
-    if (out_ == nullptr || stopping_) return;
-    if (waiting_.size() >= max_waiting) {
-      ++dropped_;
-      return;
-    }
-    waiting_.push_back(e);
-    if (waiting_.size() == batch) wake_.notify_one();
-  }
+  void record(const event& e);
 
   // Names a track (a communicator's "rank 1 of 4"), once per track for all files to come.
-  void name_track(std::uint32_t track, std::string name) {
-    std::lock_guard lock(mutex_);
-    auto [at, added] = names_.emplace(track, std::move(name));
-    if (added && out_ != nullptr) unwritten_names_.emplace_back(at->first, at->second);
-  }
+  void name_track(std::uint32_t track, std::string name);
 
  private:
   recorder() = default;
 
-  void write_loop() {
-    std::vector<event> taken;
-    std::vector<std::pair<std::uint32_t, std::string>> names;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || waiting_.size() >= batch; });
-      taken.swap(waiting_);
-      names.swap(unwritten_names_);
-      const bool last = stopping_;
-      std::FILE* out = out_;
-      lock.unlock();
-      for (const auto& [track, name] : names) write_name(out, track, name);
-      for (const event& e : taken) write(out, e);
-      std::fflush(out);
-      taken.clear();
-      names.clear();
-      lock.lock();
-      if (last && waiting_.empty()) return;
-    }
-  }
+  void write_loop();
 
-  void write_name(std::FILE* out, std::uint32_t track, const std::string& name) const {
-    std::string escaped;
-    for (char c : name) {
-      if (c == '"' || c == '\\') escaped.push_back('\\');
-      if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
-    }
-    std::fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"%s\"}},\n", rank_, track,
-                 escaped.c_str());
-    std::fprintf(out, "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"sort_index\":%u}},\n", rank_,
-                 track, track);
-  }
+  void write_name(std::FILE* out, std::uint32_t track, const std::string& name) const;
 
   // Microseconds with three decimals, from integer nanoseconds (a double would round them).
-  static void print_us(char* out, std::size_t size, std::int64_t ns) {
-    const bool negative = ns < 0;
-    const auto magnitude = static_cast<unsigned long long>(negative ? -ns : ns);
-    std::snprintf(out, size, "%s%llu.%03llu", negative ? "-" : "", magnitude / 1000, magnitude % 1000);
-  }
+  static void print_us(char* out, std::size_t size, std::int64_t ns);
 
-  void write(std::FILE* out, const event& e) const {
-    char ts[32];
-    print_us(ts, sizeof ts, origin_ns_ + e.begin_ns);
-    std::fprintf(out, "{\"name\":\"%s\",\"cat\":\"herd\",\"ph\":\"%c\",\"pid\":%d,\"tid\":%u,\"ts\":%s", e.name, e.phase, rank_,
-                 e.track, ts);
-    if (e.phase == 'X') {
-      char dur[32];
-      print_us(dur, sizeof dur, e.end_ns - e.begin_ns);
-      std::fprintf(out, ",\"dur\":%s", dur);
-    } else if (e.phase == 'b' || e.phase == 'e') {
-      std::fprintf(out, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
-    } else if (e.phase == 'i') {
-      std::fputs(",\"s\":\"t\"", out);
-    }
-    std::fputs(",\"args\":{", out);
-    const char* comma = "";
-    if (e.args.seq != fields::none) {
-      std::fprintf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.args.seq));
-      comma = ",";
-    }
-    if (e.args.count != fields::none) {
-      std::fprintf(out, "%s\"count\":%llu", comma, static_cast<unsigned long long>(e.args.count));
-      if (e.args.typed) {
-        std::fprintf(out, ",\"dtype\":\"%.*s\",\"bytes\":%llu", static_cast<int>(name(e.args.type).size()),
-                     name(e.args.type).data(), static_cast<unsigned long long>(e.args.count * size_of(e.args.type)));
-      }
-      comma = ",";
-    }
-    if (e.args.extra_name != nullptr) std::fprintf(out, "%s\"%s\":%lld", comma, e.args.extra_name, static_cast<long long>(e.args.extra));
-    std::fputs("}},\n", out);
-  }
+  void write(std::FILE* out, const event& e) const;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
@@ -352,7 +211,179 @@ inline void name_track(std::uint32_t track, std::string name) noexcept {
 
 // HERD_TIMELINE: started once per process, by its first communicator. A file that cannot be
 // opened is reported on stderr and the run goes on without a timeline.
-inline void start_from_environment(int rank) noexcept {
+HERD_SEPARATE void start_from_environment(int rank) noexcept;
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE int launcher_rank() noexcept {
+  for (const char* variable : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* text = std::getenv(variable);
+    if (text != nullptr && *text != '\0') return std::atoi(text);
+  }
+  return 0;
+}
+
+HERD_SEPARATE std::filesystem::path rank_file(const std::filesystem::path& path, int rank) {
+  std::filesystem::path file = path;
+  const std::string extension = path.has_extension() ? path.extension().string() : std::string(".json");
+  file.replace_filename(path.stem().string() + ".rank" + std::to_string(rank) + extension);
+  return file;
+}
+
+HERD_SEPARATE recorder& recorder::instance() {
+  static recorder r;
+  return r;
+}
+
+HERD_SEPARATE void recorder::start(const std::filesystem::path& file, int rank) {
+  stop();
+  std::FILE* out = std::fopen(file.c_str(), "w");
+  if (out == nullptr) {
+    const std::string reason = std::generic_category().message(errno);
+    throw error("herd::timeline: cannot open '" + file.string() + "' for writing (" + reason +
+                "). Give a path in a directory that exists and that this process may write.");
+  }
+  std::lock_guard lock(mutex_);
+  out_ = out;
+  file_ = file;
+  rank_ = rank;
+  dropped_ = 0;
+  // Times on the system clock, so that files of ranks on different machines share an axis,
+  // counted from 2025-01-01 UTC rather than 1970: viewers read them as doubles, which then still
+  // resolve nanoseconds.
+  constexpr std::int64_t since_1970_ns = std::int64_t{1735689600} * 1000000000;
+  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+  origin_ns_ = wall - since_1970_ns - now_ns();
+  unwritten_names_.assign(names_.begin(), names_.end());
+  stopping_ = false;
+  std::fputs("[\n", out_);
+  std::fprintf(out_, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n", rank, rank);
+  std::fprintf(out_, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", rank, rank);
+  writer_ = std::thread([this] { write_loop(); });
+  enabled().store(true, std::memory_order_release);
+}
+
+HERD_SEPARATE void recorder::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (out_ == nullptr) return;
+    enabled().store(false, std::memory_order_release);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  std::lock_guard lock(mutex_);
+  if (dropped_ != 0) {
+    std::fprintf(out_, "{\"name\":\"herd: %llu events dropped (too many waited to be written)\",\"ph\":\"i\",\"s\":\"p\","
+                 "\"pid\":%d,\"tid\":0,\"ts\":0},\n", static_cast<unsigned long long>(dropped_), rank_);
+  }
+  // A last metadata event, so that the array needs no trailing comma removed.
+  std::fprintf(out_, "{\"name\":\"herd_timeline_end\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"dropped\":%llu}}\n]\n", rank_,
+               static_cast<unsigned long long>(dropped_));
+  std::fclose(out_);
+  out_ = nullptr;
+}
+
+HERD_SEPARATE bool recorder::active() const {
+  std::lock_guard lock(mutex_);
+  return out_ != nullptr;
+}
+
+HERD_SEPARATE std::filesystem::path recorder::file() const {
+  std::lock_guard lock(mutex_);
+  return out_ != nullptr ? file_ : std::filesystem::path();
+}
+
+HERD_SEPARATE void recorder::record(const event& e) {
+  std::lock_guard lock(mutex_);
+  if (out_ == nullptr || stopping_) return;
+  if (waiting_.size() >= max_waiting) {
+    ++dropped_;
+    return;
+  }
+  waiting_.push_back(e);
+  if (waiting_.size() == batch) wake_.notify_one();
+}
+
+HERD_SEPARATE void recorder::name_track(std::uint32_t track, std::string name) {
+  std::lock_guard lock(mutex_);
+  auto [at, added] = names_.emplace(track, std::move(name));
+  if (added && out_ != nullptr) unwritten_names_.emplace_back(at->first, at->second);
+}
+
+HERD_SEPARATE void recorder::write_loop() {
+  std::vector<event> taken;
+  std::vector<std::pair<std::uint32_t, std::string>> names;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || waiting_.size() >= batch; });
+    taken.swap(waiting_);
+    names.swap(unwritten_names_);
+    const bool last = stopping_;
+    std::FILE* out = out_;
+    lock.unlock();
+    for (const auto& [track, name] : names) write_name(out, track, name);
+    for (const event& e : taken) write(out, e);
+    std::fflush(out);
+    taken.clear();
+    names.clear();
+    lock.lock();
+    if (last && waiting_.empty()) return;
+  }
+}
+
+HERD_SEPARATE void recorder::write_name(std::FILE* out, std::uint32_t track, const std::string& name) const {
+  std::string escaped;
+  for (char c : name) {
+    if (c == '"' || c == '\\') escaped.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+  }
+  std::fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"%s\"}},\n", rank_, track,
+               escaped.c_str());
+  std::fprintf(out, "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"sort_index\":%u}},\n", rank_,
+               track, track);
+}
+
+HERD_SEPARATE void recorder::print_us(char* out, std::size_t size, std::int64_t ns) {
+  const bool negative = ns < 0;
+  const auto magnitude = static_cast<unsigned long long>(negative ? -ns : ns);
+  std::snprintf(out, size, "%s%llu.%03llu", negative ? "-" : "", magnitude / 1000, magnitude % 1000);
+}
+
+HERD_SEPARATE void recorder::write(std::FILE* out, const event& e) const {
+  char ts[32];
+  print_us(ts, sizeof ts, origin_ns_ + e.begin_ns);
+  std::fprintf(out, "{\"name\":\"%s\",\"cat\":\"herd\",\"ph\":\"%c\",\"pid\":%d,\"tid\":%u,\"ts\":%s", e.name, e.phase, rank_,
+               e.track, ts);
+  if (e.phase == 'X') {
+    char dur[32];
+    print_us(dur, sizeof dur, e.end_ns - e.begin_ns);
+    std::fprintf(out, ",\"dur\":%s", dur);
+  } else if (e.phase == 'b' || e.phase == 'e') {
+    std::fprintf(out, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
+  } else if (e.phase == 'i') {
+    std::fputs(",\"s\":\"t\"", out);
+  }
+  std::fputs(",\"args\":{", out);
+  const char* comma = "";
+  if (e.args.seq != fields::none) {
+    std::fprintf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.args.seq));
+    comma = ",";
+  }
+  if (e.args.count != fields::none) {
+    std::fprintf(out, "%s\"count\":%llu", comma, static_cast<unsigned long long>(e.args.count));
+    if (e.args.typed) {
+      std::fprintf(out, ",\"dtype\":\"%.*s\",\"bytes\":%llu", static_cast<int>(name(e.args.type).size()),
+                   name(e.args.type).data(), static_cast<unsigned long long>(e.args.count * size_of(e.args.type)));
+    }
+    comma = ",";
+  }
+  if (e.args.extra_name != nullptr) std::fprintf(out, "%s\"%s\":%lld", comma, e.args.extra_name, static_cast<long long>(e.args.extra));
+  std::fputs("}},\n", out);
+}
+
+HERD_SEPARATE void start_from_environment(int rank) noexcept {
   static std::once_flag once;
   std::call_once(once, [rank] {
     const char* path = std::getenv("HERD_TIMELINE");
@@ -364,6 +395,8 @@ inline void start_from_environment(int rank) noexcept {
     }
   });
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail::trace
 

@@ -14,6 +14,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/agreement.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/core/reduce_op.hpp>
@@ -157,43 +158,7 @@ class call_check {
 };
 
 // Raises on every rank if the ranks passed different arguments.
-inline void verify_arguments(const error_site& site, std::span<const signature> all) {
-  const char* const every = "Every rank must call the same collective with the same ";
-  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
-                 std::string(every) + "list of tensors, in the same order");
-  }
-  if (differs(all, [](const signature& s) { return s.type; })) {
-    raise_agreed(site, "the dtype differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
-                 std::string(every) + "dtype");
-  }
-  if (differs(all, [](const signature& s) { return s.op; })) {
-    raise_agreed(site, "the reduce_op differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
-                 std::string(every) + "reduce_op");
-  }
-  if (differs(all, [](const signature& s) { return s.count; })) {
-    raise_agreed(site, "the element count differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
-                 std::string(every) + "number of elements");
-  }
-  if (differs(all, [](const signature& s) { return s.root; })) {
-    raise_agreed(site, "the root differs across ranks (" +
-                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
-                 std::string(every) + "root");
-  }
-  if (differs(all, [](const signature& s) { return s.layout; })) {
-    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
-  }
-  if (differs(all, [](const signature& s) { return s.memory; })) {
-    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
-                           per_rank(all, [](const signature& s) {
-                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
-                           }) + ")",
-                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
-  }
-}
+HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);
 
 // The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
 // arguments; the operation's identity and the protocol options are filled in here) and `payload`
@@ -233,6 +198,48 @@ inline std::uint64_t hash_counts(std::span<const std::size_t> counts) {
   }
   return h;
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all) {
+  const char* const every = "Every rank must call the same collective with the same ";
+  if (all[0].kind == op_kind::grouped_allreduce && differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the list of tensors (their number, sizes, dtypes or devices) differs across ranks",
+                 std::string(every) + "list of tensors, in the same order");
+  }
+  if (differs(all, [](const signature& s) { return s.type; })) {
+    raise_agreed(site, "the dtype differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.type)); }) + ")",
+                 std::string(every) + "dtype");
+  }
+  if (differs(all, [](const signature& s) { return s.op; })) {
+    raise_agreed(site, "the reduce_op differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::string(name(s.op)); }) + ")",
+                 std::string(every) + "reduce_op");
+  }
+  if (differs(all, [](const signature& s) { return s.count; })) {
+    raise_agreed(site, "the element count differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.count); }) + ")",
+                 std::string(every) + "number of elements");
+  }
+  if (differs(all, [](const signature& s) { return s.root; })) {
+    raise_agreed(site, "the root differs across ranks (" +
+                           per_rank(all, [](const signature& s) { return std::to_string(s.root); }) + ")",
+                 std::string(every) + "root");
+  }
+  if (differs(all, [](const signature& s) { return s.layout; })) {
+    raise_agreed(site, "the per-rank counts differ across ranks", std::string(every) + "list of per-rank counts");
+  }
+  if (differs(all, [](const signature& s) { return s.memory; })) {
+    raise_agreed(site, "the tensors live on different kinds of device across ranks (" +
+                           per_rank(all, [](const signature& s) {
+                             return std::string(s.memory == device::kind::cpu ? "cpu" : "cuda");
+                           }) + ")",
+                 "Every rank must pass host tensors, or every rank GPU tensors, to one collective");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

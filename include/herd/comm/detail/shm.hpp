@@ -48,9 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -206,11 +204,18 @@ class shm_segment {
     bytes_ = 0;
   }
 
+  // Eight bytes from the kernel's generator (read from /dev/urandom, not through <random>, which
+  // costs every file that includes herd a tenth of a second to parse); the clock and a counter
+  // where it cannot be read.
   static std::uint64_t random_word() {
-    static std::random_device device;
-    static std::mutex mutex;
-    const std::lock_guard lock(mutex);
-    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+    std::uint64_t word = 0;
+    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
+    if (fd >= 0) ::close(fd);
+    if (read_all) return word;
+    static std::atomic<std::uint64_t> calls{0};
+    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
   }
 
   std::byte* base_ = nullptr;
