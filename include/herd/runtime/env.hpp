@@ -28,6 +28,7 @@
 // created reports it on every rank (a rank that threw alone would leave the others waiting in the
 // creation).
 
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
 #include <cerrno>
@@ -80,8 +81,25 @@ enum class env_kind : std::uint8_t { seconds, whole, flag };
 // The variable as a number in [0, 1e15] (a whole one unless `kind` is seconds, 0 or 1 for a flag),
 // or `fallback` when unset, empty or malformed (then `problem` says what is wrong and what to give,
 // unless it already holds an earlier problem).
-inline double env_number(const char* variable, double fallback, std::string& problem,
-                         env_kind kind = env_kind::seconds) {
+HERD_SEPARATE double env_number(const char* variable, double fallback, std::string& problem,
+                                env_kind kind = env_kind::seconds);
+
+// HERD_ALLREDUCE_ALGORITHM: auto, ring, shm or hierarchical.
+HERD_SEPARATE algorithm env_algorithm(std::string& problem);
+
+HERD_SEPARATE settings read_settings();
+
+// The process-wide defaults, read from the environment on first use. A program (or a test) may
+// change them before it creates a communicator, which copies them; every rank must then hold the
+// same values (a communicator's creation checks that it does).
+inline settings& defaults() {
+  static settings s = read_settings();
+  return s;
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE double env_number(const char* variable, double fallback, std::string& problem, env_kind kind) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
@@ -109,8 +127,7 @@ inline double env_number(const char* variable, double fallback, std::string& pro
   return value;
 }
 
-// HERD_ALLREDUCE_ALGORITHM: auto, ring, shm or hierarchical.
-inline algorithm env_algorithm(std::string& problem) {
+HERD_SEPARATE algorithm env_algorithm(std::string& problem) {
   const char* text = std::getenv("HERD_ALLREDUCE_ALGORITHM");
   if (text == nullptr || *text == '\0') return algorithm::automatic;
   for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::shared_memory, algorithm::hierarchical}) {
@@ -123,7 +140,7 @@ inline algorithm env_algorithm(std::string& problem) {
   return algorithm::automatic;
 }
 
-inline settings read_settings() {
+HERD_SEPARATE settings read_settings() {
   settings s;
   auto bytes = [&](const char* variable, std::size_t fallback) {
     return static_cast<std::size_t>(env_number(variable, static_cast<double>(fallback), s.problem, env_kind::whole));
@@ -161,13 +178,7 @@ inline settings read_settings() {
   return s;
 }
 
-// The process-wide defaults, read from the environment on first use. A program (or a test) may
-// change them before it creates a communicator, which copies them; every rank must then hold the
-// same values (a communicator's creation checks that it does).
-inline settings& defaults() {
-  static settings s = read_settings();
-  return s;
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::runtime
 
