@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     std::printf("%10s %10s %10s %10s %8s %10s %10s %10s %8s %9s %9s %8s\n", "bytes", "copy us", "nccl us", "herd us",
                 "herd/ncl", "staged us", "mpi us", "busbw GB/s", "stg/mpi", "copy GB/s", "p2p GB/s", "stg/lim");
   }
-  double staged_at_256 = 0, mpi_at_256 = 0, limit_at_256 = 0;
+  double staged_at_256 = 0, busbw_at_256 = 0, mpi_at_256 = 0, limit_at_256 = 0;
   const std::size_t message = std::size_t{1} << 20;
   auto* host_from = static_cast<std::byte*>(host_from_buf.get(max_bytes));
   auto* host_to = static_cast<std::byte*>(host_to_buf.get(max_bytes));
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     }
     const double busbw = p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(bytes) / staged / 1e3 : 0.0;
     const double limit = std::min(copy_gbs, p2p_gbs);
-    if (bytes == (std::size_t{256} << 20)) staged_at_256 = staged, mpi_at_256 = mpi, limit_at_256 = limit;
+    if (bytes == (std::size_t{256} << 20)) staged_at_256 = staged, busbw_at_256 = busbw, mpi_at_256 = mpi, limit_at_256 = limit;
     if (world.rank() == 0) {
       std::printf("%10zu %10.1f %10.1f %10.1f %8.2f %10.1f %10.1f %10.2f %8.2f %9.2f %9.2f %8.2f\n", bytes, copy, nccl,
                   herd_nccl, herd_nccl / nccl, staged, mpi, busbw, p > 1 ? mpi / staged : 0.0, copy_gbs, p2p_gbs,
@@ -191,9 +191,9 @@ int main(int argc, char** argv) {
   }
   if (world.rank() == 0) {
     if (p > 1 && staged_at_256 > 0) {
-      const double busbw = 2.0 * (p - 1) / p * 268435456.0 / staged_at_256 / 1e3;
       std::printf("summary: staged ring at 256 MiB, %d processes: %.2f GB/s busbw, %.2fx MPI_Allreduce on host memory, "
-                  "%.2f of its limit (%.2f GB/s)\n", p, busbw, mpi_at_256 / staged_at_256, busbw / limit_at_256, limit_at_256);
+                  "%.2f of its limit (%.2f GB/s)\n", p, busbw_at_256, mpi_at_256 / staged_at_256, busbw_at_256 / limit_at_256,
+                  limit_at_256);
     } else {
       std::printf("summary: NCCL at one rank, herd's path beside raw NCCL (table above)\n");
     }

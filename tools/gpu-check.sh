@@ -13,7 +13,8 @@
 #   tests.txt        CUDA host tests; GPU suite at 1, 2, 3 processes; libtorch tests (CUDA over NCCL
 #                    at 1 and 2 processes, the CPU ones at 2); compute-sanitizer memcheck
 #   kernels.txt      the kernel benchmark, run twice (the spread)
-#   collectives.txt  the collective benchmark at 1 and 2 processes
+#   collectives.txt  the collective benchmark at 1 and 2 processes; the hand-over to the progress
+#                    thread (benchmarks/handoff) at 1, 2 and 4
 #   examples.txt     device_tensor at 2 processes, train_gpu at 1 and 2; libtorch_mnist on the GPU (DDP
 #                    wrapper and distributed_optimizer) at 1 and 2; vs_pytorch_ddp on the GPU, and at
 #                    1 rank on the CPU (the forward pass in C++ and Python on one libtorch)

@@ -6151,13 +6151,13 @@ class mpi_communicator {
 
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
-                                                  fit_algorithm_t)
+                                                fit_algorithm_t)
     : fit_algorithm_(true) {
   create(comm, std::move(options), renewed);
 }
 
 HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
-                                                  const detail::op_label* renewed) {
+                                                const detail::op_label* renewed) {
   create(comm, std::move(options), renewed);
 }
 
@@ -6333,7 +6333,7 @@ HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_opti
 }
 
 HERD_SEPARATE mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
-                                                            std::span<const int> ranks) const {
+                                                          std::span<const int> ranks) const {
   auto& self = const_cast<mpi_communicator&>(*this);
   MPI_Comm part = MPI_COMM_NULL;
   detail::run_operation(self, {kind}, [&] {
@@ -6535,7 +6535,7 @@ HERD_SEPARATE std::string mpi_communicator::waiting_text(const request& r) const
 }
 
 HERD_SEPARATE mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
-                                                                 bool receiving) {
+                                                               bool receiving) {
   const char* what = receiving ? "irecv" : "isend";
   state();
   detail::check_peer(what, rank(), size(), peer);
@@ -7850,18 +7850,18 @@ namespace herd::detail::ckpt {
 // records the keys either side lacks.
 // `registered`: the entries as a file would describe them; `index`: entry by name.
 HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
-           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
-           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
-           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
-           std::vector<std::string>& unexpected, const std::string& subject);
+    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+    std::vector<std::string>& unexpected, const std::string& subject);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
 
 HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
-           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
-           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
-           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
-           std::vector<std::string>& unexpected, const std::string& subject) {
+    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+    std::vector<std::string>& unexpected, const std::string& subject) {
   const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
     const std::string count = std::to_string(st::elements(t.shape).value_or(0));
     return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";
@@ -13313,8 +13313,10 @@ HERD_CONFIG_NAMESPACE_END
 // with the file format code. Not covered (compiled where they are called, as without the option):
 // the _async forms, alltoall and the other communicators. Non-template code follows the same
 // option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
-// local_communicator's members that create them, post, wait, shrink and abort, the checkpoint's
-// file code, and the optimizers' loops over pairs of dtypes.
+// local_communicator's members that create them, post, wait, shrink and abort, the protocol that
+// settles a failed operation with the peers, the timeline's writer, the readers of HERD_*
+// variables, the check of every rank's arguments, the checkpoint's file code, and the optimizers'
+// loops over pairs of dtypes.
 
 
 // ---- herd/optim/detail/reducer.hpp ----
@@ -13616,10 +13618,6 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
 // Raises unless every view is host memory of a valid dtype with data for its elements.
 HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
 // The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
 // (whose own precision would swallow small contributions), the dtype itself otherwise.
 constexpr dtype accumulation_dtype(dtype t) noexcept {
@@ -13631,10 +13629,6 @@ HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, d
 
 // dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
 HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n);
-
-}  // namespace herd::detail
-
-namespace herd::detail {
 
 // Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
 // live in host memory: what the reference optimizers need.

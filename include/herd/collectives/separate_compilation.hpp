@@ -24,8 +24,10 @@
 // with the file format code. Not covered (compiled where they are called, as without the option):
 // the _async forms, alltoall and the other communicators. Non-template code follows the same
 // option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
-// local_communicator's members that create them, post, wait, shrink and abort, the checkpoint's
-// file code, and the optimizers' loops over pairs of dtypes.
+// local_communicator's members that create them, post, wait, shrink and abort, the protocol that
+// settles a failed operation with the peers, the timeline's writer, the readers of HERD_*
+// variables, the check of every rank's arguments, the checkpoint's file code, and the optimizers'
+// loops over pairs of dtypes.
 
 #include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>

@@ -373,13 +373,13 @@ class mpi_communicator {
 
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options, const detail::op_label* renewed,
-                                                  fit_algorithm_t)
+                                                fit_algorithm_t)
     : fit_algorithm_(true) {
   create(comm, std::move(options), renewed);
 }
 
 HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm comm, comm_options options,
-                                                  const detail::op_label* renewed) {
+                                                const detail::op_label* renewed) {
   create(comm, std::move(options), renewed);
 }
 
@@ -555,7 +555,7 @@ HERD_SEPARATE mpi_communicator::mpi_communicator(MPI_Comm owned, const comm_opti
 }
 
 HERD_SEPARATE mpi_communicator mpi_communicator::split_by(detail::op_kind kind, const detail::split_request& mine,
-                                                            std::span<const int> ranks) const {
+                                                          std::span<const int> ranks) const {
   auto& self = const_cast<mpi_communicator&>(*this);
   MPI_Comm part = MPI_COMM_NULL;
   detail::run_operation(self, {kind}, [&] {
@@ -757,7 +757,7 @@ HERD_SEPARATE std::string mpi_communicator::waiting_text(const request& r) const
 }
 
 HERD_SEPARATE mpi_communicator::request mpi_communicator::post(void* data, std::size_t bytes, int peer, int tag,
-                                                                 bool receiving) {
+                                                               bool receiving) {
   const char* what = receiving ? "irecv" : "isend";
   state();
   detail::check_peer(what, rank(), size(), peer);

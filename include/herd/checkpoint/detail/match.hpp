@@ -23,18 +23,18 @@ namespace herd::detail::ckpt {
 // records the keys either side lacks.
 // `registered`: the entries as a file would describe them; `index`: entry by name.
 HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
-           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
-           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
-           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
-           std::vector<std::string>& unexpected, const std::string& subject);
+    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+    std::vector<std::string>& unexpected, const std::string& subject);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
 
 HERD_SEPARATE std::vector<std::pair<std::size_t, std::size_t>> match(
-           const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
-           const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
-           std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
-           std::vector<std::string>& unexpected, const std::string& subject) {
+    const std::filesystem::path& path, const std::vector<st::tensor_info>& file,
+    const std::vector<st::tensor_info>& registered, const std::vector<entry>& entries,
+    std::map<std::string, std::size_t, std::less<>> index, bool strict, std::vector<std::string>& missing,
+    std::vector<std::string>& unexpected, const std::string& subject) {
   const auto describe = [](const st::tensor_info& t, bool value) {  // "F32 tensor of 10 elements", "value of 8 bytes"
     const std::string count = std::to_string(st::elements(t.shape).value_or(0));
     return value ? "value of " + count + " bytes" : t.dtype + " tensor of " + count + " elements";

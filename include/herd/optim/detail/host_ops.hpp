@@ -23,10 +23,6 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
 // Raises unless every view is host memory of a valid dtype with data for its elements.
 HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
 
-}  // namespace herd::detail
-
-namespace herd::detail {
-
 // The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
 // (whose own precision would swallow small contributions), the dtype itself otherwise.
 constexpr dtype accumulation_dtype(dtype t) noexcept {
@@ -38,10 +34,6 @@ HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, d
 
 // dst[i] = acc[i] + dst[i]: the sum of the accumulated passes and the current one.
 HERD_SEPARATE void host_fold(void* dst, dtype dst_type, const void* acc, dtype acc_type, std::size_t n);
-
-}  // namespace herd::detail
-
-namespace herd::detail {
 
 // Raises unless params[i] and grads[i] match pairwise (count and dtype), are floating point and
 // live in host memory: what the reference optimizers need.
