@@ -80,7 +80,13 @@ int main(int argc, char** argv) {
   };
   if (mode == "killed") {
     return allreduce_then_linger([&] {
-      if (rank == p - 1) std::raise(SIGKILL);
+      // Killed once the others are inside the allreduce, waiting for it; not at once after the
+      // barrier, where its death could end the job before the launcher had passed on rank 0's
+      // "allreduce begins" from the other node (seen once under load: the line never arrived).
+      if (rank == p - 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::raise(SIGKILL);
+      }
     });
   }
   if (mode == "hierarchical") {
