@@ -6,6 +6,8 @@
 #   benchmarks/compile_time.sh                 # from the repository root, after tools/install-deps.sh
 #   RUNS=5 INCLUDE=single_include benchmarks/compile_time.sh
 #   BASELINE=<rev> benchmarks/compile_time.sh  # each herd case also with <rev>'s headers, alternated
+#   CASES='quickstart|one allreduce' benchmarks/compile_time.sh  # only the cases whose names match
+#                                              # (an extended regex; <Eigen/Dense> always runs)
 #
 # Targets (2-core machine): herd include-only <= 1.5x Eigen/Dense; the README quickstart <= 2.5x
 # with HERD_SEPARATE_COMPILATION and <= 4x header-only; the training loop <= 4x with
@@ -107,6 +109,7 @@ baseline_medians=()  # the median of the runs with the baseline's headers,
 baseline_ranges=()   # and their min-max
 for spec in "${cases[@]}"; do
   IFS='|' read -r name compiler flags source needs <<<"$spec"
+  [[ -z "${CASES:-}" || "$name" == "<Eigen/Dense>" || "$name" =~ $CASES ]] || continue
   names+=("$name")
   if [[ -n "$needs" && ! -e "$needs" ]]; then
     medians+=("skipped ($needs not found)") ranges+=("") baseline_medians+=("") baseline_ranges+=("")

@@ -3575,6 +3575,50 @@ inline const char* shrink_advice() noexcept {
 // peers before the error reaches the caller.
 
 
+// ---- herd/core/detail/function_ref.hpp ----
+#ifndef HERD_CORE_DETAIL_FUNCTION_REF_HPP
+#define HERD_CORE_DETAIL_FUNCTION_REF_HPP
+// A reference to a callable, without its type: a function that takes one is compiled once, not
+// once per lambda passed to it. herd's engine passes its callbacks (an operation's body, where a
+// rank's operand of a reduction lies) this way, so that a file that calls several collectives
+// compiles the operation's error handling and the reduction loops of every dtype once each.
+// It refers to the callable and does not own it: the callable must outlive the call that takes
+// the reference, which is how every use here passes a lambda (as an argument of the call).
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace herd::detail {
+
+template <class Signature> class function_ref;
+
+template <class R, class... Args> class function_ref<R(Args...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, Args...>)
+  function_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor): a lambda is passed as it is
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, Args... args) -> R {
+          auto& callable = *static_cast<std::remove_reference_t<F>*>(object);
+          if constexpr (std::is_void_v<R>) {
+            callable(std::forward<Args>(args)...);
+          } else {
+            return callable(std::forward<Args>(args)...);
+          }
+        }) {}
+
+  R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
+
+ private:
+  void* object_;
+  R (*call_)(void*, Args...);
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_CORE_DETAIL_FUNCTION_REF_HPP
+
 #include <exception>
 #include <memory>
 #include <string>
@@ -3595,8 +3639,10 @@ inline trace::fields trace_fields(const op_label& label) noexcept {
   return f;
 }
 
-// Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
-template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
+// Runs body() as operation `label` (its seq already assigned) of comm, on this thread. The body
+// is passed without its type: this function, with its error handling, is compiled once per
+// communicator type, not once per kind of operation.
+template <class C> void run_now(C& comm, const op_label& label, function_ref<void()> body) {
   operation_state& ops = comm.operations();
   if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
   if (trace::on() && !ops.track_named()) {
@@ -8304,11 +8350,13 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
+// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
+using operand_ref = function_ref<const std::byte*(int)>;
+
 // dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
 // (when > 0) in the last combination. dst may be operand(0) but no other operand.
-template <class Operand>
-void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
-                          int avg_ranks) {
+inline void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand, std::size_t n,
+                                 int avg_ranks) {
   host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }
@@ -9741,7 +9789,6 @@ HERD_CONFIG_NAMESPACE_END
 // communicator's stream before it returns.
 
 
-#include <type_traits>
 #include <utility>
 
 namespace herd::detail {
@@ -9760,20 +9807,7 @@ inline op_label tensor_label(op_kind kind, const const_buffer_view& v) {
 
 // A collective's body, referred to without its type: run_collective is then one function per
 // communicator type instead of one per call site, and can be compiled once (separate_compilation.hpp).
-// It refers to a callable that outlives the call it is passed to.
-class body_ref {
- public:
-  template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, body_ref>)
-  body_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor): a lambda is passed as it is
-      : object_(const_cast<void*>(static_cast<const void*>(&f))),
-        call_([](void* o, bool sync) { (*static_cast<std::remove_reference_t<F>*>(o))(sync); }) {}
-  void operator()(bool host_sync) const { call_(object_, host_sync); }
-
- private:
-  void* object_;
-  void (*call_)(void*, bool);
-};
+using body_ref = function_ref<void(bool)>;
 
 template <communicator C> void run_collective(C& comm, const op_label& label, body_ref body) {
   run_operation(comm, label, [&] { body(true); });
@@ -10160,8 +10194,7 @@ template <class T> void add_pair_block(const T* __restrict a, const T* __restric
 // through the fast test first, one operand at a time (loops the compiler vectorizes): the double
 // sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
 // computed on its own (reproducible_element), as every f64 element is.
-template <class Operand>
-void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand, std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
@@ -10253,8 +10286,8 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
 // Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
 // does: with reproducible sums (comm_options::reproducible) the order-free function above, else
 // in rank order (avg divides the sum by p).
-template <class Operand>
-void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+inline void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                          std::size_t n) {
   if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
   reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
 }

@@ -2,6 +2,7 @@
 #define HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
+#include <herd/core/detail/function_ref.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
 
@@ -88,11 +89,13 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
+// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
+using operand_ref = function_ref<const std::byte*(int)>;
+
 // dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
 // (when > 0) in the last combination. dst may be operand(0) but no other operand.
-template <class Operand>
-void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, Operand operand, std::size_t n,
-                          int avg_ranks) {
+inline void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand, std::size_t n,
+                                 int avg_ranks) {
   host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }

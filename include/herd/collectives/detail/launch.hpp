@@ -14,9 +14,9 @@
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/handle.hpp>
 #include <herd/core/config.hpp>
+#include <herd/core/detail/function_ref.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
-#include <type_traits>
 #include <utility>
 
 namespace herd::detail {
@@ -35,20 +35,7 @@ inline op_label tensor_label(op_kind kind, const const_buffer_view& v) {
 
 // A collective's body, referred to without its type: run_collective is then one function per
 // communicator type instead of one per call site, and can be compiled once (separate_compilation.hpp).
-// It refers to a callable that outlives the call it is passed to.
-class body_ref {
- public:
-  template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, body_ref>)
-  body_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor): a lambda is passed as it is
-      : object_(const_cast<void*>(static_cast<const void*>(&f))),
-        call_([](void* o, bool sync) { (*static_cast<std::remove_reference_t<F>*>(o))(sync); }) {}
-  void operator()(bool host_sync) const { call_(object_, host_sync); }
-
- private:
-  void* object_;
-  void (*call_)(void*, bool);
-};
+using body_ref = function_ref<void(bool)>;
 
 template <communicator C> void run_collective(C& comm, const op_label& label, body_ref body) {
   run_operation(comm, label, [&] { body(true); });

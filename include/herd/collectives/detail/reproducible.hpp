@@ -26,6 +26,7 @@
 // tensors (an error in this mode), are not covered.
 
 #include <herd/collectives/detail/agreement.hpp>
+#include <herd/collectives/detail/host_reduce.hpp>
 #include <herd/collectives/detail/pairwise.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
@@ -291,8 +292,7 @@ template <class T> void add_pair_block(const T* __restrict a, const T* __restric
 // through the fast test first, one operand at a time (loops the compiler vectorizes): the double
 // sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
 // computed on its own (reproducible_element), as every f64 element is.
-template <class Operand>
-void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand, std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
@@ -384,8 +384,8 @@ void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, Operan
 // Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
 // does: with reproducible sums (comm_options::reproducible) the order-free function above, else
 // in rank order (avg divides the sum by p).
-template <class Operand>
-void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, Operand operand, std::size_t n) {
+inline void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                          std::size_t n) {
   if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
   reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
 }

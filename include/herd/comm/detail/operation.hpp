@@ -9,6 +9,7 @@
 #include <herd/comm/detail/agreement.hpp>
 #include <herd/comm/detail/failure.hpp>
 #include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/detail/function_ref.hpp>
 #include <herd/core/error.hpp>
 
 #include <exception>
@@ -31,8 +32,10 @@ inline trace::fields trace_fields(const op_label& label) noexcept {
   return f;
 }
 
-// Runs body() as operation `label` (its seq already assigned) of comm, on this thread.
-template <class C, class Body> void run_now(C& comm, const op_label& label, Body& body) {
+// Runs body() as operation `label` (its seq already assigned) of comm, on this thread. The body
+// is passed without its type: this function, with its error handling, is compiled once per
+// communicator type, not once per kind of operation.
+template <class C> void run_now(C& comm, const op_label& label, function_ref<void()> body) {
   operation_state& ops = comm.operations();
   if (ops.aborted()) ops.raise_aborted(name(label.kind), comm.rank(), comm.size());
   if (trace::on() && !ops.track_named()) {
