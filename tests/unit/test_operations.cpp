@@ -7,8 +7,10 @@
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/barrier.hpp>
 #include <herd/collectives/broadcast.hpp>
+#include <herd/collectives/detail/host_reduce.hpp>
 #include <herd/collectives/reduce_scatter.hpp>
 #include <herd/comm/local.hpp>
+#include <herd/core/detail/function_ref.hpp>
 #include <herd/runtime/elastic.hpp>
 #include <herd/tensor/std.hpp>
 
@@ -64,6 +66,37 @@ herd::comm_options impatient() {
 }
 
 }  // namespace
+
+// The engine's callbacks go through function_ref (an operation's body, the ranks' operands of a
+// reduction): it must call the very object it was made from, with the arguments given, and give
+// back its result converted to the declared type.
+TEST_CASE("function_ref calls the callable it refers to, with its arguments and result") {
+  int calls = 0;
+  auto count = [&calls](int by) {
+    calls += by;
+    return calls;  // an int result, dropped by a ref that returns void
+  };
+  const herd::detail::function_ref<void(int)> add(count);
+  add(2);
+  add(3);
+  CHECK(calls == 5);
+
+  std::vector<std::byte> first(4), second(4);
+  auto where = [&](int q) { return q == 0 ? first.data() : second.data(); };  // std::byte*, taken as const
+  const herd::detail::operand_ref operand(where);
+  CHECK(operand(0) == first.data());
+  CHECK(operand(1) == second.data());
+
+  // A callable that keeps state between calls: the ref must reach the same object each time.
+  struct counter {
+    int n = 0;
+    int operator()() { return ++n; }
+  } state;
+  const herd::detail::function_ref<int()> next(state);
+  CHECK(next() == 1);
+  CHECK(next() == 2);
+  CHECK(state.n == 2);
+}
 
 TEST_CASE("ranks in different operations: allreduce against barrier, and a skipped collective") {
   for (const auto& m : errors_per_rank(2, [](herd::local_communicator& comm) {
