@@ -128,16 +128,11 @@ MPI_Op mpi_op(herd::reduce_op op) {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Median over repetitions of the slowest rank's time per call, in seconds.
-template <class Call> double time_calls(Call call, std::size_t bytes, int reps) {
-  const int per_rep = static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(bytes, 1), 1, 200));
-  for (int i = 0; i < std::min(per_rep, 5); ++i) call();  // warm-up
+// Median over `reps` repetitions of the slowest rank's `repetition()` (its seconds per call).
+template <class Repetition> double median_of_slowest(Repetition repetition, int reps) {
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = now();
-    for (int i = 0; i < per_rep; ++i) call();
-    double mine = (now() - start) / per_rep;
+    const double mine = repetition();
     double slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     samples.push_back(slowest);
@@ -146,35 +141,42 @@ template <class Call> double time_calls(Call call, std::size_t bytes, int reps) 
   return samples[samples.size() / 2];
 }
 
+// Median over repetitions of the slowest rank's time per call, in seconds.
+template <class Call> double time_calls(Call call, std::size_t bytes, int reps) {
+  const int per_rep = static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(bytes, 1), 1, 200));
+  for (int i = 0; i < std::min(per_rep, 5); ++i) call();  // warm-up
+  return median_of_slowest(
+      [&] {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double start = now();
+        for (int i = 0; i < per_rep; ++i) call();
+        return (now() - start) / per_rep;
+      },
+      reps);
+}
+
 // The same for `read`, where before each call every rank runs `write` and all meet at a barrier,
 // and meet again after it (no rank writes again while a peer still reads), none of it timed (so
 // per call, not k calls back to back).
 template <class Write, class Read> double time_fresh_reads(Write write, Read read, std::size_t bytes, int reps) {
   const int per_rep = static_cast<int>(std::clamp<std::size_t>((std::size_t{16} << 20) / std::max<std::size_t>(bytes, 1), 1, 50));
-  for (int i = 0; i < std::min(per_rep, 5); ++i) {  // warm-up
+  auto timed_read = [&] {
     write();
     MPI_Barrier(MPI_COMM_WORLD);
+    const double start = now();
     read();
+    const double seconds = now() - start;
     MPI_Barrier(MPI_COMM_WORLD);
-  }
-  std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    double mine = 0;
-    for (int i = 0; i < per_rep; ++i) {
-      write();
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double start = now();
-      read();
-      mine += now() - start;
-      MPI_Barrier(MPI_COMM_WORLD);
-    }
-    mine /= per_rep;
-    double slowest = 0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    samples.push_back(slowest);
-  }
-  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2), samples.end());
-  return samples[samples.size() / 2];
+    return seconds;
+  };
+  for (int i = 0; i < std::min(per_rep, 5); ++i) timed_read();  // warm-up
+  return median_of_slowest(
+      [&] {
+        double total = 0;
+        for (int i = 0; i < per_rep; ++i) total += timed_read();
+        return total / per_rep;
+      },
+      reps);
 }
 
 // Copies `bytes` from `remote` in process `pid` into `local`; false if the kernel refused.
