@@ -46,7 +46,7 @@ bool pin(std::size_t core) {
 
 struct turns {
   std::atomic<long> step{0};
-  double write_shared[1];  // the writer's last time, read by the reader after the next step
+  double last_write = 0;  // the writer's time for its last memset, read once it published the step
 };
 
 // One size: the child writes the shared buffer on odd steps, the parent reads it on even ones.
@@ -70,7 +70,7 @@ void measure(std::size_t bytes, int iters) {
       }
       const double start = now();
       std::memset(shared, static_cast<int>(i & 0xff), bytes);
-      t->write_shared[0] = now() - start;
+      t->last_write = now() - start;
       t->step.store(2 * i - 1, std::memory_order_release);
     }
     _exit(0);
@@ -85,7 +85,7 @@ void measure(std::size_t bytes, int iters) {
   for (long i = 1; i <= iters; ++i) {
     while (t->step.load(std::memory_order_acquire) != 2 * i - 1) {
     }
-    if (i > 1) write_shared.push_back(t->write_shared[0]);
+    if (i > 1) write_shared.push_back(t->last_write);
     double start = now();
     std::memcpy(local.data(), shared, bytes);
     fresh.push_back(now() - start);
