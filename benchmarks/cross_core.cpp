@@ -1,6 +1,7 @@
 // What moving bytes between two cores costs, the floor under every allreduce through shared memory:
 //
 //   build/benchmarks/cross_core [--min-bytes 16384] [--max-bytes 4194304] [--iters 2000]
+//                               [--writer memset|stream]
 //
 // Two processes, pinned to cores 0 and 1, share one anonymous mapping and take turns on it. For
 // each size, µs per pass over the bytes (medians of --iters turns):
@@ -12,8 +13,14 @@
 // "read fresh" and "write shared" are the two ways a line crosses between cores. An allreduce at
 // 2 ranks that reuses its buffers pays both for each line it exchanges: a rank reads its peer's
 // new data, and its next write to a line the peer has read must take the peer's copy away first.
+// --writer stream has the other core write with non-temporal stores (x86 SSE2 movntdq, then a
+// fence), which skip the read for ownership and leave the lines in memory rather than in its
+// cache: whether that makes either crossing cheaper (on the 2-vCPU VM it did not).
 // Linux only (fork, sched_setaffinity); needs 2 cores.
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -44,6 +51,20 @@ bool pin(std::size_t core) {
   return sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
+// The writer's pass: memset, or non-temporal 16-byte stores (bytes a multiple of 16, p aligned).
+bool g_stream = false;
+void write_pass(std::byte* p, int value, std::size_t bytes) {
+#if defined(__SSE2__)
+  if (g_stream) {
+    const __m128i v = _mm_set1_epi8(static_cast<char>(value));
+    for (std::size_t i = 0; i < bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), v);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memset(p, value, bytes);
+}
+
 struct turns {
   std::atomic<long> step{0};
   double last_write = 0;  // the writer's time for its last memset, read once it published the step
@@ -69,7 +90,7 @@ void measure(std::size_t bytes, int iters) {
       while (t->step.load(std::memory_order_acquire) != 2 * i - 2) {
       }
       const double start = now();
-      std::memset(shared, static_cast<int>(i & 0xff), bytes);
+      write_pass(shared, static_cast<int>(i & 0xff), bytes);
       t->last_write = now() - start;
       t->step.store(2 * i - 1, std::memory_order_release);
     }
@@ -128,16 +149,25 @@ int main(int argc, char** argv) {
     if (flag == "--min-bytes") min_bytes = value;
     else if (flag == "--max-bytes") max_bytes = value;
     else if (flag == "--iters") iters = static_cast<int>(value);
-    else {
-      std::fprintf(stderr, "usage: cross_core [--min-bytes B] [--max-bytes B] [--iters N]\n");
+    else if (flag == "--writer" && (std::string(argv[i + 1]) == "memset" || std::string(argv[i + 1]) == "stream")) {
+      g_stream = std::string(argv[i + 1]) == "stream";
+    } else {
+      std::fprintf(stderr, "usage: cross_core [--min-bytes B] [--max-bytes B] [--iters N] [--writer memset|stream]\n");
       return 2;
     }
   }
-  if (min_bytes == 0 || iters < 1) {
-    std::fprintf(stderr, "cross_core: --min-bytes and --iters must be positive\n");
+  if (min_bytes == 0 || min_bytes % 16 != 0 || iters < 1) {
+    std::fprintf(stderr, "cross_core: --min-bytes must be a positive multiple of 16, --iters positive\n");
     return 2;
   }
-  std::printf("# cross_core: cores 0 and 1, us per pass and GB/s, medians of %d turns\n", iters);
+#if !defined(__SSE2__)
+  if (g_stream) {
+    std::fprintf(stderr, "cross_core: --writer stream needs x86 SSE2\n");
+    return 2;
+  }
+#endif
+  std::printf("# cross_core: cores 0 and 1, us per pass and GB/s, medians of %d turns; the writer: %s\n", iters,
+              g_stream ? "non-temporal stores" : "memset");
   std::printf("# %12s | %17s | %17s | %17s | %17s\n", "bytes", "read fresh", "read again", "write shared", "write own");
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) measure(bytes, iters);
 }
