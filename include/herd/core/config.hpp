@@ -30,8 +30,8 @@
 // an nvcc and a g++ implementation file, each defining them. Without MPI the option does nothing.
 // nvcc's device pass (__CUDA_ARCH__ set) compiles only device code, so there such a function is a
 // declaration in every mode: the bodies, all host code (creating communicators, the failure
-// protocol, the timeline's writer, files), go to the host pass alone (an nvcc file that includes
-// herd: 13.0-13.9 s -> 11.3-12.2 s on the 2-core machine; benchmarks/RESULTS.md).
+// protocol, the timeline's writer, files), go to the host pass alone (the device pass of a file
+// that includes herd: 4.6 -> 3.2 s, medians on the 2-core machine; benchmarks/RESULTS.md).
 #if defined(__CUDA_ARCH__)
 #define HERD_SEPARATE
 #elif defined(HERD_NO_MPI) || !(defined(HERD_SEPARATE_COMPILATION) || defined(HERD_IMPLEMENTATION))
