@@ -67,7 +67,7 @@ void write_pass(std::byte* p, int value, std::size_t bytes) {
 
 struct turns {
   std::atomic<long> step{0};
-  double last_write = 0;  // the writer's time for its last memset, read once it published the step
+  double last_write = 0;  // the writer's time for its last pass, read once it published the step
 };
 
 // One size: the child writes the shared buffer on odd steps, the parent reads it on even ones.
@@ -145,13 +145,13 @@ int main(int argc, char** argv) {
   int iters = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    const std::string word = argv[i + 1];
     const unsigned long long value = std::strtoull(argv[i + 1], nullptr, 10);
     if (flag == "--min-bytes") min_bytes = value;
     else if (flag == "--max-bytes") max_bytes = value;
     else if (flag == "--iters") iters = static_cast<int>(value);
-    else if (flag == "--writer" && (std::string(argv[i + 1]) == "memset" || std::string(argv[i + 1]) == "stream")) {
-      g_stream = std::string(argv[i + 1]) == "stream";
-    } else {
+    else if (flag == "--writer" && (word == "memset" || word == "stream")) g_stream = word == "stream";
+    else {
       std::fprintf(stderr, "usage: cross_core [--min-bytes B] [--max-bytes B] [--iters N] [--writer memset|stream]\n");
       return 2;
     }
