@@ -2855,10 +2855,10 @@ class shm_node {
   shm_segment& segment() noexcept { return segment_; }
 
   // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
-  // its number goes with the step (operation_of).
+  // the operation goes with the step (step_word).
   template <class C> std::uint64_t next_ticket(C& comm) {
     const operation_state& ops = comm.operations();
-    operation_ = ops.in_operation() ? ops.current().seq : 0;
+    operation_ = ops.in_operation() ? step_word(ops.current()) : 0;
     ++ticket_;
     std::memcpy(operation_word(rank_, ticket_), &operation_, sizeof operation_);
     return ticket_;
@@ -2876,24 +2876,46 @@ class shm_node {
     flag(rank_, which).store(t, std::memory_order_release);
   }
 
+  // What the ranks' steps must share to pair up: the whole operation (step_word), or only its
+  // number, for an agreement's exchange, whose signatures compare the rest and say more.
+  enum class pairing { whole, number };
+
   // Waits until every other rank of the node published t; what they wrote before is visible after.
   // Raises if a peer's step t belongs to another operation than this rank's.
-  template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived) {
+  template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived, pairing pair = pairing::whole) {
     wait_for_peers(comm, t, which);
     if (which != arrived) return;  // the same step's second half: its operation was checked
+    const std::uint64_t compared = pair == pairing::whole ? ~std::uint64_t{0} : seq_mask | in_operation;
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
       std::uint64_t theirs = 0;
       std::memcpy(&theirs, operation_word(i, t), sizeof theirs);
-      if (theirs != operation_) mismatched(comm, i, theirs);
+      if (((theirs ^ operation_) & compared) != 0) mismatched(comm, i, theirs);
     }
   }
 
  private:
+  // What each step carries of its operation: the number (its low 40 bits), the collective and the
+  // dtype. The number alone would let steps of two collectives pair up where the ranks' arguments
+  // are not compared (HERD_CHECK_ARGUMENTS=0) and one rank calls, say, allgather where another
+  // calls allreduce: the allgather would return the other's half-copied data. Collectives of
+  // different kinds or dtypes never pair up, so those fields differ only when the ranks disagree.
+  static constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 40) - 1;
+  static constexpr std::uint64_t in_operation = std::uint64_t{1} << 56;
+  static std::uint64_t step_word(const op_label& label) noexcept {
+    return (label.seq & seq_mask) | std::uint64_t{static_cast<std::uint8_t>(label.kind)} << 40 |
+           std::uint64_t{static_cast<std::uint8_t>(label.type)} << 48 | in_operation;
+  }
+  static std::string step_text(std::uint64_t word) {
+    if (word == 0) return "no operation";
+    return std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask) + " of " +
+           std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
+  }
+
   template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
     const operation_state& ops = comm.operations();
     raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
-          "rank " + std::to_string(member(i)) + " is in operation #" + std::to_string(theirs) + " where rank " +
+          "rank " + std::to_string(member(i)) + " is in " + step_text(theirs) + " where rank " +
               std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
               ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
               "same one with different arguments",
@@ -2949,6 +2971,9 @@ class shm_node {
   std::byte* operation_word(int i, std::uint64_t t) const noexcept {
     return header(i, t) + shm_header_bytes - sizeof(std::uint64_t);
   }
+  // The flags are shared between processes: only a lock-free atomic works there (one with a lock
+  // would keep the lock in each process's own memory).
+  static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
   std::atomic_ref<std::uint64_t> flag(int i, counter which) const noexcept {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(region(i) + which * cache_line));
   }
@@ -3078,8 +3103,9 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature and payload into
-// its buffer and reads the others' where they are; the payloads stay valid until this rank's
-// next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
+// its buffer and reads the others' where they are; the payloads stay valid only until this rank
+// publishes its next step (after that a peer may pass that step's wait and write the step after
+// it into the same buffer), so callers use or copy them at once.
 template <class C>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
   static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
@@ -3089,7 +3115,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
   if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
   node.publish(t);
-  node.wait_all(comm, t);
+  node.wait_all(comm, t, shm_node::arrived, shm_node::pairing::number);
   const auto parts = static_cast<std::size_t>(node.size());
   std::vector<signature>& by_owner = signature_buffer(1);
   std::vector<const std::byte*>& where = payload_pointers();
@@ -10481,7 +10507,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     {
       const trace::span phase(track, "copy in");
       for (int c = 0; c < p; ++c) {
-        if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+        // A chunk already used up is skipped: `begin` would point past its end.
+        if (const std::size_t n = piece_of(c, begin); c != g && n > 0) {
+          std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, n * es);
+        }
       }
     }
     node.publish(t);
@@ -10524,15 +10553,15 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
     const std::uint64_t t = node.next_ticket(comm);
     {
       const trace::span phase(track, "copy in");
-      std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+      if (const std::size_t n = piece_of(g, begin); n > 0) std::memcpy(node.buffer(g, t), mine + begin * es, n * es);
     }
     node.publish(t);
     node.wait_all(comm, t);
     const trace::span phase(track, "copy out");
     for (int c = 0; c < p; ++c) {
-      if (c == g) continue;
-      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
-                  piece_of(c, begin) * es);
+      const std::size_t n = piece_of(c, begin);
+      if (c == g || n == 0) continue;
+      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t), n * es);
     }
   }
 }

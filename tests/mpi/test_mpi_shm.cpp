@@ -725,6 +725,48 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// With argument checks off, steps of two different collectives, or of one collective on two
+// dtypes, carry the same operation number; their words must still differ, or the allgather would
+// return the allreduce's half-copied buffer and the f32 and i32 sums would each be computed in
+// their own rank's type. Every rank must raise at the first step, naming the peer's collective.
+HERD_MPI_TEST_CASE("argument checks off: shared-memory steps of another collective or dtype do not pair up", 2) {
+  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
+  o.check_arguments = false;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 2;
+  const std::size_t n = 16 * 1024;  // 64 KiB of f32: past the one-shot path, several slices
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    REQUIRE(comm.shared_node() != nullptr);
+    const int rank = comm.rank();
+    std::vector<float> values(n, 1.0f);
+    std::vector<float> gathered(n * static_cast<std::size_t>(comm.size()), -1.0f);
+    const std::string what = error_of([&] {
+      if (rank == 0) herd::allreduce(values, comm);
+      else herd::allgather(values, gathered, comm);
+    });
+    INFO("rank ", rank, ": ", what);
+    CHECK(has(what, "their shared-memory steps do not pair up"));
+    CHECK(has(what, rank == 0 ? "is in allgather #" : "is in allreduce #"));
+  }
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    const int rank = comm.rank();
+    std::vector<float> f(rank == 0 ? n : 0, 1.0f);
+    std::vector<std::int32_t> i(rank == 0 ? 0 : n, 1);
+    const std::string what = error_of([&] {
+      if (rank == 0) herd::allreduce(f, comm);
+      else herd::allreduce(i, comm);
+    });
+    INFO("rank ", rank, ": ", what);
+    CHECK(has(what, "their shared-memory steps do not pair up"));
+    CHECK(has(what, "is in allreduce #"));
+    CHECK(has(what, (rank == 0 ? " of i32" : " of f32") + std::string(" where rank ") + std::to_string(rank) +
+                        " is in allreduce"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // shrink() leaves whatever ranks stay: an algorithm chosen explicitly that no longer fits them
 // (hierarchical over nodes of 2 and 1 ranks) falls back to auto on every rank, with a warning,
 // rather than make recovery impossible.

@@ -160,7 +160,10 @@ void shm_reduce_scatter(C& comm, shm_node& node, dtype type, reduce_op op, const
     {
       const trace::span phase(track, "copy in");
       for (int c = 0; c < p; ++c) {
-        if (c != g) std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, piece_of(c, begin) * es);
+        // A chunk already used up is skipped: `begin` would point past its end.
+        if (const std::size_t n = piece_of(c, begin); c != g && n > 0) {
+          std::memcpy(buffer + static_cast<std::size_t>(c) * piece * es, in_chunk(c) + begin * es, n * es);
+        }
       }
     }
     node.publish(t);
@@ -203,15 +206,15 @@ void shm_allgather(C& comm, shm_node& node, std::size_t element_bytes, const chu
     const std::uint64_t t = node.next_ticket(comm);
     {
       const trace::span phase(track, "copy in");
-      std::memcpy(node.buffer(g, t), mine + begin * es, piece_of(g, begin) * es);
+      if (const std::size_t n = piece_of(g, begin); n > 0) std::memcpy(node.buffer(g, t), mine + begin * es, n * es);
     }
     node.publish(t);
     node.wait_all(comm, t);
     const trace::span phase(track, "copy out");
     for (int c = 0; c < p; ++c) {
-      if (c == g) continue;
-      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t),
-                  piece_of(c, begin) * es);
+      const std::size_t n = piece_of(c, begin);
+      if (c == g || n == 0) continue;
+      std::memcpy(base + (chunks.offset[static_cast<std::size_t>(c)] + begin) * es, node.buffer(c, t), n * es);
     }
   }
 }

@@ -130,8 +130,9 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature and payload into
-// its buffer and reads the others' where they are; the payloads stay valid until this rank's
-// next step but one (comm/detail/shm.hpp), which is past the operation's use of them.
+// its buffer and reads the others' where they are; the payloads stay valid only until this rank
+// publishes its next step (after that a peer may pass that step's wait and write the step after
+// it into the same buffer), so callers use or copy them at once.
 template <class C>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
   static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
@@ -141,7 +142,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
   if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
   node.publish(t);
-  node.wait_all(comm, t);
+  node.wait_all(comm, t, shm_node::arrived, shm_node::pairing::number);
   const auto parts = static_cast<std::size_t>(node.size());
   std::vector<signature>& by_owner = signature_buffer(1);
   std::vector<const std::byte*>& where = payload_pointers();
