@@ -62,6 +62,16 @@ text = open("README.md").read()
 block = re.search(r"## Quickstart[^\n]*\n\n```cpp\n(.*?)```", text, re.S).group(1)
 open(sys.argv[1], "w").write(block)' "$work/quickstart.cpp"
 cp "$work/quickstart.cpp" "$work/quickstart.cu"
+# The same files including only the headers they use instead of the umbrella (a file pays for what
+# it includes: the headers per feature under include/herd/).
+printf '#include <herd/comm/mpi.hpp>\n#include <herd/collectives/allreduce.hpp>\n' >"$work/feature_headers.hpp"
+{ cat "$work/feature_headers.hpp"; echo 'int main() {}'; } >"$work/herd_feature_include.cpp"
+python3 -c '
+import sys
+text, headers = open(sys.argv[1]).read(), open(sys.argv[2]).read().rstrip("\n")
+assert "#include <herd/herd.hpp>" in text
+open(sys.argv[3], "w").write(text.replace("#include <herd/herd.hpp>", headers, 1))' \
+  "$work/quickstart.cpp" "$work/feature_headers.hpp" "$work/quickstart_features.cpp"
 
 # name | compiler | flags | source | needs (a file that must exist)
 cases=(
@@ -69,10 +79,12 @@ cases=(
   "<Eigen/Dense>|$cxx|$eigen_flags|$work/eigen.cpp|/usr/include/eigen3/Eigen/Dense"
   "<torch/torch.h>|$cxx|$torch_flags|$work/torch.cpp|/usr/include/torch/csrc/api/include/torch/torch.h"
   "herd include-only|$cxx|-I$include $mpi_flags|$work/herd_include.cpp|"
+  "herd include-only, the quickstart's two headers|$cxx|-I$include $mpi_flags|$work/herd_feature_include.cpp|"
   "one allreduce|$cxx|-I$include $mpi_flags|$work/one_allreduce.cpp|"
   "one allreduce, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags -DHERD_SEPARATE_COMPILATION|$work/one_allreduce.cpp|"
   "its implementation file (once per program)|$cxx|-I$include $mpi_flags|$work/implementation.cpp|"
   "README quickstart|$cxx|-I$include $mpi_flags|$work/quickstart.cpp|"
+  "README quickstart, its two headers instead of herd.hpp|$cxx|-I$include $mpi_flags|$work/quickstart_features.cpp|"
   "README quickstart, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags -DHERD_SEPARATE_COMPILATION|$work/quickstart.cpp|"
   "fashion_mnist training loop|$cxx|-I$include $mpi_flags $eigen_flags|$root/examples/fashion_mnist/main.cpp|/usr/include/eigen3/Eigen/Dense"
   "fashion_mnist training loop, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags $eigen_flags -DHERD_SEPARATE_COMPILATION|$root/examples/fashion_mnist/main.cpp|/usr/include/eigen3/Eigen/Dense"
