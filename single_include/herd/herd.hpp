@@ -2885,7 +2885,8 @@ class shm_node {
   template <class C> void wait_all(C& comm, std::uint64_t t, counter which = arrived, pairing pair = pairing::whole) {
     wait_for_peers(comm, t, which);
     if (which != arrived) return;  // the same step's second half: its operation was checked
-    const std::uint64_t compared = pair == pairing::whole ? ~std::uint64_t{0} : seq_mask | in_operation;
+    // (Whether the operation is typed only shapes the message.)
+    const std::uint64_t compared = pair == pairing::whole ? ~typed : seq_mask | in_operation;
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;
       std::uint64_t theirs = 0;
@@ -2895,28 +2896,33 @@ class shm_node {
   }
 
  private:
-  // What each step carries of its operation: the number (its low 40 bits), the collective and the
-  // dtype. The number alone would let steps of two collectives pair up where the ranks' arguments
-  // are not compared (HERD_CHECK_ARGUMENTS=0) and one rank calls, say, allgather where another
-  // calls allreduce: the allgather would return the other's half-copied data. Collectives of
-  // different kinds or dtypes never pair up, so those fields differ only when the ranks disagree.
+  // What each step carries of its operation: the number (its low 40 bits), the collective, and the
+  // dtype where the operation has one (a barrier or a grouped allreduce has none: u8, untyped).
+  // The number alone would let steps of two collectives pair up where the ranks' arguments are not
+  // compared (HERD_CHECK_ARGUMENTS=0) and one rank calls, say, allgather where another calls
+  // allreduce: the allgather would return the other's half-copied data. The same collective on
+  // the same dtype is labelled the same on every rank, so the fields differ only when the ranks
+  // disagree. What the word cannot see, with checks off: grouped allreduces of equal byte sizes
+  // whose tensors differ in dtype, and differing counts (those end in a stall the watchdog reports).
   static constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 40) - 1;
   static constexpr std::uint64_t in_operation = std::uint64_t{1} << 56;
+  static constexpr std::uint64_t typed = std::uint64_t{1} << 57;
   static std::uint64_t step_word(const op_label& label) noexcept {
     return (label.seq & seq_mask) | std::uint64_t{static_cast<std::uint8_t>(label.kind)} << 40 |
-           std::uint64_t{static_cast<std::uint8_t>(label.type)} << 48 | in_operation;
+           std::uint64_t{static_cast<std::uint8_t>(label.type)} << 48 | in_operation | (label.typed ? typed : 0);
   }
   static std::string step_text(std::uint64_t word) {
     if (word == 0) return "no operation";
-    return std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask) + " of " +
-           std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
+    std::string text = std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask);
+    if ((word & typed) != 0) text += " of " + std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
+    return text;
   }
 
   template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
     const operation_state& ops = comm.operations();
     raise(site_of(ops, "shared memory", comm.rank(), comm.size()),
           "rank " + std::to_string(member(i)) + " is in " + step_text(theirs) + " where rank " +
-              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "#0") +
+              std::to_string(comm.rank()) + " is in " + (ops.in_operation() ? ops.current().str() : "no operation") +
               ": their shared-memory steps do not pair up, because the ranks called different collectives or the "
               "same one with different arguments",
           "Call the same collectives with the same arguments on every rank; HERD_CHECK_ARGUMENTS=1 (the default) "
