@@ -1,6 +1,7 @@
 // doctest's main for tests run under mpiexec.
 // - Tests are named "... [ranks>=N]"; those needing more ranks than launched are filtered out,
-//   so doctest counts them as skipped rather than passed.
+//   so doctest counts them as skipped rather than passed. Those of the test suite "one process"
+//   (threads as ranks, or no communicator) run only when one rank is launched.
 // - Rank 0 prints the usual report and the summary; every other rank prints only its failures,
 //   each line prefixed with "[rank k]".
 // - A failure on any rank fails every rank's exit code.
@@ -99,6 +100,7 @@ int HERD_MPI_DOCTEST_MAIN_NAME(int argc, char** argv) {
   std::string too_many;
   for (int needed = size + 1; needed <= 64; ++needed) too_many += "*[ranks>=" + std::to_string(needed) + "]*,";
   context.addFilter("test-case-exclude", too_many.c_str());
+  if (size > 1) context.addFilter("test-suite-exclude", "one process");
   if (rank != 0) {
     context.setOption("reporters", "herd_rank");
     context.setOption("minimal", true);

@@ -1,7 +1,8 @@
 // The torch::Tensor adapter: every dtype, the devices, and the tensors it must refuse.
 //
 // Included through the paths the libtorch headers had before herd/torch/, which forward there:
-// programs that still name them build and run as before.
+// programs that still name them build and run as before. Part of torch_mpi_tests (first in its one
+// translation unit, so the old paths are included before the new), run by its one-rank run only.
 
 #include <torch/torch.h>
 
@@ -15,6 +16,8 @@
 #include <vector>
 
 static_assert(herd::writable_tensor<torch::Tensor>);
+
+TEST_SUITE_BEGIN("one process");
 
 TEST_CASE("every torch dtype herd knows maps to its herd dtype") {
   const std::pair<torch::Dtype, herd::dtype> pairs[] = {
@@ -96,3 +99,5 @@ TEST_CASE("torch_gradients reads grad() afresh and gives unused parameters zeros
   views = gradients();
   CHECK(views[0].data == used->weight.grad().data_ptr());
 }
+
+TEST_SUITE_END();
