@@ -1219,10 +1219,12 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 // creation).
 
 
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace herd {
 
@@ -1290,10 +1292,15 @@ inline settings& defaults() {
 HERD_SEPARATE double env_number(const char* variable, double fallback, std::string& problem, env_kind kind) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
+  // Decimal only, as the table of docs/environment.md shows them: strtod alone would also take
+  // leading blanks, a sign, hexadecimal ("0x10", "0x1p4"), "inf" and "nan".
+  const std::string_view digits(text);
+  const bool decimal = (std::isdigit(static_cast<unsigned char>(digits[0])) != 0 || digits[0] == '.') &&
+                       digits.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  const bool number = errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
+  const bool number = decimal && errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
   const bool fits = number && (kind == env_kind::seconds || value == static_cast<double>(static_cast<std::uint64_t>(value))) &&
                     (kind != env_kind::flag || value <= 1);
   if (!fits) {
@@ -4343,7 +4350,10 @@ class local_communicator {
 
   detail::operation_state& state() const {
     if (!member_) detail::raise_not_member("local_communicator");
-    if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
+    if (!ops_) {
+      throw error("herd::local_communicator: this communicator is empty: it was moved from, or left (leave()). Use "
+                  "the one it was moved to, or create a new one.");
+    }
     return *ops_;
   }
 
@@ -4399,6 +4409,7 @@ HERD_SEPARATE local_communicator::request local_communicator::irecv(void* data, 
 
 HERD_SEPARATE bool local_communicator::test(request& r) {
   if (!r.pending()) return true;
+  (void)state();  // a communicator left is an error, not a crash
   {
     std::lock_guard lock(world_->waiter_of(rank_).mutex);
     if (!r.message_->done) {
@@ -4412,6 +4423,7 @@ HERD_SEPARATE bool local_communicator::test(request& r) {
 
 HERD_SEPARATE void local_communicator::wait(request& r) {
   if (!r.pending()) return;
+  (void)state();  // a communicator left is an error, not a crash
   {
     // Inside an operation, time spent here is a phase of it in the timeline.
     const detail::trace::span phase(ops_->track(),
@@ -5203,6 +5215,7 @@ class mpi_state {
   int size = 1;
   bool cuda_aware = false;
   bool departed = false;
+  bool finalized = false;  // MPI_Finalize ran (at_finalize): MPI may be called no more
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   std::uint64_t shrinks = 0;      // shrink() calls on this communicator
   operation_state ops;
@@ -5674,14 +5687,23 @@ HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept {
 
 HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
+  std::vector<mpi_state*> live;
   {
     std::lock_guard lock(r.mutex);
     r.finalizing = true;
+    try {
+      live = r.live;
+    } catch (...) {
+    }
   }
   if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
+  // Queued operations first: they still need MPI. Outside the registry's lock: one that fails
+  // settles its abort on the progress thread, which may list its communicator as unsettled under
+  // that lock (MPI_Finalize must not run beside other MPI calls, so no communicator comes or goes).
+  for (mpi_state* s : live) s->ops.drain();
   std::lock_guard lock(r.mutex);
   for (mpi_state* s : r.live) {
-    s->ops.drain();  // queued operations first: they still need MPI
+    s->ops.drain();  // what the snapshot missed, had it not been had
     depart(*s);
   }
   // The peers' departures arrive as they destroy their communicators, normally within moments;
@@ -5699,7 +5721,10 @@ HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   tend_retired(r, true);
-  for (mpi_state* s : r.live) s->release();
+  for (mpi_state* s : r.live) {
+    s->release();
+    s->finalized = true;
+  }
   r.anything_to_tend.store(false, std::memory_order_release);
   return MPI_SUCCESS;
 }
@@ -5959,13 +5984,12 @@ class environment {
   int provided_ = MPI_THREAD_SINGLE;
 };
 
-// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
-// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
-// overrides what the MPI library says (it must then be the same on every rank).
-inline bool cuda_aware() {
-  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
-    return std::string(forced) != "0";
-  }
+namespace detail {
+// What cuda_aware() answers; a malformed HERD_MPI_CUDA_AWARE (neither 0 nor 1) goes to `problem`
+// and counts as unset, so that a communicator's creation reports it on every rank.
+inline bool cuda_aware(std::string& problem) {
+  const double forced = runtime::env_number("HERD_MPI_CUDA_AWARE", -1, problem, runtime::env_kind::flag);
+  if (forced >= 0) return forced == 1;
 #if defined(MPIX_GPU_SUPPORT_CUDA)
   int supported = 0;
   if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
@@ -5973,6 +5997,18 @@ inline bool cuda_aware() {
   return MPIX_Query_cuda_support() != 0;
 #endif
   return false;
+}
+}  // namespace detail
+
+// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
+// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
+// overrides what the MPI library says (it must then be the same on every rank); any other value
+// raises herd::error.
+inline bool cuda_aware() {
+  std::string problem;
+  const bool aware = detail::cuda_aware(problem);
+  if (!problem.empty()) throw error("herd::mpi::cuda_aware: " + problem);
+  return aware;
 }
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
@@ -6087,6 +6123,7 @@ class mpi_communicator {
   // True once the request completed (it is then no longer pending).
   bool test(request& r) {
     if (!r.pending()) return true;
+    (void)state();  // a communicator left or finalized is an error, not a crash
     int done = 0;
     check(MPI_Test(&r.handle_, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
@@ -6213,7 +6250,14 @@ class mpi_communicator {
   detail::mpi_state& state() const {
     if (!s_) {
       if (!member_) detail::raise_not_member("mpi_communicator");
-      throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
+      throw error("herd::mpi_communicator: this communicator is empty: it was moved from, or left (leave()). Use the "
+                  "one it was moved to, or create a new one.");
+    }
+    if (s_->finalized) {
+      detail::raise({"mpi_communicator", s_->rank, s_->size},
+                    "MPI was finalized while this communicator existed, so it can be used no more",
+                    "Use herd's communicators only before MPI_Finalize (herd::mpi::environment finalizes MPI when it "
+                    "goes out of scope: create it first in main, so that it is destroyed last)");
     }
     return *s_;
   }
@@ -6266,7 +6310,7 @@ HERD_SEPARATE mpi_communicator& mpi_communicator::operator=(mpi_communicator&& o
 HERD_SEPARATE mpi_communicator::~mpi_communicator() { leave(); }
 
 HERD_SEPARATE void mpi_communicator::wait(request& r) {
-  if (test(r)) return;
+  if (test(r)) return;  // test() raises on a communicator left or finalized
   // Inside an operation, time spent here is a phase of it in the timeline.
   const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
                                   s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
@@ -6397,7 +6441,9 @@ HERD_SEPARATE void mpi_communicator::create(MPI_Comm comm, comm_options options,
     int world_rank = 0;
     check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
     detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-    detail::agree_creation(*this, runtime::defaults().problem, renewed);
+    std::string problem = runtime::defaults().problem;
+    if (problem.empty()) (void)mpi::detail::cuda_aware(problem);
+    detail::agree_creation(*this, problem, renewed);
     join_node();
   } catch (...) {
     detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
@@ -6602,7 +6648,8 @@ HERD_SEPARATE void mpi_communicator::make_state(comm_options options) {
 
 HERD_SEPARATE void mpi_communicator::adopt(MPI_Comm comm) {
   s_->comm = comm;
-  s_->cuda_aware = mpi::cuda_aware();
+  std::string problem;  // a malformed HERD_MPI_CUDA_AWARE: the creation's agreement reports it
+  s_->cuda_aware = mpi::detail::cuda_aware(problem);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm, &s_->rank);
   MPI_Comm_size(comm, &s_->size);

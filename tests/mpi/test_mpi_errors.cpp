@@ -148,3 +148,30 @@ HERD_MPI_TEST_CASE("cuda_aware: what the MPI says, unless HERD_MPI_CUDA_AWARE ov
   ::unsetenv("HERD_MPI_CUDA_AWARE");
   MESSAGE("this MPI reports CUDA awareness: " << herd::mpi::cuda_aware());
 }
+
+HERD_MPI_TEST_CASE("HERD_MPI_CUDA_AWARE neither 0 nor 1 is an error; on one rank, every rank's creation raises", 1) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ::setenv("HERD_MPI_CUDA_AWARE", "off", 1);
+  const std::string direct = error_of([] { (void)herd::mpi::cuda_aware(); });
+  CHECK(has(direct, "HERD_MPI_CUDA_AWARE='off' is neither 0 nor 1"));
+  if (rank != 0) ::unsetenv("HERD_MPI_CUDA_AWARE");
+  const std::string created = error_of([] { herd::mpi_communicator comm; });
+  ::unsetenv("HERD_MPI_CUDA_AWARE");
+  INFO(created);
+  CHECK(has(created, "HERD_MPI_CUDA_AWARE='off' is neither 0 nor 1"));
+  herd::mpi_communicator comm;  // fine again
+  CHECK(comm.size() >= 1);
+}
+
+HERD_MPI_TEST_CASE("wait() and test() on a communicator that was left raise herd::error, and the request still settles", 1) {
+  herd::mpi_communicator comm;
+  float word = 0;
+  herd::mpi_communicator::request r = comm.irecv(&word, sizeof word, comm.rank(), 7);  // nothing ever comes
+  comm.leave();
+  const std::string waited = error_of([&] { comm.wait(r); });
+  CHECK(has(waited, "this communicator is empty: it was moved from, or left (leave())"));
+  const std::string tested = error_of([&] { (void)comm.test(r); });
+  CHECK(has(tested, "this communicator is empty"));
+  CHECK(r.pending());  // its destructor cancels the receive
+}

@@ -161,6 +161,29 @@ TEST_CASE("a rank that waits for a peer that never sends gives up after the stal
   CHECK(message.find("HERD_STALL_SHUTDOWN_TIME_SECONDS") != std::string::npos);
 }
 
+TEST_CASE("wait() and test() on a communicator that was left raise herd::error") {
+  std::vector<std::string> messages(2);
+  herd::local::run(2, [&](herd::local_communicator& comm) {
+    int x = 0;
+    auto r = comm.irecv(&x, sizeof x, 1 - comm.rank(), 5);  // nothing is ever sent
+    comm.leave();
+    for (int i = 0; i < 2; ++i) {
+      try {
+        if (i == 0) comm.wait(r);
+        else (void)comm.test(r);
+        messages[static_cast<std::size_t>(comm.rank())] += "(no error)";
+      } catch (const herd::error& e) {
+        messages[static_cast<std::size_t>(comm.rank())] += e.what();
+      }
+    }
+  });
+  for (const std::string& m : messages) {
+    INFO(m);
+    CHECK(m.find("(no error)") == std::string::npos);
+    CHECK(m.find("this communicator is empty: it was moved from, or left (leave())") != std::string::npos);
+  }
+}
+
 TEST_CASE("run() refuses fewer than one rank") {
   CHECK_THROWS_AS(herd::local::run(0, [](herd::local_communicator&) {}), herd::error);
 }

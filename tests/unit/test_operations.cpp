@@ -191,6 +191,16 @@ TEST_CASE("HERD_ variables: bytes and ranks are whole numbers, flags 0 or 1; eac
       {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "soon", "HERD_STALL_SHUTDOWN_TIME_SECONDS='soon' is not a number of seconds between 0 and 1e15; unset it or give one such as 60"},
       {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "0.25", ""},
       {"HERD_SIMULATE_NODE_SIZE", "2", ""},
+      // Decimal only: what strtod would also take is refused.
+      {"HERD_RING_SEGMENT_BYTES", "0x10", "HERD_RING_SEGMENT_BYTES='0x10' is not a whole number"},
+      {"HERD_RING_SEGMENT_BYTES", "0x1p4", "HERD_RING_SEGMENT_BYTES='0x1p4' is not a whole number"},
+      {"HERD_RING_SEGMENT_BYTES", "+5", "HERD_RING_SEGMENT_BYTES='+5' is not a whole number"},
+      {"HERD_RING_SEGMENT_BYTES", " 60", "HERD_RING_SEGMENT_BYTES=' 60' is not a whole number"},
+      {"HERD_RING_SEGMENT_BYTES", "\t7", "is not a whole number"},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "inf", "HERD_STALL_SHUTDOWN_TIME_SECONDS='inf' is not a number of seconds"},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", "nan", "HERD_STALL_SHUTDOWN_TIME_SECONDS='nan' is not a number of seconds"},
+      {"HERD_STALL_SHUTDOWN_TIME_SECONDS", ".5", ""},
+      {"HERD_RING_SEGMENT_BYTES", "1e+6", ""},
   };
   for (const variable_case& c : cases) {
     ::setenv(c.variable, c.value, 1);

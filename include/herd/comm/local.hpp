@@ -462,7 +462,10 @@ class local_communicator {
 
   detail::operation_state& state() const {
     if (!member_) detail::raise_not_member("local_communicator");
-    if (!ops_) throw error("herd::local_communicator: this communicator was moved from. Use the one it was moved to.");
+    if (!ops_) {
+      throw error("herd::local_communicator: this communicator is empty: it was moved from, or left (leave()). Use "
+                  "the one it was moved to, or create a new one.");
+    }
     return *ops_;
   }
 
@@ -518,6 +521,7 @@ HERD_SEPARATE local_communicator::request local_communicator::irecv(void* data, 
 
 HERD_SEPARATE bool local_communicator::test(request& r) {
   if (!r.pending()) return true;
+  (void)state();  // a communicator left is an error, not a crash
   {
     std::lock_guard lock(world_->waiter_of(rank_).mutex);
     if (!r.message_->done) {
@@ -531,6 +535,7 @@ HERD_SEPARATE bool local_communicator::test(request& r) {
 
 HERD_SEPARATE void local_communicator::wait(request& r) {
   if (!r.pending()) return;
+  (void)state();  // a communicator left is an error, not a crash
   {
     // Inside an operation, time spent here is a phase of it in the timeline.
     const detail::trace::span phase(ops_->track(),

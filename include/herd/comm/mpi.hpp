@@ -97,13 +97,12 @@ class environment {
   int provided_ = MPI_THREAD_SINGLE;
 };
 
-// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
-// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
-// overrides what the MPI library says (it must then be the same on every rank).
-inline bool cuda_aware() {
-  if (const char* forced = std::getenv("HERD_MPI_CUDA_AWARE"); forced != nullptr && *forced != '\0') {
-    return std::string(forced) != "0";
-  }
+namespace detail {
+// What cuda_aware() answers; a malformed HERD_MPI_CUDA_AWARE (neither 0 nor 1) goes to `problem`
+// and counts as unset, so that a communicator's creation reports it on every rank.
+inline bool cuda_aware(std::string& problem) {
+  const double forced = runtime::env_number("HERD_MPI_CUDA_AWARE", -1, problem, runtime::env_kind::flag);
+  if (forced >= 0) return forced == 1;
 #if defined(MPIX_GPU_SUPPORT_CUDA)
   int supported = 0;
   if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS) return supported != 0;
@@ -111,6 +110,18 @@ inline bool cuda_aware() {
   return MPIX_Query_cuda_support() != 0;
 #endif
   return false;
+}
+}  // namespace detail
+
+// Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
+// it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
+// overrides what the MPI library says (it must then be the same on every rank); any other value
+// raises herd::error.
+inline bool cuda_aware() {
+  std::string problem;
+  const bool aware = detail::cuda_aware(problem);
+  if (!problem.empty()) throw error("herd::mpi::cuda_aware: " + problem);
+  return aware;
 }
 
 // This process's rank among the processes of `comm` on the same node, and their number (through
@@ -225,6 +236,7 @@ class mpi_communicator {
   // True once the request completed (it is then no longer pending).
   bool test(request& r) {
     if (!r.pending()) return true;
+    (void)state();  // a communicator left or finalized is an error, not a crash
     int done = 0;
     check(MPI_Test(&r.handle_, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
@@ -351,7 +363,14 @@ class mpi_communicator {
   detail::mpi_state& state() const {
     if (!s_) {
       if (!member_) detail::raise_not_member("mpi_communicator");
-      throw error("herd::mpi_communicator: this communicator was moved from. Use the one it was moved to.");
+      throw error("herd::mpi_communicator: this communicator is empty: it was moved from, or left (leave()). Use the "
+                  "one it was moved to, or create a new one.");
+    }
+    if (s_->finalized) {
+      detail::raise({"mpi_communicator", s_->rank, s_->size},
+                    "MPI was finalized while this communicator existed, so it can be used no more",
+                    "Use herd's communicators only before MPI_Finalize (herd::mpi::environment finalizes MPI when it "
+                    "goes out of scope: create it first in main, so that it is destroyed last)");
     }
     return *s_;
   }
@@ -404,7 +423,7 @@ HERD_SEPARATE mpi_communicator& mpi_communicator::operator=(mpi_communicator&& o
 HERD_SEPARATE mpi_communicator::~mpi_communicator() { leave(); }
 
 HERD_SEPARATE void mpi_communicator::wait(request& r) {
-  if (test(r)) return;
+  if (test(r)) return;  // test() raises on a communicator left or finalized
   // Inside an operation, time spent here is a phase of it in the timeline.
   const detail::trace::span phase(s_->ops.in_operation() ? s_->ops.track() : 0,
                                   s_->ops.in_operation() ? (r.receiving_ ? "wait to receive" : "wait to send") : nullptr,
@@ -535,7 +554,9 @@ HERD_SEPARATE void mpi_communicator::create(MPI_Comm comm, comm_options options,
     int world_rank = 0;
     check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
     detail::trace::start_from_environment(world_rank);  // HERD_TIMELINE, named by the rank MPI knows
-    detail::agree_creation(*this, runtime::defaults().problem, renewed);
+    std::string problem = runtime::defaults().problem;
+    if (problem.empty()) (void)mpi::detail::cuda_aware(problem);
+    detail::agree_creation(*this, problem, renewed);
     join_node();
   } catch (...) {
     detail::retire(std::move(s_));  // peers may still send to it: it drains until they leave too
@@ -740,7 +761,8 @@ HERD_SEPARATE void mpi_communicator::make_state(comm_options options) {
 
 HERD_SEPARATE void mpi_communicator::adopt(MPI_Comm comm) {
   s_->comm = comm;
-  s_->cuda_aware = mpi::cuda_aware();
+  std::string problem;  // a malformed HERD_MPI_CUDA_AWARE: the creation's agreement reports it
+  s_->cuda_aware = mpi::detail::cuda_aware(problem);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm, &s_->rank);
   MPI_Comm_size(comm, &s_->size);

@@ -31,10 +31,12 @@
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace herd {
 
@@ -102,10 +104,15 @@ inline settings& defaults() {
 HERD_SEPARATE double env_number(const char* variable, double fallback, std::string& problem, env_kind kind) {
   const char* text = std::getenv(variable);
   if (text == nullptr || *text == '\0') return fallback;
+  // Decimal only, as the table of docs/environment.md shows them: strtod alone would also take
+  // leading blanks, a sign, hexadecimal ("0x10", "0x1p4"), "inf" and "nan".
+  const std::string_view digits(text);
+  const bool decimal = (std::isdigit(static_cast<unsigned char>(digits[0])) != 0 || digits[0] == '.') &&
+                       digits.find_first_not_of("0123456789.eE+-") == std::string_view::npos;
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  const bool number = errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
+  const bool number = decimal && errno == 0 && end != text && *end == '\0' && value >= 0 && value <= 1e15;
   const bool fits = number && (kind == env_kind::seconds || value == static_cast<double>(static_cast<std::uint64_t>(value))) &&
                     (kind != env_kind::flag || value <= 1);
   if (!fits) {

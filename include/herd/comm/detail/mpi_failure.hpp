@@ -204,6 +204,7 @@ class mpi_state {
   int size = 1;
   bool cuda_aware = false;
   bool departed = false;
+  bool finalized = false;  // MPI_Finalize ran (at_finalize): MPI may be called no more
   std::uint64_t aborted_seq = 0;  // the operation an abort settles
   std::uint64_t shrinks = 0;      // shrink() calls on this communicator
   operation_state ops;
@@ -675,14 +676,23 @@ HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept {
 
 HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
   auto& r = registry();
+  std::vector<mpi_state*> live;
   {
     std::lock_guard lock(r.mutex);
     r.finalizing = true;
+    try {
+      live = r.live;
+    } catch (...) {
+    }
   }
   if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
+  // Queued operations first: they still need MPI. Outside the registry's lock: one that fails
+  // settles its abort on the progress thread, which may list its communicator as unsettled under
+  // that lock (MPI_Finalize must not run beside other MPI calls, so no communicator comes or goes).
+  for (mpi_state* s : live) s->ops.drain();
   std::lock_guard lock(r.mutex);
   for (mpi_state* s : r.live) {
-    s->ops.drain();  // queued operations first: they still need MPI
+    s->ops.drain();  // what the snapshot missed, had it not been had
     depart(*s);
   }
   // The peers' departures arrive as they destroy their communicators, normally within moments;
@@ -700,7 +710,10 @@ HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   tend_retired(r, true);
-  for (mpi_state* s : r.live) s->release();
+  for (mpi_state* s : r.live) {
+    s->release();
+    s->finalized = true;
+  }
   r.anything_to_tend.store(false, std::memory_order_release);
   return MPI_SUCCESS;
 }
