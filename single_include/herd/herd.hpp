@@ -1951,15 +1951,63 @@ struct op_label {
   }
 };
 
+// Whether a failure that aborted a communicator reached a caller. A handle dropped unwaited
+// leaves its failure to the communicator's later calls, which report the abort again; when none
+// reported it by the time the communicator is gone, stderr is told instead. Shared by the
+// communicator's operation state and its operations, since a handle may outlive both.
+class abort_news {
+ public:
+  // A failure of the aborted communicator reached a caller (a wait rethrew it, a call raised).
+  void hear() noexcept {
+    std::lock_guard lock(mutex_);
+    heard_ = true;
+  }
+  // A handle whose failure aborted the communicator was dropped unwaited.
+  void drop(const char* what) noexcept {
+    std::lock_guard lock(mutex_);
+    if (heard_) return;
+    if (closed_) {
+      warn(what);
+      return;
+    }
+    if (dropped_.empty()) {
+      try {
+        dropped_ = what;
+      } catch (...) {
+        warn(what);
+      }
+    }
+  }
+  // The communicator is gone: no later call can report what was dropped.
+  void close() noexcept {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    if (!heard_ && !dropped_.empty()) warn(dropped_.c_str());
+  }
+
+ private:
+  static void warn(const char* what) noexcept {
+    std::fprintf(stderr,
+                 "herd warning: an operation whose handle was dropped without wait() failed, and no later call of "
+                 "its communicator reported it: %s\n",
+                 what);
+  }
+  std::mutex mutex_;
+  bool heard_ = false;
+  bool closed_ = false;
+  std::string dropped_;
+};
+
 // A queued operation: the work, and once it ran, whether it failed.
 struct queued_operation {
   std::uint64_t seq = 0;
   std::function<void(std::uint64_t)> work;
   std::atomic<bool> done{false};
   std::exception_ptr failure;  // written before done
-  // The failure aborted the communicator (or it was aborted before): its every later call
-  // reports the abort again, so a handle dropped unwaited need not warn of it. Written before done.
+  // The failure aborted the communicator (or it was aborted before): its later calls report the
+  // abort again, so a handle dropped unwaited tells `news` rather than warn. Written before done.
   bool failure_repeats = false;
+  std::shared_ptr<abort_news> news;
 };
 
 // Until ready(), for at most `budget`: spinning, then yielding the core (with more threads than
@@ -1994,6 +2042,7 @@ class operation_state {
     }
     wake_.notify_all();
     if (worker_.joinable()) worker_.join();
+    news_->close();
   }
 
   const comm_options& options() const noexcept { return options_; }
@@ -2110,7 +2159,12 @@ class operation_state {
         self->wake_.notify_all();
       }
     } done{this, shared};
-    f(seq);
+    try {
+      f(seq);
+    } catch (...) {
+      if (aborted()) news_->hear();
+      throw;
+    }
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
@@ -2123,8 +2177,8 @@ class operation_state {
   }
 
   // Waits for op (running queued operations on this thread when there is no progress thread) and
-  // rethrows its failure.
-  void wait(queued_operation& op) {
+  // rethrows its failure; `heard`: the caller passes it on (not a handle dropped unwaited).
+  void wait(queued_operation& op, bool heard = true) {
     if (op.done.load(std::memory_order_acquire)) {
       // Done: nothing else of this state is touched (a handle may outlive its communicator).
     } else if (options_.progress_thread) {
@@ -2151,7 +2205,10 @@ class operation_state {
         }
       }
     }
-    if (op.failure) std::rethrow_exception(op.failure);
+    if (op.failure) {
+      if (heard && op.failure_repeats) op.news->hear();
+      std::rethrow_exception(op.failure);
+    }
   }
 
   // Whether op has finished; without a progress thread, first runs the queue up to op (which may
@@ -2194,6 +2251,7 @@ class operation_state {
     auto op = std::make_shared<queued_operation>();
     op->seq = next_seq_++;
     op->work = std::move(f);
+    op->news = news_;
     queue_.push_back(op);
     queued_.fetch_add(1, std::memory_order_release);
     wake_.notify_all();
@@ -2261,6 +2319,7 @@ class operation_state {
   std::atomic<bool> stopping_{false};  // set under mutex_, read by the progress thread's spin too
   std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
   std::thread worker_;
+  std::shared_ptr<abort_news> news_ = std::make_shared<abort_news>();
 };
 
 }  // namespace detail
@@ -4657,8 +4716,9 @@ template <class Fn> void run(int n, Fn&& fn, comm_options options = {}) {
 // the same on every rank. On host memory they make progress on the communicator's progress
 // thread (comm_options::progress_thread, HERD_PROGRESS_THREAD), or, without one, inside wait()
 // and test(). The tensors must stay alive and untouched until the operation completes. A handle
-// destroyed before then waits for it, so memory in flight is never freed under MPI (and warns of
-// its failure, unless it is dropped by an exception or the failure aborted the communicator).
+// destroyed before then waits for it, so memory in flight is never freed under MPI, and warns of
+// its failure on stderr, unless it is dropped by an exception or the failure aborted the
+// communicator and a later call of that communicator reports the abort.
 //
 // On an nccl_communicator an operation is stream-ordered: it is enqueued after the work already on
 // the caller's stream, and wait() makes that stream wait for it (no host synchronization);
@@ -4732,29 +4792,40 @@ class handle {
 
  private:
   // A finished operation never touches its communicator, which may be gone by now (its
-  // destruction waited for this operation).
-  void finish() {
-    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_);
-    if (op_->failure) std::rethrow_exception(op_->failure);
+  // destruction waited for this operation). `heard`: the failure goes on to a caller.
+  void finish(bool heard = true) {
+    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_, heard);
+    if (op_->failure) {
+      if (heard && op_->failure_repeats) op_->news->hear();
+      std::rethrow_exception(op_->failure);
+    }
   }
 
   // Nobody is left to catch the operation's failure, so it is told on stderr, unless someone hears
   // of it anyway: a handle dropped while an exception unwinds the stack (a failed step, which
   // run_elastic rolls back: the exception on its way is the failure, or its cause), or a failure
-  // that aborted the communicator (its every later call reports the abort again).
+  // that aborted the communicator, whose later calls report the abort again (abort_news: if none
+  // does before the communicator is gone, stderr is told then).
   void settle() noexcept {
     if (waited_ || !valid()) return;
     const bool unwinding = std::uncaught_exceptions() > 0;
+    waited_ = true;
     try {
-      synchronize();
+      if (op_) finish(unwinding);
+      if (device_) device_->synchronize();
     } catch (const std::exception& e) {
-      if (!unwinding && !(op_ && op_->failure_repeats)) {
-        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
-      }
+      dropped(unwinding, e.what());
     } catch (...) {
-      if (!unwinding && !(op_ && op_->failure_repeats)) {
-        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
-      }
+      dropped(unwinding, "an exception that is not a std::exception");
+    }
+  }
+
+  void dropped(bool unwinding, const char* what) noexcept {
+    if (unwinding) return;
+    if (op_ && op_->failure_repeats) {
+      op_->news->drop(what);
+    } else {
+      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", what);
     }
   }
 

@@ -704,6 +704,19 @@ TEST_CASE("dropped handles warn only of failures nobody hears of: not in a rollb
   const auto first = dropped.find("dropped without wait()");
   const auto second = dropped.find("dropped without wait()", first + 1);
   CHECK(dropped.find("dropped without wait()", second + 1) == std::string::npos);  // the aborted one says nothing
+
+  // The same abort with no call after it: nothing reports it, so the communicator's end warns.
+  const std::string unheard = herd_test::stderr_of([] {
+    herd::local::run(2, [](herd::local_communicator& comm) {
+      std::vector<float> ok(4, 1.0f);
+      auto faulty = herd_test::faulty_communicator<herd::local_communicator>::after_wait(
+          comm, comm.rank() == 1 ? 0 : -1, [] { throw herd::error("injected failure"); });
+      herd::handle h = herd::allreduce_async(ok, faulty);  // fails and aborts; the communicator ends unused
+    }, impatient());
+  });
+  INFO(unheard);
+  CHECK(has(unheard, "herd warning: an operation whose handle was dropped without wait() failed, and no later call of "
+                     "its communicator reported it: injected failure The communicator is now aborted"));  // rank 1's
 }
 
 // A herd::error raised between operations on one rank told no peer: run_elastic aborts the

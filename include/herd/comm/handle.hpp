@@ -10,8 +10,9 @@
 // the same on every rank. On host memory they make progress on the communicator's progress
 // thread (comm_options::progress_thread, HERD_PROGRESS_THREAD), or, without one, inside wait()
 // and test(). The tensors must stay alive and untouched until the operation completes. A handle
-// destroyed before then waits for it, so memory in flight is never freed under MPI (and warns of
-// its failure, unless it is dropped by an exception or the failure aborted the communicator).
+// destroyed before then waits for it, so memory in flight is never freed under MPI, and warns of
+// its failure on stderr, unless it is dropped by an exception or the failure aborted the
+// communicator and a later call of that communicator reports the abort.
 //
 // On an nccl_communicator an operation is stream-ordered: it is enqueued after the work already on
 // the caller's stream, and wait() makes that stream wait for it (no host synchronization);
@@ -86,29 +87,40 @@ class handle {
 
  private:
   // A finished operation never touches its communicator, which may be gone by now (its
-  // destruction waited for this operation).
-  void finish() {
-    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_);
-    if (op_->failure) std::rethrow_exception(op_->failure);
+  // destruction waited for this operation). `heard`: the failure goes on to a caller.
+  void finish(bool heard = true) {
+    if (!op_->done.load(std::memory_order_acquire)) owner_->wait(*op_, heard);
+    if (op_->failure) {
+      if (heard && op_->failure_repeats) op_->news->hear();
+      std::rethrow_exception(op_->failure);
+    }
   }
 
   // Nobody is left to catch the operation's failure, so it is told on stderr, unless someone hears
   // of it anyway: a handle dropped while an exception unwinds the stack (a failed step, which
   // run_elastic rolls back: the exception on its way is the failure, or its cause), or a failure
-  // that aborted the communicator (its every later call reports the abort again).
+  // that aborted the communicator, whose later calls report the abort again (abort_news: if none
+  // does before the communicator is gone, stderr is told then).
   void settle() noexcept {
     if (waited_ || !valid()) return;
     const bool unwinding = std::uncaught_exceptions() > 0;
+    waited_ = true;
     try {
-      synchronize();
+      if (op_) finish(unwinding);
+      if (device_) device_->synchronize();
     } catch (const std::exception& e) {
-      if (!unwinding && !(op_ && op_->failure_repeats)) {
-        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", e.what());
-      }
+      dropped(unwinding, e.what());
     } catch (...) {
-      if (!unwinding && !(op_ && op_->failure_repeats)) {
-        std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed\n");
-      }
+      dropped(unwinding, "an exception that is not a std::exception");
+    }
+  }
+
+  void dropped(bool unwinding, const char* what) noexcept {
+    if (unwinding) return;
+    if (op_ && op_->failure_repeats) {
+      op_->news->drop(what);
+    } else {
+      std::fprintf(stderr, "herd warning: an operation whose handle was dropped without wait() failed: %s\n", what);
     }
   }
 

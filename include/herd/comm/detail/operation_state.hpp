@@ -160,15 +160,63 @@ struct op_label {
   }
 };
 
+// Whether a failure that aborted a communicator reached a caller. A handle dropped unwaited
+// leaves its failure to the communicator's later calls, which report the abort again; when none
+// reported it by the time the communicator is gone, stderr is told instead. Shared by the
+// communicator's operation state and its operations, since a handle may outlive both.
+class abort_news {
+ public:
+  // A failure of the aborted communicator reached a caller (a wait rethrew it, a call raised).
+  void hear() noexcept {
+    std::lock_guard lock(mutex_);
+    heard_ = true;
+  }
+  // A handle whose failure aborted the communicator was dropped unwaited.
+  void drop(const char* what) noexcept {
+    std::lock_guard lock(mutex_);
+    if (heard_) return;
+    if (closed_) {
+      warn(what);
+      return;
+    }
+    if (dropped_.empty()) {
+      try {
+        dropped_ = what;
+      } catch (...) {
+        warn(what);
+      }
+    }
+  }
+  // The communicator is gone: no later call can report what was dropped.
+  void close() noexcept {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    if (!heard_ && !dropped_.empty()) warn(dropped_.c_str());
+  }
+
+ private:
+  static void warn(const char* what) noexcept {
+    std::fprintf(stderr,
+                 "herd warning: an operation whose handle was dropped without wait() failed, and no later call of "
+                 "its communicator reported it: %s\n",
+                 what);
+  }
+  std::mutex mutex_;
+  bool heard_ = false;
+  bool closed_ = false;
+  std::string dropped_;
+};
+
 // A queued operation: the work, and once it ran, whether it failed.
 struct queued_operation {
   std::uint64_t seq = 0;
   std::function<void(std::uint64_t)> work;
   std::atomic<bool> done{false};
   std::exception_ptr failure;  // written before done
-  // The failure aborted the communicator (or it was aborted before): its every later call
-  // reports the abort again, so a handle dropped unwaited need not warn of it. Written before done.
+  // The failure aborted the communicator (or it was aborted before): its later calls report the
+  // abort again, so a handle dropped unwaited tells `news` rather than warn. Written before done.
   bool failure_repeats = false;
+  std::shared_ptr<abort_news> news;
 };
 
 // Until ready(), for at most `budget`: spinning, then yielding the core (with more threads than
@@ -203,6 +251,7 @@ class operation_state {
     }
     wake_.notify_all();
     if (worker_.joinable()) worker_.join();
+    news_->close();
   }
 
   const comm_options& options() const noexcept { return options_; }
@@ -319,7 +368,12 @@ class operation_state {
         self->wake_.notify_all();
       }
     } done{this, shared};
-    f(seq);
+    try {
+      f(seq);
+    } catch (...) {
+      if (aborted()) news_->hear();
+      throw;
+    }
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
@@ -332,8 +386,8 @@ class operation_state {
   }
 
   // Waits for op (running queued operations on this thread when there is no progress thread) and
-  // rethrows its failure.
-  void wait(queued_operation& op) {
+  // rethrows its failure; `heard`: the caller passes it on (not a handle dropped unwaited).
+  void wait(queued_operation& op, bool heard = true) {
     if (op.done.load(std::memory_order_acquire)) {
       // Done: nothing else of this state is touched (a handle may outlive its communicator).
     } else if (options_.progress_thread) {
@@ -360,7 +414,10 @@ class operation_state {
         }
       }
     }
-    if (op.failure) std::rethrow_exception(op.failure);
+    if (op.failure) {
+      if (heard && op.failure_repeats) op.news->hear();
+      std::rethrow_exception(op.failure);
+    }
   }
 
   // Whether op has finished; without a progress thread, first runs the queue up to op (which may
@@ -403,6 +460,7 @@ class operation_state {
     auto op = std::make_shared<queued_operation>();
     op->seq = next_seq_++;
     op->work = std::move(f);
+    op->news = news_;
     queue_.push_back(op);
     queued_.fetch_add(1, std::memory_order_release);
     wake_.notify_all();
@@ -470,6 +528,7 @@ class operation_state {
   std::atomic<bool> stopping_{false};  // set under mutex_, read by the progress thread's spin too
   std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
   std::thread worker_;
+  std::shared_ptr<abort_news> news_ = std::make_shared<abort_news>();
 };
 
 }  // namespace detail
