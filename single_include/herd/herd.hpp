@@ -11077,14 +11077,16 @@ HERD_CONFIG_NAMESPACE_END
 // value as it lies in memory; a std::string or std::vector (of any of these) as its length and
 // then its elements. Every rank runs the same build, so no byte order or padding is converted.
 //
-// A fingerprint of the type's shape goes with the bytes, so that ranks passing different types
-// are told so instead of reading one another's bytes as their own.
+// A fingerprint of the type goes with the bytes (its shape, and for a trivially copyable type its
+// name as the compiler spells it), so that ranks passing different types are told so instead of
+// reading one another's bytes as their own.
 
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -11094,6 +11096,22 @@ namespace herd::detail {
 constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t word) {
   for (int byte = 0; byte < 8; ++byte) {
     h ^= (word >> (8 * byte)) & 0xffu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The name of T as this compiler spells it in __PRETTY_FUNCTION__ (g++, clang, and nvcc, whose host
+// code g++ compiles): it tells apart types of one shape, such as std::array<float, 2> and
+// std::array<int, 2>, or two structs of an int and a float in either order.
+template <class T> constexpr std::uint64_t type_name_hash() {
+  const std::string_view function = __PRETTY_FUNCTION__;
+  const std::size_t at = function.find("T = ");
+  std::string_view name = at == std::string_view::npos ? function : function.substr(at + 4);
+  name = name.substr(0, name.find_first_of(";]"));
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char c : name) {
+    h ^= static_cast<unsigned char>(c);
     h *= 1099511628211ull;
   }
   return h;
@@ -11141,9 +11159,10 @@ template <class T>
 struct object_codec<T> {
   static constexpr bool supported = true;
   static constexpr std::uint64_t fingerprint =
-      mix(mix(mix(1469598103934665603ull, 't'), sizeof(T)),
-          alignof(T) | std::uint64_t{std::is_integral_v<T>} << 16 | std::uint64_t{std::is_floating_point_v<T>} << 17 |
-              std::uint64_t{std::is_signed_v<T>} << 18 | std::uint64_t{std::is_enum_v<T>} << 19);
+      mix(mix(mix(mix(1469598103934665603ull, 't'), sizeof(T)),
+              alignof(T) | std::uint64_t{std::is_integral_v<T>} << 16 | std::uint64_t{std::is_floating_point_v<T>} << 17 |
+                  std::uint64_t{std::is_signed_v<T>} << 18 | std::uint64_t{std::is_enum_v<T>} << 19),
+          type_name_hash<std::remove_cv_t<T>>());
   static void write(const T& value, std::vector<std::byte>& out) {
     const auto* bytes = reinterpret_cast<const std::byte*>(&value);
     out.insert(out.end(), bytes, bytes + sizeof(T));

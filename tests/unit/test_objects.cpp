@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,16 @@ struct progress {
   int epoch;
   double loss;
   bool operator==(const progress&) const = default;
+};
+
+// Two structs of one shape (size, alignment, kind), their fields in another order.
+struct id_weight {
+  int id;
+  float weight;
+};
+struct weight_id {
+  float weight;
+  int id;
 };
 
 }  // namespace
@@ -64,7 +75,7 @@ TEST_CASE("broadcast_object gives every rank the root's value") {
 }
 
 TEST_CASE("objects of different types or roots raise on every rank, and the communicator goes on") {
-  std::vector<std::string> gathered(3), broadcast(3), roots(3);
+  std::vector<std::string> gathered(3), broadcast(3), roots(3), same_shape(3);
   herd::local::run(3, [&](herd::local_communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     try {
@@ -90,6 +101,30 @@ TEST_CASE("objects of different types or roots raise on every rank, and the comm
     } catch (const herd::error& e) {
       roots[r] = e.what();
     }
+    // Of one shape, told apart by their names.
+    try {
+      if (r == 2) (void)herd::allgather_object(id_weight{1, 2.0f}, comm);
+      else (void)herd::allgather_object(weight_id{2.0f, 1}, comm);
+    } catch (const herd::error& e) {
+      same_shape[r] += e.what();
+    }
+    try {
+      if (r == 1) {
+        std::array<int, 2> a{1, 2};
+        herd::broadcast_object(a, comm, 0);
+      } else {
+        std::array<float, 2> a{1, 2};
+        herd::broadcast_object(a, comm, 0);
+      }
+    } catch (const herd::error& e) {
+      same_shape[r] += e.what();
+    }
+    try {
+      if (r == 0) (void)herd::allgather_object(std::vector<bool>{true}, comm);
+      else (void)herd::allgather_object(std::vector<unsigned char>{1}, comm);
+    } catch (const herd::error& e) {
+      same_shape[r] += e.what();
+    }
     std::vector<int> one{1};
     herd::allreduce(one, comm);
     CHECK(one[0] == 3);
@@ -99,6 +134,10 @@ TEST_CASE("objects of different types or roots raise on every rank, and the comm
     CHECK(has(gathered[r], "herd::allgather_object on rank " + std::to_string(r) + " of 3: rank 1 passed a value of another type than rank 0"));
     CHECK(has(broadcast[r], "herd::broadcast_object on rank " + std::to_string(r) + " of 3: rank 2 passed a value of another type than rank 0"));
     CHECK(has(roots[r], "the root differs across ranks (rank 0: 1, rank 1: 0, rank 2: 0)"));
+    INFO(same_shape[r]);
+    CHECK(has(same_shape[r], "herd::allgather_object on rank " + std::to_string(r) + " of 3: rank 2 passed a value of another type than rank 0"));
+    CHECK(has(same_shape[r], "herd::broadcast_object on rank " + std::to_string(r) + " of 3: rank 1 passed a value of another type than rank 0"));
+    CHECK(has(same_shape[r], "herd::allgather_object on rank " + std::to_string(r) + " of 3: rank 1 passed a value of another type than rank 0"));
   }
 }
 
