@@ -105,6 +105,37 @@ HERD_MPI_TEST_CASE("convert_sync_batchnorm: every BatchNorm swapped, other layer
   herd::torch::SyncBatchNorm bn(torch::nn::BatchNormOptions(3), comm);
   CHECK_THROWS_WITH_AS(bn->forward(torch::randn({2, 5})), doctest::Contains("input of shape [2, 5] for 3 channels"),
                        herd::error);
+  herd::torch::SyncBatchNorm by_count(3, comm);  // BatchNormOptions from the channel count, as BatchNorm2d(3)
+  CHECK(by_count->options.num_features() == 3);
+}
+
+HERD_MPI_TEST_CASE("convert_sync_batchnorm keeps the BatchNorms' tensors, requires_grad and training mode, as PyTorch's", 1) {
+  herd::mpi_communicator comm;
+  torch::nn::BatchNorm1d bn(6);
+  torch::nn::BatchNorm1d frozen(6);
+  frozen->weight.requires_grad_(false);
+  torch::nn::Sequential model(torch::nn::Linear(4, 6), bn, frozen);
+  model->eval();
+  // An optimizer made before the conversion, as a DDP script makes it.
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5));
+  torch::nn::Sequential converted = herd::torch::convert_sync_batchnorm(model, comm);
+  auto sync = converted->ptr<herd::torch::SyncBatchNormImpl>(1);
+  REQUIRE(sync != nullptr);
+  CHECK(sync->weight.is_same(bn->weight));
+  CHECK(sync->bias.is_same(bn->bias));
+  CHECK(sync->running_mean.is_same(bn->running_mean));
+  CHECK(sync->running_var.is_same(bn->running_var));
+  CHECK(sync->num_batches_tracked.is_same(bn->num_batches_tracked));
+  CHECK(!converted->ptr<herd::torch::SyncBatchNormImpl>(2)->weight.requires_grad());
+  CHECK(!converted->is_training());
+  CHECK(!sync->is_training());
+  converted->train();
+  const torch::Tensor before = bn->bias.detach().clone();
+  optimizer.zero_grad();
+  converted->forward(torch::randn({5, 4})).sum().backward();
+  optimizer.step();
+  CHECK(!bn->bias.equal(before));  // the optimizer's step moved the converted model's bias
+  CHECK(bn->bias.equal(sync->bias));
 }
 
 HERD_MPI_TEST_CASE("SyncBatchNorm is not shadowed by DistributedDataParallel's join(): every rank raises at once, none waits", 2) {

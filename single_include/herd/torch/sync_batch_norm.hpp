@@ -387,10 +387,17 @@ HERD_CONFIG_NAMESPACE_END
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace herd::torch {
 HERD_CONFIG_NAMESPACE_BEGIN
+
+// libtorch's BatchNorm1d/2d/3d modules.
+template <class M>
+concept libtorch_batch_norm = std::is_base_of_v<::torch::nn::BatchNorm1dImpl, M> ||
+                              std::is_base_of_v<::torch::nn::BatchNorm2dImpl, M> ||
+                              std::is_base_of_v<::torch::nn::BatchNorm3dImpl, M>;
 
 class SyncBatchNormImpl : public ::torch::nn::Module {
  public:
@@ -398,6 +405,29 @@ class SyncBatchNormImpl : public ::torch::nn::Module {
   SyncBatchNormImpl(const ::torch::nn::BatchNormOptions& batch_norm_options, C& comm)
       : options(batch_norm_options), exchange_(std::make_shared<detail::exchange_over<C>>(comm)) {
     reset();
+  }
+
+  // In the place of `bn` (convert_sync_batchnorm): its options, its training mode, and its very
+  // parameters and running statistics, not copies, so that an optimizer made over the model
+  // before goes on updating them (as torch.nn.SyncBatchNorm.convert_sync_batchnorm).
+  template <libtorch_batch_norm BatchNorm, communicator C>
+  SyncBatchNormImpl(const BatchNorm& bn, C& comm)
+      : options(::torch::nn::BatchNormOptions(bn.options.num_features())
+                    .eps(bn.options.eps())
+                    .momentum(bn.options.momentum())
+                    .affine(bn.options.affine())
+                    .track_running_stats(bn.options.track_running_stats())),
+        exchange_(std::make_shared<detail::exchange_over<C>>(comm)) {
+    if (bn.weight.defined()) {
+      weight = register_parameter("weight", bn.weight, bn.weight.requires_grad());
+      bias = register_parameter("bias", bn.bias, bn.bias.requires_grad());
+    }
+    if (bn.running_mean.defined()) {
+      running_mean = register_buffer("running_mean", bn.running_mean);
+      running_var = register_buffer("running_var", bn.running_var);
+      num_batches_tracked = register_buffer("num_batches_tracked", bn.num_batches_tracked);
+    }
+    train(bn.is_training());
   }
 
   void reset() {
@@ -456,22 +486,11 @@ class SyncBatchNorm : public ::torch::nn::ModuleHolder<SyncBatchNormImpl> {
 };
 
 namespace detail {
-// The SyncBatchNorm that takes the place of `child` if it is a BatchNorm1d/2d/3d: same options,
-// parameters and running statistics.
+// The SyncBatchNorm that takes the place of `child` if it is a BatchNorm1d/2d/3d.
 template <communicator C> std::optional<SyncBatchNorm> sync_version(const std::shared_ptr<::torch::nn::Module>& child, C& comm) {
   std::optional<SyncBatchNorm> sync;
   auto take = [&](auto* bn) {
-    if (bn == nullptr) return;
-    const auto& o = bn->options;
-    sync.emplace(::torch::nn::BatchNormOptions(o.num_features()).eps(o.eps()).momentum(o.momentum()).affine(o.affine())
-                     .track_running_stats(o.track_running_stats()),
-                 comm);
-    const ::torch::NoGradGuard no_grad;
-    if (bn->weight.defined()) (*sync)->weight.copy_(bn->weight), (*sync)->bias.copy_(bn->bias);
-    if (bn->running_mean.defined()) {
-      (*sync)->running_mean.copy_(bn->running_mean), (*sync)->running_var.copy_(bn->running_var);
-      (*sync)->num_batches_tracked.copy_(bn->num_batches_tracked);
-    }
+    if (bn != nullptr) sync.emplace(*bn, comm);
   };
   take(dynamic_cast<::torch::nn::BatchNorm1dImpl*>(child.get()));
   take(dynamic_cast<::torch::nn::BatchNorm2dImpl*>(child.get()));
@@ -481,12 +500,13 @@ template <communicator C> std::optional<SyncBatchNorm> sync_version(const std::s
 }  // namespace detail
 
 // A copy of `model` with each of its BatchNorm1d/2d/3d layers replaced by a SyncBatchNorm of the
-// same options, parameters and running statistics, the other layers shared with `model`:
-// torch.nn.SyncBatchNorm.convert_sync_batchnorm for libtorch's Sequential. (A module of your own
-// calls its layers through typed members, which cannot change type: declare those as
-// herd::torch::SyncBatchNorm instead.)
+// same options and training mode, holding the same parameter and running-statistics tensors; the
+// other layers shared with `model`: torch.nn.SyncBatchNorm.convert_sync_batchnorm for libtorch's
+// Sequential. (A module of your own calls its layers through typed members, which cannot change
+// type: declare those as herd::torch::SyncBatchNorm instead.)
 template <communicator C> ::torch::nn::Sequential convert_sync_batchnorm(const ::torch::nn::Sequential& model, C& comm) {
   ::torch::nn::Sequential converted;
+  converted->train(model->is_training());
   auto layer = model->begin();
   for (const auto& item : model->named_children()) {
     const ::torch::nn::AnyModule& any = *layer++;
