@@ -101,6 +101,58 @@ TEST_CASE("a rank leaves the training (returns, leave(), an exception): the othe
   }
 }
 
+// A rank leaves after commit 2 (the others shrink to 2 ranks and re-shard what commit 2 holds),
+// then one of the two fails before the next commit: the renewal keeps 2 ranks, but what it
+// restores is commit 2 again, made at 3, so the world-change callbacks must run again.
+TEST_CASE("run_elastic: a failure after a shrink and before the next commit restores a commit of the larger world, and re-shards it") {
+  std::vector<std::string> seen(3);
+  herd::local::run(
+      3,
+      [&](herd::local_communicator& comm) {
+        const int first = comm.rank();
+        herd::distributed_sampler sampler(60, 3, first);
+        std::int64_t step = 0;
+        double lr = 0.3;  // scaled with the number of ranks
+        herd::elastic_state state;
+        state.track(step);
+        state.track(sampler);
+        state.track(lr);
+        std::string changes;
+        state.on_world_change([&](int old_size, int new_size) {
+          changes += std::to_string(old_size) + "->" + std::to_string(new_size) + " ";
+          sampler.reshard(new_size, comm.rank());
+          lr *= static_cast<double>(new_size) / old_size;
+        });
+        bool raised = false;
+        herd::run_elastic(comm, state, [&](herd::local_communicator& c) {
+          while (step < 8) {
+            if (first == 2 && step == 5) {
+              c.leave();
+              return;
+            }
+            if (first == 0 && !changes.empty() && !raised && step == 5) {
+              raised = true;
+              throw herd::error("injected failure");
+            }
+            std::vector<float> g{1.0f};
+            herd::allreduce(g, c);
+            ++step;
+            sampler.advance(2);
+            if (step % 4 == 0) state.commit();
+          }
+        });
+        if (first == 2) return;
+        seen[static_cast<std::size_t>(first)] = "size " + std::to_string(comm.size()) + ", sampler over " +
+                                                 std::to_string(sampler.world_size()) + ", lr " + std::to_string(lr) +
+                                                 ", changes " + changes;
+      },
+      patient_enough());
+  for (int r = 0; r < 2; ++r) {
+    INFO("first rank ", r);
+    CHECK(seen[static_cast<std::size_t>(r)] == "size 2, sampler over 2, lr 0.200000, changes 3->2 3->2 ");
+  }
+}
+
 TEST_CASE("shrink with every rank still there is a renewal: the same ranks, the same numbers") {
   herd::local::run(3, [](herd::local_communicator& comm) {
     const int rank = comm.rank();

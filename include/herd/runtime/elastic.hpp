@@ -71,12 +71,13 @@ class elastic_state {
       at += r.bytes;
     }
     ids_[id % 2] = id;
+    sizes_[id % 2] = world_size_;
     commits_ = id;
   }
 
-  // Called, in the order given, after a rollback that changed the number of ranks, with the old
-  // and the new number; the tracked memory holds the agreed commit then, and the communicator is
-  // the new one (its rank() is this rank's new rank).
+  // Called, in the order given, after a rollback to a commit made at another number of ranks than
+  // the communicator now has, with that number and the new one; the tracked memory holds the
+  // agreed commit then, and the communicator is the new one (its rank() is this rank's new rank).
   void on_world_change(std::function<void(int old_size, int new_size)> fn) { world_changes_.push_back(std::move(fn)); }
   void world_changed(int old_size, int new_size) const {
     for (const auto& fn : world_changes_) fn(old_size, new_size);
@@ -84,6 +85,16 @@ class elastic_state {
 
   // The commits made so far (the last one's number).
   std::uint64_t commits() const noexcept { return commits_; }
+
+  // The number of ranks commit `id` (this rank's last or the one before) was made at; 0 for one
+  // made before run_elastic told the state (in_world).
+  int world_size_at(std::uint64_t id) const noexcept { return ids_[id % 2] == id ? sizes_[id % 2] : 0; }
+  // run_elastic's: the number of ranks that train from now on. Commits made before it was known
+  // are taken to be of this one.
+  void in_world(int size) noexcept {
+    world_size_ = size;
+    for (int& s : sizes_) s = s == 0 ? size : s;
+  }
 
   // Writes commit `id` back; it must be this rank's last or the one before.
   void restore(std::uint64_t id) {
@@ -115,6 +126,8 @@ class elastic_state {
   std::vector<region> regions_;
   std::vector<std::byte> copies_[2];  // the commits with even and odd numbers
   std::uint64_t ids_[2] = {0, 0};
+  int sizes_[2] = {0, 0};  // the number of ranks of each commit: what a rollback restores is of that world
+  int world_size_ = 0;
   std::uint64_t commits_ = 0;
   std::vector<std::function<void(int, int)>> world_changes_;
 };
@@ -155,6 +168,7 @@ template <communicator C> void announce_failure(C& comm, std::string_view what) 
 // ranks that left are left out of the new one, and the state's world-change callbacks run.
 template <communicator C, class Fn>
 void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) {
+  state.in_world(static_cast<int>(comm.size()));
   if (state.commits() == 0) state.commit();
   for (int failures = 0;; ++failures) {
     try {
@@ -172,7 +186,6 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
       detail::announce_failure(comm, "an exception that is not a std::exception");
       throw;
     }
-    const int old_size = static_cast<int>(comm.size());
     if constexpr (requires { comm.shrink(comm.options()); }) {
       comm = comm.shrink(comm.options());
     } else {
@@ -180,8 +193,14 @@ void run_elastic(C& comm, elastic_state& state, Fn&& fn, int max_failures = 16) 
     }
     std::vector<std::int64_t> last{static_cast<std::int64_t>(state.commits())};
     allreduce(last, comm, reduce_op::min);
-    state.restore(static_cast<std::uint64_t>(last[0]));
-    if (static_cast<int>(comm.size()) != old_size) state.world_changed(old_size, static_cast<int>(comm.size()));
+    const auto agreed = static_cast<std::uint64_t>(last[0]);
+    state.restore(agreed);
+    // What was restored is of the world that commit was made at, which may be larger than the one
+    // before this failure: a shrink since that commit, then a failure before the next one.
+    const int committed_at = state.world_size_at(agreed);
+    const int now = static_cast<int>(comm.size());
+    state.in_world(now);
+    if (committed_at != now) state.world_changed(committed_at, now);
   }
 }
 
