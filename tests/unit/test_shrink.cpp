@@ -190,6 +190,17 @@ TEST_CASE("distributed_sampler::reshard: the rest of the epoch, once each, over 
   std::vector<std::size_t> all(n);
   for (std::size_t i = 0; i < n; ++i) all[i] = i;
   CHECK(seen == all);
+
+  // The next epoch is whole again at the new size, and may be resumed anywhere in it.
+  herd::distributed_sampler s(100, 2, 0);
+  s.advance(25);
+  s.reshard(1, 0);
+  CHECK(s.size() == 50);
+  s.set_epoch(1, 60);
+  CHECK(s.consumed() == 0);
+  CHECK(s.size() == 100);
+  CHECK(s.indices().size() == 40);
+  CHECK_THROWS_AS(s.set_epoch(2, 101), herd::error);
 }
 
 TEST_CASE("shrink waits for every rank to say whether it stays: a late one is counted, one that leaves late is not") {

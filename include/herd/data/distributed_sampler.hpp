@@ -164,15 +164,18 @@ class distributed_sampler {
   // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
   // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
   void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
+    const std::size_t set_aside = consumed_;
+    consumed_ = 0;  // a new epoch is whole, whatever a reshard set aside of the last one
     if (start > size()) {
+      const std::size_t whole = size();
+      consumed_ = set_aside;
       detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
-                    "start " + std::to_string(start) + " is beyond the " + std::to_string(size()) +
+                    "start " + std::to_string(start) + " is beyond the " + std::to_string(whole) +
                         " samples this rank has per epoch",
                     "Pass the number of this rank's samples of the epoch already consumed, at most size()");
     }
     epoch_ = epoch;
     start_ = start;
-    consumed_ = 0;
   }
 
   // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
