@@ -776,6 +776,22 @@ TEST_CASE("checkpoint: strict off loads the entries both sides have and lists th
     errors[static_cast<std::size_t>(comm.rank())] = error_of([&] { differs.load(path, comm); });
   });
   for (const auto& e : errors) CHECK(has(e, "the ranks' registered entries match different tensors"));
+
+  // The same entries registered in another order on each rank load alike (strict or not).
+  herd::local::run(3, [&](herd::local_communicator& comm) {
+    for (const bool strict : {false, true}) {
+      std::vector<float> a(3);
+      std::vector<std::int64_t> counter(1);
+      herd::checkpoint c;
+      if (comm.rank() == 1) c.add("num_batches_tracked", counter).add("a", a);
+      else c.add("a", a).add("num_batches_tracked", counter);
+      c.set_strict(strict);
+      INFO("rank ", comm.rank(), ", strict ", strict);
+      CHECK_NOTHROW(CHECK(c.load(path, comm)));
+      CHECK(a == std::vector<float>{1, 2, 3});
+      CHECK(counter == std::vector<std::int64_t>{42});
+    }
+  });
 }
 
 TEST_CASE("checkpoint: a registered entry of a safetensors dtype herd lacks is refused by name, not as damaged") {
@@ -794,4 +810,28 @@ TEST_CASE("checkpoint: a registered entry of a safetensors dtype herd lacks is r
   CHECK(partial.load(path));
   CHECK(ok[0] == 0.0f);
   CHECK(partial.unexpected_keys() == std::vector<std::string>{"z"});
+
+  // The 8-bit floats of AMD's convention and the sub-byte floats (F4: two a byte, F6: four in three
+  // bytes), which safetensors 0.8 writes, are tensors herd lacks, not damage.
+  const fs::path packed = dir.path / "packed.safetensors";
+  write_safetensors(packed, R"({"q":{"dtype":"F8_E4M3FNUZ","shape":[4],"data_offsets":[0,4]},"r":{"dtype":"F8_E5M2FNUZ","shape":[2],"data_offsets":[4,6]},"f4":{"dtype":"F4","shape":[2,3],"data_offsets":[6,9]},"f6":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[9,12]},"ok":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+                    std::vector<unsigned char>(16, 0));
+  herd::checkpoint fp8;
+  ok[0] = 3.0f;
+  fp8.add("ok", ok).set_strict(false);
+  CHECK(fp8.load(packed));
+  CHECK(ok[0] == 0.0f);
+  CHECK(fp8.unexpected_keys() == std::vector<std::string>{"q", "r", "f4", "f6"});  // in the file's order
+  std::vector<std::uint8_t> q(4);
+  herd::checkpoint wants_q;
+  wants_q.add("q", q).set_strict(false);
+  const std::string refused = error_of([&] { wants_q.load(packed); });
+  CHECK(has(refused, "unsupported dtype F8_E4M3FNUZ in tensor \"q\""));
+  CHECK_FALSE(has(refused, "damaged"));
+  // An F4 tensor of an odd count cannot fill whole bytes: that is damage.
+  const fs::path odd = dir.path / "odd.safetensors";
+  write_safetensors(odd, R"({"f4":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", std::vector<unsigned char>(2, 0));
+  herd::checkpoint none;
+  none.set_strict(false);
+  CHECK(has(error_of([&] { none.load(odd); }), "damaged"));
 }

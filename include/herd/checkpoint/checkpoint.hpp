@@ -371,10 +371,12 @@ template <communicator C> bool checkpoint::load(const std::filesystem::path& pat
                   "Register the same entries on every rank; every rank stops so that none waits forever");
   }
   if (!strict_) {
-    // Not strict, ranks could pick different entries and then wait on different broadcasts:
-    // every rank compares its pick's signature (min of s and of -s: all equal when min == -max).
+    // Not strict, ranks could pick different tensors of the file and then wait on different
+    // broadcasts: every rank compares its pick's signature (min of s and of -s: all equal when
+    // min == -max). The file's tensors only: which entry of a rank takes one is that rank's own
+    // business (the same entries may be registered in another order on each rank).
     std::uint64_t signature = 14695981039346656037ull;
-    for (const auto& [t, v] : order) signature = detail::ckpt::fnv1a64(&v, sizeof v, detail::ckpt::fnv1a64(&t, sizeof t, signature));
+    for (const auto& pick : order) signature = detail::ckpt::fnv1a64(&pick.first, sizeof pick.first, signature);
     const auto mine = static_cast<std::int64_t>(signature >> 1);
     std::int64_t range[2] = {mine, -mine};
     buffer_view range_view{range, 2, dtype::i64};

@@ -60,8 +60,9 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
 // Whether `name` is the safetensors name of one of herd's dtypes.
 HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept;
 
-// Bytes per element of a safetensors dtype, herd's or not; 0 for a name the format does not know.
-HERD_SEPARATE std::uint64_t element_bytes(std::string_view name);
+// Bits per element of a safetensors dtype, herd's or not (4 and 6 for the sub-byte floats); 0 for
+// a name the format does not know.
+HERD_SEPARATE std::uint64_t element_bits(std::string_view name);
 
 // The product of `shape`; nullopt if it overflows.
 HERD_SEPARATE std::optional<std::uint64_t> elements(const std::vector<std::uint64_t>& shape);
@@ -91,11 +92,12 @@ HERD_SEPARATE bool is_herd_dtype(std::string_view name) noexcept {
   return false;
 }
 
-HERD_SEPARATE std::uint64_t element_bytes(std::string_view name) {
+HERD_SEPARATE std::uint64_t element_bits(std::string_view name) {
   constexpr std::pair<std::string_view, std::uint64_t> sizes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"U16", 2}, {"I16", 2}, {"F16", 2},
-      {"BF16", 2}, {"U32", 4}, {"I32", 4}, {"F32", 4},     {"U64", 8},     {"I64", 8}, {"F64", 8},
-      {"C64", 8},  {"F8_E8M0", 1}};
+      {"BOOL", 8},         {"U8", 8},          {"I8", 8},       {"F8_E5M2", 8},  {"F8_E4M3", 8},  {"F8_E8M0", 8},
+      {"F8_E4M3FNUZ", 8},  {"F8_E5M2FNUZ", 8}, {"F4", 4},       {"F6_E2M3", 6},  {"F6_E3M2", 6},  {"U16", 16},
+      {"I16", 16},         {"F16", 16},        {"BF16", 16},    {"U32", 32},     {"I32", 32},     {"F32", 32},
+      {"U64", 64},         {"I64", 64},        {"F64", 64},     {"C64", 64}};
   const auto* it = std::find_if(std::begin(sizes), std::end(sizes), [&](const auto& s) { return s.first == name; });
   return it == std::end(sizes) ? 0 : it->second;
 }
@@ -290,11 +292,12 @@ HERD_SEPARATE header parse_header(std::string_view text) {
     }
     t.begin = offsets[0];
     t.end = offsets[1];
-    const std::uint64_t size = element_bytes(t.dtype);
+    const std::uint64_t bits = element_bits(t.dtype);
     const auto count = elements(t.shape);
-    if (size == 0) throw malformed{which + " has the dtype " + json_string(t.dtype) + ", unknown to herd"};
-    if (!count || *count > std::numeric_limits<std::uint64_t>::max() / size || t.end < t.begin ||
-        t.end - t.begin != *count * size) {
+    if (bits == 0) throw malformed{which + " has the dtype " + json_string(t.dtype) + ", unknown to herd"};
+    // Sub-byte dtypes pack their elements: the bytes are count * bits / 8, a whole number of them.
+    if (!count || *count > std::numeric_limits<std::uint64_t>::max() / bits || (*count * bits) % 8 != 0 ||
+        t.end < t.begin || t.end - t.begin != *count * bits / 8) {
       throw malformed{which + " has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
                       "], which do not hold " + (count ? std::to_string(*count) : "too many") + " elements of " +
                       t.dtype};
