@@ -6098,18 +6098,26 @@ inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operati
   MPI_Comm_free(&node);
   return {rank, size};
 }
+
+// Of MPI_COMM_WORLD, asked once: the first call is collective (every rank calls it, as
+// MPI_Comm_split_type), the later ones are local, as Horovod's local_rank() is. Of another
+// communicator, every call is collective.
+inline std::pair<int, int> world_node_rank_and_size(const char* operation) {
+  static const std::pair<int, int> answer = node_rank_and_size(MPI_COMM_WORLD, operation);
+  return answer;
+}
 }  // namespace detail
 
-inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_rank").first; }
-inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) { return detail::node_rank_and_size(comm, "local_size").second; }
+inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {
+  return comm == MPI_COMM_WORLD ? detail::world_node_rank_and_size("local_rank").first
+                                : detail::node_rank_and_size(comm, "local_rank").first;
+}
+inline int local_size(MPI_Comm comm = MPI_COMM_WORLD) {
+  return comm == MPI_COMM_WORLD ? detail::world_node_rank_and_size("local_size").second
+                                : detail::node_rank_and_size(comm, "local_size").second;
+}
 
 }  // namespace mpi
-
-namespace detail {
-
-
-
-}  // namespace detail
 
 class mpi_communicator {
  public:

@@ -137,6 +137,13 @@ HERD_MPI_TEST_CASE("local_rank and local_size: every rank of this one-node job i
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CHECK(herd::mpi::local_rank() == rank);
   CHECK(herd::mpi::local_size() == size);
+  // Asked once on every rank, the answer is kept: a call on one rank alone does not wait for the
+  // others (it used to run MPI_Comm_split_type, a collective, every time).
+  if (rank == 0) {
+    CHECK(herd::mpi::local_rank() == 0);
+    CHECK(herd::mpi::local_size() == size);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 HERD_MPI_TEST_CASE("cuda_aware: what the MPI says, unless HERD_MPI_CUDA_AWARE overrides it", 1) {
