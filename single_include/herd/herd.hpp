@@ -2728,8 +2728,9 @@ namespace herd::detail {
 // where one could be left behind: the creating rank makes it anonymous (memfd_create) and keeps its
 // descriptor open while the other ranks of the node open it through /proc/<pid>/fd/<fd>; closing
 // that descriptor (release_name) then leaves only the mappings, which go with their processes,
-// killed or not. Where memfd_create is missing, a named POSIX segment is the fallback (unlinked at
-// the same point, so a rank killed before it leaves that name behind).
+// killed or not. Where memfd_create is missing, or the ranks cannot reach each other's /proc (PID
+// namespaces), a named POSIX segment is the fallback (unlinked at the same point, so a rank killed
+// before it leaves that name behind; docs/how-it-works.md says so).
 class shm_segment {
  public:
   shm_segment() = default;
