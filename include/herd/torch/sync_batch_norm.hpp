@@ -62,12 +62,7 @@ class SyncBatchNormImpl : public ::torch::nn::Module {
   // before goes on updating them (as torch.nn.SyncBatchNorm.convert_sync_batchnorm).
   template <libtorch_batch_norm BatchNorm, communicator C>
   SyncBatchNormImpl(const BatchNorm& bn, C& comm)
-      : options(::torch::nn::BatchNormOptions(bn.options.num_features())
-                    .eps(bn.options.eps())
-                    .momentum(bn.options.momentum())
-                    .affine(bn.options.affine())
-                    .track_running_stats(bn.options.track_running_stats())),
-        exchange_(std::make_shared<detail::exchange_over<C>>(comm)) {
+      : options(bn.options), exchange_(std::make_shared<detail::exchange_over<C>>(comm)) {
     if (bn.weight.defined()) {
       weight = register_parameter("weight", bn.weight, bn.weight.requires_grad());
       bias = register_parameter("bias", bn.bias, bn.bias.requires_grad());
