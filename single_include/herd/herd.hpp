@@ -7685,6 +7685,7 @@ HERD_SEPARATE header parse_header(std::string_view text) {
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -7778,12 +7779,29 @@ HERD_SEPARATE void write_file(const std::filesystem::path& path, std::string hea
   for (const buffer_view& v : views) hash = fnv1a64(v.data, v.bytes(), hash);
   header.replace(checksum_prefix.size(), checksum_digits, hex(hash));
 
-  std::filesystem::path temporary = path;
-  temporary += ".tmp-" + std::to_string(::getpid());
-  file_handle file(std::fopen(temporary.c_str(), "wb"));
-  if (const int code = errno; !file) {
-    throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
-                  "Check that the directory of " + path.string() + " exists and is writable"};
+  // The temporary's name is new (O_EXCL): a pid alone repeats across the hosts of a shared file
+  // system, and another writer's temporary must never be truncated or renamed over `path`.
+  std::filesystem::path temporary;
+  file_handle file;
+  for (int attempt = 0; !file; ++attempt) {
+    std::uint32_t word = 0;  // getentropy (unistd.h; POSIX 2024, glibc 2.25): <random> is a heavy header to parse
+    if (::getentropy(&word, sizeof word) != 0) word = static_cast<std::uint32_t>(std::time(nullptr) + attempt);
+    temporary = path;
+    temporary += ".tmp-" + std::to_string(::getpid()) + "-" + hex(word).substr(8);
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // umask applies
+    int code = errno;
+    if (fd >= 0) {
+      file.reset(::fdopen(fd, "wb"));
+      code = errno;
+      if (!file) {
+        ::close(fd);
+        std::remove(temporary.c_str());
+      }
+    }
+    if (!file && (fd >= 0 || code != EEXIST || attempt == 15)) {
+      throw failure{"cannot create the temporary file " + temporary.string() + ": " + system_message(code),
+                    "Check that the directory of " + path.string() + " exists and is writable"};
+    }
   }
   const auto fail_io = [&](const char* step) {
     const int code = errno;

@@ -618,15 +618,37 @@ TEST_CASE("checkpoint: a writer killed mid-save leaves the previous checkpoint l
   REQUIRE(::waitpid(child, &status, 0) == child);
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);
-  fs::path temporary = path;
-  temporary += ".tmp-" + std::to_string(child);
-  CHECK(fs::exists(temporary));  // it died mid-save, not before
+  const std::string temporary_prefix = path.filename().string() + ".tmp-" + std::to_string(child) + "-";
+  int temporaries = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.path))
+    temporaries += e.path().filename().string().rfind(temporary_prefix, 0) == 0;
+  CHECK(temporaries == 1);  // it died mid-save, not before
 
   training_state loaded(2);
   herd::checkpoint c;
   loaded.register_into(c);
   CHECK(c.load(path));
   CHECK(loaded.same_as(training_state(1)));
+}
+
+TEST_CASE("checkpoint: a save leaves other writers' temporary files alone") {
+  // Another host's writer of the same path on a shared file system can have this process's pid.
+  scratch_directory dir;
+  const fs::path path = dir.path / "state.safetensors";
+  fs::path other = path;
+  other += ".tmp-" + std::to_string(::getpid());
+  const std::vector<char> theirs{'t', 'h', 'e', 'i', 'r', 's'};
+  write_bytes(other, theirs);
+  save_state(path, 1);
+  CHECK(read_bytes(other) == theirs);
+  training_state loaded(2);
+  herd::checkpoint c;
+  loaded.register_into(c);
+  CHECK(c.load(path));
+  CHECK(loaded.same_as(training_state(1)));
+  int files = 0;
+  for ([[maybe_unused]] const fs::directory_entry& e : fs::directory_iterator(dir.path)) ++files;
+  CHECK(files == 2);  // the checkpoint and the other writer's file: no temporary of this save left
 }
 
 TEST_CASE("checkpoint: save and load over a communicator give every rank the root's values") {
