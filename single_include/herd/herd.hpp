@@ -2124,10 +2124,34 @@ class operation_state {
 
   // --- Scheduling. Operations run one at a time, in the order they were issued.
 
-  // Runs f(seq) on this thread once every earlier operation has finished.
-  template <class F> void run_blocking(F&& f) {
-    // Until something was queued, no other thread runs operations of this communicator (its
-    // operations are issued from one thread at a time, as MPI's are): no lock needed.
+  // --- One issuing thread at a time. A communicator's operations are issued from one thread at
+  // a time, so that every rank issues them in one order (MPI asks the same of its collectives on
+  // one communicator). A thread in a blocking operation holds the communicator until it returns;
+  // another thread that issues an operation meanwhile is refused, and the running operation
+  // raises too once its steps are done (intruded()): it may have been paired with the other
+  // thread's operation on a peer, so its result cannot be trusted, and its error aborts the
+  // communicator, which tells every peer.
+  bool intruded() const noexcept { return intruded_.load(std::memory_order_acquire); }
+  [[noreturn]] void raise_intruded(const error_site& site) const {
+    raise(site, "another thread of this rank issued an operation of this communicator while this one ran",
+          concurrent_todo);
+  }
+
+  // Runs f(seq) on this thread once every earlier operation has finished; `site` names the
+  // operation in the error if another thread holds the communicator.
+  template <class F> void run_blocking(F&& f, const error_site& site) {
+    const std::thread::id me = std::this_thread::get_id();
+    std::thread::id holder{};
+    const bool claimed = blocking_caller_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
+    if (!claimed && holder != me) refuse_concurrent(site);  // holder == me: nested, refused below
+    struct unclaim {
+      std::atomic<std::thread::id>* caller;
+      bool claimed;
+      ~unclaim() {
+        if (claimed) caller->store(std::thread::id{}, std::memory_order_release);
+      }
+    } claim{&blocking_caller_, claimed};
+    // Until something was queued, no other thread runs operations of this communicator: no lock needed.
     const bool shared = queued_ever_.load(std::memory_order_relaxed);
     std::unique_lock lock(mutex_, std::defer_lock);
     if (shared) lock.lock();
@@ -2168,7 +2192,9 @@ class operation_state {
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
-  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f) {
+  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site) {
+    const std::thread::id holder = blocking_caller_.load(std::memory_order_acquire);
+    if (holder != std::thread::id{} && holder != std::this_thread::get_id()) refuse_concurrent(site);
     std::unique_lock lock(mutex_);
     queued_ever_.store(true, std::memory_order_relaxed);
     refuse_nesting();
@@ -2238,6 +2264,16 @@ class operation_state {
   static const operation_state*& running_here() noexcept {
     thread_local const operation_state* state = nullptr;
     return state;
+  }
+
+  static constexpr std::string_view concurrent_todo =
+      "A communicator's operations are issued from one thread at a time, in the same order on every rank, as MPI's "
+      "collectives are: give each thread a communicator of its own (another herd::mpi_communicator, or comm.split), or "
+      "serialize the calls. The communicator is aborted; create a new one on every rank (comm.renew()) to go on";
+
+  [[noreturn]] void refuse_concurrent(const error_site& site) {
+    intruded_.store(true, std::memory_order_release);
+    raise(site, "another thread of this rank is in a blocking operation of this communicator", concurrent_todo);
   }
 
   void refuse_nesting() const {
@@ -2316,6 +2352,8 @@ class operation_state {
   bool busy_ = false;
   std::thread::id runner_;
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
+  std::atomic<std::thread::id> blocking_caller_{};  // the thread in run_blocking, if any
+  std::atomic<bool> intruded_{false};  // another thread issued an operation meanwhile: sticks
   std::atomic<bool> stopping_{false};  // set under mutex_, read by the progress thread's spin too
   std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
   std::thread worker_;
@@ -3758,7 +3796,9 @@ template <class C> void run_now(C& comm, const op_label& label, function_ref<voi
   const trace::span slice(ops.track(), name(label.kind), trace_fields(label));
   ops.begin(label);
   try {
+    if (ops.intruded()) ops.raise_intruded({name(label.kind), comm.rank(), comm.size()});
     body();
+    if (ops.intruded()) ops.raise_intruded({name(label.kind), comm.rank(), comm.size()});
   } catch (const agreed_error&) {
     ops.end();
     throw;
@@ -3786,10 +3826,12 @@ template <class C> void run_now(C& comm, const op_label& label, function_ref<voi
 // Runs body() as the next operation of comm, after every operation issued before it.
 template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
   label.name_ = thread_op_name();
-  comm.operations().run_blocking([&](std::uint64_t seq) {
-    label.seq = seq;
-    run_now(comm, label, body);
-  });
+  comm.operations().run_blocking(
+      [&](std::uint64_t seq) {
+        label.seq = seq;
+        run_now(comm, label, body);
+      },
+      {name(label.kind), comm.rank(), comm.size()});
 }
 
 // Queues body() as the next operation of comm; body must own (copy) what it uses.
@@ -3815,7 +3857,7 @@ std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body
       }
     } end{traced, track, name(label.kind), seq};
     run_now(comm, numbered, body);
-  });
+  }, {name(label.kind), comm.rank(), comm.size()});
 }
 
 // The agreement of an operation without tensor arguments (barrier, split, creation): every

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 using herd_test::has;
@@ -92,6 +93,47 @@ HERD_MPI_TEST_CASE("a bad argument on one rank fails every rank", 2) {
     herd::allreduce(v, comm, herd::reduce_op::bxor);
   });
   CHECK(has(pair_message, "reduce_op::bxor is not defined on dtype f64"));
+}
+
+HERD_MPI_TEST_CASE("a second thread issuing an operation while another thread is in one of the same communicator: every rank raises", 2) {
+  // Rank 0's main thread waits in an allreduce for the others, which come 1 s late; 200 ms in, a
+  // second thread of rank 0 starts an allreduce of the same communicator.
+  herd::mpi_communicator comm;
+  std::string second;
+  std::thread other;
+  if (comm.rank() == 0) {
+    other = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::vector<float> b(1000, 100.0f);
+      try {
+        herd::allreduce(b, comm);
+      } catch (const herd::error& e) {
+        second = e.what();
+      }
+    });
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::vector<float> a(1000, 1.0f);
+  std::string first;
+  try {
+    herd::allreduce(a, comm);
+  } catch (const herd::error& e) {
+    first = e.what();
+  }
+  if (other.joinable()) other.join();
+  INFO(first);
+  if (comm.rank() == 0) {
+    CHECK(has(second, "herd::allreduce on rank 0 of " + std::to_string(comm.size()) +
+                          ": another thread of this rank is in a blocking operation of this communicator"));
+    CHECK(has(first, "another thread of this rank issued an operation of this communicator while this one ran"));
+  } else if (first.empty()) {  // it paired with rank 0's first allreduce, and ended before the abort
+    CHECK(a[0] == static_cast<float>(comm.size()));
+  }
+  // Every rank raises by its next call at the latest.
+  const std::string after = error_of([&] { herd::barrier(comm); });
+  INFO(after);
+  CHECK(has(after, "aborted"));
 }
 
 HERD_MPI_TEST_CASE("a rank waiting for a message that never comes gives up after the stall shutdown time", 2) {

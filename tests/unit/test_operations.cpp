@@ -418,15 +418,68 @@ TEST_CASE("an operation started from inside another of the same communicator is 
   herd::local::run(1, [](herd::local_communicator& comm) {
     auto& ops = comm.operations();
     std::string message;
-    ops.run_blocking([&](std::uint64_t) {
+    ops.run_blocking(
+        [&](std::uint64_t) {
+          try {
+            herd::barrier(comm);
+          } catch (const herd::error& e) {
+            message = e.what();
+          }
+        },
+        {"test", 0, 1});
+    CHECK(has(message, "started from inside another operation"));
+  });
+}
+
+TEST_CASE("a second thread issuing an operation while another is in one of the same communicator: every rank raises") {
+  // Rank 0's main thread waits in an allreduce for rank 1, which comes 1 s late; 200 ms in, a
+  // second thread of rank 0 starts an allreduce (blocking, then async) of the same communicator.
+  for (const bool async : {false, true}) {
+    INFO("the second thread's operation is ", async ? "async" : "blocking");
+    std::string second;
+    std::vector<std::string> first(2), after(2);
+    std::vector<float> got(2, 0);
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      std::vector<float> a(1000, 1.0f);
+      std::thread other;
+      if (comm.rank() == 0) {
+        other = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          std::vector<float> b(1000, 100.0f);
+          try {
+            if (async) herd::allreduce_async(b, comm).wait();
+            else herd::allreduce(b, comm);
+          } catch (const herd::error& e) {
+            second = e.what();
+          }
+        });
+      } else {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      try {
+        herd::allreduce(a, comm);
+        got[r] = a[0];
+      } catch (const herd::error& e) {
+        first[r] = e.what();
+      }
+      if (other.joinable()) other.join();
       try {
         herd::barrier(comm);
       } catch (const herd::error& e) {
-        message = e.what();
+        after[r] = e.what();
       }
     });
-    CHECK(has(message, "started from inside another operation"));
-  });
+    CHECK(has(second, "herd::allreduce on rank 0 of 2: another thread of this rank is in a blocking operation of this "
+                      "communicator"));
+    CHECK(has(second, "from one thread at a time"));
+    CHECK(has(first[0], "another thread of this rank issued an operation of this communicator while this one ran"));
+    CHECK(has(first[0], "The communicator is now aborted"));
+    // Rank 1's allreduce paired with rank 0's first one, and may have ended before the abort; the
+    // barrier after it raises on every rank.
+    CHECK((first[1].empty() ? got[1] == 2.0f : has(first[1], "another thread")));
+    for (const std::string& m : after) CHECK(has(m, "aborted"));
+  }
 }
 
 TEST_CASE("the watchdog is on by default: a warning after 60 s, an error after 30 minutes") {

@@ -46,7 +46,9 @@ template <class C> void run_now(C& comm, const op_label& label, function_ref<voi
   const trace::span slice(ops.track(), name(label.kind), trace_fields(label));
   ops.begin(label);
   try {
+    if (ops.intruded()) ops.raise_intruded({name(label.kind), comm.rank(), comm.size()});
     body();
+    if (ops.intruded()) ops.raise_intruded({name(label.kind), comm.rank(), comm.size()});
   } catch (const agreed_error&) {
     ops.end();
     throw;
@@ -74,10 +76,12 @@ template <class C> void run_now(C& comm, const op_label& label, function_ref<voi
 // Runs body() as the next operation of comm, after every operation issued before it.
 template <class C, class Body> void run_operation(C& comm, op_label label, Body&& body) {
   label.name_ = thread_op_name();
-  comm.operations().run_blocking([&](std::uint64_t seq) {
-    label.seq = seq;
-    run_now(comm, label, body);
-  });
+  comm.operations().run_blocking(
+      [&](std::uint64_t seq) {
+        label.seq = seq;
+        run_now(comm, label, body);
+      },
+      {name(label.kind), comm.rank(), comm.size()});
 }
 
 // Queues body() as the next operation of comm; body must own (copy) what it uses.
@@ -103,7 +107,7 @@ std::shared_ptr<queued_operation> submit_operation(C& comm, op_label label, Body
       }
     } end{traced, track, name(label.kind), seq};
     run_now(comm, numbered, body);
-  });
+  }, {name(label.kind), comm.rank(), comm.size()});
 }
 
 // The agreement of an operation without tensor arguments (barrier, split, creation): every
