@@ -206,6 +206,49 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
       compare_state(cmp, ref, p, *model);
     }
   }
+  // reference.py's DDP_SYNC_SCENARIOS: whether a backward reduces is decided by its forward. A
+  // first pass of each kind, then an ordinary one, the gradients compared after each.
+  const auto sync_table = scenarios.get<std::int64_t>("sync_scenarios");
+  for (std::size_t s = 0; s < sync_table.size() / 2; ++s) {
+    const std::int64_t as_view = sync_table[2 * s], kind = sync_table[2 * s + 1];
+    const std::string p0 = "s" + std::to_string(s) + ".";
+    auto model = scenario_model(ref, p0);
+    herd::torch::DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true, .gradient_as_bucket_view = as_view != 0});
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = model->named_parameters();
+    const bool use_extra = comm.rank() == 1;
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      model->zero_grad(true);
+      for (int k = 0; k < 2; ++k) {
+        const std::string q = p + std::to_string(k) + ".";
+        const ::torch::Tensor x = tensor(ref, q + "x"), target = tensor(ref, q + "target");
+        if (k == 1) {
+          ::torch::mse_loss(ddp.forward(x, use_extra), target).backward();
+        } else if (kind == 1) {  // forward under no_sync(), backward after it: no reduction
+          ::torch::Tensor y;
+          {
+            const auto guard = ddp.no_sync();
+            y = ddp.forward(x, use_extra);
+          }
+          ::torch::mse_loss(y, target).backward();
+        } else if (kind == 2) {  // forward before no_sync(), backward under it: reduces
+          const ::torch::Tensor y = ddp.forward(x, use_extra);
+          const auto guard = ddp.no_sync();
+          ::torch::mse_loss(y, target).backward();
+        } else if (kind == 3) {  // a second backward of the same forward adds local gradients
+          const ::torch::Tensor loss = ::torch::mse_loss(ddp.forward(x, use_extra), target);
+          loss.backward({}, /*retain_graph=*/true);
+          loss.backward();
+        } else {  // the module itself, bypassing the wrapper: no reduction
+          ::torch::mse_loss(model->forward(x, use_extra), target).backward();
+        }
+        compare_gradients(cmp, problems, ref, q, named);
+      }
+      sgd.step();
+      compare_state(cmp, ref, p, *model);
+    }
+  }
   std::printf("rank %d of %d: ", comm.rank(), comm.size());
   const int values = cmp.report("parity_ddp");
   std::printf("rank %d of %d: parity_ddp: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);

@@ -335,6 +335,12 @@ DDP_ITERATIONS, DDP_BATCH = 3, 4
 # on no rank (1) or on rank 1 (2); without one, rank 1 uses it)]
 DDP_MORE_SCENARIOS = [[1, 0, 1, 0, 0], [1, 0, 1, 256, 0], [0, 1, 0, 0, 0], [0, 1, 1, 256, 0], [0, 0, 1, 0, 1],
                       [0, 0, 1, 0, 2]]
+# When a backward reduces, which DDP decides at forward: each iteration a first pass of the kind
+# below, then an ordinary one, the gradients recorded after each. [gradient_as_bucket_view, kind:
+# 1: forward under no_sync(), backward after it (no reduction); 2: forward before no_sync(),
+# backward under it (reduces); 3: two backward passes of one forward (retain_graph: the second
+# adds local gradients); 4: a forward of the module itself, bypassing DDP (no reduction)]
+DDP_SYNC_SCENARIOS = [[0, 1], [1, 1], [0, 2], [1, 2], [0, 3], [1, 3], [0, 4], [1, 4]]
 
 
 def ddp_model():
@@ -389,6 +395,7 @@ def ddp_rank(rank, world):
             for n, t in model.state_dict().items():
                 tensors[f"{p}state.{n}"] = t.clone()
     ddp_more(rank, world, tensors)
+    ddp_sync(rank, world, tensors)
     save(f"ddp.{world}.{rank}", tensors)
 
 
@@ -435,6 +442,46 @@ def ddp_more(rank, world, tensors):
         record_gradients(tensors, f"j{s}.final.", model)
         for n, t in model.state_dict().items():
             tensors[f"j{s}.final.state.{n}"] = t.clone()
+
+
+def ddp_sync(rank, world, tensors):
+    """DDP_SYNC_SCENARIOS: each rank's gradients after each pass, its state after each step."""
+    for s, (as_view, kind) in enumerate(DDP_SYNC_SCENARIOS):
+        model = ddp_model()
+        for n, t in model.state_dict().items():
+            tensors[f"s{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True,
+                                                        gradient_as_bucket_view=bool(as_view))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(3000 * world + 10 * rank + s)
+        for it in range(DDP_ITERATIONS):
+            p = f"s{s}.{it}."
+            opt.zero_grad(set_to_none=True)
+            for k in range(2):
+                x = torch.randn(DDP_BATCH, 6, generator=gen, dtype=torch.float64)
+                target = torch.randn(DDP_BATCH, 4, generator=gen, dtype=torch.float64)
+                tensors[f"{p}{k}.x"], tensors[f"{p}{k}.target"] = x, target
+                loss = lambda y: torch.nn.functional.mse_loss(y, target)
+                if k == 1:
+                    loss(ddp(x, rank == 1)).backward()
+                elif kind == 1:
+                    with ddp.no_sync():
+                        y = ddp(x, rank == 1)
+                    loss(y).backward()
+                elif kind == 2:
+                    y = ddp(x, rank == 1)
+                    with ddp.no_sync():
+                        loss(y).backward()
+                elif kind == 3:
+                    l = loss(ddp(x, rank == 1))
+                    l.backward(retain_graph=True)
+                    l.backward()
+                else:
+                    loss(model(x, rank == 1)).backward()
+                record_gradients(tensors, f"{p}{k}.", model)
+            opt.step()
+            for n, t in model.state_dict().items():
+                tensors[f"{p}state.{n}"] = t.clone()
 
 
 # herd::distributed_optimizer over herd::torch_gradients at 2 and 3 ranks against what PyTorch's
@@ -623,6 +670,7 @@ def distributed_checks():
             sys.exit(f"parity: torch DDP or ZeroRedundancyOptimizer at {world} ranks failed")
     tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
                "more_scenarios": torch.tensor(DDP_MORE_SCENARIOS, dtype=torch.int64),
+               "sync_scenarios": torch.tensor(DDP_SYNC_SCENARIOS, dtype=torch.int64),
                "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
     save("ddp", tensors)
 

@@ -28,8 +28,11 @@
 // the buckets at the end of backward and writes the averaged gradients back into param.grad(),
 // so that the optimizer's step needs no call of herd's. Errors (a parameter without a gradient,
 // unless find_unused_parameters; a rank whose gradients changed) raise from backward() on every
-// rank. no_sync() skips the reduction while its guard lives: libtorch sums the gradients of
-// those passes in param.grad(), and the first backward after it reduces the sum.
+// rank. As DDP's, forward() decides whether the backward that follows reduces: one that ran under
+// no_sync() (or with autograd off) does not, wherever its backward runs, and libtorch sums the
+// gradients of those passes in param.grad(); the backward of the next synchronized forward reduces
+// the sum. The hooks reduce once per synchronized forward: a second backward of the same graph
+// (retain_graph) or the backward of module()->forward() leaves the local gradients, as DDP does.
 //
 // As DDP (each checked against it by tests/parity, parity_ddp):
 // - forward() first broadcasts rank 0's buffers (BatchNorm's running statistics) when the last
@@ -475,10 +478,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
   // may fire with no gradient (a backward function that gives its input none): as DDP's, that
   // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
-  // holds, at the end of the pass).
+  // holds, at the end of the pass). Only a backward after a synchronized forward through the
+  // wrapper reduces, once (as DDP's expect_autograd_hooks_): one of a forward under no_sync(),
+  // of module()->forward(), or a second backward of the same graph leaves the local gradients.
   void ready(std::size_t i) {
     std::lock_guard lock(mutex);
-    if (no_sync) {
+    if (!prepared) {
       if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
       return;
     }
@@ -506,6 +511,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   void finish() {
     std::lock_guard lock(mutex);
     queued = false;
+    prepared = false;
     if (!find_unused) {
       reducer.synchronize();
       std::fill(created.begin(), created.end(), 0);
@@ -563,6 +569,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   std::mutex mutex;
   bool queued = false;
   bool no_sync = false;
+  bool prepared = false;  // a synchronized forward ran since the last reduction: the next backward reduces
   bool broadcast_buffers = true;
   bool find_unused = false;
   bool static_graph = false;
@@ -860,7 +867,11 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (s->sync_buffers_next && s->broadcast_buffers && s->comm->size() > 1) s->sync_buffers(root);
     // As DDP: the next forward syncs the buffers if this one is followed by a synchronized backward.
     s->sync_buffers_next = reduces;
-    return module_->forward(std::forward<Args>(args)...);
+    auto out = module_->forward(std::forward<Args>(args)...);
+    // As DDP's prepare_for_backward: whether the backward of this output reduces is decided here,
+    // not by the no_sync() of the moment it runs.
+    if (reduces) s->prepared = true;
+    return out;
   }
 
   // This rank has no batches left (options.uneven_inputs, DDP's Join([ddp])): until every rank has
@@ -882,7 +893,8 @@ template <class Module, communicator C> class DistributedDataParallel {
     return last;
   }
 
-  // While the guard lives, backward passes do not reduce (their gradients add up in param.grad()).
+  // While the guard lives, forward passes do not prepare a reduction: their backward passes, run
+  // inside the guard or after it, do not reduce (their gradients add up in param.grad()).
   using no_sync_guard = herd::detail::scoped_switch<no_sync_switch>;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(no_sync_switch{state_.get()}); }
 

@@ -141,10 +141,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
   // may fire with no gradient (a backward function that gives its input none): as DDP's, that
   // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
-  // holds, at the end of the pass).
+  // holds, at the end of the pass). Only a backward after a synchronized forward through the
+  // wrapper reduces, once (as DDP's expect_autograd_hooks_): one of a forward under no_sync(),
+  // of module()->forward(), or a second backward of the same graph leaves the local gradients.
   void ready(std::size_t i) {
     std::lock_guard lock(mutex);
-    if (no_sync) {
+    if (!prepared) {
       if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
       return;
     }
@@ -172,6 +174,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   void finish() {
     std::lock_guard lock(mutex);
     queued = false;
+    prepared = false;
     if (!find_unused) {
       reducer.synchronize();
       std::fill(created.begin(), created.end(), 0);
@@ -229,6 +232,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   std::mutex mutex;
   bool queued = false;
   bool no_sync = false;
+  bool prepared = false;  // a synchronized forward ran since the last reduction: the next backward reduces
   bool broadcast_buffers = true;
   bool find_unused = false;
   bool static_graph = false;
