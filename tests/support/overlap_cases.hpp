@@ -281,6 +281,37 @@ template <class C> void an_invalid_mark_reaches_step_everywhere(C& comm) {
   CHECK(inner.steps == 0);
 }
 
+// A bad mark on one rank after every bucket of the pass has started (a gradient marked again, an
+// index past the last): no operation of the pass is left to carry it, so that pass steps on every
+// rank, and the next reduction raises it on every rank, with marks or without.
+template <class C> void a_late_bad_mark_reaches_the_next_reduction_everywhere(C& comm) {
+  for (const bool next_with_marks : {true, false}) {
+    INFO("the next reduction ", next_with_marks ? "with marks" : "at step()");
+    for (const std::size_t late : {std::size_t{3}, std::size_t{5}}) {
+      model m(comm.rank());
+      counting_optimizer inner;
+      herd::distributed_optimizer opt(inner, m.views(), comm, small_buckets());
+      for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+      if (comm.rank() == 1) opt.mark_ready(late);
+      opt.step();
+      CHECK(inner.steps == 1);
+      const std::string message = error_of([&] {
+        if (next_with_marks)
+          for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+        opt.step();
+      });
+      INFO(message);
+      if (comm.rank() == 1) {
+        CHECK(has(message, late == 5 ? "mark_ready(5) names no gradient (there are 5)"
+                                     : "gradient 3 was marked ready twice in one pass"));
+      } else {
+        CHECK(has(message, "rank 1"));
+      }
+      CHECK(inner.steps == 1);
+    }
+  }
+}
+
 // gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
 // in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
 // come in another order), and give the bits of the same gradients reduced by packing.

@@ -58,6 +58,8 @@ template <communicator C> class gradient_checks {
     if (pending_.empty()) pending_ = fault;
     return !pending_.empty();
   }
+  // The deferred problem, taken (for a pass of marks to raise on every rank).
+  std::string take_pending() { return std::exchange(pending_, {}); }
 
   // What is wrong with gradient i's view in a pass of marks ("" when nothing is).
   std::string marked_fault(std::size_t i, const buffer_view& v) const {

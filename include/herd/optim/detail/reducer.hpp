@@ -43,6 +43,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -145,6 +146,9 @@ template <communicator C> class reducer final : public join_hook {
   // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
   void finish();
 
+  // A problem of this pass found once every bucket had started: raised by the next reduction.
+  void defer_late_fault();
+
   // Once, after the first overlapped step: buckets in the order rank 0's gradients became ready
   // (those it never saw ready last, in reverse order), the same plan on every rank.
   void rebuild();
@@ -218,15 +222,14 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
     begin_buckets();
     pass_open_ = true;
   }
-  if (i >= checks_.shapes().size()) {
+  if (i >= checks_.shapes().size() || marked_[i]) {
     if (pass_fault_.empty()) {
-      pass_fault_ = "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
-                    std::to_string(checks_.shapes().size()) + ")";
+      pass_fault_ = i >= checks_.shapes().size()
+                        ? "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
+                              std::to_string(checks_.shapes().size()) + ")"
+                        : "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+      if (next_launch_ == buckets_.size()) defer_late_fault();
     }
-    return;
-  }
-  if (marked_[i]) {
-    if (pass_fault_.empty()) pass_fault_ = "gradient " + std::to_string(i) + " was marked ready twice in one pass";
     return;
   }
   const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
@@ -250,10 +253,21 @@ template <communicator C> void reducer<C>::begin_buckets() {
   marked_.assign(checks_.shapes().size(), 0);
   ready_views_.assign(checks_.shapes().size(), buffer_view{});
   pass_views_.clear();
-  pass_fault_.clear();
+  pass_fault_ = checks_.take_pending();  // a problem an earlier pass found too late to send, or one that only accumulated
   ready_order_.clear();  // the rebuild follows the first pass that succeeds
   next_launch_ = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].reset(plan_.buckets[b].members.size());
+}
+
+template <communicator C> void reducer<C>::defer_late_fault() {
+  // Every bucket has started: no operation of this pass is left to carry the problem to the other
+  // ranks, so the next reduction's first operation carries it, and every rank raises it there.
+  checks_.defer(pass_fault_);
+  std::fprintf(stderr,
+               "herd warning: distributed_optimizer on rank %d of %d: %s, after every bucket of the pass had started; "
+               "every rank raises it at the next reduction.\n",
+               comm_.rank(), comm_.size(), pass_fault_.c_str());
+  std::fflush(stderr);
 }
 
 template <communicator C> void reducer<C>::make_plan(const std::vector<std::size_t>& order) {
