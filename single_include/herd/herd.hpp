@@ -772,7 +772,9 @@ template <class T> constexpr void require_tensor() {
                 "herd: this tensor type is not adapted. Specialize herd::tensor_traits<YourType> with four static "
                 "functions: data(YourType&) -> void*, size(const YourType&) -> std::size_t (elements), "
                 "dtype(const YourType&) -> herd::dtype and device(const YourType&) -> herd::device; or include the "
-                "adapter herd ships for it (herd/tensor/std.hpp, dlpack.hpp, eigen.hpp, ...). See docs/adapters.md.");
+                "adapter herd ships for it (herd/tensor/std.hpp, dlpack.hpp, eigen.hpp, ...). If it is adapted already (a "
+                "std::vector, say), its element type is not one of herd's dtypes (float, double, herd::half, "
+                "herd::bfloat16, int8_t, uint8_t, int32_t, int64_t). See docs/adapters.md.");
   static_assert(not_adapted<T> || tensor<T>,
                 "herd: herd::tensor_traits<YourType> is specialized but incomplete. It needs data(YourType&) "
                 "returning a pointer, size(const YourType&) returning the element count, dtype(const YourType&) "
@@ -1121,6 +1123,7 @@ template <> struct tensor_traits<host_tensor> {
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace herd {
@@ -1133,8 +1136,12 @@ template <element T, class Allocator> struct tensor_traits<std::vector<T, Alloca
   static herd::device device(const std::vector<T, Allocator>&) noexcept { return herd::device::cpu(); }
 };
 
+// std::array<const T, N> is read-only, as std::span<const T> is.
 template <element T, std::size_t N> struct tensor_traits<std::array<T, N>> {
-  static void* data(std::array<T, N>& a) noexcept { return a.data(); }
+  static auto* data(std::array<T, N>& a) noexcept {
+    if constexpr (std::is_const_v<T>) return static_cast<const void*>(a.data());
+    else return static_cast<void*>(a.data());
+  }
   static const void* data(const std::array<T, N>& a) noexcept { return a.data(); }
   static std::size_t size(const std::array<T, N>&) noexcept { return N; }
   static herd::dtype dtype(const std::array<T, N>&) noexcept { return dtype_of_v<T>; }

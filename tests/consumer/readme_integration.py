@@ -87,7 +87,9 @@ def main():
                 tar.add(args.source_dir / name, arcname=f"herd/{name}")
         text = re.sub(r"URL [^\s)]+", f"URL {archive.as_uri()}", text, count=1)
     (project / "CMakeLists.txt").write_text(text)
-    run(["cmake", "-S", project, "-B", work / "build", *options], work)
+    configured = run(["cmake", "-S", project, "-B", work / "build", *options], work)
+    if "CMake Warning" in configured:  # what users see first: a snippet that warns is not finished
+        sys.exit("readme_integration: configuring the snippet printed a CMake warning")
     if args.snippet in ("add_subdirectory", "fetch_content"):  # taken as a subproject, herd builds nothing of its own
         targets = run(["cmake", "--build", work / "build", "--target", "help"], work)
         if re.search(r"\b(unit_tests|mpi_tests|fashion_mnist)\b", targets):

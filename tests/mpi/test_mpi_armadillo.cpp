@@ -41,6 +41,13 @@ HERD_MPI_TEST_CASE("Armadillo matrices, vectors, cubes and column subviews allre
   herd::allreduce(big, comm);
   CHECK(big(1, 1) == p * (1LL << 40) + p * (p - 1) / 2);
 
+  // Armadillo's signed 8-bit type (arma::s8) is char, neither int8_t nor uint8_t: taken as i8.
+  arma::Mat<char> small(3, 2);
+  small.fill(static_cast<char>(-r));
+  CHECK(herd::view_of(small).type == herd::dtype::i8);
+  herd::allreduce(small, comm, herd::reduce_op::min);
+  CHECK(small(2, 1) == static_cast<char>(-(p - 1)));
+
   arma::cube cube(2, 3, 4);
   cube.fill(1.0);
   herd::allreduce(cube, comm);

@@ -44,6 +44,13 @@ HERD_MPI_TEST_CASE("Eigen matrices, arrays, maps and refs allreduce as herd tens
   CHECK(whole(3, 1) == static_cast<float>(p));
   CHECK(whole(3, 2) == 1.0f);
 
+  // A 1x4 column-major Map whose inner stride never steps (one element per column): back to back.
+  std::vector<float> row_storage(4, 1.0f);
+  Eigen::Map<Eigen::MatrixXf, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>> one_row(row_storage.data(), 1, 4,
+                                                                                        Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(1, 7));
+  herd::allreduce(one_row, comm);
+  CHECK(row_storage[3] == static_cast<float>(p));
+
   const Eigen::VectorXf in = Eigen::VectorXf::Constant(5, 2.0f);
   Eigen::VectorXf out(5);
   herd::allreduce(in, out, comm, herd::reduce_op::avg);

@@ -81,6 +81,8 @@ static_assert(herd::tensor<std::span<const float>>);
 static_assert(!herd::writable_tensor<std::span<const float>>);
 static_assert(herd::tensor<std::span<const herd::bfloat16, 2>>);
 static_assert(!herd::writable_tensor<std::span<const herd::bfloat16, 2>>);
+static_assert(herd::tensor<std::array<const float, 3>>);
+static_assert(!herd::writable_tensor<std::array<const float, 3>>);
 static_assert(herd::writable_tensor<herd::buffer_view>);
 static_assert(herd::tensor<herd::const_buffer_view>);
 static_assert(!herd::writable_tensor<herd::const_buffer_view>);

@@ -1,7 +1,7 @@
 #ifndef HERD_TENSOR_ARMADILLO_HPP
 #define HERD_TENSOR_ARMADILLO_HPP
 // tensor_traits for Armadillo's dense objects: Mat, Col, Row and Cube (fixed sizes too), and
-// subviews that are one block of memory, of herd's element types (fmat, mat, Mat<int8_t>,
+// subviews that are one block of memory, of herd's element types (fmat, mat, Mat<char> (arma::s8),
 // Mat<uint8_t>, Mat<int32_t>, and imat, whose long long elements herd takes as int64).
 // Opt-in: include it after <armadillo>.
 //
@@ -48,12 +48,16 @@ concept armadillo_object = armadillo_dense<A> || armadillo_subview<A> || armadil
                            std::is_base_of_v<arma::BaseCube<typename A::elem_type, A>, A>;
 
 // imat's elements (arma::sword) are long long, a 64-bit signed type that is not int64_t (long)
-// on Linux; herd takes them as int64.
+// on Linux; herd takes them as int64. Armadillo's signed 8-bit type (arma::s8) is plain char, which
+// is neither int8_t nor uint8_t (Mat<int8_t> does not compile): herd takes it as i8 or u8, as
+// char is signed or not on the platform.
 template <class T>
-concept armadillo_element = element<T> || (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 8);
+concept armadillo_element = element<T> || std::is_same_v<T, char> ||
+                            (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 8);
 
 template <class T> constexpr herd::dtype armadillo_dtype() noexcept {
   if constexpr (element<T>) return dtype_of_v<T>;
+  else if constexpr (std::is_same_v<T, char>) return std::is_signed_v<char> ? dtype::i8 : dtype::u8;
   else return dtype::i64;
 }
 
@@ -127,7 +131,7 @@ template <class A> struct armadillo_refused {
   static_assert(armadillo_sparse<A> || !(armadillo_dense<A> || armadillo_subview<A>) || arma::is_cx<value>::value ||
                     armadillo_element<value>,
                 "herd: this Armadillo element type is not one of herd's dtypes: use float (fmat), double (mat), "
-                "int8_t, uint8_t, int32_t or a 64-bit signed integer (imat); umat's unsigned elements are refused.");
+                "char (arma::s8), uint8_t, int32_t or a 64-bit signed integer (imat); umat's unsigned elements are refused.");
   static void* data(A&) noexcept { return nullptr; }
   static std::size_t size(const A&) noexcept { return 0; }
   static herd::dtype dtype(const A&) noexcept { return herd::dtype::f32; }

@@ -30,7 +30,10 @@ namespace detail {
 
 // The elements of a dense Eigen object, checked to lie back to back.
 template <class Dense> auto* eigen_data(Dense& d) {
-  const bool contiguous = d.size() <= 1 || (d.innerStride() == 1 && (d.outerSize() <= 1 || d.outerStride() == d.innerSize()));
+  // With one element per inner run (a 1xN column-major Map, say) the inner stride never steps.
+  const bool contiguous = d.size() <= 1 || (d.innerSize() == 1 ? d.outerStride() == 1
+                                                                : d.innerStride() == 1 && (d.outerSize() <= 1 ||
+                                                                                           d.outerStride() == d.innerSize()));
   if (!contiguous) {
     raise({"tensor_traits<Eigen>"},
           "an Eigen view of " + std::to_string(d.rows()) + "x" + std::to_string(d.cols()) + " with inner stride " +

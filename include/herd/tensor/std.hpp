@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace herd {
@@ -20,8 +21,12 @@ template <element T, class Allocator> struct tensor_traits<std::vector<T, Alloca
   static herd::device device(const std::vector<T, Allocator>&) noexcept { return herd::device::cpu(); }
 };
 
+// std::array<const T, N> is read-only, as std::span<const T> is.
 template <element T, std::size_t N> struct tensor_traits<std::array<T, N>> {
-  static void* data(std::array<T, N>& a) noexcept { return a.data(); }
+  static auto* data(std::array<T, N>& a) noexcept {
+    if constexpr (std::is_const_v<T>) return static_cast<const void*>(a.data());
+    else return static_cast<void*>(a.data());
+  }
   static const void* data(const std::array<T, N>& a) noexcept { return a.data(); }
   static std::size_t size(const std::array<T, N>&) noexcept { return N; }
   static herd::dtype dtype(const std::array<T, N>&) noexcept { return dtype_of_v<T>; }

@@ -62,7 +62,9 @@ template <class T> constexpr void require_tensor() {
                 "herd: this tensor type is not adapted. Specialize herd::tensor_traits<YourType> with four static "
                 "functions: data(YourType&) -> void*, size(const YourType&) -> std::size_t (elements), "
                 "dtype(const YourType&) -> herd::dtype and device(const YourType&) -> herd::device; or include the "
-                "adapter herd ships for it (herd/tensor/std.hpp, dlpack.hpp, eigen.hpp, ...). See docs/adapters.md.");
+                "adapter herd ships for it (herd/tensor/std.hpp, dlpack.hpp, eigen.hpp, ...). If it is adapted already (a "
+                "std::vector, say), its element type is not one of herd's dtypes (float, double, herd::half, "
+                "herd::bfloat16, int8_t, uint8_t, int32_t, int64_t). See docs/adapters.md.");
   static_assert(not_adapted<T> || tensor<T>,
                 "herd: herd::tensor_traits<YourType> is specialized but incomplete. It needs data(YourType&) "
                 "returning a pointer, size(const YourType&) returning the element count, dtype(const YourType&) "
