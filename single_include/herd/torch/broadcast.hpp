@@ -149,6 +149,7 @@ template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::
 
 #include <ATen/ATen.h>
 
+#include <sstream>
 #include <string>
 
 namespace herd {
@@ -160,8 +161,10 @@ inline const at::Tensor& require_usable(const at::Tensor& t) {
                 "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
   }
   if (t.layout() != at::kStrided || t.is_quantized()) {
-    throw error("herd: the torch::Tensor is not a dense tensor (layout " + std::string(c10::toString(t.layout())) +
-                "). Convert it with .to_dense() (or .dequantize()) first.");
+    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
+    layout << t.layout();
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
+                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
   }
   if (!t.is_contiguous()) {
     throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "

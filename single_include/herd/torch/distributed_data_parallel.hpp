@@ -36,7 +36,13 @@
 //
 // As DDP (each checked against it by tests/parity, parity_ddp):
 // - forward() first broadcasts rank 0's buffers (BatchNorm's running statistics) when the last
-//   forward was a synchronized one with autograd on (options.broadcast_buffers, default on).
+//   forward was a synchronized one with autograd on (options.broadcast_buffers, default on). Off,
+//   neither the constructor nor join() broadcasts them either, as PyTorch 2's DDP (1.13's
+//   constructor did).
+// - The constructor raises on every rank for a module with no parameter that requires a gradient
+//   and for trainable parameters whose count, dtype or shape differ between ranks (naming the
+//   parameter and both shapes); herd also needs them contiguous. A sparse gradient (Embedding
+//   with sparse=true) raises from backward(), naming the parameter: buckets hold dense ones only.
 // - With find_unused_parameters, a parameter no rank used in the pass, nor in the no_sync()
 //   passes before it, keeps its gradient as it was (undefined stays undefined, so weight decay and
 //   momentum leave it alone); one that some rank used gets the average, counting for the ranks
@@ -206,6 +212,7 @@ template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::
 
 #include <ATen/ATen.h>
 
+#include <sstream>
 #include <string>
 
 namespace herd {
@@ -217,8 +224,10 @@ inline const at::Tensor& require_usable(const at::Tensor& t) {
                 "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
   }
   if (t.layout() != at::kStrided || t.is_quantized()) {
-    throw error("herd: the torch::Tensor is not a dense tensor (layout " + std::string(c10::toString(t.layout())) +
-                "). Convert it with .to_dense() (or .dequantize()) first.");
+    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
+    layout << t.layout();
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
+                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
   }
   if (!t.is_contiguous()) {
     throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
@@ -360,6 +369,7 @@ inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -475,6 +485,15 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     g = in_bucket[i];
   }
 
+  // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
+  void arriving(std::size_t i, const at::Tensor& g) const {
+    if (!g.defined() || g.layout() == at::kStrided) return;
+    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
+                        "parameter " + names[i] + " has a sparse gradient (e.g. Embedding with sparse=true); herd's DDP "
+                        "reduces dense gradients only",
+                        "Use sparse=false (a dense gradient)");
+  }
+
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
   // may fire with no gradient (a backward function that gives its input none): as DDP's, that
   // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
@@ -556,8 +575,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   }
 
   std::vector<at::Tensor> params;
+  std::vector<std::string> names;  // the module's, of params
   herd::detail::reducer<C> reducer;
   std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
+  std::vector<unsigned> gradient_hooks;  // params[i].register_hook's, which sees the gradient arriving
   std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
   std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
   std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction
@@ -777,6 +798,8 @@ HERD_CONFIG_NAMESPACE_END
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -806,11 +829,14 @@ template <class Module, communicator C> class DistributedDataParallel {
                     "backward_passes_per_step is for herd::distributed_optimizer",
                     "Accumulate passes as with PyTorch's DDP: run them under no_sync(); libtorch sums their gradients");
     }
-    // Every rank has the same parameters and buffers, then rank 0's values.
-    broadcast_parameters(*module_, comm, 0);
-    for (auto& p : module_->parameters()) {
-      if (p.requires_grad()) state_->params.push_back(p);
+    for (auto& item : module_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      state_->params.push_back(item.value());
+      state_->names.push_back(item.key());
     }
+    // Every rank has the same parameters, then rank 0's values.
+    check_parameters();
+    sync_module_states(0);
     state_->buffers = [m = module_] { return m->buffers(); };
     state_->used.assign(state_->params.size(), 0);
     state_->used_unsynced.assign(state_->params.size(), 0);
@@ -825,6 +851,9 @@ template <class Module, communicator C> class DistributedDataParallel {
             return outputs;
           }));
       s->hooks.emplace_back(std::move(accumulator), key);
+      // Before the accumulator adds it up: a sparse gradient added to a dense one (the zeros a pass
+      // gives a gradient not produced yet) would become dense without a word.
+      s->gradient_hooks.push_back(s->params[i].register_hook([s, i](const at::Tensor& g) { s->arriving(i, g); }));
     }
   }
 
@@ -835,6 +864,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   ~DistributedDataParallel() {
     if (!state_) return;
     for (auto& [accumulator, key] : state_->hooks) accumulator->del_post_hook(key);
+    for (std::size_t i = 0; i < state_->gradient_hooks.size(); ++i) state_->params[i].remove_hook(state_->gradient_hooks[i]);
   }
 
   // The wrapped module, for what the wrapper does not pass on (its own members): as DDP's .module.
@@ -889,7 +919,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     herd::detail::join_hook* const hooks[] = {s};
     int last = s->reducer.roster().join(*s->comm, hooks);
     if (last < 0) last = s->comm->size() - 1;  // no rank trained since the start: DDP takes the highest
-    broadcast_parameters(*module_, *s->comm, last);
+    sync_module_states(last);
     return last;
   }
 
@@ -905,6 +935,78 @@ template <class Module, communicator C> class DistributedDataParallel {
 
  private:
   using accumulator_ptr = detail::accumulator_ptr;
+
+  // As DDP's constructor: something to reduce, and the same parameters that require a gradient
+  // on every rank (count, dtypes and shapes: the same number of elements in other shapes would
+  // take rank 0's values in the wrong places). A problem one rank finds raises on every rank.
+  void check_parameters() {
+    state* s = state_.get();
+    C& comm = *s->comm;
+    std::string fault;
+    if (s->params.empty()) {
+      fault = "the module has no parameter that requires a gradient, so DistributedDataParallel is not needed "
+              "(it would reduce nothing). Train the module without the wrapper, or give it a parameter to train";
+    }
+    // Buckets and broadcasts read each tensor as one block of memory.
+    auto require_contiguous = [&](const char* what, const std::string& name, const at::Tensor& t) {
+      if (!fault.empty() || t.is_contiguous()) return;
+      std::ostringstream text;
+      text << what << " " << name << " is not contiguous (sizes " << t.sizes() << ", strides " << t.strides()
+           << ": a transposed tensor, or a channels_last weight). DistributedDataParallel takes contiguous tensors "
+              "only: make it contiguous before wrapping the module, e.g. p.set_data(p.contiguous()) (for a "
+              "channels_last weight, p.contiguous(torch::MemoryFormat::Contiguous))";
+      fault = text.str();
+    };
+    for (const auto& item : module_->named_parameters()) require_contiguous("parameter", item.key(), item.value());
+    if (s->broadcast_buffers) {
+      for (const auto& item : module_->named_buffers()) require_contiguous("buffer", item.key(), item.value());
+    }
+    std::vector<buffer_view> views;
+    if (fault.empty()) {
+      for (auto& p : s->params) views.push_back(view_of(p));
+    }
+    herd::detail::require_same_tensors(views, comm, "DistributedDataParallel", "trainable parameter", fault);
+    // Counts and dtypes agree: now the shapes, each as its rank, then its sizes.
+    std::vector<std::int64_t> mine, all;
+    for (const auto& p : s->params) {
+      mine.push_back(p.dim());
+      for (const std::int64_t d : p.sizes()) mine.push_back(d);
+    }
+    const std::vector<std::size_t> counts = allgatherv(mine, all, herd::detail::control_of(comm));
+    auto sizes = [&](std::size_t at) {
+      std::string text = "[";
+      for (std::int64_t k = 0; k < all[at]; ++k) text += (k ? ", " : "") + std::to_string(all[at + 1 + static_cast<std::size_t>(k)]);
+      return text + "]";
+    };
+    std::size_t offset = 0;
+    for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
+      std::size_t here = offset, first = 0;
+      for (std::size_t i = 0; i < s->params.size(); ++i) {
+        const auto n = static_cast<std::size_t>(all[first]);
+        if (!std::equal(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + 1 + n),
+                        all.begin() + static_cast<std::ptrdiff_t>(here))) {
+          herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+                              "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) +
+                                  ") has sizes " + sizes(here) + " on rank " + std::to_string(r) + " but " + sizes(first) +
+                                  " on rank 0",
+                              "Every rank must build the same model: the same parameters in the same order and shapes");
+        }
+        first += 1 + n;
+        here += 1 + static_cast<std::size_t>(all[here]);
+      }
+    }
+  }
+
+  // As DDP's at construction and after a join: the root's parameters, and its buffers unless
+  // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway).
+  void sync_module_states(int root) {
+    std::vector<buffer_view> views;
+    for (auto& p : module_->parameters()) views.push_back(view_of(p));
+    if (state_->broadcast_buffers) {
+      for (auto& b : module_->buffers()) views.push_back(view_of(b));
+    }
+    broadcast_parameters(views, *state_->comm, root);
+  }
 
   Module module_;
   std::unique_ptr<state> state_;

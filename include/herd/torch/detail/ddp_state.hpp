@@ -9,6 +9,7 @@
 #include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
 #include <herd/core/config.hpp>
+#include <herd/core/error.hpp>
 #include <herd/optim/detail/reducer.hpp>
 #include <herd/optim/optimizer_options.hpp>
 #include <herd/torch/detail/missing_gradient.hpp>
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -138,6 +140,15 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     g = in_bucket[i];
   }
 
+  // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
+  void arriving(std::size_t i, const at::Tensor& g) const {
+    if (!g.defined() || g.layout() == at::kStrided) return;
+    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
+                        "parameter " + names[i] + " has a sparse gradient (e.g. Embedding with sparse=true); herd's DDP "
+                        "reduces dense gradients only",
+                        "Use sparse=false (a dense gradient)");
+  }
+
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
   // may fire with no gradient (a backward function that gives its input none): as DDP's, that
   // parameter was not used here, and is reduced as zeros (find_unused_parameters: from what it
@@ -219,8 +230,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   }
 
   std::vector<at::Tensor> params;
+  std::vector<std::string> names;  // the module's, of params
   herd::detail::reducer<C> reducer;
   std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
+  std::vector<unsigned> gradient_hooks;  // params[i].register_hook's, which sees the gradient arriving
   std::vector<at::Tensor> in_bucket;  // gradient_as_bucket_view: each gradient's place in its bucket
   std::vector<char> used;              // find_unused_parameters: produced by this rank in this pass
   std::vector<char> used_unsynced;     // ... or in a no_sync() pass since the last reduction

@@ -1,0 +1,158 @@
+// What herd::torch::DistributedDataParallel refuses, as PyTorch's DDP does, with an error on every
+// rank that names the parameter and says what to do; and what it leaves alone (buffers with
+// broadcast_buffers off).
+
+#include <torch/torch.h>
+
+#include <herd/herd.hpp>
+#include <herd/torch/distributed_data_parallel.hpp>
+#include <herd/torch/tensor_traits.hpp>
+
+#include "../support/mpi_test.hpp"
+
+#include <memory>
+#include <string>
+
+namespace {
+
+// A module whose parameter `w` has the shape its constructor is given, and a Linear after it.
+struct shaped : torch::nn::Module {
+  explicit shaped(torch::IntArrayRef sizes) {
+    w = register_parameter("w", torch::zeros(sizes));
+    l = register_module("l", torch::nn::Linear(4, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return l->forward(torch::matmul(x, w.reshape({5, 4}))); }
+  torch::Tensor w;
+  torch::nn::Linear l{nullptr};
+};
+
+// What constructing DistributedDataParallel over `module` raised on this rank ("(no error)" if nothing).
+template <class Module>
+std::string construction_error(Module module, herd::mpi_communicator& comm, herd::optimizer_options options = {}) {
+  try {
+    herd::torch::DistributedDataParallel ddp(module, comm, options);
+  } catch (const herd::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter of another shape on one rank (the same element count) raises on every rank", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  auto module = std::make_shared<shaped>(comm.rank() == 1 ? torch::IntArrayRef{5, 4} : torch::IntArrayRef{4, 5});
+  const std::string message = construction_error(module, comm);
+  INFO(message);
+  CHECK(has(message, "DistributedDataParallel"));
+  CHECK(has(message, "parameter w "));
+  CHECK(has(message, "sizes [5, 4] on rank 1 but [4, 5] on rank 0"));
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a module without a parameter that requires a gradient raises on every rank", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  for (const bool as_view : {false, true}) {
+    CAPTURE(as_view);
+    herd::optimizer_options options;
+    options.gradient_as_bucket_view = as_view;
+    torch::nn::Sequential frozen(torch::nn::Linear(4, 3));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+    std::string message = construction_error(frozen, comm, options);
+    INFO(message);
+    CHECK(has(message, "no parameter that requires a gradient, so DistributedDataParallel is not needed"));
+    // On rank 1 only: that rank says why, the others that it found a problem.
+    torch::nn::Sequential some(torch::nn::Linear(4, 3));
+    if (comm.rank() == 1) {
+      for (auto& p : some->parameters()) p.set_requires_grad(false);
+    }
+    message = construction_error(some, comm, options);
+    INFO(message);
+    if (comm.rank() == 1) CHECK(has(message, "no parameter that requires a gradient"));
+    else CHECK(has(message, "rank 1 found a problem"));
+  }
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: broadcast_buffers = false leaves each rank's buffers at construction, as PyTorch 2's DDP", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  for (const bool broadcast : {true, false}) {
+    CAPTURE(broadcast);
+    torch::manual_seed(static_cast<std::uint64_t>(comm.rank()));  // parameters differ by rank too
+    torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+    auto bn = model[1]->as<torch::nn::BatchNorm1d>();
+    {
+      const torch::NoGradGuard no_grad;
+      bn->running_mean.fill_(static_cast<float>(comm.rank() + 1));
+    }
+    herd::optimizer_options options;
+    options.broadcast_buffers = broadcast;
+    herd::torch::DistributedDataParallel ddp(model, comm, options);
+    const float expected = broadcast ? 1.0f : static_cast<float>(comm.rank() + 1);
+    CHECK(bn->running_mean.equal(torch::full({3}, expected)));
+    torch::Tensor w = model[0]->as<torch::nn::Linear>()->weight.detach().reshape({-1}).contiguous();
+    torch::Tensor all = torch::empty({comm.size(), w.numel()});
+    herd::allgather(w, all, comm);
+    CHECK(all[comm.size() - 1].equal(all[0]));  // the parameters are rank 0's either way
+  }
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient raises on every rank, named, instead of turning dense", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  for (const bool to_none : {false, true}) {
+    CAPTURE(to_none);
+    torch::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 3).sparse(true)), torch::nn::Linear(3, 2));
+    herd::torch::DistributedDataParallel ddp(model, comm);
+    std::string message = "(no error)";
+    try {
+      for (int step = 0; step < 2; ++step) {
+        model->zero_grad(to_none);
+        ddp.forward(torch::tensor({{1, 2}, {3, 4}}, torch::kLong)).sum().backward();
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(has(message, "parameter 0.weight has a sparse gradient (e.g. Embedding with sparse=true)"));
+    CHECK(has(message, "Use sparse=false"));
+  }
+  // herd's tensor adapter names the layout of a tensor it does not take, not its whole options.
+  torch::Tensor sparse = torch::zeros({3, 3}).to_sparse();
+  std::string message = "(no error)";
+  try {
+    (void)herd::view_of(sparse);
+  } catch (const herd::error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(has(message, "(layout Sparse)"));
+  CHECK_FALSE(has(message, "TensorOptions"));
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter that is not contiguous raises on every rank, named, with what to do", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  // A transposed tensor on rank 1 only; a channels_last convolution weight on every rank.
+  auto module = std::make_shared<shaped>(torch::IntArrayRef{4, 5});
+  if (comm.rank() == 1) module->w.set_data(torch::zeros({4, 5}).t());
+  std::string message = construction_error(module, comm);
+  INFO(message);
+  CHECK(has(message, "DistributedDataParallel"));
+  if (comm.rank() == 1) {
+    CHECK(has(message, "parameter w is not contiguous"));
+    CHECK(has(message, "p.set_data(p.contiguous())"));
+  } else {
+    CHECK(has(message, "rank 1 found a problem"));
+  }
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 2));
+  conv->weight.set_data(conv->weight.contiguous(torch::MemoryFormat::ChannelsLast));
+  message = construction_error(conv, comm);
+  INFO(message);
+  CHECK(has(message, "parameter weight is not contiguous"));
+  CHECK(has(message, "torch::MemoryFormat::Contiguous"));
+}
