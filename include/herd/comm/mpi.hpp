@@ -115,8 +115,8 @@ inline bool cuda_aware(std::string& problem) {
 
 // Whether this MPI moves CUDA device memory itself (is "CUDA-aware"): then herd's staged ring hands
 // it device buffers instead of copying through page-locked host memory. HERD_MPI_CUDA_AWARE=0 or 1
-// overrides what the MPI library says (it must then be the same on every rank); any other value
-// raises herd::error.
+// overrides what the MPI library says; any other value raises herd::error. Each rank decides for
+// itself: it moves only where this rank's slots live, not what the messages hold.
 inline bool cuda_aware() {
   std::string problem;
   const bool aware = detail::cuda_aware(problem);
