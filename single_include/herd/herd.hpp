@@ -2133,11 +2133,13 @@ class operation_state {
 
   // --- One issuing thread at a time. A communicator's operations are issued from one thread at
   // a time, so that every rank issues them in one order (MPI asks the same of its collectives on
-  // one communicator). A thread in a blocking operation holds the communicator until it returns;
-  // another thread that issues an operation meanwhile is refused, and the running operation
-  // raises too once its steps are done (intruded()): it may have been paired with the other
-  // thread's operation on a peer, so its result cannot be trusted, and its error aborts the
-  // communicator, which tells every peer.
+  // one communicator). A thread holds the communicator while it issues an operation: for the
+  // whole of a blocking one, while it queues an async one. Another thread that issues an
+  // operation meanwhile is refused, and the operation running then raises too once its steps are
+  // done (intruded()), which aborts the communicator and so tells every peer: the overlap may have
+  // paired it with the other thread's operation on a peer. (A peer may have returned that pairing's
+  // result before the abort reaches it, and threads that take turns without overlapping are not
+  // seen at all: this names the misuse, it cannot make it safe.)
   bool intruded() const noexcept { return intruded_.load(std::memory_order_acquire); }
   [[noreturn]] void raise_intruded(const error_site& site) const {
     raise(site, "another thread of this rank issued an operation of this communicator while this one ran",
@@ -2147,17 +2149,7 @@ class operation_state {
   // Runs f(seq) on this thread once every earlier operation has finished; `site` names the
   // operation in the error if another thread holds the communicator.
   template <class F> void run_blocking(F&& f, const error_site& site) {
-    const std::thread::id me = std::this_thread::get_id();
-    std::thread::id holder{};
-    const bool claimed = blocking_caller_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
-    if (!claimed && holder != me) refuse_concurrent(site);  // holder == me: nested, refused below
-    struct unclaim {
-      std::atomic<std::thread::id>* caller;
-      bool claimed;
-      ~unclaim() {
-        if (claimed) caller->store(std::thread::id{}, std::memory_order_release);
-      }
-    } claim{&blocking_caller_, claimed};
+    const issuing claim(*this, site);
     // Until something was queued, no other thread runs operations of this communicator: no lock needed.
     const bool shared = queued_ever_.load(std::memory_order_relaxed);
     std::unique_lock lock(mutex_, std::defer_lock);
@@ -2200,8 +2192,7 @@ class operation_state {
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
   std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site) {
-    const std::thread::id holder = blocking_caller_.load(std::memory_order_acquire);
-    if (holder != std::thread::id{} && holder != std::this_thread::get_id()) refuse_concurrent(site);
+    const issuing claim(*this, site);
     std::unique_lock lock(mutex_);
     queued_ever_.store(true, std::memory_order_relaxed);
     refuse_nesting();
@@ -2278,10 +2269,32 @@ class operation_state {
       "collectives are: give each thread a communicator of its own (another herd::mpi_communicator, or comm.split), or "
       "serialize the calls. The communicator is aborted; create a new one on every rank (comm.renew()) to go on";
 
-  [[noreturn]] void refuse_concurrent(const error_site& site) {
-    intruded_.store(true, std::memory_order_release);
-    raise(site, "another thread of this rank is in a blocking operation of this communicator", concurrent_todo);
-  }
+  // This thread's hold on the communicator while it issues an operation (see intruded()). A hold
+  // this thread has already (an operation started inside its own operation) is left to
+  // refuse_nesting. The hold's release publishes what the issue changed (queued_ever_, say) to the
+  // next thread that takes it.
+  class issuing {
+   public:
+    issuing(operation_state& ops, const error_site& site) : ops_(ops) {
+      const std::thread::id me = std::this_thread::get_id();
+      std::thread::id holder{};
+      claimed_ = ops.issuer_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
+      if (!claimed_ && holder != me) {
+        ops.intruded_.store(true, std::memory_order_release);
+        raise(site, "another thread of this rank is issuing or running an operation of this communicator at the same "
+                    "time", concurrent_todo);
+      }
+    }
+    issuing(const issuing&) = delete;
+    issuing& operator=(const issuing&) = delete;
+    ~issuing() {
+      if (claimed_) ops_.issuer_.store(std::thread::id{}, std::memory_order_release);
+    }
+
+   private:
+    operation_state& ops_;
+    bool claimed_ = false;
+  };
 
   void refuse_nesting() const {
     if (busy_ && runner_ == std::this_thread::get_id()) {
@@ -2359,7 +2372,7 @@ class operation_state {
   bool busy_ = false;
   std::thread::id runner_;
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
-  std::atomic<std::thread::id> blocking_caller_{};  // the thread in run_blocking, if any
+  std::atomic<std::thread::id> issuer_{};  // the thread issuing an operation (run_blocking: running it), if any
   std::atomic<bool> intruded_{false};  // another thread issued an operation meanwhile: sticks
   std::atomic<bool> stopping_{false};  // set under mutex_, read by the progress thread's spin too
   std::atomic<std::size_t> queued_{0};       // queue_.size(), for the progress thread's spin
