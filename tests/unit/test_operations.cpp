@@ -20,6 +20,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -480,6 +481,37 @@ TEST_CASE("a second thread issuing an operation while another is in one of the s
     CHECK((first[1].empty() ? got[1] == 2.0f : has(first[1], "another thread")));
     for (const std::string& m : after) CHECK(has(m, "aborted"));
   }
+}
+
+TEST_CASE("a blocking and an async operation started at once from two threads, first on a new communicator: no hang") {
+  // Each round's two threads start together; the refusal must hold whichever comes first (the
+  // async one's queueing used to race the blocking one's unlocked start: a rank could sleep for
+  // good with the async operation queued).
+  const auto start = std::chrono::steady_clock::now();
+  int refused = 0;
+  for (int round = 0; round < 150; ++round) {
+    std::atomic<int> refusals{0};
+    herd::local::run(2, [&](herd::local_communicator& comm) {
+      std::atomic<int> go{0};
+      std::vector<float> a(16, 1.0f), b(16, 100.0f);
+      auto attempt = [&](auto&& op) {
+        ++go;
+        while (go.load() < 2) std::this_thread::yield();
+        try {
+          op();
+        } catch (const herd::error& e) {
+          if (has(e.what(), "another thread of this rank")) ++refusals;
+        }
+      };
+      std::thread blocking([&] { attempt([&] { herd::allreduce(a, comm); }); });
+      std::thread async([&] { attempt([&] { herd::allreduce_async(b, comm).wait(); }); });
+      blocking.join();
+      async.join();
+    });
+    refused += refusals.load() > 0;
+  }
+  INFO(refused, " of 150 rounds refused");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
 }
 
 TEST_CASE("the watchdog is on by default: a warning after 60 s, an error after 30 minutes") {
