@@ -8,6 +8,7 @@
 #include <herd/torch/distributed_data_parallel.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 
 #include <memory>
@@ -155,4 +156,31 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter that is not contiguous 
   INFO(message);
   CHECK(has(message, "parameter weight is not contiguous"));
   CHECK(has(message, "torch::MemoryFormat::Contiguous"));
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a backward with no forward through the wrapper since the last reduction warns once; no_sync() passes say nothing", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(7);
+  torch::nn::Linear model(4, 3);
+  herd::torch::DistributedDataParallel ddp(model, comm);
+  const torch::Tensor x = torch::ones({2, 4});
+  const std::string meant = herd_test::stderr_of([&] {
+    {
+      const auto guard = ddp.no_sync();
+      ddp.forward(x).sum().backward();
+    }
+    ddp.forward(x).sum().backward();
+  });
+  INFO(meant);
+  CHECK_FALSE(has(meant, "herd warning"));
+  const std::string bypassed = herd_test::stderr_of([&] {
+    model->forward(x).sum().backward();  // the module's own forward: DDP keeps these gradients local
+    model->forward(x).sum().backward();
+  });
+  INFO(bypassed);
+  const std::string warning = "herd warning: DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
+                              std::to_string(comm.size()) + ": a backward pass with no forward through the wrapper";
+  CHECK(has(bypassed, warning));
+  CHECK(bypassed.find(warning) == bypassed.rfind(warning));  // once
 }

@@ -188,6 +188,7 @@ template <class Module, communicator C> class DistributedDataParallel {
     // As DDP's prepare_for_backward: whether the backward of this output reduces is decided here,
     // not by the no_sync() of the moment it runs.
     if (reduces) s->prepared = true;
+    s->forward_since_reduction = true;
     return out;
   }
 

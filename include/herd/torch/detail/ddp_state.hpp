@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -159,6 +160,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::lock_guard lock(mutex);
     if (!prepared) {
       if (find_unused) used_unsynced[i] = 1;  // used at the next reduction, as DDP's from PyTorch 2.4
+      if (!forward_since_reduction && !warned_unprepared) warn_unprepared();
       return;
     }
     if (!queued) {
@@ -181,11 +183,27 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
   }
 
+  // A backward with no forward through the wrapper since the last reduction: DDP keeps its
+  // gradients local without a word, which leaves the ranks' models apart if it was not meant
+  // (the module's own forward called by mistake). Said once per wrapper; no_sync() passes, whose
+  // forward went through the wrapper, are meant and say nothing.
+  void warn_unprepared() {
+    warned_unprepared = true;
+    std::fprintf(stderr,
+                 "herd warning: DistributedDataParallel on rank %d of %d: a backward pass with no forward through the "
+                 "wrapper since the last reduction (the module's own forward, or a second backward of one graph) keeps "
+                 "its gradients local, unreduced, as PyTorch's DDP does. Call the wrapper (ddp(x), ddp.forward(x) or "
+                 "ddp->forward(x)) for each backward that should reduce.\n",
+                 comm->rank(), comm->size());
+    std::fflush(stderr);
+  }
+
   // At the end of backward: waits for the buckets and writes the averages into the gradients.
   void finish() {
     std::lock_guard lock(mutex);
     queued = false;
     prepared = false;
+    forward_since_reduction = false;
     if (!find_unused) {
       reducer.synchronize();
       std::fill(created.begin(), created.end(), 0);
@@ -246,6 +264,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   bool queued = false;
   bool no_sync = false;
   bool prepared = false;  // a synchronized forward ran since the last reduction: the next backward reduces
+  bool forward_since_reduction = false;  // any forward through the wrapper (no_sync() too) since the last reduction
+  bool warned_unprepared = false;
   bool broadcast_buffers = true;
   bool find_unused = false;
   bool static_graph = false;
