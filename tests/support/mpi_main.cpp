@@ -21,6 +21,11 @@
 #include <streambuf>
 #include <string>
 
+// Defined by the programs that link herd's engine (support/engine.cpp): ends herd's threads before
+// MPI_Finalize, as herd::mpi::finalize() does (MPI forbids other threads' calls while it runs). This
+// file includes no herd header, so that the single-header and header-only programs share it.
+extern "C" __attribute__((weak)) void herd_test_before_finalize();
+
 namespace {
 
 // Prefixes every line written through it with "[rank k] ".
@@ -115,6 +120,7 @@ int HERD_MPI_DOCTEST_MAIN_NAME(int argc, char** argv) {
                 failed_ranks ? " (each failing rank printed its failures above)" : "");
     std::fflush(stdout);
   }
+  if (herd_test_before_finalize != nullptr) herd_test_before_finalize();
   MPI_Finalize();
   if (context.shouldExit()) return result;
   return failed_ranks == 0 ? 0 : 1;

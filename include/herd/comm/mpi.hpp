@@ -51,6 +51,17 @@ namespace mpi {
 
 inline bool is_initialized() { return herd::detail::mpi_running(); }
 
+// MPI_Finalize, after herd's own threads are out of MPI for good: the operations queued on the
+// communicators alive run to their end, and the thread that drains aborted communicators' messages
+// (docs/failures.md) ends. Call this instead of MPI_Finalize in a program that initialized MPI
+// itself: MPI forbids calls of other threads while MPI_Finalize runs, and MPICH 4.0.2 then fails
+// in MPI_Finalize now and then. herd::mpi::environment calls it. Does nothing once MPI is finalized.
+inline void finalize() {
+  if (!is_initialized()) return;
+  herd::detail::stop_threads_before_finalize();
+  MPI_Finalize();
+}
+
 // Initializes MPI (asking for MPI_THREAD_MULTIPLE by default) unless the program already did, and
 // finalizes it on destruction only if it was the one that initialized it.
 class environment {
@@ -62,9 +73,10 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
-  // MPI_Finalize first tells the peers of every communicator still alive that this rank leaves.
+  // finalize(): herd's threads leave MPI, then MPI_Finalize tells the peers of every communicator
+  // still alive that this rank leaves.
   ~environment() {
-    if (owns_ && is_initialized()) MPI_Finalize();
+    if (owns_) finalize();
   }
 
   // The thread support MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).

@@ -261,6 +261,14 @@ HERD_SEPARATE void tend() noexcept;
 // Called under r.mutex.
 HERD_SEPARATE void start_tender(mpi_registry& r) noexcept;
 
+// Brings herd's own threads out of MPI for good, before MPI_Finalize: the operations queued on the
+// communicators alive run to their end, and the tending thread ends. MPI forbids calls of other
+// threads while MPI_Finalize runs, and MPICH stops locking as MPI_Finalize begins, before it runs
+// at_finalize: a call of the tending thread that was inside MPI at that moment keeps MPICH's lock
+// for good, and MPI_Finalize then fails ("pthread_mutex_destroy: Device or resource busy"). So this
+// runs first (herd::mpi::finalize, herd::mpi::environment), not from at_finalize alone.
+HERD_SEPARATE void stop_threads_before_finalize() noexcept;
+
 HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept;
 
 HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*);
@@ -674,22 +682,33 @@ HERD_SEPARATE void add_unsettled(mpi_state* s) noexcept {
   start_tender(r);
 }
 
-HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
+HERD_SEPARATE void stop_threads_before_finalize() noexcept {
   auto& r = registry();
   std::vector<mpi_state*> live;
   {
     std::lock_guard lock(r.mutex);
-    r.finalizing = true;
     try {
       live = r.live;
     } catch (...) {
     }
   }
-  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
-  // Queued operations first: they still need MPI. Outside the registry's lock: one that fails
-  // settles its abort on the progress thread, which may list its communicator as unsettled under
-  // that lock (MPI_Finalize must not run beside other MPI calls, so no communicator comes or goes).
+  // Queued operations first: they still need MPI, and one that fails hands its communicator to the
+  // tending thread. Outside the registry's lock: one that fails settles its abort on the progress
+  // thread, which may list its communicator as unsettled under that lock (no communicator comes or
+  // goes meanwhile: MPI_Finalize must not run beside other MPI calls).
   for (mpi_state* s : live) s->ops.drain();
+  {
+    std::lock_guard lock(r.mutex);
+    r.finalizing = true;  // no tending thread starts from here on
+  }
+  if (r.tender.joinable()) r.tender.join();  // it sees finalizing and ends, outside MPI
+}
+
+HERD_SEPARATE int at_finalize(MPI_Comm, int, void*, void*) {
+  // Too late to be safe where the program called MPI_Finalize itself with a tending thread at work
+  // (see stop_threads_before_finalize); still the best left to do then.
+  stop_threads_before_finalize();
+  auto& r = registry();
   std::lock_guard lock(r.mutex);
   for (mpi_state* s : r.live) {
     s->ops.drain();  // what the snapshot missed, had it not been had
