@@ -5401,9 +5401,9 @@ HERD_SEPARATE void tend() noexcept;
 // destroyed (retired) communicators are left to the waits and to MPI_Finalize: freeing them
 // (MPI_Comm_free) from this thread made MPICH 4.0.2's MPI_Finalize fail now and then
 // ("pthread_mutex_destroy: Device or resource busy", 7 runs of 45 of a fault-matrix row; none of
-// 20 without). The thread ends once none is unsettled, and at MPI_Finalize: at_finalize sets
-// finalizing under the registry's lock, which the thread holds while it calls MPI, and joins it.
-// Called under r.mutex.
+// 20 without). The thread ends once none is unsettled, and before MPI_Finalize:
+// stop_threads_before_finalize sets finalizing under the registry's lock, which the thread holds
+// while it calls MPI, and joins it. Called under r.mutex.
 HERD_SEPARATE void start_tender(mpi_registry& r) noexcept;
 
 // Brings herd's own threads out of MPI for good, before MPI_Finalize: the operations queued on the
