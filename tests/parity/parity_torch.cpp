@@ -22,6 +22,8 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -124,6 +126,30 @@ struct NetImpl : ::torch::nn::Module {
   ::torch::nn::Linear fc2, extra, unused;
 };
 
+// The model of reference.py's DDP_LAYOUT_SCENARIOS: a channels_last convolution weight and a
+// parameter stored transposed.
+struct LayoutNetImpl : ::torch::nn::Module {
+  LayoutNetImpl()
+      : conv(register_module("conv", ::torch::nn::Conv2d(::torch::nn::Conv2dOptions(3, 4, 3).padding(1).bias(false)))),
+        bn(register_module("bn", ::torch::nn::BatchNorm2d(4))),
+        fc(register_module("fc", ::torch::nn::Linear(4 * 5 * 5, 6))),
+        proj(register_parameter("proj", ::torch::zeros({6, 2}))) {
+    const ::torch::NoGradGuard no_grad;
+    conv->weight.set_data(conv->weight.contiguous(::torch::MemoryFormat::ChannelsLast));
+    proj.set_data(proj.t().contiguous().t());  // strides (1, 6)
+  }
+
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    const ::torch::Tensor h = ::torch::relu(bn(conv(x)));
+    return ::torch::matmul(fc(h.flatten(1)), proj);
+  }
+
+  ::torch::nn::Conv2d conv;
+  ::torch::nn::BatchNorm2d bn;
+  ::torch::nn::Linear fc;
+  ::torch::Tensor proj;
+};
+
 ::torch::Tensor any_tensor(const reference& ref, const std::string& name) {
   if (name.ends_with("num_batches_tracked")) return ::torch::tensor(ref.get<std::int64_t>(name)[0]);
   return tensor(ref, name);
@@ -132,6 +158,16 @@ struct NetImpl : ::torch::nn::Module {
 // The model of scenario `p0` with reference.py's initial values.
 std::shared_ptr<NetImpl> scenario_model(const reference& ref, const std::string& p0) {
   auto model = std::make_shared<NetImpl>();
+  const ::torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+  for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
+  return model;
+}
+
+// The model of layout scenario `p0` with reference.py's initial values (copied element by
+// element: the layouts stay).
+std::shared_ptr<LayoutNetImpl> layout_model(const reference& ref, const std::string& p0) {
+  auto model = std::make_shared<LayoutNetImpl>();
   const ::torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
   for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
@@ -156,7 +192,7 @@ void compare_gradients(comparison& cmp, std::size_t& problems, const reference& 
 }
 
 // Parameters and buffers against reference.py's record `p`.
-void compare_state(comparison& cmp, const reference& ref, const std::string& p, NetImpl& model) {
+template <class Net> void compare_state(comparison& cmp, const reference& ref, const std::string& p, Net& model) {
   for (auto& item : model.named_parameters()) check(cmp, p + "state." + item.key(), item.value(), tensor(ref, p + "state." + item.key()));
   for (auto& item : model.named_buffers()) {
     check(cmp, p + "state." + item.key(), item.value().to(::torch::kDouble),
@@ -249,9 +285,55 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
       compare_state(cmp, ref, p, *model);
     }
   }
+  // reference.py's DDP_LAYOUT_SCENARIOS: parameters in other memory layouts. The gradients'
+  // values and strides (DDP's follow each parameter's layout), then the state after each step.
+  const auto layout_table = scenarios.get<std::int64_t>("layout_scenarios");
+  for (std::size_t s = 0; s < layout_table.size() / 2; ++s) {
+    const std::int64_t as_view = layout_table[2 * s], bucket = layout_table[2 * s + 1];
+    const std::string p0 = "l" + std::to_string(s) + ".";
+    auto model = layout_model(ref, p0);
+    herd::optimizer_options options{.gradient_as_bucket_view = as_view != 0};
+    if (bucket != 0) options.bucket_bytes = options.first_bucket_bytes = static_cast<std::size_t>(bucket);
+    herd::torch::DistributedDataParallel ddp(model, comm, options);
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      model->zero_grad(false);
+      const ::torch::Tensor x = tensor(ref, p + "x").contiguous(::torch::MemoryFormat::ChannelsLast);
+      ::torch::mse_loss(ddp.forward(x), tensor(ref, p + "target")).backward();
+      for (const auto& item : named) {
+        const ::torch::Tensor& g = item.value().grad();
+        const auto want = ref.get<std::int64_t>(p + "grad_strides." + item.key());
+        if (!g.defined()) {
+          if (problems++ < 4) std::printf("  %s: the gradient of %s is undefined here\n", p.c_str(), item.key().c_str());
+          continue;
+        }
+        if (std::vector<std::int64_t>(g.strides().begin(), g.strides().end()) != want) {
+          if (problems++ < 4) {
+            std::ostringstream text;
+            text << g.strides();
+            std::printf("  %s: the gradient of %s has strides %s here, not torch's\n", p.c_str(), item.key().c_str(),
+                        text.str().c_str());
+          }
+        }
+        check(cmp, p + "grad." + item.key(), g, tensor(ref, p + "grad." + item.key()));
+      }
+      // How many storages the gradients use: one, their bucket's, with gradient_as_bucket_view.
+      std::set<const void*> storages;
+      for (const auto& item : named) storages.insert(item.value().grad().storage().unsafeGetStorageImpl());
+      const auto want = ref.get<std::int64_t>(p + "grad_storages")[0];
+      if (bucket == 0 && static_cast<std::int64_t>(storages.size()) != want && problems++ < 4) {
+        std::printf("  %s: the gradients use %zu storages here, %lld in torch\n", p.c_str(), storages.size(),
+                    static_cast<long long>(want));
+      }
+      sgd.step();
+      compare_state(cmp, ref, p, *model);
+    }
+  }
   std::printf("rank %d of %d: ", comm.rank(), comm.size());
   const int values = cmp.report("parity_ddp");
-  std::printf("rank %d of %d: parity_ddp: %zu gradients defined differently\n", comm.rank(), comm.size(), problems);
+  std::printf("rank %d of %d: parity_ddp: %zu gradients defined or laid out differently\n", comm.rank(), comm.size(), problems);
   return values == 0 && problems == 0 ? 0 : 1;
 }
 

@@ -343,6 +343,67 @@ DDP_MORE_SCENARIOS = [[1, 0, 1, 0, 0], [1, 0, 1, 256, 0], [0, 1, 0, 0, 0], [0, 1
 DDP_SYNC_SCENARIOS = [[0, 1], [1, 1], [0, 2], [1, 2], [0, 3], [1, 3], [0, 4], [1, 4]]
 
 
+# Parameters in other memory layouts: a convolution whose weight is channels_last (as
+# model.to(memory_format=torch.channels_last) leaves it), fed channels_last batches, and a
+# parameter stored transposed. DDP's bucket views follow each parameter's strides, and the
+# gradients keep them; with gradient_as_bucket_view they are views of the buckets (how many
+# storages the gradients use is compared where the buckets are the default: one bucket here).
+# [gradient_as_bucket_view, bucket bytes (0: DDP's default)]
+DDP_LAYOUT_SCENARIOS = [[0, 0], [1, 0], [0, 256], [1, 256]]
+
+
+def layout_model():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)  # BatchNorm follows (see ddp_model)
+            self.bn = torch.nn.BatchNorm2d(4)
+            self.fc = torch.nn.Linear(4 * 5 * 5, 6)
+            self.proj = torch.nn.Parameter(torch.randn(6, 2))
+
+        def forward(self, x):
+            h = torch.relu(self.bn(self.conv(x)))
+            return self.fc(h.flatten(1)) @ self.proj
+
+    torch.manual_seed(31)
+    net = Net().double().to(memory_format=torch.channels_last)
+    net.proj.data = net.proj.data.t().contiguous().t()  # the same values, strides (1, 6)
+    assert net.conv.weight.is_contiguous(memory_format=torch.channels_last) and not net.proj.is_contiguous()
+    return net
+
+
+def ddp_layouts(rank, world, tensors):
+    """DDP_LAYOUT_SCENARIOS: each rank's gradients (values and strides) after each backward, its
+    state after each step."""
+    for s, (as_view, bucket) in enumerate(DDP_LAYOUT_SCENARIOS):
+        model = layout_model()
+        names = [n for n, _ in model.named_parameters()]
+        for n, t in model.state_dict().items():
+            tensors[f"l{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, gradient_as_bucket_view=bool(as_view), **({"bucket_cap_mb": bucket / 2 ** 20} if bucket else {}))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(4000 * world + 10 * rank + s)
+        for it in range(DDP_ITERATIONS):
+            p = f"l{s}.{it}."
+            opt.zero_grad(set_to_none=False)
+            x = torch.randn(DDP_BATCH, 3, 5, 5, generator=gen, dtype=torch.float64)
+            target = torch.randn(DDP_BATCH, 2, generator=gen, dtype=torch.float64)
+            tensors[p + "x"], tensors[p + "target"] = x, target
+            y = ddp(x.contiguous(memory_format=torch.channels_last))
+            torch.nn.functional.mse_loss(y, target).backward()
+            params = dict(model.named_parameters())
+            for n in names:
+                tensors[f"{p}grad.{n}"] = params[n].grad.clone()
+                tensors[f"{p}grad_strides.{n}"] = torch.tensor(params[n].grad.stride(), dtype=torch.int64)
+            # With gradient_as_bucket_view the gradients are views of their buckets' storage.
+            storages = {getattr(params[n].grad, "untyped_storage", params[n].grad.storage)().data_ptr() for n in names}
+            tensors[p + "grad_storages"] = torch.tensor([len(storages)], dtype=torch.int64)
+            opt.step()
+            for n, t in model.state_dict().items():
+                tensors[f"{p}state.{n}"] = t.clone()
+
+
 def ddp_model():
     class Net(torch.nn.Module):
         def __init__(self):
@@ -396,6 +457,7 @@ def ddp_rank(rank, world):
                 tensors[f"{p}state.{n}"] = t.clone()
     ddp_more(rank, world, tensors)
     ddp_sync(rank, world, tensors)
+    ddp_layouts(rank, world, tensors)
     save(f"ddp.{world}.{rank}", tensors)
 
 
@@ -671,6 +733,7 @@ def distributed_checks():
     tensors = {"scenarios": torch.tensor(DDP_SCENARIOS, dtype=torch.int64),
                "more_scenarios": torch.tensor(DDP_MORE_SCENARIOS, dtype=torch.int64),
                "sync_scenarios": torch.tensor(DDP_SYNC_SCENARIOS, dtype=torch.int64),
+               "layout_scenarios": torch.tensor(DDP_LAYOUT_SCENARIOS, dtype=torch.int64),
                "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
     save("ddp", tensors)
 

@@ -136,6 +136,33 @@ HERD_MPI_TEST_CASE("broadcast_optimizer_state gives every rank the root's libtor
   for (int r = 0; r < comm.size(); ++r) CHECK(gathered[r].equal(gathered[0]));
 }
 
+HERD_MPI_TEST_CASE("broadcast_parameters and broadcast_optimizer_state take tensors in any memory layout, element by element", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  // A convolution whose weight is channels_last on even ranks and row-major on odd ones (the
+  // layouts need not agree), with values and a momentum that differ by rank.
+  torch::manual_seed(20 + static_cast<std::uint64_t>(comm.rank()));
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 2));
+  if (comm.rank() % 2 == 0) conv->weight.set_data(conv->weight.contiguous(torch::MemoryFormat::ChannelsLast));
+  torch::optim::SGD sgd(conv->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  conv->forward(torch::randn({2, 2, 3, 3}).contiguous(torch::MemoryFormat::ChannelsLast)).sum().backward();
+  sgd.step();  // the momentum of a channels_last weight is channels_last
+  herd::broadcast_parameters(*conv, comm, 0);
+  herd::broadcast_optimizer_state(sgd, comm, 0);
+  CHECK(conv->weight.is_contiguous(comm.rank() % 2 == 0 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
+  auto same_everywhere = [&](const torch::Tensor& t) {  // row-major copies gathered: the values by index
+    torch::Tensor flat = t.detach().contiguous().reshape({-1});
+    torch::Tensor all = torch::empty({comm.size(), flat.numel()});
+    herd::allgather(flat, all, comm);
+    for (int r = 0; r < comm.size(); ++r) CHECK(all[r].equal(all[0]));
+  };
+  for (auto& p : conv->parameters()) {
+    same_everywhere(p);
+    auto& state = static_cast<torch::optim::SGDParamState&>(*sgd.state().at(herd::detail::torch_state_key(p)));
+    same_everywhere(state.momentum_buffer());
+  }
+}
+
 namespace {
 
 // K steps of SGD with momentum on rank-dependent slices of shared data, through

@@ -13,6 +13,7 @@
 #include <herd/optim/broadcast.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
 #include <herd/tensor/buffer_view.hpp>
+#include <herd/torch/detail/layout.hpp>
 #include <herd/torch/detail/optimizer_state.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
@@ -27,12 +28,14 @@
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
-// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
+// Every parameter and buffer of `module` (and its submodules) ends equal to the root's, element by
+// element, whatever each rank's memory layout (channels_last, say).
 template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
-  std::vector<buffer_view> views;
-  for (auto& p : module.parameters()) views.push_back(view_of(p));
-  for (auto& b : module.buffers()) views.push_back(view_of(b));
-  broadcast_parameters(views, comm, root);
+  detail::row_major_views staged;
+  for (auto& p : module.parameters()) staged.add(p);
+  for (auto& b : module.buffers()) staged.add(b);
+  broadcast_parameters(staged.views(), comm, root);
+  staged.write_back();
 }
 
 // Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
@@ -46,8 +49,9 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;
   detail::torch_state(opt, steps, tensors);
-  std::vector<buffer_view> views;
-  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
+  detail::row_major_views staged;  // a channels_last parameter's momentum is channels_last
+  for (at::Tensor* t : tensors) staged.add(*t);
+  const std::vector<buffer_view>& views = staged.views();
   detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
   std::vector<double> scalars;
   for (auto& group : opt.param_groups()) {
@@ -63,6 +67,7 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   }
   for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
   for (buffer_view v : views) broadcast(v, comm, root);
+  staged.write_back();
 }
 
 HERD_CONFIG_NAMESPACE_END

@@ -32,9 +32,16 @@
 //   neither the constructor nor join() broadcasts them either, as PyTorch 2's DDP (1.13's
 //   constructor did).
 // - The constructor raises on every rank for a module with no parameter that requires a gradient
-//   and for trainable parameters whose count, dtype or shape differ between ranks (naming the
-//   parameter and both shapes); herd also needs them contiguous. A sparse gradient (Embedding
-//   with sparse=true) raises from backward(), naming the parameter: buckets hold dense ones only.
+//   and for trainable parameters whose count, dtype, shape or memory layout differ between ranks
+//   (naming the parameter and both shapes or both strides; strides of length-1 dimensions, which
+//   place no element, are not compared, where DDP compares them too). A sparse gradient
+//   (Embedding with sparse=true) raises from backward(), naming the parameter: buckets hold
+//   dense ones only.
+// - Parameters in any memory layout (channels_last convolution weights, a transposed matrix): as
+//   DDP's bucket views, a gradient's place in its bucket has its parameter's strides where the
+//   parameter is dense, row-major strides otherwise (torch/detail/layout.hpp), and param.grad()
+//   keeps that layout; one set in another layout is copied into it. Parameters and buffers are
+//   broadcast element by element whatever each rank's layout.
 // - With find_unused_parameters, a parameter no rank used in the pass, nor in the no_sync()
 //   passes before it, keeps its gradient as it was (undefined stays undefined, so weight decay and
 //   momentum leave it alone); one that some rank used gets the average, counting for the ranks
@@ -72,6 +79,7 @@
 #include <herd/torch/broadcast.hpp>
 #include <herd/torch/detail/ddp_state.hpp>
 #include <herd/torch/detail/device_arithmetic.hpp>
+#include <herd/torch/detail/layout.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
 #include <torch/csrc/autograd/engine.h>
@@ -225,8 +233,9 @@ template <class Module, communicator C> class DistributedDataParallel {
   using accumulator_ptr = detail::accumulator_ptr;
 
   // As DDP's constructor: something to reduce, and the same parameters that require a gradient
-  // on every rank (count, dtypes and shapes: the same number of elements in other shapes would
-  // take rank 0's values in the wrong places). A problem one rank finds raises on every rank.
+  // on every rank (count, dtypes, shapes and memory layouts: the same number of elements in
+  // another shape or order would take rank 0's values in the wrong places, and the buckets reduce
+  // each gradient's elements in memory order). A problem one rank finds raises on every rank.
   void check_parameters() {
     state* s = state_.get();
     C& comm = *s->comm;
@@ -235,65 +244,73 @@ template <class Module, communicator C> class DistributedDataParallel {
       fault = "the module has no parameter that requires a gradient, so DistributedDataParallel is not needed "
               "(it would reduce nothing). Train the module without the wrapper, or give it a parameter to train";
     }
-    // Buckets and broadcasts read each tensor as one block of memory.
-    auto require_contiguous = [&](const char* what, const std::string& name, const at::Tensor& t) {
-      if (!fault.empty() || t.is_contiguous()) return;
-      std::ostringstream text;
-      text << what << " " << name << " is not contiguous (sizes " << t.sizes() << ", strides " << t.strides()
-           << ": a transposed tensor, or a channels_last weight). DistributedDataParallel takes contiguous tensors "
-              "only: make it contiguous before wrapping the module, e.g. p.set_data(p.contiguous()) (for a "
-              "channels_last weight, p.contiguous(torch::MemoryFormat::Contiguous))";
-      fault = text.str();
-    };
-    for (const auto& item : module_->named_parameters()) require_contiguous("parameter", item.key(), item.value());
-    if (s->broadcast_buffers) {
-      for (const auto& item : module_->named_buffers()) require_contiguous("buffer", item.key(), item.value());
-    }
-    std::vector<buffer_view> views;
-    if (fault.empty()) {
-      for (auto& p : s->params) views.push_back(view_of(p));
+    std::vector<buffer_view> views;  // for the counts and dtypes
+    try {
+      for (auto& p : s->params) {
+        views.push_back({p.data_ptr(), static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p),
+                         herd::detail::torch_device(p)});
+      }
+    } catch (const herd::error& e) {
+      if (fault.empty()) fault = e.what();
+      views.clear();
     }
     herd::detail::require_same_tensors(views, comm, "DistributedDataParallel", "trainable parameter", fault);
-    // Counts and dtypes agree: now the shapes, each as its rank, then its sizes.
+    // Counts and dtypes agree: now each parameter's rank, sizes and gradient layout (the strides
+    // that place its elements).
     std::vector<std::int64_t> mine, all;
     for (const auto& p : s->params) {
       mine.push_back(p.dim());
       for (const std::int64_t d : p.sizes()) mine.push_back(d);
+      for (const std::int64_t d : herd::detail::placing_strides(p.sizes(), herd::detail::gradient_strides(p))) mine.push_back(d);
     }
     const std::vector<std::size_t> counts = allgatherv(mine, all, herd::detail::control_of(comm));
-    auto sizes = [&](std::size_t at) {
+    auto list = [&](std::size_t from, std::int64_t n) {
       std::string text = "[";
-      for (std::int64_t k = 0; k < all[at]; ++k) text += (k ? ", " : "") + std::to_string(all[at + 1 + static_cast<std::size_t>(k)]);
+      for (std::int64_t k = 0; k < n; ++k) text += (k ? ", " : "") + std::to_string(all[from + static_cast<std::size_t>(k)]);
       return text + "]";
+    };
+    auto same = [&](std::size_t a, std::size_t b, std::int64_t n) {
+      return std::equal(all.begin() + static_cast<std::ptrdiff_t>(a), all.begin() + static_cast<std::ptrdiff_t>(a) + n,
+                        all.begin() + static_cast<std::ptrdiff_t>(b));
     };
     std::size_t offset = 0;
     for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
       std::size_t here = offset, first = 0;
       for (std::size_t i = 0; i < s->params.size(); ++i) {
-        const auto n = static_cast<std::size_t>(all[first]);
-        if (!std::equal(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + 1 + n),
-                        all.begin() + static_cast<std::ptrdiff_t>(here))) {
+        const std::int64_t n = all[first], n_here = all[here];
+        const std::string which = "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) + ")";
+        if (n != n_here || !same(first + 1, here + 1, n)) {
           herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
-                              "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) +
-                                  ") has sizes " + sizes(here) + " on rank " + std::to_string(r) + " but " + sizes(first) +
-                                  " on rank 0",
+                              which + " has sizes " + list(here + 1, n_here) + " on rank " + std::to_string(r) + " but " +
+                                  list(first + 1, n) + " on rank 0",
                               "Every rank must build the same model: the same parameters in the same order and shapes");
         }
-        first += 1 + n;
-        here += 1 + static_cast<std::size_t>(all[here]);
+        if (!same(first + 1 + static_cast<std::size_t>(n), here + 1 + static_cast<std::size_t>(n), n)) {
+          herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+                              which + " lies in memory with strides " + list(here + 1 + static_cast<std::size_t>(n), n) +
+                                  " on rank " + std::to_string(r) + " but " + list(first + 1 + static_cast<std::size_t>(n), n) +
+                                  " on rank 0 (strides of length-1 dimensions shown as 0): its memory format differs, "
+                                  "e.g. channels_last on one rank only, and the buckets reduce elements in memory order",
+                              "Give the parameter the same memory format on every rank (e.g. "
+                              "p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast)) on each) before wrapping the module");
+        }
+        first += 1 + 2 * static_cast<std::size_t>(n);
+        here += 1 + 2 * static_cast<std::size_t>(n_here);
       }
     }
   }
 
   // As DDP's at construction and after a join: the root's parameters, and its buffers unless
-  // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway).
+  // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway),
+  // element by element whatever each rank's memory layout.
   void sync_module_states(int root) {
-    std::vector<buffer_view> views;
-    for (auto& p : module_->parameters()) views.push_back(view_of(p));
+    herd::detail::row_major_views staged;
+    for (auto& p : module_->parameters()) staged.add(p);
     if (state_->broadcast_buffers) {
-      for (auto& b : module_->buffers()) views.push_back(view_of(b));
+      for (auto& b : module_->buffers()) staged.add(b);
     }
-    broadcast_parameters(views, *state_->comm, root);
+    broadcast_parameters(staged.views(), *state_->comm, root);
+    staged.write_back();
   }
 
   Module module_;

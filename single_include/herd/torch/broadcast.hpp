@@ -15,6 +15,197 @@
 //   herd::broadcast_optimizer_state(sgd, comm, 0);   // after loading a checkpoint on rank 0
 
 
+// ---- herd/torch/detail/layout.hpp ----
+#ifndef HERD_TORCH_DETAIL_LAYOUT_HPP
+#define HERD_TORCH_DETAIL_LAYOUT_HPP
+// Tensors in a memory layout other than row-major (a channels_last convolution weight, a
+// transposed matrix), as the DDP wrapper and the libtorch broadcasts take them.
+//
+// Reductions: a tensor that is non-overlapping and dense fills numel elements of its storage back
+// to back, in the order its strides give. Two ranks whose tensors have the same sizes and strides
+// hold the same element at each place of that span, so the span reduces as one block, as a
+// contiguous tensor does. A gradient's layout is its parameter's where that is dense, row-major
+// otherwise: the layout of PyTorch's DDP bucket views, and the one autograd gives a gradient it
+// creates (the layout contract of AccumulateGrad). The DDP wrapper checks at construction that the
+// ranks' parameters agree on it.
+//
+// Broadcasts: each element goes to the element of the same index on every rank, whatever each
+// rank's layout, as PyTorch's coalesced broadcasts: a tensor that is not row-major travels
+// through a row-major copy.
+
+
+// ---- herd/torch/tensor_traits.hpp ----
+#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
+#define HERD_TORCH_TENSOR_TRAITS_HPP
+// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
+// the umbrella header does not include it, so programs without libtorch never see it.
+//
+//   #include <torch/torch.h>
+//   #include <herd/herd.hpp>
+//   #include <herd/torch/tensor_traits.hpp>
+//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
+//
+// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
+// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
+// sparse or quantized one, or another dtype raises herd::error saying what to do.
+
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <string>
+
+namespace herd {
+namespace detail {
+
+// Defined, strided (dense) and not quantized: a tensor whose elements herd can address, in any
+// memory layout.
+inline const at::Tensor& require_dense(const at::Tensor& t) {
+  if (!t.defined()) {
+    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
+                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
+    layout << t.layout();
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
+                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
+  }
+  return t;
+}
+
+// ... and contiguous (row-major): one block of memory in the order of its elements.
+inline const at::Tensor& require_usable(const at::Tensor& t) {
+  if (!require_dense(t).is_contiguous()) {
+    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
+                "and pass the result, keeping it alive while herd works on it.");
+  }
+  return t;
+}
+
+inline herd::dtype torch_dtype(const at::Tensor& t) {
+  switch (require_dense(t).scalar_type()) {
+    case at::kHalf: return dtype::f16;
+    case at::kBFloat16: return dtype::bf16;
+    case at::kFloat: return dtype::f32;
+    case at::kDouble: return dtype::f64;
+    case at::kChar: return dtype::i8;
+    case at::kByte: return dtype::u8;
+    case at::kInt: return dtype::i32;
+    case at::kLong: return dtype::i64;
+    default:
+      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
+                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
+                  "convert with .to(torch::kFloat32) or similar.");
+  }
+}
+
+inline herd::device torch_device(const at::Tensor& t) {
+  const c10::Device d = require_dense(t).device();
+  if (d.is_cpu()) return herd::device::cpu();
+  if (d.is_cuda()) return herd::device::cuda(d.index());
+  throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
+              "CUDA device.");
+}
+
+}  // namespace detail
+
+template <> struct tensor_traits<at::Tensor> {
+  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
+  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
+  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(detail::require_usable(t)); }
+  static herd::device device(const at::Tensor& t) { return detail::torch_device(detail::require_usable(t)); }
+};
+
+}  // namespace herd
+
+#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// The strides of `param`'s gradient in a bucket: its own where it is dense, row-major otherwise.
+inline std::vector<std::int64_t> gradient_strides(const at::Tensor& param) {
+  if (param.is_non_overlapping_and_dense()) return param.strides().vec();
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(param.dim()));
+  std::int64_t step = 1;
+  for (std::int64_t k = param.dim() - 1; k >= 0; --k) {
+    strides[static_cast<std::size_t>(k)] = step;
+    step *= std::max<std::int64_t>(param.size(k), 1);
+  }
+  return strides;
+}
+
+// The strides that decide where each element lies: those of the dimensions longer than 1 (a
+// dimension of length 1 is never stepped along, so its stride is left out as 0). Two tensors of
+// the same sizes and the same of these place every element alike.
+inline std::vector<std::int64_t> placing_strides(at::IntArrayRef sizes, at::IntArrayRef strides) {
+  std::vector<std::int64_t> out(sizes.size(), 0);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] > 1) out[k] = strides[k];
+  }
+  return out;
+}
+
+// Whether `grad` lies as `param`'s gradient does in its bucket.
+inline bool in_gradient_layout(const at::Tensor& grad, const at::Tensor& param) {
+  if (grad.sizes() != param.sizes() || !grad.is_non_overlapping_and_dense()) return false;
+  const std::vector<std::int64_t> want = gradient_strides(param);
+  return placing_strides(grad.sizes(), grad.strides()) == placing_strides(param.sizes(), want);
+}
+
+// An uninitialized tensor in `param`'s gradient layout.
+inline at::Tensor empty_gradient(const at::Tensor& param) {
+  return at::empty_strided(param.sizes(), gradient_strides(param), param.options());
+}
+
+// The numel elements a dense tensor of any layout occupies, as one view in memory order.
+inline buffer_view span_view(const at::Tensor& t) {
+  const herd::dtype type = torch_dtype(t);
+  if (!t.is_non_overlapping_and_dense()) {
+    throw error("herd: the torch::Tensor is neither contiguous nor dense in another layout (a sliced or expanded "
+                "view). Call .contiguous() and pass the result.");
+  }
+  return {t.data_ptr(), static_cast<std::size_t>(t.numel()), type, torch_device(t)};
+}
+
+// Views for a broadcast of tensors in any layout: a row-major tensor as it is, any other through a
+// row-major copy that write_back() copies into it once the broadcast is done.
+class row_major_views {
+ public:
+  void add(at::Tensor& t) {
+    torch_dtype(t);  // defined, dense, a dtype herd has: said before libtorch is asked for a copy
+    if (t.is_contiguous()) {
+      views_.push_back(view_of(t));
+      return;
+    }
+    at::Tensor copy = t.contiguous();
+    views_.push_back(view_of(copy));
+    staged_.emplace_back(t, std::move(copy));
+  }
+  std::vector<buffer_view>& views() noexcept { return views_; }
+  void write_back() {
+    const ::torch::NoGradGuard no_grad;  // parameters are leaves that require a gradient
+    for (auto& [tensor, copy] : staged_) tensor.copy_(copy);
+  }
+
+ private:
+  std::vector<buffer_view> views_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged_;
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_TORCH_DETAIL_LAYOUT_HPP
+
 // ---- herd/torch/detail/optimizer_state.hpp ----
 #ifndef HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
 #define HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
@@ -131,84 +322,6 @@ template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::
 
 #endif  // HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
 
-// ---- herd/torch/tensor_traits.hpp ----
-#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
-#define HERD_TORCH_TENSOR_TRAITS_HPP
-// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
-// the umbrella header does not include it, so programs without libtorch never see it.
-//
-//   #include <torch/torch.h>
-//   #include <herd/herd.hpp>
-//   #include <herd/torch/tensor_traits.hpp>
-//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
-//
-// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
-// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
-// sparse or quantized one, or another dtype raises herd::error saying what to do.
-
-
-#include <ATen/ATen.h>
-
-#include <sstream>
-#include <string>
-
-namespace herd {
-namespace detail {
-
-inline const at::Tensor& require_usable(const at::Tensor& t) {
-  if (!t.defined()) {
-    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
-                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
-  }
-  if (t.layout() != at::kStrided || t.is_quantized()) {
-    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
-    layout << t.layout();
-    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
-                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
-  }
-  if (!t.is_contiguous()) {
-    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
-                "and pass the result, keeping it alive while herd works on it.");
-  }
-  return t;
-}
-
-inline herd::dtype torch_dtype(const at::Tensor& t) {
-  switch (require_usable(t).scalar_type()) {
-    case at::kHalf: return dtype::f16;
-    case at::kBFloat16: return dtype::bf16;
-    case at::kFloat: return dtype::f32;
-    case at::kDouble: return dtype::f64;
-    case at::kChar: return dtype::i8;
-    case at::kByte: return dtype::u8;
-    case at::kInt: return dtype::i32;
-    case at::kLong: return dtype::i64;
-    default:
-      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
-                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
-                  "convert with .to(torch::kFloat32) or similar.");
-  }
-}
-
-}  // namespace detail
-
-template <> struct tensor_traits<at::Tensor> {
-  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
-  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
-  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
-  static herd::device device(const at::Tensor& t) {
-    const c10::Device d = detail::require_usable(t).device();
-    if (d.is_cpu()) return herd::device::cpu();
-    if (d.is_cuda()) return herd::device::cuda(d.index());
-    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
-                "CUDA device.");
-  }
-};
-
-}  // namespace herd
-
-#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
-
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -220,12 +333,14 @@ template <> struct tensor_traits<at::Tensor> {
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
-// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
+// Every parameter and buffer of `module` (and its submodules) ends equal to the root's, element by
+// element, whatever each rank's memory layout (channels_last, say).
 template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
-  std::vector<buffer_view> views;
-  for (auto& p : module.parameters()) views.push_back(view_of(p));
-  for (auto& b : module.buffers()) views.push_back(view_of(b));
-  broadcast_parameters(views, comm, root);
+  detail::row_major_views staged;
+  for (auto& p : module.parameters()) staged.add(p);
+  for (auto& b : module.buffers()) staged.add(b);
+  broadcast_parameters(staged.views(), comm, root);
+  staged.write_back();
 }
 
 // Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
@@ -239,8 +354,9 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;
   detail::torch_state(opt, steps, tensors);
-  std::vector<buffer_view> views;
-  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
+  detail::row_major_views staged;  // a channels_last parameter's momentum is channels_last
+  for (at::Tensor* t : tensors) staged.add(*t);
+  const std::vector<buffer_view>& views = staged.views();
   detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
   std::vector<double> scalars;
   for (auto& group : opt.param_groups()) {
@@ -256,6 +372,7 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   }
   for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
   for (buffer_view v : views) broadcast(v, comm, root);
+  staged.write_back();
 }
 
 HERD_CONFIG_NAMESPACE_END

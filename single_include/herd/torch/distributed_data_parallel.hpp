@@ -40,9 +40,16 @@
 //   neither the constructor nor join() broadcasts them either, as PyTorch 2's DDP (1.13's
 //   constructor did).
 // - The constructor raises on every rank for a module with no parameter that requires a gradient
-//   and for trainable parameters whose count, dtype or shape differ between ranks (naming the
-//   parameter and both shapes); herd also needs them contiguous. A sparse gradient (Embedding
-//   with sparse=true) raises from backward(), naming the parameter: buckets hold dense ones only.
+//   and for trainable parameters whose count, dtype, shape or memory layout differ between ranks
+//   (naming the parameter and both shapes or both strides; strides of length-1 dimensions, which
+//   place no element, are not compared, where DDP compares them too). A sparse gradient
+//   (Embedding with sparse=true) raises from backward(), naming the parameter: buckets hold
+//   dense ones only.
+// - Parameters in any memory layout (channels_last convolution weights, a transposed matrix): as
+//   DDP's bucket views, a gradient's place in its bucket has its parameter's strides where the
+//   parameter is dense, row-major strides otherwise (torch/detail/layout.hpp), and param.grad()
+//   keeps that layout; one set in another layout is copied into it. Parameters and buffers are
+//   broadcast element by element whatever each rank's layout.
 // - With find_unused_parameters, a parameter no rank used in the pass, nor in the no_sync()
 //   passes before it, keeps its gradient as it was (undefined stays undefined, so weight decay and
 //   momentum leave it alone); one that some rank used gets the average, counting for the ranks
@@ -77,6 +84,197 @@
 //   herd::broadcast_parameters(*model, comm, 0);     // parameters and buffers
 //   herd::broadcast_optimizer_state(sgd, comm, 0);   // after loading a checkpoint on rank 0
 
+
+// ---- herd/torch/detail/layout.hpp ----
+#ifndef HERD_TORCH_DETAIL_LAYOUT_HPP
+#define HERD_TORCH_DETAIL_LAYOUT_HPP
+// Tensors in a memory layout other than row-major (a channels_last convolution weight, a
+// transposed matrix), as the DDP wrapper and the libtorch broadcasts take them.
+//
+// Reductions: a tensor that is non-overlapping and dense fills numel elements of its storage back
+// to back, in the order its strides give. Two ranks whose tensors have the same sizes and strides
+// hold the same element at each place of that span, so the span reduces as one block, as a
+// contiguous tensor does. A gradient's layout is its parameter's where that is dense, row-major
+// otherwise: the layout of PyTorch's DDP bucket views, and the one autograd gives a gradient it
+// creates (the layout contract of AccumulateGrad). The DDP wrapper checks at construction that the
+// ranks' parameters agree on it.
+//
+// Broadcasts: each element goes to the element of the same index on every rank, whatever each
+// rank's layout, as PyTorch's coalesced broadcasts: a tensor that is not row-major travels
+// through a row-major copy.
+
+
+// ---- herd/torch/tensor_traits.hpp ----
+#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
+#define HERD_TORCH_TENSOR_TRAITS_HPP
+// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
+// the umbrella header does not include it, so programs without libtorch never see it.
+//
+//   #include <torch/torch.h>
+//   #include <herd/herd.hpp>
+//   #include <herd/torch/tensor_traits.hpp>
+//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
+//
+// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
+// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
+// sparse or quantized one, or another dtype raises herd::error saying what to do.
+
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <string>
+
+namespace herd {
+namespace detail {
+
+// Defined, strided (dense) and not quantized: a tensor whose elements herd can address, in any
+// memory layout.
+inline const at::Tensor& require_dense(const at::Tensor& t) {
+  if (!t.defined()) {
+    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
+                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
+    layout << t.layout();
+    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
+                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
+  }
+  return t;
+}
+
+// ... and contiguous (row-major): one block of memory in the order of its elements.
+inline const at::Tensor& require_usable(const at::Tensor& t) {
+  if (!require_dense(t).is_contiguous()) {
+    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
+                "and pass the result, keeping it alive while herd works on it.");
+  }
+  return t;
+}
+
+inline herd::dtype torch_dtype(const at::Tensor& t) {
+  switch (require_dense(t).scalar_type()) {
+    case at::kHalf: return dtype::f16;
+    case at::kBFloat16: return dtype::bf16;
+    case at::kFloat: return dtype::f32;
+    case at::kDouble: return dtype::f64;
+    case at::kChar: return dtype::i8;
+    case at::kByte: return dtype::u8;
+    case at::kInt: return dtype::i32;
+    case at::kLong: return dtype::i64;
+    default:
+      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
+                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
+                  "convert with .to(torch::kFloat32) or similar.");
+  }
+}
+
+inline herd::device torch_device(const at::Tensor& t) {
+  const c10::Device d = require_dense(t).device();
+  if (d.is_cpu()) return herd::device::cpu();
+  if (d.is_cuda()) return herd::device::cuda(d.index());
+  throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
+              "CUDA device.");
+}
+
+}  // namespace detail
+
+template <> struct tensor_traits<at::Tensor> {
+  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
+  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
+  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(detail::require_usable(t)); }
+  static herd::device device(const at::Tensor& t) { return detail::torch_device(detail::require_usable(t)); }
+};
+
+}  // namespace herd
+
+#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace herd::detail {
+
+// The strides of `param`'s gradient in a bucket: its own where it is dense, row-major otherwise.
+inline std::vector<std::int64_t> gradient_strides(const at::Tensor& param) {
+  if (param.is_non_overlapping_and_dense()) return param.strides().vec();
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(param.dim()));
+  std::int64_t step = 1;
+  for (std::int64_t k = param.dim() - 1; k >= 0; --k) {
+    strides[static_cast<std::size_t>(k)] = step;
+    step *= std::max<std::int64_t>(param.size(k), 1);
+  }
+  return strides;
+}
+
+// The strides that decide where each element lies: those of the dimensions longer than 1 (a
+// dimension of length 1 is never stepped along, so its stride is left out as 0). Two tensors of
+// the same sizes and the same of these place every element alike.
+inline std::vector<std::int64_t> placing_strides(at::IntArrayRef sizes, at::IntArrayRef strides) {
+  std::vector<std::int64_t> out(sizes.size(), 0);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] > 1) out[k] = strides[k];
+  }
+  return out;
+}
+
+// Whether `grad` lies as `param`'s gradient does in its bucket.
+inline bool in_gradient_layout(const at::Tensor& grad, const at::Tensor& param) {
+  if (grad.sizes() != param.sizes() || !grad.is_non_overlapping_and_dense()) return false;
+  const std::vector<std::int64_t> want = gradient_strides(param);
+  return placing_strides(grad.sizes(), grad.strides()) == placing_strides(param.sizes(), want);
+}
+
+// An uninitialized tensor in `param`'s gradient layout.
+inline at::Tensor empty_gradient(const at::Tensor& param) {
+  return at::empty_strided(param.sizes(), gradient_strides(param), param.options());
+}
+
+// The numel elements a dense tensor of any layout occupies, as one view in memory order.
+inline buffer_view span_view(const at::Tensor& t) {
+  const herd::dtype type = torch_dtype(t);
+  if (!t.is_non_overlapping_and_dense()) {
+    throw error("herd: the torch::Tensor is neither contiguous nor dense in another layout (a sliced or expanded "
+                "view). Call .contiguous() and pass the result.");
+  }
+  return {t.data_ptr(), static_cast<std::size_t>(t.numel()), type, torch_device(t)};
+}
+
+// Views for a broadcast of tensors in any layout: a row-major tensor as it is, any other through a
+// row-major copy that write_back() copies into it once the broadcast is done.
+class row_major_views {
+ public:
+  void add(at::Tensor& t) {
+    torch_dtype(t);  // defined, dense, a dtype herd has: said before libtorch is asked for a copy
+    if (t.is_contiguous()) {
+      views_.push_back(view_of(t));
+      return;
+    }
+    at::Tensor copy = t.contiguous();
+    views_.push_back(view_of(copy));
+    staged_.emplace_back(t, std::move(copy));
+  }
+  std::vector<buffer_view>& views() noexcept { return views_; }
+  void write_back() {
+    const ::torch::NoGradGuard no_grad;  // parameters are leaves that require a gradient
+    for (auto& [tensor, copy] : staged_) tensor.copy_(copy);
+  }
+
+ private:
+  std::vector<buffer_view> views_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged_;
+};
+
+}  // namespace herd::detail
+
+#endif  // HERD_TORCH_DETAIL_LAYOUT_HPP
 
 // ---- herd/torch/detail/optimizer_state.hpp ----
 #ifndef HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
@@ -194,84 +392,6 @@ template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::
 
 #endif  // HERD_TORCH_DETAIL_OPTIMIZER_STATE_HPP
 
-// ---- herd/torch/tensor_traits.hpp ----
-#ifndef HERD_TORCH_TENSOR_TRAITS_HPP
-#define HERD_TORCH_TENSOR_TRAITS_HPP
-// tensor_traits for torch::Tensor (libtorch), which the rest of herd/torch/ builds on. Opt-in:
-// the umbrella header does not include it, so programs without libtorch never see it.
-//
-//   #include <torch/torch.h>
-//   #include <herd/herd.hpp>
-//   #include <herd/torch/tensor_traits.hpp>
-//   herd::allreduce(param.grad(), comm, herd::reduce_op::avg);
-//
-// Taken: dense (strided) contiguous tensors of float16, bfloat16, float32, float64, int8, uint8,
-// int32 and int64 on the CPU or a CUDA device. An undefined tensor, a non-contiguous one, a
-// sparse or quantized one, or another dtype raises herd::error saying what to do.
-
-
-#include <ATen/ATen.h>
-
-#include <sstream>
-#include <string>
-
-namespace herd {
-namespace detail {
-
-inline const at::Tensor& require_usable(const at::Tensor& t) {
-  if (!t.defined()) {
-    throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
-                "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
-  }
-  if (t.layout() != at::kStrided || t.is_quantized()) {
-    std::ostringstream layout;  // c10::toString has no overload for a layout in every libtorch
-    layout << t.layout();
-    throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
-                (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
-  }
-  if (!t.is_contiguous()) {
-    throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
-                "and pass the result, keeping it alive while herd works on it.");
-  }
-  return t;
-}
-
-inline herd::dtype torch_dtype(const at::Tensor& t) {
-  switch (require_usable(t).scalar_type()) {
-    case at::kHalf: return dtype::f16;
-    case at::kBFloat16: return dtype::bf16;
-    case at::kFloat: return dtype::f32;
-    case at::kDouble: return dtype::f64;
-    case at::kChar: return dtype::i8;
-    case at::kByte: return dtype::u8;
-    case at::kInt: return dtype::i32;
-    case at::kLong: return dtype::i64;
-    default:
-      throw error("herd: torch dtype " + std::string(c10::toString(t.scalar_type())) +
-                  " has no herd dtype. herd takes float16, bfloat16, float32, float64, int8, uint8, int32 and int64; "
-                  "convert with .to(torch::kFloat32) or similar.");
-  }
-}
-
-}  // namespace detail
-
-template <> struct tensor_traits<at::Tensor> {
-  static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
-  static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
-  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
-  static herd::device device(const at::Tensor& t) {
-    const c10::Device d = detail::require_usable(t).device();
-    if (d.is_cpu()) return herd::device::cpu();
-    if (d.is_cuda()) return herd::device::cuda(d.index());
-    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
-                "CUDA device.");
-  }
-};
-
-}  // namespace herd
-
-#endif  // HERD_TORCH_TENSOR_TRAITS_HPP
-
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -283,12 +403,14 @@ template <> struct tensor_traits<at::Tensor> {
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
-// Every parameter and buffer of `module` (and its submodules) ends equal to the root's.
+// Every parameter and buffer of `module` (and its submodules) ends equal to the root's, element by
+// element, whatever each rank's memory layout (channels_last, say).
 template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
-  std::vector<buffer_view> views;
-  for (auto& p : module.parameters()) views.push_back(view_of(p));
-  for (auto& b : module.buffers()) views.push_back(view_of(b));
-  broadcast_parameters(views, comm, root);
+  detail::row_major_views staged;
+  for (auto& p : module.parameters()) staged.add(p);
+  for (auto& b : module.buffers()) staged.add(b);
+  broadcast_parameters(staged.views(), comm, root);
+  staged.write_back();
 }
 
 // Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the
@@ -302,8 +424,9 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;
   detail::torch_state(opt, steps, tensors);
-  std::vector<buffer_view> views;
-  for (at::Tensor* t : tensors) views.push_back(view_of(*t));
+  detail::row_major_views staged;  // a channels_last parameter's momentum is channels_last
+  for (at::Tensor* t : tensors) staged.add(*t);
+  const std::vector<buffer_view>& views = staged.views();
   detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
   std::vector<double> scalars;
   for (auto& group : opt.param_groups()) {
@@ -319,6 +442,7 @@ void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   }
   for (std::int64_t* s : steps) *s = static_cast<std::int64_t>(scalars[at++]);
   for (buffer_view v : views) broadcast(v, comm, root);
+  staged.write_back();
 }
 
 HERD_CONFIG_NAMESPACE_END
@@ -400,8 +524,11 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   }
 
   void sync_buffers(int root) {
-    const ::torch::NoGradGuard no_grad;
-    for (auto& b : buffers()) broadcast(b, *comm, root);
+    herd::detail::row_major_views staged;  // element by element, whatever each rank's layout
+    std::vector<at::Tensor> all = buffers();
+    for (auto& b : all) staged.add(b);
+    for (buffer_view v : staged.views()) broadcast(v, *comm, root);
+    staged.write_back();
   }
 
   // A joined rank's round (join_hook): what a forward and backward of the ranks still training
@@ -446,7 +573,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
         if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
           created[i] = 1;
         }
-        views.push_back(view_of(p.mutable_grad()));
+        views.push_back(gradient_view(i));
       }
       return views;
     };
@@ -460,13 +587,13 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     in_bucket.resize(params.size());
     std::vector<std::pair<std::size_t, dtype>> shapes;
     for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-    for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
+    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params.front()))) {
       const at::Tensor& first = params[b.members.front()];
       at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
         at::Tensor& p = params[b.members[k]];
         at::Tensor g = ::torch::empty({0}, first.options());
-        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
+        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes(), herd::detail::gradient_strides(p));
         if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
           g.copy_(p.grad());
           p.mutable_grad() = g;
@@ -484,6 +611,21 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     if (g.defined()) in_bucket[i].copy_(g);
     else in_bucket[i].zero_();
     g = in_bucket[i];
+  }
+
+  // Gradient i as its bucket reduces it: in its parameter's gradient layout (detail/layout.hpp),
+  // which autograd gives the gradients it creates. One the program set in another layout is
+  // first copied into a tensor of that layout, which becomes param.grad(), as DDP copies such a
+  // gradient into its bucket view.
+  buffer_view gradient_view(std::size_t i) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (g.defined() && g.layout() == at::kStrided && !herd::detail::in_gradient_layout(g, params[i])) {
+      const ::torch::NoGradGuard no_grad;
+      at::Tensor placed = herd::detail::empty_gradient(params[i]);
+      placed.copy_(g);
+      g = placed;
+    }
+    return herd::detail::span_view(g);
   }
 
   // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
@@ -520,7 +662,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
     try {
       repoint(i);
-      const buffer_view grad = view_of(params[i].mutable_grad());
+      const buffer_view grad = gradient_view(i);
       reducer.mark(i, &grad);
     } catch (...) {
       queued = false;
@@ -567,7 +709,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     for (auto& [i, g] : kept) {
       if (!g.defined()) continue;
       repoint(i);
-      const buffer_view grad = view_of(params[i].mutable_grad());
+      const buffer_view grad = gradient_view(i);
       reducer.mark(i, &grad);
     }
     reducer.synchronize();
@@ -958,8 +1100,9 @@ template <class Module, communicator C> class DistributedDataParallel {
   using accumulator_ptr = detail::accumulator_ptr;
 
   // As DDP's constructor: something to reduce, and the same parameters that require a gradient
-  // on every rank (count, dtypes and shapes: the same number of elements in other shapes would
-  // take rank 0's values in the wrong places). A problem one rank finds raises on every rank.
+  // on every rank (count, dtypes, shapes and memory layouts: the same number of elements in
+  // another shape or order would take rank 0's values in the wrong places, and the buckets reduce
+  // each gradient's elements in memory order). A problem one rank finds raises on every rank.
   void check_parameters() {
     state* s = state_.get();
     C& comm = *s->comm;
@@ -968,65 +1111,73 @@ template <class Module, communicator C> class DistributedDataParallel {
       fault = "the module has no parameter that requires a gradient, so DistributedDataParallel is not needed "
               "(it would reduce nothing). Train the module without the wrapper, or give it a parameter to train";
     }
-    // Buckets and broadcasts read each tensor as one block of memory.
-    auto require_contiguous = [&](const char* what, const std::string& name, const at::Tensor& t) {
-      if (!fault.empty() || t.is_contiguous()) return;
-      std::ostringstream text;
-      text << what << " " << name << " is not contiguous (sizes " << t.sizes() << ", strides " << t.strides()
-           << ": a transposed tensor, or a channels_last weight). DistributedDataParallel takes contiguous tensors "
-              "only: make it contiguous before wrapping the module, e.g. p.set_data(p.contiguous()) (for a "
-              "channels_last weight, p.contiguous(torch::MemoryFormat::Contiguous))";
-      fault = text.str();
-    };
-    for (const auto& item : module_->named_parameters()) require_contiguous("parameter", item.key(), item.value());
-    if (s->broadcast_buffers) {
-      for (const auto& item : module_->named_buffers()) require_contiguous("buffer", item.key(), item.value());
-    }
-    std::vector<buffer_view> views;
-    if (fault.empty()) {
-      for (auto& p : s->params) views.push_back(view_of(p));
+    std::vector<buffer_view> views;  // for the counts and dtypes
+    try {
+      for (auto& p : s->params) {
+        views.push_back({p.data_ptr(), static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p),
+                         herd::detail::torch_device(p)});
+      }
+    } catch (const herd::error& e) {
+      if (fault.empty()) fault = e.what();
+      views.clear();
     }
     herd::detail::require_same_tensors(views, comm, "DistributedDataParallel", "trainable parameter", fault);
-    // Counts and dtypes agree: now the shapes, each as its rank, then its sizes.
+    // Counts and dtypes agree: now each parameter's rank, sizes and gradient layout (the strides
+    // that place its elements).
     std::vector<std::int64_t> mine, all;
     for (const auto& p : s->params) {
       mine.push_back(p.dim());
       for (const std::int64_t d : p.sizes()) mine.push_back(d);
+      for (const std::int64_t d : herd::detail::placing_strides(p.sizes(), herd::detail::gradient_strides(p))) mine.push_back(d);
     }
     const std::vector<std::size_t> counts = allgatherv(mine, all, herd::detail::control_of(comm));
-    auto sizes = [&](std::size_t at) {
+    auto list = [&](std::size_t from, std::int64_t n) {
       std::string text = "[";
-      for (std::int64_t k = 0; k < all[at]; ++k) text += (k ? ", " : "") + std::to_string(all[at + 1 + static_cast<std::size_t>(k)]);
+      for (std::int64_t k = 0; k < n; ++k) text += (k ? ", " : "") + std::to_string(all[from + static_cast<std::size_t>(k)]);
       return text + "]";
+    };
+    auto same = [&](std::size_t a, std::size_t b, std::int64_t n) {
+      return std::equal(all.begin() + static_cast<std::ptrdiff_t>(a), all.begin() + static_cast<std::ptrdiff_t>(a) + n,
+                        all.begin() + static_cast<std::ptrdiff_t>(b));
     };
     std::size_t offset = 0;
     for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
       std::size_t here = offset, first = 0;
       for (std::size_t i = 0; i < s->params.size(); ++i) {
-        const auto n = static_cast<std::size_t>(all[first]);
-        if (!std::equal(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + 1 + n),
-                        all.begin() + static_cast<std::ptrdiff_t>(here))) {
+        const std::int64_t n = all[first], n_here = all[here];
+        const std::string which = "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) + ")";
+        if (n != n_here || !same(first + 1, here + 1, n)) {
           herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
-                              "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) +
-                                  ") has sizes " + sizes(here) + " on rank " + std::to_string(r) + " but " + sizes(first) +
-                                  " on rank 0",
+                              which + " has sizes " + list(here + 1, n_here) + " on rank " + std::to_string(r) + " but " +
+                                  list(first + 1, n) + " on rank 0",
                               "Every rank must build the same model: the same parameters in the same order and shapes");
         }
-        first += 1 + n;
-        here += 1 + static_cast<std::size_t>(all[here]);
+        if (!same(first + 1 + static_cast<std::size_t>(n), here + 1 + static_cast<std::size_t>(n), n)) {
+          herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+                              which + " lies in memory with strides " + list(here + 1 + static_cast<std::size_t>(n), n) +
+                                  " on rank " + std::to_string(r) + " but " + list(first + 1 + static_cast<std::size_t>(n), n) +
+                                  " on rank 0 (strides of length-1 dimensions shown as 0): its memory format differs, "
+                                  "e.g. channels_last on one rank only, and the buckets reduce elements in memory order",
+                              "Give the parameter the same memory format on every rank (e.g. "
+                              "p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast)) on each) before wrapping the module");
+        }
+        first += 1 + 2 * static_cast<std::size_t>(n);
+        here += 1 + 2 * static_cast<std::size_t>(n_here);
       }
     }
   }
 
   // As DDP's at construction and after a join: the root's parameters, and its buffers unless
-  // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway).
+  // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway),
+  // element by element whatever each rank's memory layout.
   void sync_module_states(int root) {
-    std::vector<buffer_view> views;
-    for (auto& p : module_->parameters()) views.push_back(view_of(p));
+    herd::detail::row_major_views staged;
+    for (auto& p : module_->parameters()) staged.add(p);
     if (state_->broadcast_buffers) {
-      for (auto& b : module_->buffers()) views.push_back(view_of(b));
+      for (auto& b : module_->buffers()) staged.add(b);
     }
-    broadcast_parameters(views, *state_->comm, root);
+    broadcast_parameters(staged.views(), *state_->comm, root);
+    staged.write_back();
   }
 
   Module module_;

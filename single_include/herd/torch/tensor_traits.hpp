@@ -29,7 +29,9 @@
 namespace herd {
 namespace detail {
 
-inline const at::Tensor& require_usable(const at::Tensor& t) {
+// Defined, strided (dense) and not quantized: a tensor whose elements herd can address, in any
+// memory layout.
+inline const at::Tensor& require_dense(const at::Tensor& t) {
   if (!t.defined()) {
     throw error("herd: the torch::Tensor is undefined (a default-constructed tensor, or a parameter's grad() before "
                 "its first backward pass). Pass a defined tensor, e.g. torch::zeros_like(param) for a missing grad.");
@@ -40,7 +42,12 @@ inline const at::Tensor& require_usable(const at::Tensor& t) {
     throw error("herd: the torch::Tensor is not a dense tensor (layout " + layout.str() +
                 (t.is_quantized() ? ", quantized" : "") + "). Convert it with .to_dense() (or .dequantize()) first.");
   }
-  if (!t.is_contiguous()) {
+  return t;
+}
+
+// ... and contiguous (row-major): one block of memory in the order of its elements.
+inline const at::Tensor& require_usable(const at::Tensor& t) {
+  if (!require_dense(t).is_contiguous()) {
     throw error("herd: the torch::Tensor is not contiguous (a transposed, sliced or expanded view). Call .contiguous() "
                 "and pass the result, keeping it alive while herd works on it.");
   }
@@ -48,7 +55,7 @@ inline const at::Tensor& require_usable(const at::Tensor& t) {
 }
 
 inline herd::dtype torch_dtype(const at::Tensor& t) {
-  switch (require_usable(t).scalar_type()) {
+  switch (require_dense(t).scalar_type()) {
     case at::kHalf: return dtype::f16;
     case at::kBFloat16: return dtype::bf16;
     case at::kFloat: return dtype::f32;
@@ -64,19 +71,21 @@ inline herd::dtype torch_dtype(const at::Tensor& t) {
   }
 }
 
+inline herd::device torch_device(const at::Tensor& t) {
+  const c10::Device d = require_dense(t).device();
+  if (d.is_cpu()) return herd::device::cpu();
+  if (d.is_cuda()) return herd::device::cuda(d.index());
+  throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
+              "CUDA device.");
+}
+
 }  // namespace detail
 
 template <> struct tensor_traits<at::Tensor> {
   static void* data(at::Tensor& t) { return detail::require_usable(t).data_ptr(); }
   static std::size_t size(const at::Tensor& t) { return static_cast<std::size_t>(detail::require_usable(t).numel()); }
-  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(t); }
-  static herd::device device(const at::Tensor& t) {
-    const c10::Device d = detail::require_usable(t).device();
-    if (d.is_cpu()) return herd::device::cpu();
-    if (d.is_cuda()) return herd::device::cuda(d.index());
-    throw error("herd: the torch::Tensor lives on " + d.str() + ", which herd does not reach. Move it to the CPU or a "
-                "CUDA device.");
-  }
+  static herd::dtype dtype(const at::Tensor& t) { return detail::torch_dtype(detail::require_usable(t)); }
+  static herd::device device(const at::Tensor& t) { return detail::torch_device(detail::require_usable(t)); }
 };
 
 }  // namespace herd

@@ -12,6 +12,7 @@
 #include <herd/core/error.hpp>
 #include <herd/optim/detail/reducer.hpp>
 #include <herd/optim/optimizer_options.hpp>
+#include <herd/torch/detail/layout.hpp>
 #include <herd/torch/detail/missing_gradient.hpp>
 #include <herd/torch/tensor_traits.hpp>
 
@@ -55,8 +56,11 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   }
 
   void sync_buffers(int root) {
-    const ::torch::NoGradGuard no_grad;
-    for (auto& b : buffers()) broadcast(b, *comm, root);
+    herd::detail::row_major_views staged;  // element by element, whatever each rank's layout
+    std::vector<at::Tensor> all = buffers();
+    for (auto& b : all) staged.add(b);
+    for (buffer_view v : staged.views()) broadcast(v, *comm, root);
+    staged.write_back();
   }
 
   // A joined rank's round (join_hook): what a forward and backward of the ranks still training
@@ -101,7 +105,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
         if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
           created[i] = 1;
         }
-        views.push_back(view_of(p.mutable_grad()));
+        views.push_back(gradient_view(i));
       }
       return views;
     };
@@ -115,13 +119,13 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     in_bucket.resize(params.size());
     std::vector<std::pair<std::size_t, dtype>> shapes;
     for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-    for (const gradient_bucket& b : bucket_layout(shapes, options, tensor_traits<at::Tensor>::device(params.front()))) {
+    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params.front()))) {
       const at::Tensor& first = params[b.members.front()];
       at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
         at::Tensor& p = params[b.members[k]];
         at::Tensor g = ::torch::empty({0}, first.options());
-        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes());
+        g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes(), herd::detail::gradient_strides(p));
         if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
           g.copy_(p.grad());
           p.mutable_grad() = g;
@@ -139,6 +143,21 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     if (g.defined()) in_bucket[i].copy_(g);
     else in_bucket[i].zero_();
     g = in_bucket[i];
+  }
+
+  // Gradient i as its bucket reduces it: in its parameter's gradient layout (detail/layout.hpp),
+  // which autograd gives the gradients it creates. One the program set in another layout is
+  // first copied into a tensor of that layout, which becomes param.grad(), as DDP copies such a
+  // gradient into its bucket view.
+  buffer_view gradient_view(std::size_t i) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (g.defined() && g.layout() == at::kStrided && !herd::detail::in_gradient_layout(g, params[i])) {
+      const ::torch::NoGradGuard no_grad;
+      at::Tensor placed = herd::detail::empty_gradient(params[i]);
+      placed.copy_(g);
+      g = placed;
+    }
+    return herd::detail::span_view(g);
   }
 
   // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
@@ -175,7 +194,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
     try {
       repoint(i);
-      const buffer_view grad = view_of(params[i].mutable_grad());
+      const buffer_view grad = gradient_view(i);
       reducer.mark(i, &grad);
     } catch (...) {
       queued = false;
@@ -222,7 +241,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     for (auto& [i, g] : kept) {
       if (!g.defined()) continue;
       repoint(i);
-      const buffer_view grad = view_of(params[i].mutable_grad());
+      const buffer_view grad = gradient_view(i);
       reducer.mark(i, &grad);
     }
     reducer.synchronize();
