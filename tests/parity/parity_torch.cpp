@@ -150,6 +150,18 @@ struct LayoutNetImpl : ::torch::nn::Module {
   ::torch::Tensor proj;
 };
 
+// The model of reference.py's DDP_SPARSE_SCENARIOS: an Embedding with sparse gradients.
+struct SparseNetImpl : ::torch::nn::Module {
+  SparseNetImpl()
+      : emb(register_module("emb", ::torch::nn::Embedding(::torch::nn::EmbeddingOptions(12, 3).sparse(true)))),
+        fc(register_module("fc", ::torch::nn::Linear(3, 2))) {}
+
+  ::torch::Tensor forward(const ::torch::Tensor& ids) { return fc(emb(ids).mean(1)); }
+
+  ::torch::nn::Embedding emb;
+  ::torch::nn::Linear fc;
+};
+
 ::torch::Tensor any_tensor(const reference& ref, const std::string& name) {
   if (name.ends_with("num_batches_tracked")) return ::torch::tensor(ref.get<std::int64_t>(name)[0]);
   return tensor(ref, name);
@@ -164,10 +176,10 @@ std::shared_ptr<NetImpl> scenario_model(const reference& ref, const std::string&
   return model;
 }
 
-// The model of layout scenario `p0` with reference.py's initial values (copied element by
-// element: the layouts stay).
-std::shared_ptr<LayoutNetImpl> layout_model(const reference& ref, const std::string& p0) {
-  auto model = std::make_shared<LayoutNetImpl>();
+// A model of reference.py's with its initial values of scenario `p0` (copied element by
+// element: layouts stay).
+template <class Net> std::shared_ptr<Net> model_from(const reference& ref, const std::string& p0) {
+  auto model = std::make_shared<Net>();
   const ::torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
   for (auto& item : model->named_buffers()) item.value().copy_(any_tensor(ref, p0 + "init." + item.key()));
@@ -291,7 +303,7 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
   for (std::size_t s = 0; s < layout_table.size() / 2; ++s) {
     const std::int64_t as_view = layout_table[2 * s], bucket = layout_table[2 * s + 1];
     const std::string p0 = "l" + std::to_string(s) + ".";
-    auto model = layout_model(ref, p0);
+    auto model = model_from<LayoutNetImpl>(ref, p0);
     herd::optimizer_options options{.gradient_as_bucket_view = as_view != 0};
     if (bucket != 0) options.bucket_bytes = options.first_bucket_bytes = static_cast<std::size_t>(bucket);
     herd::torch::DistributedDataParallel ddp(model, comm, options);
@@ -326,6 +338,48 @@ int ddp(const fs::path& dir, herd::mpi_communicator& comm) {
       if (bucket == 0 && static_cast<std::int64_t>(storages.size()) != want && problems++ < 4) {
         std::printf("  %s: the gradients use %zu storages here, %lld in torch\n", p.c_str(), storages.size(),
                     static_cast<long long>(want));
+      }
+      sgd.step();
+      compare_state(cmp, ref, p, *model);
+    }
+  }
+  // reference.py's DDP_SPARSE_SCENARIOS: an Embedding's sparse gradients, kept out of the
+  // buckets and reduced as DDP's over gloo. Their values (dense), whether each is sparse, and the
+  // state after each step.
+  const auto sparse_table = scenarios.get<std::int64_t>("sparse_scenarios");
+  for (std::size_t s = 0; s < sparse_table.size() / 3; ++s) {
+    const std::int64_t* o = &sparse_table[3 * s];
+    const std::string p0 = "e" + std::to_string(s) + ".";
+    auto model = model_from<SparseNetImpl>(ref, p0);
+    herd::torch::DistributedDataParallel ddp(model, comm, {.find_unused_parameters = o[0] != 0, .gradient_as_bucket_view = o[1] != 0});
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = model->named_parameters();
+    for (std::int64_t it = 0; it < shape[0]; ++it) {
+      const std::string p = p0 + std::to_string(it) + ".";
+      model->zero_grad(true);
+      for (std::int64_t k = 0; k < o[2]; ++k) {
+        const std::string q = p + std::to_string(k) + ".";
+        const auto ids_values = ref.get<std::int64_t>(q + "ids");
+        const ::torch::Tensor ids = ::torch::tensor(ids_values, ::torch::kLong).reshape(ref.shape(q + "ids"));
+        const auto pass = [&] { ::torch::mse_loss(ddp.forward(ids), tensor(ref, q + "target")).backward(); };
+        if (k + 1 < o[2]) {
+          const auto guard = ddp.no_sync();
+          pass();
+        } else {
+          pass();
+        }
+      }
+      for (const auto& item : named) {
+        const ::torch::Tensor& g = item.value().grad();
+        if (!g.defined()) {
+          if (problems++ < 4) std::printf("  %s: the gradient of %s is undefined here\n", p.c_str(), item.key().c_str());
+          continue;
+        }
+        if ((g.is_sparse() ? 1 : 0) != ref.get<std::int64_t>(p + "grad_sparse." + item.key())[0] && problems++ < 4) {
+          std::printf("  %s: the gradient of %s is %s here, not in torch\n", p.c_str(), item.key().c_str(),
+                      g.is_sparse() ? "sparse" : "dense");
+        }
+        check(cmp, p + "grad." + item.key(), g.is_sparse() ? g.to_dense() : g, tensor(ref, p + "grad." + item.key()));
       }
       sgd.step();
       compare_state(cmp, ref, p, *model);

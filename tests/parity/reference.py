@@ -352,6 +352,61 @@ DDP_SYNC_SCENARIOS = [[0, 1], [1, 1], [0, 2], [1, 2], [0, 3], [1, 3], [0, 4], [1
 DDP_LAYOUT_SCENARIOS = [[0, 0], [1, 0], [0, 256], [1, 256]]
 
 
+# Sparse gradients: an Embedding with sparse=True (DDP keeps its weight out of the buckets and
+# reduces it by gloo's sparse allreduce) before a Linear; each rank looks up ids of its own, some
+# shared. [find_unused_parameters, gradient_as_bucket_view, backward passes per step (k - 1 under
+# no_sync())]
+DDP_SPARSE_SCENARIOS = [[0, 0, 1], [0, 1, 1], [1, 0, 1], [0, 0, 2]]
+
+
+def sparse_model():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(12, 3, sparse=True)
+            self.fc = torch.nn.Linear(3, 2)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids).mean(1))
+
+    torch.manual_seed(32)
+    return Net().double()
+
+
+def ddp_sparse(rank, world, tensors):
+    """DDP_SPARSE_SCENARIOS: each rank's gradients (dense values, and whether sparse) after each
+    step's passes, its state after each step (SGD with momentum)."""
+    for s, (unused, as_view, passes) in enumerate(DDP_SPARSE_SCENARIOS):
+        model = sparse_model()
+        names = [n for n, _ in model.named_parameters()]
+        for n, t in model.state_dict().items():
+            tensors[f"e{s}.init.{n}"] = t.clone()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=bool(unused),
+                                                        gradient_as_bucket_view=bool(as_view))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(5000 * world + 10 * rank + s)
+        for it in range(DDP_ITERATIONS):
+            p = f"e{s}.{it}."
+            opt.zero_grad(set_to_none=True)
+            for k in range(passes):
+                ids = torch.randint(0, 12, (DDP_BATCH, 3), generator=gen)
+                target = torch.randn(DDP_BATCH, 2, generator=gen, dtype=torch.float64)
+                tensors[f"{p}{k}.ids"], tensors[f"{p}{k}.target"] = ids, target
+                if k + 1 < passes:
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(ids), target).backward()
+                else:
+                    torch.nn.functional.mse_loss(ddp(ids), target).backward()
+            params = dict(model.named_parameters())
+            for n in names:
+                g = params[n].grad
+                tensors[f"{p}grad.{n}"] = g.to_dense().clone() if g.is_sparse else g.clone()
+                tensors[f"{p}grad_sparse.{n}"] = torch.tensor([int(g.is_sparse)], dtype=torch.int64)
+            opt.step()
+            for n, t in model.state_dict().items():
+                tensors[f"{p}state.{n}"] = t.clone()
+
+
 def layout_model():
     class Net(torch.nn.Module):
         def __init__(self):
@@ -458,6 +513,7 @@ def ddp_rank(rank, world):
     ddp_more(rank, world, tensors)
     ddp_sync(rank, world, tensors)
     ddp_layouts(rank, world, tensors)
+    ddp_sparse(rank, world, tensors)
     save(f"ddp.{world}.{rank}", tensors)
 
 
@@ -734,6 +790,7 @@ def distributed_checks():
                "more_scenarios": torch.tensor(DDP_MORE_SCENARIOS, dtype=torch.int64),
                "sync_scenarios": torch.tensor(DDP_SYNC_SCENARIOS, dtype=torch.int64),
                "layout_scenarios": torch.tensor(DDP_LAYOUT_SCENARIOS, dtype=torch.int64),
+               "sparse_scenarios": torch.tensor(DDP_SPARSE_SCENARIOS, dtype=torch.int64),
                "shape": torch.tensor([DDP_ITERATIONS, DDP_BATCH], dtype=torch.int64)}
     save("ddp", tensors)
 

@@ -101,13 +101,19 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: broadcast_buffers = false leaves ea
   }
 }
 
-HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient raises on every rank, named, instead of turning dense", 2) {
+// A parameter looked up as an embedding with sparse gradients, but not an Embedding module's.
+struct looked_up : torch::nn::Module {
+  looked_up() { table = register_parameter("table", torch::ones({10, 3})); }
+  torch::Tensor forward(const torch::Tensor& ids) { return torch::embedding(table, ids, -1, false, /*sparse=*/true); }
+  torch::Tensor table;
+};
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient of a parameter that is not a sparse Embedding's raises on every rank, named, instead of turning dense", 2) {
   herd::mpi_communicator comm;
   torch::set_num_threads(1);
   for (const bool to_none : {false, true}) {
     CAPTURE(to_none);
-    torch::manual_seed(5);
-    torch::nn::Sequential model(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 3).sparse(true)), torch::nn::Linear(3, 2));
+    auto model = std::make_shared<looked_up>();
     herd::torch::DistributedDataParallel ddp(model, comm);
     std::string message = "(no error)";
     try {
@@ -119,9 +125,14 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient raises on every r
       message = e.what();
     }
     INFO(message);
-    CHECK(has(message, "parameter 0.weight has a sparse gradient (e.g. Embedding with sparse=true)"));
-    CHECK(has(message, "Use sparse=false"));
+    CHECK(has(message, "parameter table has a sparse gradient, and is not the weight of an Embedding or EmbeddingBag with sparse=true"));
+    CHECK(has(message, "give it dense gradients (sparse=false)"));
   }
+  // Sparse Embeddings with uneven_inputs: refused at construction, on every rank.
+  torch::nn::Sequential model(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 3).sparse(true)), torch::nn::Linear(3, 2));
+  const std::string refused = construction_error(model, comm, {.uneven_inputs = true});
+  INFO(refused);
+  CHECK(has(refused, "parameter 0.weight has sparse gradients (an Embedding or EmbeddingBag with sparse=true), which herd's DDP does not reduce with uneven_inputs"));
   // herd's tensor adapter names the layout of a tensor it does not take, not its whole options.
   torch::Tensor sparse = torch::zeros({3, 3}).to_sparse();
   std::string message = "(no error)";

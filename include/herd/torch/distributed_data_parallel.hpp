@@ -34,9 +34,12 @@
 // - The constructor raises on every rank for a module with no parameter that requires a gradient
 //   and for trainable parameters whose count, dtype, shape or memory layout differ between ranks
 //   (naming the parameter and both shapes or both strides; strides of length-1 dimensions, which
-//   place no element, are not compared, where DDP compares them too). A sparse gradient
-//   (Embedding with sparse=true) raises from backward(), naming the parameter: buckets hold
-//   dense ones only.
+//   place no element, are not compared, where DDP compares them too).
+// - Sparse gradients: the weights of Embedding and EmbeddingBag modules with sparse=true stay out
+//   of the buckets, as DDP's expect_sparse_gradient; at the end of backward every rank's entries
+//   are gathered and summed into a coalesced sparse gradient, divided by the ranks (gloo's sparse
+//   allreduce under DDP). CPU parameters only, not with uneven_inputs; a sparse gradient of
+//   another parameter raises from backward(), naming it.
 // - Parameters in any memory layout (channels_last convolution weights, a transposed matrix): as
 //   DDP's bucket views, a gradient's place in its bucket has its parameter's strides where the
 //   parameter is dense, row-major strides otherwise (torch/detail/layout.hpp), and param.grad()
@@ -86,6 +89,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -129,6 +133,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       state_->params.push_back(item.value());
       state_->names.push_back(item.key());
     }
+    state_->set_sparse(sparse_parameters());
     // Every rank has the same parameters, then rank 0's values.
     check_parameters();
     sync_module_states(0);
@@ -232,6 +237,25 @@ template <class Module, communicator C> class DistributedDataParallel {
  private:
   using accumulator_ptr = detail::accumulator_ptr;
 
+  // As DDP's expect_sparse_gradient: per trainable parameter, whether it is the weight of an
+  // Embedding or EmbeddingBag with sparse=true.
+  std::vector<char> sparse_parameters() {
+    std::vector<const void*> weights;
+    for (const auto& m : module_->modules()) {
+      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingImpl*>(m.get()); e && e->options.sparse()) {
+        weights.push_back(e->weight.unsafeGetTensorImpl());
+      }
+      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingBagImpl*>(m.get()); e && e->options.sparse()) {
+        weights.push_back(e->weight.unsafeGetTensorImpl());
+      }
+    }
+    std::vector<char> flags;
+    for (const auto& p : state_->params) {
+      flags.push_back(std::find(weights.begin(), weights.end(), p.unsafeGetTensorImpl()) != weights.end() ? 1 : 0);
+    }
+    return flags;
+  }
+
   // As DDP's constructor: something to reduce, and the same parameters that require a gradient
   // on every rank (count, dtypes, shapes and memory layouts: the same number of elements in
   // another shape or order would take rank 0's values in the wrong places, and the buckets reduce
@@ -243,6 +267,17 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (s->params.empty()) {
       fault = "the module has no parameter that requires a gradient, so DistributedDataParallel is not needed "
               "(it would reduce nothing). Train the module without the wrapper, or give it a parameter to train";
+    }
+    for (std::size_t i = 0; i < s->params.size() && fault.empty(); ++i) {
+      if (!s->sparse[i]) continue;
+      if (s->uneven) {
+        fault = "parameter " + s->names[i] + " has sparse gradients (an Embedding or EmbeddingBag with sparse=true), "
+                "which herd's DDP does not reduce with uneven_inputs. Use sparse=false, or even inputs";
+      } else if (!s->params[i].device().is_cpu()) {
+        fault = "parameter " + s->names[i] + " has sparse gradients (an Embedding or EmbeddingBag with sparse=true) on " +
+                s->params[i].device().str() + "; herd reduces sparse gradients of CPU parameters only, as PyTorch's "
+                "DDP over NCCL takes none. Use sparse=false";
+      }
     }
     std::vector<buffer_view> views;  // for the counts and dtypes
     try {

@@ -42,9 +42,12 @@
 // - The constructor raises on every rank for a module with no parameter that requires a gradient
 //   and for trainable parameters whose count, dtype, shape or memory layout differ between ranks
 //   (naming the parameter and both shapes or both strides; strides of length-1 dimensions, which
-//   place no element, are not compared, where DDP compares them too). A sparse gradient
-//   (Embedding with sparse=true) raises from backward(), naming the parameter: buckets hold
-//   dense ones only.
+//   place no element, are not compared, where DDP compares them too).
+// - Sparse gradients: the weights of Embedding and EmbeddingBag modules with sparse=true stay out
+//   of the buckets, as DDP's expect_sparse_gradient; at the end of backward every rank's entries
+//   are gathered and summed into a coalesced sparse gradient, divided by the ranks (gloo's sparse
+//   allreduce under DDP). CPU parameters only, not with uneven_inputs; a sparse gradient of
+//   another parameter raises from backward(), naming it.
 // - Parameters in any memory layout (channels_last convolution weights, a transposed matrix): as
 //   DDP's bucket views, a gradient's place in its bucket has its parameter's strides where the
 //   parameter is dense, row-major strides otherwise (torch/detail/layout.hpp), and param.grad()
@@ -493,6 +496,7 @@ inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -513,6 +517,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       : reducer(c, gradient_source(), with_unused(options), nullptr),
         comm(&c),
         broadcast_buffers(options.broadcast_buffers),
+        op(options.op),
         find_unused(options.find_unused_parameters || options.static_graph),
         static_graph(options.static_graph),
         uneven(options.uneven_inputs) {
@@ -563,12 +568,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       std::vector<buffer_view> views;
       if (shadowing) {
         if (shadow_grads.empty()) {
-          for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
+          for (const std::size_t i : dense) shadow_grads.push_back(::torch::zeros_like(params[i], ::torch::MemoryFormat::Contiguous));
         }
         for (auto& g : shadow_grads) views.push_back(view_of(g));
         return views;
       }
-      for (std::size_t i = 0; i < params.size(); ++i) {
+      for (const std::size_t i : dense) {
         at::Tensor& p = params[i];
         if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
           created[i] = 1;
@@ -586,19 +591,20 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     ::torch::NoGradGuard no_grad;
     in_bucket.resize(params.size());
     std::vector<std::pair<std::size_t, dtype>> shapes;
-    for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params.front()))) {
-      const at::Tensor& first = params[b.members.front()];
+    for (const std::size_t i : dense) shapes.emplace_back(static_cast<std::size_t>(params[i].numel()), herd::detail::torch_dtype(params[i]));
+    if (shapes.empty()) return;
+    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params[dense.front()]))) {
+      const at::Tensor& first = params[dense[b.members.front()]];
       at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
-        at::Tensor& p = params[b.members[k]];
+        at::Tensor& p = params[dense[b.members[k]]];
         at::Tensor g = ::torch::empty({0}, first.options());
         g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes(), herd::detail::gradient_strides(p));
         if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
           g.copy_(p.grad());
           p.mutable_grad() = g;
         }
-        in_bucket[b.members[k]] = g;
+        in_bucket[dense[b.members[k]]] = g;
       }
     }
   }
@@ -630,11 +636,18 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
 
   // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
   void arriving(std::size_t i, const at::Tensor& g) const {
-    if (!g.defined() || g.layout() == at::kStrided) return;
+    if (!g.defined() || (g.layout() == at::kStrided) == !sparse[i]) return;
+    if (sparse[i]) {
+      herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
+                          "parameter " + names[i] + ", the weight of an Embedding or EmbeddingBag with sparse=true, got a "
+                          "dense gradient; it is reduced as a sparse one",
+                          "Give it sparse gradients only (the module's own forward), or build the module with sparse=false");
+    }
     herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
-                        "parameter " + names[i] + " has a sparse gradient (e.g. Embedding with sparse=true); herd's DDP "
-                        "reduces dense gradients only",
-                        "Use sparse=false (a dense gradient)");
+                        "parameter " + names[i] + " has a sparse gradient, and is not the weight of an Embedding or "
+                        "EmbeddingBag with sparse=true, whose gradients herd's DDP reduces as sparse ones (as DDP's "
+                        "expect_sparse_gradient); its bucket holds a dense gradient",
+                        "Make it such a module's weight, or give it dense gradients (sparse=false)");
   }
 
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
@@ -654,6 +667,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       queued = true;
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
     }
+    if (sparse[i]) {  // reduced at the end of backward, with every rank's entries (reduce_sparse)
+      if (params[i].grad().defined()) used[i] = 1;
+      return;
+    }
     if (!params[i].grad().defined()) {
       if (find_unused) return;
       herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
@@ -663,7 +680,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     try {
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      reducer.mark(slot[i], &grad);
     } catch (...) {
       queued = false;
       throw;
@@ -685,6 +702,59 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::fflush(stderr);
   }
 
+  // Which parameters have sparse gradients (DDP's expect_sparse_gradient): they stay out of the
+  // buckets, which hold the others.
+  void set_sparse(std::vector<char> flags) {
+    sparse = std::move(flags);
+    dense.clear();
+    slot.assign(params.size(), std::numeric_limits<std::size_t>::max());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (sparse[i]) continue;
+      slot[i] = dense.size();
+      dense.push_back(i);
+    }
+  }
+
+  // The sparse gradients, each alone in parameter order, as DDP's sparse buckets over gloo: every
+  // rank's entries (rows and values) gathered, libtorch sums the rows that repeat (coalesce), and
+  // the sum is divided by the ranks (op avg). A rank whose parameter got no gradient in the pass
+  // adds no entry; where no rank has one, it stays undefined.
+  void reduce_sparse() {
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (sparse[i]) which.push_back(i);
+    }
+    if (which.empty()) return;
+    std::vector<std::int32_t> defined(which.size());
+    for (std::size_t k = 0; k < which.size(); ++k) defined[k] = params[which[k]].grad().defined() ? 1 : 0;
+    allreduce(defined, *comm, reduce_op::max);
+    const ::torch::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      if (!defined[k]) continue;
+      at::Tensor& param = params[which[k]];
+      at::Tensor& grad = param.mutable_grad();
+      const std::int64_t width = param.size(0) == 0 ? 0 : param.numel() / param.size(0);  // elements per row
+      at::Tensor rows = ::torch::empty({0}, ::torch::kLong), values = ::torch::empty({0, width}, param.options());
+      if (grad.defined()) {
+        const at::Tensor mine = grad.coalesce();
+        rows = mine._indices().reshape({-1}).contiguous();
+        values = mine._values().reshape({-1, width}).contiguous();
+      }
+      std::vector<std::int64_t> all_rows;
+      std::vector<std::size_t> counts = allgatherv(herd::detail::span_view(rows), all_rows, *comm);
+      for (std::size_t& c : counts) c *= static_cast<std::size_t>(width);
+      at::Tensor all_values = ::torch::empty({static_cast<std::int64_t>(all_rows.size()), width}, param.options());
+      buffer_view out = herd::detail::span_view(all_values);
+      allgatherv(herd::detail::span_view(values), out, std::span<const std::size_t>(counts), *comm);
+      std::vector<std::int64_t> shape = param.sizes().vec();
+      shape.front() = static_cast<std::int64_t>(all_rows.size());
+      at::Tensor indices = ::torch::from_blob(all_rows.data(), {1, static_cast<std::int64_t>(all_rows.size())}, ::torch::kLong).clone();
+      at::Tensor sum = ::torch::sparse_coo_tensor(indices, all_values.reshape(shape), param.sizes(), param.options().layout(at::kSparse)).coalesce();
+      if (op == reduce_op::avg) sum.div_(static_cast<double>(comm->size()));
+      grad = sum;
+    }
+  }
+
   // At the end of backward: waits for the buckets and writes the averages into the gradients.
   void finish() {
     std::lock_guard lock(mutex);
@@ -692,14 +762,16 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     prepared = false;
     forward_since_reduction = false;
     if (!find_unused) {
-      reducer.synchronize();
+      if (!dense.empty()) reducer.synchronize();
+      reduce_sparse();
       std::fill(created.begin(), created.end(), 0);
+      std::fill(used.begin(), used.end(), 0);
       return;
     }
     // The gradients this rank did not produce, as they were before the pass (undefined where the
     // reduction had to create them), for those that no rank produced.
     std::vector<std::pair<std::size_t, at::Tensor>> kept;
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    for (const std::size_t i : dense) {
       if (used[i]) continue;
       const at::Tensor& g = params[i].grad();
       kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
@@ -710,9 +782,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       if (!g.defined()) continue;
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      reducer.mark(slot[i], &grad);
     }
-    reducer.synchronize();
+    if (!dense.empty()) reducer.synchronize();
+    reduce_sparse();
     // With static_graph, those found unused in the first pass are those of every pass.
     if (!static_graph || !used_known) {
       anywhere.assign(used.begin(), used.end());
@@ -736,6 +809,9 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;  // the module's, of params
+  std::vector<char> sparse;        // per parameter: an Embedding's or EmbeddingBag's with sparse=true
+  std::vector<std::size_t> dense;  // the parameters the reducer's buckets hold, in order
+  std::vector<std::size_t> slot;   // per parameter: its index among them (npos for a sparse one)
   herd::detail::reducer<C> reducer;
   std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
   std::vector<unsigned> gradient_hooks;  // params[i].register_hook's, which sees the gradient arriving
@@ -754,6 +830,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   bool forward_since_reduction = false;  // any forward through the wrapper (no_sync() too) since the last reduction
   bool warned_unprepared = false;
   bool broadcast_buffers = true;
+  reduce_op op = reduce_op::avg;
   bool find_unused = false;
   bool static_graph = false;
   bool uneven = false;
@@ -953,6 +1030,7 @@ HERD_CONFIG_NAMESPACE_END
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -996,6 +1074,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       state_->params.push_back(item.value());
       state_->names.push_back(item.key());
     }
+    state_->set_sparse(sparse_parameters());
     // Every rank has the same parameters, then rank 0's values.
     check_parameters();
     sync_module_states(0);
@@ -1099,6 +1178,25 @@ template <class Module, communicator C> class DistributedDataParallel {
  private:
   using accumulator_ptr = detail::accumulator_ptr;
 
+  // As DDP's expect_sparse_gradient: per trainable parameter, whether it is the weight of an
+  // Embedding or EmbeddingBag with sparse=true.
+  std::vector<char> sparse_parameters() {
+    std::vector<const void*> weights;
+    for (const auto& m : module_->modules()) {
+      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingImpl*>(m.get()); e && e->options.sparse()) {
+        weights.push_back(e->weight.unsafeGetTensorImpl());
+      }
+      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingBagImpl*>(m.get()); e && e->options.sparse()) {
+        weights.push_back(e->weight.unsafeGetTensorImpl());
+      }
+    }
+    std::vector<char> flags;
+    for (const auto& p : state_->params) {
+      flags.push_back(std::find(weights.begin(), weights.end(), p.unsafeGetTensorImpl()) != weights.end() ? 1 : 0);
+    }
+    return flags;
+  }
+
   // As DDP's constructor: something to reduce, and the same parameters that require a gradient
   // on every rank (count, dtypes, shapes and memory layouts: the same number of elements in
   // another shape or order would take rank 0's values in the wrong places, and the buckets reduce
@@ -1110,6 +1208,17 @@ template <class Module, communicator C> class DistributedDataParallel {
     if (s->params.empty()) {
       fault = "the module has no parameter that requires a gradient, so DistributedDataParallel is not needed "
               "(it would reduce nothing). Train the module without the wrapper, or give it a parameter to train";
+    }
+    for (std::size_t i = 0; i < s->params.size() && fault.empty(); ++i) {
+      if (!s->sparse[i]) continue;
+      if (s->uneven) {
+        fault = "parameter " + s->names[i] + " has sparse gradients (an Embedding or EmbeddingBag with sparse=true), "
+                "which herd's DDP does not reduce with uneven_inputs. Use sparse=false, or even inputs";
+      } else if (!s->params[i].device().is_cpu()) {
+        fault = "parameter " + s->names[i] + " has sparse gradients (an Embedding or EmbeddingBag with sparse=true) on " +
+                s->params[i].device().str() + "; herd reduces sparse gradients of CPU parameters only, as PyTorch's "
+                "DDP over NCCL takes none. Use sparse=false";
+      }
     }
     std::vector<buffer_view> views;  // for the counts and dtypes
     try {

@@ -5,6 +5,7 @@
 // parameters each pass used, the gradients' places in their buckets, and what happens when a
 // hook fires and when backward ends.
 
+#include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -45,6 +47,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       : reducer(c, gradient_source(), with_unused(options), nullptr),
         comm(&c),
         broadcast_buffers(options.broadcast_buffers),
+        op(options.op),
         find_unused(options.find_unused_parameters || options.static_graph),
         static_graph(options.static_graph),
         uneven(options.uneven_inputs) {
@@ -95,12 +98,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       std::vector<buffer_view> views;
       if (shadowing) {
         if (shadow_grads.empty()) {
-          for (auto& p : params) shadow_grads.push_back(::torch::zeros_like(p, ::torch::MemoryFormat::Contiguous));
+          for (const std::size_t i : dense) shadow_grads.push_back(::torch::zeros_like(params[i], ::torch::MemoryFormat::Contiguous));
         }
         for (auto& g : shadow_grads) views.push_back(view_of(g));
         return views;
       }
-      for (std::size_t i = 0; i < params.size(); ++i) {
+      for (const std::size_t i : dense) {
         at::Tensor& p = params[i];
         if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
           created[i] = 1;
@@ -118,19 +121,20 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     ::torch::NoGradGuard no_grad;
     in_bucket.resize(params.size());
     std::vector<std::pair<std::size_t, dtype>> shapes;
-    for (auto& p : params) shapes.emplace_back(static_cast<std::size_t>(p.numel()), herd::detail::torch_dtype(p));
-    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params.front()))) {
-      const at::Tensor& first = params[b.members.front()];
+    for (const std::size_t i : dense) shapes.emplace_back(static_cast<std::size_t>(params[i].numel()), herd::detail::torch_dtype(params[i]));
+    if (shapes.empty()) return;
+    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params[dense.front()]))) {
+      const at::Tensor& first = params[dense[b.members.front()]];
       at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
-        at::Tensor& p = params[b.members[k]];
+        at::Tensor& p = params[dense[b.members[k]]];
         at::Tensor g = ::torch::empty({0}, first.options());
         g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes(), herd::detail::gradient_strides(p));
         if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
           g.copy_(p.grad());
           p.mutable_grad() = g;
         }
-        in_bucket[b.members[k]] = g;
+        in_bucket[dense[b.members[k]]] = g;
       }
     }
   }
@@ -162,11 +166,18 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
 
   // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
   void arriving(std::size_t i, const at::Tensor& g) const {
-    if (!g.defined() || g.layout() == at::kStrided) return;
+    if (!g.defined() || (g.layout() == at::kStrided) == !sparse[i]) return;
+    if (sparse[i]) {
+      herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
+                          "parameter " + names[i] + ", the weight of an Embedding or EmbeddingBag with sparse=true, got a "
+                          "dense gradient; it is reduced as a sparse one",
+                          "Give it sparse gradients only (the module's own forward), or build the module with sparse=false");
+    }
     herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
-                        "parameter " + names[i] + " has a sparse gradient (e.g. Embedding with sparse=true); herd's DDP "
-                        "reduces dense gradients only",
-                        "Use sparse=false (a dense gradient)");
+                        "parameter " + names[i] + " has a sparse gradient, and is not the weight of an Embedding or "
+                        "EmbeddingBag with sparse=true, whose gradients herd's DDP reduces as sparse ones (as DDP's "
+                        "expect_sparse_gradient); its bucket holds a dense gradient",
+                        "Make it such a module's weight, or give it dense gradients (sparse=false)");
   }
 
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
@@ -186,6 +197,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       queued = true;
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
     }
+    if (sparse[i]) {  // reduced at the end of backward, with every rank's entries (reduce_sparse)
+      if (params[i].grad().defined()) used[i] = 1;
+      return;
+    }
     if (!params[i].grad().defined()) {
       if (find_unused) return;
       herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i]);
@@ -195,7 +210,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     try {
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      reducer.mark(slot[i], &grad);
     } catch (...) {
       queued = false;
       throw;
@@ -217,6 +232,59 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::fflush(stderr);
   }
 
+  // Which parameters have sparse gradients (DDP's expect_sparse_gradient): they stay out of the
+  // buckets, which hold the others.
+  void set_sparse(std::vector<char> flags) {
+    sparse = std::move(flags);
+    dense.clear();
+    slot.assign(params.size(), std::numeric_limits<std::size_t>::max());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (sparse[i]) continue;
+      slot[i] = dense.size();
+      dense.push_back(i);
+    }
+  }
+
+  // The sparse gradients, each alone in parameter order, as DDP's sparse buckets over gloo: every
+  // rank's entries (rows and values) gathered, libtorch sums the rows that repeat (coalesce), and
+  // the sum is divided by the ranks (op avg). A rank whose parameter got no gradient in the pass
+  // adds no entry; where no rank has one, it stays undefined.
+  void reduce_sparse() {
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (sparse[i]) which.push_back(i);
+    }
+    if (which.empty()) return;
+    std::vector<std::int32_t> defined(which.size());
+    for (std::size_t k = 0; k < which.size(); ++k) defined[k] = params[which[k]].grad().defined() ? 1 : 0;
+    allreduce(defined, *comm, reduce_op::max);
+    const ::torch::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      if (!defined[k]) continue;
+      at::Tensor& param = params[which[k]];
+      at::Tensor& grad = param.mutable_grad();
+      const std::int64_t width = param.size(0) == 0 ? 0 : param.numel() / param.size(0);  // elements per row
+      at::Tensor rows = ::torch::empty({0}, ::torch::kLong), values = ::torch::empty({0, width}, param.options());
+      if (grad.defined()) {
+        const at::Tensor mine = grad.coalesce();
+        rows = mine._indices().reshape({-1}).contiguous();
+        values = mine._values().reshape({-1, width}).contiguous();
+      }
+      std::vector<std::int64_t> all_rows;
+      std::vector<std::size_t> counts = allgatherv(herd::detail::span_view(rows), all_rows, *comm);
+      for (std::size_t& c : counts) c *= static_cast<std::size_t>(width);
+      at::Tensor all_values = ::torch::empty({static_cast<std::int64_t>(all_rows.size()), width}, param.options());
+      buffer_view out = herd::detail::span_view(all_values);
+      allgatherv(herd::detail::span_view(values), out, std::span<const std::size_t>(counts), *comm);
+      std::vector<std::int64_t> shape = param.sizes().vec();
+      shape.front() = static_cast<std::int64_t>(all_rows.size());
+      at::Tensor indices = ::torch::from_blob(all_rows.data(), {1, static_cast<std::int64_t>(all_rows.size())}, ::torch::kLong).clone();
+      at::Tensor sum = ::torch::sparse_coo_tensor(indices, all_values.reshape(shape), param.sizes(), param.options().layout(at::kSparse)).coalesce();
+      if (op == reduce_op::avg) sum.div_(static_cast<double>(comm->size()));
+      grad = sum;
+    }
+  }
+
   // At the end of backward: waits for the buckets and writes the averages into the gradients.
   void finish() {
     std::lock_guard lock(mutex);
@@ -224,14 +292,16 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     prepared = false;
     forward_since_reduction = false;
     if (!find_unused) {
-      reducer.synchronize();
+      if (!dense.empty()) reducer.synchronize();
+      reduce_sparse();
       std::fill(created.begin(), created.end(), 0);
+      std::fill(used.begin(), used.end(), 0);
       return;
     }
     // The gradients this rank did not produce, as they were before the pass (undefined where the
     // reduction had to create them), for those that no rank produced.
     std::vector<std::pair<std::size_t, at::Tensor>> kept;
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    for (const std::size_t i : dense) {
       if (used[i]) continue;
       const at::Tensor& g = params[i].grad();
       kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
@@ -242,9 +312,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       if (!g.defined()) continue;
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      reducer.mark(slot[i], &grad);
     }
-    reducer.synchronize();
+    if (!dense.empty()) reducer.synchronize();
+    reduce_sparse();
     // With static_graph, those found unused in the first pass are those of every pass.
     if (!static_graph || !used_known) {
       anywhere.assign(used.begin(), used.end());
@@ -268,6 +339,9 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;  // the module's, of params
+  std::vector<char> sparse;        // per parameter: an Embedding's or EmbeddingBag's with sparse=true
+  std::vector<std::size_t> dense;  // the parameters the reducer's buckets hold, in order
+  std::vector<std::size_t> slot;   // per parameter: its index among them (npos for a sparse one)
   herd::detail::reducer<C> reducer;
   std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
   std::vector<unsigned> gradient_hooks;  // params[i].register_hook's, which sees the gradient arriving
@@ -286,6 +360,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   bool forward_since_reduction = false;  // any forward through the wrapper (no_sync() too) since the last reduction
   bool warned_unprepared = false;
   bool broadcast_buffers = true;
+  reduce_op op = reduce_op::avg;
   bool find_unused = false;
   bool static_graph = false;
   bool uneven = false;
