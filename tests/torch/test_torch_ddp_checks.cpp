@@ -133,6 +133,13 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient of a parameter th
   const std::string refused = construction_error(model, comm, {.uneven_inputs = true});
   INFO(refused);
   CHECK(has(refused, "parameter 0.weight has sparse gradients (an Embedding or EmbeddingBag with sparse=true), which herd's DDP does not reduce with uneven_inputs"));
+  // The sparse option differing between ranks: refused at construction, on every rank.
+  torch::nn::Sequential mixed(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 3).sparse(comm.rank() == 0)),
+                              torch::nn::Linear(3, 2));
+  const std::string differs = construction_error(mixed, comm);
+  INFO(differs);
+  CHECK(has(differs, "parameter 0.weight (trainable parameter 0) has dense gradients on rank 1 but sparse gradients (an "
+                     "Embedding or EmbeddingBag with sparse=true) on rank 0"));
   // herd's tensor adapter names the layout of a tensor it does not take, not its whole options.
   torch::Tensor sparse = torch::zeros({3, 3}).to_sparse();
   std::string message = "(no error)";
@@ -144,6 +151,60 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a sparse gradient of a parameter th
   INFO(message);
   CHECK(has(message, "(layout Sparse)"));
   CHECK_FALSE(has(message, "TensorOptions"));
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: a model whose only parameter is a sparse Embedding's reduces its gradient to the average", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::nn::Embedding table(torch::nn::EmbeddingOptions(8, 2).sparse(true));
+  herd::torch::DistributedDataParallel ddp(table, comm);
+  for (int step = 0; step < 2; ++step) {
+    table->zero_grad(step == 1);
+    // Each rank looks up its own row and row 5: the average has 1 / size in rows 0 .. size - 1 and 1 in row 5.
+    ddp.forward(torch::tensor({comm.rank(), 5}, torch::kLong)).sum().backward();
+    const torch::Tensor g = table->weight.grad();
+    REQUIRE(g.defined());
+    CHECK(g.is_sparse());
+    torch::Tensor want = torch::zeros({8, 2});
+    want.slice(0, 0, comm.size()).fill_(1.0 / comm.size());
+    want[5].fill_(1.0);
+    CHECK(torch::allclose(g.to_dense(), want));
+  }
+}
+
+// A sparse Embedding, and a Linear that the forward uses only when asked.
+struct embed_then_maybe_linear : torch::nn::Module {
+  embed_then_maybe_linear() {
+    table = register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).sparse(true)));
+    head = register_module("head", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& ids, bool use_head) {
+    const torch::Tensor h = table(ids).sum(0);
+    return use_head ? head(h) : h;
+  }
+  torch::nn::Embedding table{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: with find_unused_parameters, a rank whose pass readies only sparse gradients reduces with the others", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(3);
+  auto model = std::make_shared<embed_then_maybe_linear>();
+  // One gradient per bucket: the buckets of the ranks that used the head pair up with this rank's.
+  herd::torch::DistributedDataParallel ddp(model, comm, {.bucket_bytes = 16, .first_bucket_bytes = 16, .find_unused_parameters = true});
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad(true);
+    ddp.forward(torch::tensor({comm.rank(), 6}, torch::kLong), comm.rank() != 1).sum().backward();
+    // Every rank holds the same gradients: the head's (some rank used it) and the table's.
+    for (const torch::Tensor& g : {model->head->weight.grad(), model->table->weight.grad()}) {
+      REQUIRE(g.defined());
+      torch::Tensor flat = (g.is_sparse() ? g.to_dense() : g).reshape({-1}).contiguous();
+      torch::Tensor all = torch::empty({comm.size(), flat.numel()});
+      herd::allgather(flat, all, comm);
+      for (int r = 0; r < comm.size(); ++r) CHECK(all[r].equal(all[0]));
+    }
+  }
 }
 
 HERD_MPI_TEST_CASE("DistributedDataParallel: a parameter laid out in memory otherwise on another rank raises on every rank, named, with what to do", 2) {

@@ -133,7 +133,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       state_->params.push_back(item.value());
       state_->names.push_back(item.key());
     }
-    state_->set_sparse(sparse_parameters());
+    state_->sparse = sparse_parameters();
     // Every rank has the same parameters, then rank 0's values.
     check_parameters();
     sync_module_states(0);
@@ -298,6 +298,7 @@ template <class Module, communicator C> class DistributedDataParallel {
       for (const std::int64_t d : p.sizes()) mine.push_back(d);
       for (const std::int64_t d : herd::detail::placing_strides(p.sizes(), herd::detail::gradient_strides(p))) mine.push_back(d);
     }
+    for (const char sparse : s->sparse) mine.push_back(sparse);
     const std::vector<std::size_t> counts = allgatherv(mine, all, herd::detail::control_of(comm));
     auto list = [&](std::size_t from, std::int64_t n) {
       std::string text = "[";
@@ -331,6 +332,15 @@ template <class Module, communicator C> class DistributedDataParallel {
         }
         first += 1 + 2 * static_cast<std::size_t>(n);
         here += 1 + 2 * static_cast<std::size_t>(n_here);
+      }
+      // Then which of them have sparse gradients: each rank's flags after its records.
+      for (std::size_t i = 0; i < s->params.size(); ++i, ++first, ++here) {
+        if (all[first] == all[here]) continue;
+        auto kind = [](std::int64_t sparse) { return sparse ? "sparse gradients (an Embedding or EmbeddingBag with sparse=true)" : "dense gradients"; };
+        herd::detail::raise({"DistributedDataParallel", comm.rank(), comm.size()},
+                            "parameter " + s->names[i] + " (trainable parameter " + std::to_string(i) + ") has " +
+                                kind(all[here]) + " on rank " + std::to_string(r) + " but " + kind(all[first]) + " on rank 0",
+                            "Build the module alike on every rank: the same sparse option of each Embedding and EmbeddingBag");
       }
     }
   }

@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -98,13 +97,20 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       std::vector<buffer_view> views;
       if (shadowing) {
         if (shadow_grads.empty()) {
-          for (const std::size_t i : dense) shadow_grads.push_back(::torch::zeros_like(params[i], ::torch::MemoryFormat::Contiguous));
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            shadow_grads.push_back(sparse[i] ? ::torch::empty({0}, params[i].options())
+                                             : ::torch::zeros_like(params[i], ::torch::MemoryFormat::Contiguous));
+          }
         }
         for (auto& g : shadow_grads) views.push_back(view_of(g));
         return views;
       }
-      for (const std::size_t i : dense) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
         at::Tensor& p = params[i];
+        if (sparse[i]) {
+          views.push_back(sparse_slot(i));
+          continue;
+        }
         if (herd::detail::fill_missing_gradient(p, in_bucket.empty() ? nullptr : &in_bucket[i]) && !created.empty()) {
           created[i] = 1;
         }
@@ -121,20 +127,22 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     ::torch::NoGradGuard no_grad;
     in_bucket.resize(params.size());
     std::vector<std::pair<std::size_t, dtype>> shapes;
-    for (const std::size_t i : dense) shapes.emplace_back(static_cast<std::size_t>(params[i].numel()), herd::detail::torch_dtype(params[i]));
-    if (shapes.empty()) return;
-    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params[dense.front()]))) {
-      const at::Tensor& first = params[dense[b.members.front()]];
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      shapes.emplace_back(sparse[i] ? 0 : static_cast<std::size_t>(params[i].numel()), herd::detail::torch_dtype(params[i]));
+    }
+    for (const gradient_bucket& b : bucket_layout(shapes, options, herd::detail::torch_device(params.front()))) {
+      const at::Tensor& first = params[b.members.front()];
       at::Tensor storage = ::torch::zeros({static_cast<std::int64_t>(b.count)}, first.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
-        at::Tensor& p = params[dense[b.members[k]]];
+        if (sparse[b.members[k]]) continue;  // its place is empty: sparse gradients are reduced apart
+        at::Tensor& p = params[b.members[k]];
         at::Tensor g = ::torch::empty({0}, first.options());
         g.set_(storage.storage(), static_cast<std::int64_t>(b.offsets[k]), p.sizes(), herd::detail::gradient_strides(p));
         if (p.grad().defined()) {  // an undefined one stays so until a pass produces it (as DDP's)
           g.copy_(p.grad());
           p.mutable_grad() = g;
         }
-        in_bucket[dense[b.members[k]]] = g;
+        in_bucket[b.members[k]] = g;
       }
     }
   }
@@ -153,13 +161,19 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   // which autograd gives the gradients it creates. One the program set in another layout is
   // first copied into a tensor of that layout, which becomes param.grad(), as DDP copies such a
   // gradient into its bucket view.
+  // A gradient of other sizes or dtype keeps them (row-major if it is not dense): the reducer's
+  // check of the marked view then reports it on every rank.
   buffer_view gradient_view(std::size_t i) {
     at::Tensor& g = params[i].mutable_grad();
     if (g.defined() && g.layout() == at::kStrided && !herd::detail::in_gradient_layout(g, params[i])) {
       const ::torch::NoGradGuard no_grad;
-      at::Tensor placed = herd::detail::empty_gradient(params[i]);
-      placed.copy_(g);
-      g = placed;
+      if (g.sizes() == params[i].sizes() && g.scalar_type() == params[i].scalar_type()) {
+        at::Tensor placed = herd::detail::empty_gradient(params[i]);
+        placed.copy_(g);
+        g = placed;
+      } else if (!g.is_non_overlapping_and_dense()) {
+        g = g.contiguous();
+      }
     }
     return herd::detail::span_view(g);
   }
@@ -197,8 +211,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       queued = true;
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
     }
-    if (sparse[i]) {  // reduced at the end of backward, with every rank's entries (reduce_sparse)
+    if (sparse[i]) {  // an empty place in its bucket; reduced at the end of backward (reduce_sparse)
       if (params[i].grad().defined()) used[i] = 1;
+      const buffer_view none = sparse_slot(i);
+      reducer.mark(i, &none);
       return;
     }
     if (!params[i].grad().defined()) {
@@ -210,7 +226,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     try {
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(slot[i], &grad);
+      reducer.mark(i, &grad);
     } catch (...) {
       queued = false;
       throw;
@@ -232,17 +248,11 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::fflush(stderr);
   }
 
-  // Which parameters have sparse gradients (DDP's expect_sparse_gradient): they stay out of the
-  // buckets, which hold the others.
-  void set_sparse(std::vector<char> flags) {
-    sparse = std::move(flags);
-    dense.clear();
-    slot.assign(params.size(), std::numeric_limits<std::size_t>::max());
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (sparse[i]) continue;
-      slot[i] = dense.size();
-      dense.push_back(i);
-    }
+  // A sparse gradient's place in its bucket: empty (no element; the parameter's own address, never
+  // read, rather than a null one that memcpy may not take), so that the reducer's gradients are
+  // still numbered as the parameters are.
+  buffer_view sparse_slot(std::size_t i) const {
+    return {params[i].data_ptr(), 0, herd::detail::torch_dtype(params[i]), herd::detail::torch_device(params[i])};
   }
 
   // The sparse gradients, each alone in parameter order, as DDP's sparse buckets over gloo: every
@@ -292,7 +302,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     prepared = false;
     forward_since_reduction = false;
     if (!find_unused) {
-      if (!dense.empty()) reducer.synchronize();
+      reducer.synchronize();
       reduce_sparse();
       std::fill(created.begin(), created.end(), 0);
       std::fill(used.begin(), used.end(), 0);
@@ -301,8 +311,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     // The gradients this rank did not produce, as they were before the pass (undefined where the
     // reduction had to create them), for those that no rank produced.
     std::vector<std::pair<std::size_t, at::Tensor>> kept;
-    for (const std::size_t i : dense) {
-      if (used[i]) continue;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (used[i] || sparse[i]) continue;
       const at::Tensor& g = params[i].grad();
       kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
     }
@@ -312,9 +322,9 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       if (!g.defined()) continue;
       repoint(i);
       const buffer_view grad = gradient_view(i);
-      reducer.mark(slot[i], &grad);
+      reducer.mark(i, &grad);
     }
-    if (!dense.empty()) reducer.synchronize();
+    reducer.synchronize();
     reduce_sparse();
     // With static_graph, those found unused in the first pass are those of every pass.
     if (!static_graph || !used_known) {
@@ -340,8 +350,6 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;  // the module's, of params
   std::vector<char> sparse;        // per parameter: an Embedding's or EmbeddingBag's with sparse=true
-  std::vector<std::size_t> dense;  // the parameters the reducer's buckets hold, in order
-  std::vector<std::size_t> slot;   // per parameter: its index among them (npos for a sparse one)
   herd::detail::reducer<C> reducer;
   std::vector<std::pair<accumulator_ptr, std::uintptr_t>> hooks;
   std::vector<unsigned> gradient_hooks;  // params[i].register_hook's, which sees the gradient arriving
