@@ -163,6 +163,25 @@ HERD_MPI_TEST_CASE("broadcast_parameters and broadcast_optimizer_state take tens
   }
 }
 
+HERD_MPI_TEST_CASE("torch_gradients: a gradient that is not row-major is refused, saying where it is taken", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 2));
+  conv->weight.set_data(conv->weight.contiguous(torch::MemoryFormat::ChannelsLast));
+  torch::optim::SGD sgd(conv->parameters(), torch::optim::SGDOptions(0.1));
+  herd::distributed_optimizer opt(sgd, herd::torch_gradients(sgd), comm);
+  conv->forward(torch::ones({1, 2, 3, 3})).sum().backward();
+  std::string message = "(no error)";
+  try {
+    opt.step();
+  } catch (const herd::error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("the gradient of the optimizer's parameter 0 is not row-major") != std::string::npos);
+  CHECK(message.find("herd::torch::DistributedDataParallel, which takes parameters in any layout") != std::string::npos);
+}
+
 namespace {
 
 // K steps of SGD with momentum on rank-dependent slices of shared data, through

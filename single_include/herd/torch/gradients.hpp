@@ -314,6 +314,7 @@ template <> struct tensor_traits<at::Tensor> {
 
 #include <cstdint>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 namespace herd {
@@ -338,6 +339,7 @@ class torch_gradient_source {
       for (auto& p : group.params()) {
         if (record_->filled.size() <= i) record_->filled.resize(i + 1);
         if (detail::fill_missing_gradient(p)) record_->filled[i] = {p.grad().unsafeGetTensorImpl(), p.grad()._version()};
+        require_row_major(p.grad(), i);
         views.push_back(view_of(p.mutable_grad()));
         ++i;
       }
@@ -377,6 +379,20 @@ class torch_gradient_source {
     ::torch::optim::Optimizer* opt = nullptr;
     std::vector<fill> filled;  // per parameter, since the last reduction
   };
+
+  // distributed_optimizer reads each gradient as one row-major block; the ranks' layouts are not
+  // compared here, so another layout (a channels_last weight's gradient) is refused, saying where
+  // it is taken.
+  static void require_row_major(const at::Tensor& grad, std::size_t i) {
+    if (!grad.defined() || grad.layout() != at::kStrided || grad.is_contiguous()) return;  // the adapter says the rest
+    std::ostringstream text;
+    text << "herd::torch_gradients: the gradient of the optimizer's parameter " << i << " is not row-major (sizes "
+         << grad.sizes() << ", strides " << grad.strides()
+         << ": a channels_last or transposed parameter's). distributed_optimizer reads each gradient as one row-major "
+            "block. Wrap the module in herd::torch::DistributedDataParallel, which takes parameters in any layout, or "
+            "make the parameter row-major before training (p.set_data(p.contiguous())).";
+    throw error(text.str());
+  }
 
   // Whether parameter i's gradient is still the zeros this source gave it, untouched by backward.
   bool zeros_of_ours(const at::Tensor& p, std::size_t i) const {
