@@ -630,9 +630,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   // Gradient i as its bucket reduces it: in its parameter's gradient layout (detail/layout.hpp),
   // which autograd gives the gradients it creates. One the program set in another layout is
   // first copied into a tensor of that layout, which becomes param.grad(), as DDP copies such a
-  // gradient into its bucket view.
-  // A gradient of other sizes or dtype keeps them (row-major if it is not dense): the reducer's
-  // check of the marked view then reports it on every rank.
+  // gradient into its bucket view; one of other sizes or dtype keeps them (row-major if it is not
+  // dense), and the reducer's check of the marked view reports it on every rank.
   buffer_view gradient_view(std::size_t i) {
     at::Tensor& g = params[i].mutable_grad();
     if (g.defined() && g.layout() == at::kStrided && !herd::detail::in_gradient_layout(g, params[i])) {
