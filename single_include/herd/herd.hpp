@@ -13673,11 +13673,12 @@ HERD_CONFIG_NAMESPACE_END
 //   elsewhere), checks the gradients on the first pass, makes the plan and the policy, and starts
 //   collecting marks.
 // - collecting marks: each mark() counts down its bucket; buckets whose gradients are all marked
-//   are packed and started, in order on every rank (buckets in flight, on the progress thread).
+//   are packed and started, in order on every rank (buckets in flight, on the progress thread),
+//   but for the last, which synchronize() runs (last_on_caller).
 // - synchronize() while collecting: starts the buckets left (unmarked gradients: zeros, or the
-//   error that every rank raises), waits for all, unpacks; synchronized, and idle for the next
-//   pass. After the first synchronized pass the buckets are rebuilt in rank 0's ready order
-//   (as DDP, not with find_unused_parameters unless static_graph).
+//   error that every rank raises), waits for them, runs the last one on its own thread, unpacks;
+//   synchronized, and idle for the next pass. After the first synchronized pass the buckets are
+//   rebuilt in rank 0's ready order (as DDP, not with find_unused_parameters unless static_graph).
 // A failure anywhere ends the pass (and abandons a round of accumulated passes) on every rank.
 //
 // Step-time fusion (detail/step_fusion.hpp) is the "all ready at once" mode.
@@ -14192,27 +14193,29 @@ struct bucket_operation {
   }
 
   // Starts the allreduce of `v`; with a failed `check`, the operation that carries the problem to
-  // every rank instead (so that the buckets after it still pair up).
-  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op) {
+  // every rank instead (so that the buckets after it still pair up). `now`: runs it on this thread
+  // before returning instead, and `done` stays empty (see begin()).
+  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op, bool now = false) {
     auto call = prepare_allreduce(std::move(check), v, v, comm, op);
     const auto label = call.label();
-    done.emplace(start_collective(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
+    begin(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
       const auto start = std::chrono::steady_clock::now();
       run_allreduce(comm, call, sync);
       spent->store(seconds_since(start));
-    }));
+    }, now);
   }
 
   // Starts the reduction of `parts` through shared memory, straight from and into them.
-  template <communicator C> void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op) {
+  template <communicator C>
+  void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op, bool now = false) {
     in_place = true;
     buffer = {};
     auto [label, body] = allreduce_in_shared_memory_body(comm, std::move(parts), op);
-    done.emplace(start_collective(comm, label, [body = std::move(body), spent = seconds](bool sync) {
+    begin(comm, label, [body = std::move(body), spent = seconds](bool sync) {
       const auto start = std::chrono::steady_clock::now();
       body(sync);
       spent->store(seconds_since(start));
-    }));
+    }, now);
   }
 
   // When every rank shares a node and all of the bucket's gradients were marked, its allreduce
@@ -14221,7 +14224,7 @@ struct bucket_operation {
   // not apply.
   template <communicator C>
   bool start_from_gradients(C& comm, const bucket_plan::bucket& plan, const std::vector<char>& marked,
-                            const std::vector<buffer_view>& views, reduce_op op) {
+                            const std::vector<buffer_view>& views, reduce_op op, bool now = false) {
     std::vector<buffer_view> parts;
     parts.reserve(plan.members.size());
     for (std::size_t i : plan.members) {
@@ -14229,8 +14232,21 @@ struct bucket_operation {
       parts.push_back(views[i]);
     }
     if (!reduces_in_shared_memory(comm, parts)) return false;
-    start_in_shared_memory(comm, std::move(parts), op);
+    start_in_shared_memory(comm, std::move(parts), op, now);
     return true;
+  }
+
+ private:
+  // The operation, queued for the progress thread, or (`now`) run as a blocking collective: the
+  // reducer runs a pass's last bucket so, because it waits for it at once. Handing it to the
+  // thread would buy no overlap and cost two hand-overs, most where the ranks' threads share the
+  // cores (benchmarks/RESULTS.md, "The pass's last bucket on the caller's thread").
+  template <communicator C, class Body> void begin(C& comm, const op_label& label, Body body, bool now) {
+    if (now) {
+      run_collective(comm, label, body);
+    } else {
+      done.emplace(start_collective(comm, label, std::move(body)));
+    }
   }
 };
 
@@ -15130,10 +15146,19 @@ template <communicator C> class reducer final : public join_hook {
   void begin_buckets();
   void make_plan(const std::vector<std::size_t>& order);
 
-  // Packs bucket b (folding in accumulated passes) and starts its allreduce; a bucket this rank
-  // found a problem with starts an operation that carries the problem instead, so that every rank
-  // raises it and the buckets after it still pair up.
-  void launch(std::size_t b);
+  // Packs bucket b (folding in accumulated passes) and starts its allreduce (`now`: runs it on this
+  // thread); a bucket this rank found a problem with starts an operation that carries the problem
+  // instead, so that every rank raises it and the buckets after it still pair up.
+  void launch(std::size_t b, bool now = false);
+
+  // Whether a pass's last bucket runs on the thread that finishes the pass, after the others, and
+  // not on the progress thread as soon as its gradients are ready. It becomes ready as backward
+  // ends and is waited for at once (the DDP wrapper finishes the pass then): the progress thread
+  // would hide nothing of it, and handing it over and back costs a wake on each side, which is
+  // most of all where the ranks' threads share cores (a model whose gradients fit one bucket then
+  // ran slower overlapped than blocking). A GPU communicator's operations are stream-ordered, with
+  // no thread to hand over to: there it is started as soon as it is ready.
+  static constexpr bool last_on_caller = !native_collectives<C>;
 
   // step()'s part: starts the buckets left (gradients never marked: an error, or zeros with
   // find_unused_parameters), waits for all, unpacks, and rebuilds the buckets after the first pass.
@@ -15233,7 +15258,9 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
   ready_views_[i] = v;
   if (!rebuilt_) ready_order_.push_back(i);
   --b.waiting;
-  while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
+  // The last bucket waits for finish(), which runs it on this thread (see last_on_caller).
+  const std::size_t launchable = buckets_.size() - (last_on_caller && !buckets_.empty() ? 1 : 0);
+  while (next_launch_ < launchable && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
   stats_.exposed += seconds_since(start);
 }
 
@@ -15253,8 +15280,9 @@ template <communicator C> void reducer<C>::begin_buckets() {
 }
 
 template <communicator C> void reducer<C>::defer_late_fault() {
-  // Every bucket has started: no operation of this pass is left to carry the problem to the other
-  // ranks, so the next reduction's first operation carries it, and every rank raises it there.
+  // Every bucket has started (on a GPU communicator, where the last does not wait for finish()):
+  // no operation of this pass is left to carry the problem to the other ranks, so the next
+  // reduction's first operation carries it, and every rank raises it there.
   checks_.defer(pass_fault_);
   std::fprintf(stderr,
                "herd warning: distributed_optimizer on rank %d of %d: %s, after every bucket of the pass had started; "
@@ -15270,7 +15298,7 @@ template <communicator C> void reducer<C>::make_plan(const std::vector<std::size
   buckets_.resize(plan_.buckets.size());
 }
 
-template <communicator C> void reducer<C>::launch(std::size_t b) {
+template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
   bucket_operation& st = buckets_[b];
   const bucket_plan::bucket& plan = plan_.buckets[b];
   // In the timeline: packing and starting it, with the sequence number its operation takes.
@@ -15284,7 +15312,7 @@ template <communicator C> void reducer<C>::launch(std::size_t b) {
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
     failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
                            "and mark each ready once per backward pass");
-    st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type));
+    st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type), now);
     return;
   }
   const dtype wire = policy_.wire(plan.type);
@@ -15298,7 +15326,7 @@ template <communicator C> void reducer<C>::launch(std::size_t b) {
     }
     const bool as_is = policy_.as_is(plan.type);
     st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
-    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type))) {
+    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type), now)) {
       mover.finish();
       started = true;
       return;
@@ -15329,12 +15357,20 @@ template <communicator C> void reducer<C>::launch(std::size_t b) {
   });
   if (started) return;
   call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type));
+  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type), now);
 }
 
 template <communicator C> void reducer<C>::finish() {
   const auto start = std::chrono::steady_clock::now();
   std::exception_ptr failure;
+  auto keep_first = [&](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  const std::size_t last = buckets_.size() - 1;  // unused where there are none
   for (std::size_t b = next_launch_; b < buckets_.size(); ++b) {
     std::string missing;
     for (std::size_t i : plan_.buckets[b].members) {
@@ -15348,24 +15384,17 @@ template <communicator C> void reducer<C>::finish() {
                           " were not marked ready in this backward pass (pass find_unused_parameters = true to "
                           "reduce gradients a pass did not produce as zeros)";
     }
-    try {
-      launch(b);
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
+    if (b != last || !last_on_caller) keep_first([&] { launch(b); });
   }
   next_launch_ = buckets_.size();
   const auto wait_start = std::chrono::steady_clock::now();
   {
     const trace::span phase(track_, "wait for buckets");
     for (bucket_operation& st : buckets_) {
-      if (!st.done) continue;
-      try {
-        st.done->wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
+      if (st.done) keep_first([&] { st.done->wait(); });
     }
+    // The last bucket, once the others are done (it runs here, not behind them in the queue).
+    if (last_on_caller && !buckets_.empty()) keep_first([&] { launch(last, true); });
   }
   stats_.waiting += seconds_since(wait_start);
   for (const bucket_operation& st : buckets_) stats_.communication += st.seconds->load();

@@ -36,6 +36,11 @@ HERD_MPI_TEST_CASE("buckets: a bad gradient found when it is marked reaches step
   herd_test::overlap::a_bad_gradient_in_a_bucket_reaches_step_everywhere(comm);
 }
 
+HERD_MPI_TEST_CASE("buckets: a bad mark after the last gradient reaches step() on every rank", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::a_bad_mark_after_the_last_gradient_reaches_step_everywhere(comm);
+}
+
 HERD_MPI_TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets", 2) {
   herd::mpi_communicator comm;
   herd_test::overlap::gradients_in_their_buckets_reduce_in_place(comm);

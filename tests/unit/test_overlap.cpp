@@ -73,8 +73,8 @@ TEST_CASE("buckets: mark_ready with an index that names no gradient reaches step
   on_threads([](auto& comm) { herd_test::overlap::an_invalid_mark_reaches_step_everywhere(comm); });
 }
 
-TEST_CASE("buckets: a bad mark after every bucket started reaches the next reduction on every rank") {
-  on_threads([](auto& comm) { herd_test::overlap::a_late_bad_mark_reaches_the_next_reduction_everywhere(comm); });
+TEST_CASE("buckets: a bad mark after the last gradient reaches step() on every rank") {
+  on_threads([](auto& comm) { herd_test::overlap::a_bad_mark_after_the_last_gradient_reaches_step_everywhere(comm); });
 }
 
 TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets") {

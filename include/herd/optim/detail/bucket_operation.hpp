@@ -58,27 +58,29 @@ struct bucket_operation {
   }
 
   // Starts the allreduce of `v`; with a failed `check`, the operation that carries the problem to
-  // every rank instead (so that the buckets after it still pair up).
-  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op) {
+  // every rank instead (so that the buckets after it still pair up). `now`: runs it on this thread
+  // before returning instead, and `done` stays empty (see begin()).
+  template <communicator C> void start(C& comm, call_check check, buffer_view v, reduce_op op, bool now = false) {
     auto call = prepare_allreduce(std::move(check), v, v, comm, op);
     const auto label = call.label();
-    done.emplace(start_collective(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
+    begin(comm, label, [&comm, call = std::move(call), spent = seconds](bool sync) {
       const auto start = std::chrono::steady_clock::now();
       run_allreduce(comm, call, sync);
       spent->store(seconds_since(start));
-    }));
+    }, now);
   }
 
   // Starts the reduction of `parts` through shared memory, straight from and into them.
-  template <communicator C> void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op) {
+  template <communicator C>
+  void start_in_shared_memory(C& comm, std::vector<buffer_view> parts, reduce_op op, bool now = false) {
     in_place = true;
     buffer = {};
     auto [label, body] = allreduce_in_shared_memory_body(comm, std::move(parts), op);
-    done.emplace(start_collective(comm, label, [body = std::move(body), spent = seconds](bool sync) {
+    begin(comm, label, [body = std::move(body), spent = seconds](bool sync) {
       const auto start = std::chrono::steady_clock::now();
       body(sync);
       spent->store(seconds_since(start));
-    }));
+    }, now);
   }
 
   // When every rank shares a node and all of the bucket's gradients were marked, its allreduce
@@ -87,7 +89,7 @@ struct bucket_operation {
   // not apply.
   template <communicator C>
   bool start_from_gradients(C& comm, const bucket_plan::bucket& plan, const std::vector<char>& marked,
-                            const std::vector<buffer_view>& views, reduce_op op) {
+                            const std::vector<buffer_view>& views, reduce_op op, bool now = false) {
     std::vector<buffer_view> parts;
     parts.reserve(plan.members.size());
     for (std::size_t i : plan.members) {
@@ -95,8 +97,21 @@ struct bucket_operation {
       parts.push_back(views[i]);
     }
     if (!reduces_in_shared_memory(comm, parts)) return false;
-    start_in_shared_memory(comm, std::move(parts), op);
+    start_in_shared_memory(comm, std::move(parts), op, now);
     return true;
+  }
+
+ private:
+  // The operation, queued for the progress thread, or (`now`) run as a blocking collective: the
+  // reducer runs a pass's last bucket so, because it waits for it at once. Handing it to the
+  // thread would buy no overlap and cost two hand-overs, most where the ranks' threads share the
+  // cores (benchmarks/RESULTS.md, "The pass's last bucket on the caller's thread").
+  template <communicator C, class Body> void begin(C& comm, const op_label& label, Body body, bool now) {
+    if (now) {
+      run_collective(comm, label, body);
+    } else {
+      done.emplace(start_collective(comm, label, std::move(body)));
+    }
   }
 };
 
