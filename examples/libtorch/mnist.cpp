@@ -533,8 +533,9 @@ int run_epochs(const options& opts, herd::mpi_communicator& comm, Net& model, to
   const double local = local_seconds_total > 0 ? local_seconds_total : 1.0;
   const double reduce_fraction = herd::average((opt.reduce_seconds() - reduce_start) / local, comm);
   const double per_step = 1e3 / static_cast<double>(steps * static_cast<std::size_t>(opts.epochs));
-  // The reduction's own time (on its progress thread, for buckets; on the caller's, without) and
-  // the part of it the caller waited for after its backward pass: the rest was hidden by it.
+  // The reduction's own time (on the progress thread for buckets but the last; on the caller's
+  // without buckets) and the part of it the caller waited for after its backward pass: the rest
+  // was hidden by it.
   const herd::overlap_stats& o = opt.overlap();
   const bool overlapped = o.steps > overlap_start.steps;
   const double communication = overlapped ? o.communication - overlap_start.communication : phases.reduce;

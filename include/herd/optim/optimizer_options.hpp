@@ -80,11 +80,13 @@ inline std::vector<gradient_bucket> bucket_layout(const std::vector<std::pair<st
 
 // Where the time of the overlapped reductions went, summed over steps (seconds): `communication`,
 // each bucket's operation from its start to its end on the communicator (on its progress thread,
-// while the caller goes on with its backward pass); `exposed`, the caller's own time in them:
-// packing at mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the
-// part of `exposed` spent waiting for buckets to finish. communication - waiting is what the
-// backward pass hid. `packed_bytes`: gradient bytes copied into buckets (and back out after
-// the reduction); none for buckets whose gradients live in them.
+// while the caller goes on with its backward pass; a host communicator's last bucket of a pass on
+// the caller's thread, in step()); `exposed`, the caller's own time in them: packing at
+// mark_ready, and in step() starting what was left, waiting, unpacking; `waiting`, the part of
+// `exposed` spent waiting for buckets to finish, and packing and reducing the last one.
+// communication - waiting is what the backward pass hid (less the last bucket's packing, so it
+// can be below zero where everything fits one bucket). `packed_bytes`: gradient bytes copied into
+// buckets (and back out after the reduction); none for buckets whose gradients live in them.
 struct overlap_stats {
   double communication = 0;
   double exposed = 0;

@@ -25,17 +25,32 @@
 #include <type_traits>
 #include <vector>
 
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+
+// The parameters of `module` (and its submodules) and, with `buffers`, its buffers end equal to the
+// root's, element by element, whatever each rank's memory layout (channels_last, say). The DDP
+// wrapper's sync_module_states leaves the buffers out where broadcast_buffers is off.
+template <communicator C> void broadcast_module(::torch::nn::Module& module, C& comm, int root, bool buffers) {
+  row_major_views staged;
+  for (auto& p : module.parameters()) staged.add(p);
+  if (buffers) {
+    for (auto& b : module.buffers()) staged.add(b);
+  }
+  broadcast_parameters(staged.views(), comm, root);
+  staged.write_back();
+}
+
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
+
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // Every parameter and buffer of `module` (and its submodules) ends equal to the root's, element by
 // element, whatever each rank's memory layout (channels_last, say).
 template <communicator C> void broadcast_parameters(::torch::nn::Module& module, C& comm, int root = 0) {
-  detail::row_major_views staged;
-  for (auto& p : module.parameters()) staged.add(p);
-  for (auto& b : module.buffers()) staged.add(b);
-  broadcast_parameters(staged.views(), comm, root);
-  staged.write_back();
+  detail::broadcast_module(module, comm, root, true);
 }
 
 // Every hyperparameter of every parameter group (all of SGD's, Adam's and AdamW's options; the

@@ -349,13 +349,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   // broadcast_buffers is off (as PyTorch 2's DDP; 1.13's broadcast them at construction anyway),
   // element by element whatever each rank's memory layout.
   void sync_module_states(int root) {
-    herd::detail::row_major_views staged;
-    for (auto& p : module_->parameters()) staged.add(p);
-    if (state_->broadcast_buffers) {
-      for (auto& b : module_->buffers()) staged.add(b);
-    }
-    broadcast_parameters(staged.views(), *state_->comm, root);
-    staged.write_back();
+    herd::detail::broadcast_module(*module_, *state_->comm, root, state_->broadcast_buffers);
   }
 
   Module module_;

@@ -2,7 +2,8 @@
 #define HERD_OPTIM_DETAIL_BUCKET_OPERATION_HPP
 // One bucket's reduction in a pass of readiness marks (detail/reducer.hpp): how many of its
 // gradients are still to come, the problem this rank found with them, and its operation once
-// started, on the communicator's progress thread, timed there for overlap_stats.
+// started, on the communicator's progress thread (or, the pass's last, on the caller's), timed
+// where it runs for overlap_stats.
 
 #include <herd/collectives/allreduce.hpp>
 #include <herd/comm/communicator.hpp>
