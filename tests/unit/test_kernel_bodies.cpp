@@ -200,7 +200,15 @@ TEST_CASE("avg's rank divisor gives the division's bits on every 16-bit dividend
 // Pointers that share a misalignment within an element never reach a 16-byte boundary together
 // (a GPU refuses such pointers at launch; the bodies must still never issue a misaligned vector
 // access, which the emulated loads and stores would report). Sizes above a vector's elements.
-TEST_CASE("kernel bodies on pointers misaligned within an element take no misaligned vector access") {
+// Skipped under UBSan (the sanitize preset): the host's scalar loads and stores through such
+// pointers, which x86 takes and this case relies on, are what its alignment check reports.
+#ifdef HERD_TEST_UNDER_UBSAN
+constexpr bool under_ubsan = true;
+#else
+constexpr bool under_ubsan = false;
+#endif
+TEST_CASE("kernel bodies on pointers misaligned within an element take no misaligned vector access" *
+          doctest::skip(under_ubsan)) {
   static arena mem;
   herd_test::rng g(80);
   for (auto type : herd::all_dtypes) {
