@@ -1204,13 +1204,12 @@ template <class Module, communicator C> class DistributedDataParallel {
   // Embedding or EmbeddingBag with sparse=true.
   std::vector<char> sparse_parameters() {
     std::vector<const void*> weights;
+    auto take = [&](const auto* embedding) {  // null where the module is not of that kind
+      if (embedding && embedding->options.sparse()) weights.push_back(embedding->weight.unsafeGetTensorImpl());
+    };
     for (const auto& m : module_->modules()) {
-      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingImpl*>(m.get()); e && e->options.sparse()) {
-        weights.push_back(e->weight.unsafeGetTensorImpl());
-      }
-      if (const auto* e = dynamic_cast<const ::torch::nn::EmbeddingBagImpl*>(m.get()); e && e->options.sparse()) {
-        weights.push_back(e->weight.unsafeGetTensorImpl());
-      }
+      take(dynamic_cast<const ::torch::nn::EmbeddingImpl*>(m.get()));
+      take(dynamic_cast<const ::torch::nn::EmbeddingBagImpl*>(m.get()));
     }
     std::vector<char> flags;
     for (const auto& p : state_->params) {
