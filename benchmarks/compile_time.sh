@@ -8,10 +8,12 @@
 #   BASELINE=<rev> benchmarks/compile_time.sh  # each herd case also with <rev>'s headers, alternated
 #   CASES='quickstart|one allreduce' benchmarks/compile_time.sh  # only the cases whose names match
 #                                              # (an extended regex; <Eigen/Dense> always runs)
+#   KEEP=1 benchmarks/compile_time.sh          # leave the generated sources in the folder it names
 #
 # Targets (2-core machine): herd include-only <= 1.5x Eigen/Dense; the README quickstart <= 2.5x
 # with HERD_SEPARATE_COMPILATION and <= 4x header-only; the training loop <= 4x with
-# HERD_SEPARATE_COMPILATION; nvcc include-only <= 2x g++'s include-only.
+# HERD_SEPARATE_COMPILATION; nvcc include-only <= 2x g++'s include-only. The cases "the system
+# headers herd includes, without herd" are the floor of the include-only cases under each compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -20,7 +22,7 @@ include=${INCLUDE:-include}
 cxx=${CXX:-g++}
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[[ -n "${KEEP:-}" ]] && echo "kept $work" >&2 || rm -rf "$work"' EXIT
 
 mpi_flags=$(mpicxx -compile-info 2>/dev/null | tr ' ' '\n' | grep -E '^-I' | tr '\n' ' ' || true)
 [[ -n "$mpi_flags" ]] || mpi_flags=$(mpicxx --showme:compile 2>/dev/null || true)
@@ -91,12 +93,42 @@ assert "#include <herd/herd.hpp>" in text
 open(sys.argv[3], "w").write(text.replace("#include <herd/herd.hpp>", headers, 1))' \
   "$work/quickstart.cpp" "$work/feature_headers.hpp" "$work/quickstart_features.cpp"
 
+# The limit of the include-only cases: the system headers that herd's own headers include (the
+# standard library, mpi.h, and under nvcc CUDA's), included directly, without herd. Read from the
+# compiler's include tree (-H), so it follows what each compiler's pass actually reaches.
+system_headers_of() {  # compiler flags source output
+  local tree
+  # shellcheck disable=SC2086
+  if [[ "$1" == "$nvcc" ]]; then
+    tree=$("$1" -std=c++20 $2 -E -Xcompiler -H "$3" -o /dev/null 2>&1) || return 0
+  else
+    tree=$("$1" -std=c++20 $2 -E -H "$3" -o /dev/null 2>&1) || return 0
+  fi
+  python3 -c '
+import re, sys
+parents, seen, out = {}, set(), []
+for line in sys.stdin:
+    m = re.match(r"(\.+) (\S+)$", line.rstrip("\n"))
+    if not m:
+        continue
+    depth, path = len(m.group(1)), m.group(2)
+    parents[depth] = path
+    parent = parents.get(depth - 1, "")
+    if "/herd/" in parent and "/herd/" not in path and path not in seen:
+        seen.add(path)
+        out.append(path)
+sys.stdout.write("".join(f"#include \"{h}\"\n" for h in out) + "int main() {}\n")' <<<"$tree" >"$4"
+}
+system_headers_of "$cxx" "-I$include $mpi_flags" "$work/herd_include.cpp" "$work/herd_system_headers.cpp"
+[[ -x "$nvcc" ]] && system_headers_of "$nvcc" "-I$include $mpi_flags" "$work/herd_include.cu" "$work/herd_system_headers.cu"
+
 # name | compiler | flags | source | needs (a file that must exist)
 cases=(
   "<vector>|$cxx||$work/vector.cpp|"
   "<Eigen/Dense>|$cxx|$eigen_flags|$work/eigen.cpp|/usr/include/eigen3/Eigen/Dense"
   "<torch/torch.h>|$cxx|$torch_flags|$work/torch.cpp|/usr/include/torch/csrc/api/include/torch/torch.h"
   "herd include-only|$cxx|-I$include $mpi_flags|$work/herd_include.cpp|"
+  "the system headers herd includes, without herd|$cxx|$mpi_flags|$work/herd_system_headers.cpp|$work/herd_system_headers.cpp"
   "herd include-only, the quickstart's two headers|$cxx|-I$include $mpi_flags|$work/herd_feature_include.cpp|$include/herd/comm/mpi.hpp"
   "one allreduce|$cxx|-I$include $mpi_flags|$work/one_allreduce.cpp|"
   "one allreduce, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags -DHERD_SEPARATE_COMPILATION|$work/one_allreduce.cpp|"
@@ -108,6 +140,7 @@ cases=(
   "fashion_mnist model and data reader alone, no herd collective|$cxx|-I$include -I$root/examples/fashion_mnist $eigen_flags|$work/fashion_model.cpp|/usr/include/eigen3/Eigen/Dense"
   "fashion_mnist training loop, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags $eigen_flags -DHERD_SEPARATE_COMPILATION|$root/examples/fashion_mnist/main.cpp|/usr/include/eigen3/Eigen/Dense"
   "nvcc: herd include-only|$nvcc|-I$include $mpi_flags|$work/herd_include.cu|$nvcc"
+  "nvcc: the system headers herd includes, without herd|$nvcc|$mpi_flags|$work/herd_system_headers.cu|$work/herd_system_headers.cu"
   "nvcc: README quickstart|$nvcc|-I$include $mpi_flags|$work/quickstart.cu|$nvcc"
 )
 
@@ -165,6 +198,7 @@ done
 value_of() { for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && echo "${medians[$i]}"; done; return 0; }
 eigen=$(value_of "<Eigen/Dense>")
 herd_gxx=$(value_of "herd include-only")
+system_gxx=$(value_of "the system headers herd includes, without herd")
 if [[ -n "$baseline_include" ]]; then
   printf '| case | median s (range) | / <Eigen/Dense> | with %s'"'"'s headers: median s (range) | now / %s |\n' "$BASELINE" "$BASELINE"
   printf '|---|---:|---:|---:|---:|\n'
@@ -177,6 +211,8 @@ for i in "${!names[@]}"; do
   ratio=$(awk -v a="$m" -v b="$eigen" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b }')
   [[ "$name" == "nvcc: herd include-only" && -n "$herd_gxx" ]] &&
     ratio="$ratio ($(awk -v a="$m" -v b="$herd_gxx" 'BEGIN { printf "%.2f", a / b }')x g++'s include-only)"
+  [[ "$name" == "nvcc: the system headers herd includes, without herd" && -n "$system_gxx" ]] &&
+    ratio="$ratio ($(awk -v a="$m" -v b="$system_gxx" 'BEGIN { printf "%.2f", a / b }')x g++'s)"
   if [[ -z "$baseline_include" ]]; then
     printf '| %s | %.2f | %s |\n' "$name" "$m" "$ratio"
   elif [[ -z "${baseline_medians[$i]}" ]]; then
