@@ -15239,6 +15239,14 @@ template <communicator C> void reducer<C>::reduce_all() {
 template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
   if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
   const auto start = std::chrono::steady_clock::now();
+  if (!pass_open_ && (checks_.checked() ? checks_.shapes().empty() : source_().empty())) {
+    // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
+    // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
+    // its step() makes the same calls as theirs (the first check, on the first pass).
+    raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+          "mark_ready(" + std::to_string(i) + ") names no gradient (this distributed optimizer has none)",
+          "Mark only gradients the distributed optimizer was given");
+  }
   if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
     begin_buckets();
     pass_open_ = true;

@@ -41,6 +41,11 @@ HERD_MPI_TEST_CASE("buckets: a bad mark after the last gradient reaches step() o
   herd_test::overlap::a_bad_mark_after_the_last_gradient_reaches_step_everywhere(comm);
 }
 
+HERD_MPI_TEST_CASE("buckets: with no gradients, a bad mark is raised at once by its rank, and the steps still pair up", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::a_bad_mark_with_no_gradients_raises_at_once(comm);
+}
+
 HERD_MPI_TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets", 2) {
   herd::mpi_communicator comm;
   herd_test::overlap::gradients_in_their_buckets_reduce_in_place(comm);

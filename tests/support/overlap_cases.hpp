@@ -316,6 +316,27 @@ template <class C> void a_bad_mark_after_the_last_gradient_reaches_step_everywhe
   }
 }
 
+// With no gradients at all there is no bucket to carry a bad mark to the other ranks (they reduce
+// nothing): the rank that made it raises it at once, and every rank's step() still pairs up.
+template <class C> void a_bad_mark_with_no_gradients_raises_at_once(C& comm) {
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, std::vector<herd::buffer_view>{}, comm);
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass makes the first check, the second does not
+    INFO("pass ", pass);
+    const std::string marked = error_of([&] {
+      if (comm.rank() == 1) opt.mark_ready(0);
+    });
+    if (comm.rank() == 1) {
+      CHECK(has(marked, "rank 1"));
+      CHECK(has(marked, "mark_ready(0) names no gradient (this distributed optimizer has none)"));
+    } else {
+      CHECK(marked == "(no error)");
+    }
+    CHECK(error_of([&] { opt.step(); }) == "(no error)");
+    CHECK(inner.steps == pass + 1);
+  }
+}
+
 // gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
 // in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
 // come in another order), and give the bits of the same gradients reduced by packing.

@@ -77,6 +77,10 @@ TEST_CASE("buckets: a bad mark after the last gradient reaches step() on every r
   on_threads([](auto& comm) { herd_test::overlap::a_bad_mark_after_the_last_gradient_reaches_step_everywhere(comm); });
 }
 
+TEST_CASE("buckets: with no gradients, a bad mark is raised at once by its rank, and the steps still pair up") {
+  on_threads([](auto& comm) { herd_test::overlap::a_bad_mark_with_no_gradients_raises_at_once(comm); });
+}
+
 TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets") {
   on_threads([](auto& comm) { herd_test::overlap::gradients_in_their_buckets_reduce_in_place(comm); });
 }
