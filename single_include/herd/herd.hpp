@@ -14409,9 +14409,10 @@ template <communicator C> class gradient_checks {
   device where() const noexcept { return device_; }
 
   // Raises `fault` on every rank: it travels in the agreement of the reduction the other ranks
-  // start now (with argument checks off, it aborts the communicator, which tells them).
+  // start now (with argument checks off, it aborts the communicator, which tells them). Where the
+  // first step found no gradients the others start none, and this rank raises it alone.
   [[noreturn]] void raise_everywhere(const std::string& fault) {
-    if (comm_.size() == 1) raise_alone(fault);
+    if (comm_.size() == 1 || (checked_ && shapes_.empty())) raise_alone(fault);
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
     failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
     const auto call = prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);

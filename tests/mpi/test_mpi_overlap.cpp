@@ -46,6 +46,11 @@ HERD_MPI_TEST_CASE("buckets: with no gradients, a bad mark is raised at once by 
   herd_test::overlap::a_bad_mark_with_no_gradients_raises_at_once(comm);
 }
 
+HERD_MPI_TEST_CASE("with no gradients at the first step, gradients that appear on one rank raise there alone", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::gradients_where_the_first_step_had_none_raise_on_their_rank(comm);
+}
+
 HERD_MPI_TEST_CASE("buckets: gradients laid out by bucket_layout reduce in place and keep their buckets", 2) {
   herd::mpi_communicator comm;
   herd_test::overlap::gradients_in_their_buckets_reduce_in_place(comm);

@@ -337,6 +337,27 @@ template <class C> void a_bad_mark_with_no_gradients_raises_at_once(C& comm) {
   }
 }
 
+// Likewise gradients that appear on one rank where the first step had none: the others reduce
+// nothing, so that rank raises the change alone, at its step(), and the next step pairs up.
+template <class C> void gradients_where_the_first_step_had_none_raise_on_their_rank(C& comm) {
+  counting_optimizer inner;
+  std::vector<float> extra(3, 1.0f);
+  int pass = 0;
+  herd::distributed_optimizer opt(
+      inner, [&] { return pass == 1 && comm.rank() == 1 ? herd::views(extra) : std::vector<herd::buffer_view>{}; }, comm);
+  for (; pass < 3; ++pass) {
+    INFO("pass ", pass);
+    const std::string message = error_of([&] { opt.step(); });
+    if (pass == 1 && comm.rank() == 1) {
+      CHECK(has(message, "rank 1"));
+      CHECK(has(message, "the gradients changed since the first step"));
+    } else {
+      CHECK(message == "(no error)");
+    }
+  }
+  CHECK(inner.steps == (comm.rank() == 1 ? 2 : 3));
+}
+
 // gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
 // in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
 // come in another order), and give the bits of the same gradients reduced by packing.
