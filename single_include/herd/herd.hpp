@@ -15100,7 +15100,7 @@ template <communicator C> class reducer final : public join_hook {
 
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
-    if (pass_open_) return finish();
+    if (pass_open_) return comm_.size() == 1 ? finish_alone() : finish();
     if (options_.uneven_inputs && !agreed_elsewhere_) roster_.agree(comm_, join_mode::at_step);
     reduce_all();
   }
@@ -15146,6 +15146,31 @@ template <communicator C> class reducer final : public join_hook {
   }
 
   void mark_one(std::size_t i, const buffer_view* given);
+  // What is wrong with marking gradient i now, of `count` ("" when nothing is).
+  std::string bad_mark(std::size_t i, std::size_t count) const {
+    if (i >= count) return "mark_ready(" + std::to_string(i) + ") names no gradient (there are " + std::to_string(count) + ")";
+    if (marked_[i]) return "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+    return {};
+  }
+  // What is wrong with the tensor of gradient i, not marked in this pass, which the pass reads or
+  // writes as it is ("" when nothing is).
+  std::string unmarked_view_fault(std::size_t i) {
+    if (i >= pass_views().size()) return "the gradients changed since the first step (their number, sizes or dtypes)";
+    return checks_.marked_fault(i, pass_views()[i]);
+  }
+  static std::string unmarked_fault(const std::string& missing) {
+    return "gradient(s) " + missing +
+           " were not marked ready in this backward pass (pass find_unused_parameters = true to reduce gradients a "
+           "pass did not produce as zeros)";
+  }
+
+  // One rank: there is nothing to reduce, but the marks are kept and checked as on more ranks (as
+  // DDP's reducer at world size 1), so that a marking mistake shows before the program runs on
+  // several: an index out of range, a second mark, a gradient left unmarked without
+  // find_unused_parameters (each raised by step()); with it, an unmarked gradient becomes zeros, as
+  // the average of zeros that more ranks write into it. No bucket is packed.
+  void mark_alone(std::size_t i, const buffer_view* given);
+  void finish_alone();
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets();
   void make_plan(const std::vector<std::size_t>& order);
@@ -15238,7 +15263,7 @@ template <communicator C> void reducer<C>::reduce_all() {
 }
 
 template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
-  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+  if (comm_.size() == 1) return mark_alone(i, given);  // the average (or sum) over one rank is the gradient itself
   const auto start = std::chrono::steady_clock::now();
   if (!pass_open_ && (checks_.checked() ? checks_.shapes().empty() : source_().empty())) {
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
@@ -15252,12 +15277,9 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
     begin_buckets();
     pass_open_ = true;
   }
-  if (i >= checks_.shapes().size() || marked_[i]) {
+  if (std::string fault = bad_mark(i, checks_.shapes().size()); !fault.empty()) {
     if (pass_fault_.empty()) {
-      pass_fault_ = i >= checks_.shapes().size()
-                        ? "mark_ready(" + std::to_string(i) + ") names no gradient (there are " +
-                              std::to_string(checks_.shapes().size()) + ")"
-                        : "gradient " + std::to_string(i) + " was marked ready twice in one pass";
+      pass_fault_ = std::move(fault);
       if (next_launch_ == buckets_.size()) defer_late_fault();
     }
     return;
@@ -15274,6 +15296,46 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
   const std::size_t launchable = buckets_.size() - (last_on_caller && !buckets_.empty() ? 1 : 0);
   while (next_launch_ < launchable && buckets_[next_launch_].waiting == 0) launch(next_launch_++);
   stats_.exposed += seconds_since(start);
+}
+
+template <communicator C> void reducer<C>::mark_alone(std::size_t i, const buffer_view* given) {
+  if (!pass_open_) {
+    pass_views_.clear();
+    marked_.assign(checks_.checked() ? checks_.shapes().size() : pass_views().size(), 0);
+    pass_fault_.clear();
+    pass_open_ = true;
+  }
+  if (!pass_fault_.empty()) return;
+  pass_fault_ = bad_mark(i, marked_.size());
+  if (pass_fault_.empty() && given && checks_.checked()) pass_fault_ = checks_.marked_fault(i, *given);
+  if (pass_fault_.empty()) marked_[i] = 1;
+}
+
+template <communicator C> void reducer<C>::finish_alone() {
+  pass_open_ = false;
+  if (!checks_.checked()) (void)checks_.check(pass_views());  // the first check (it raises what it finds)
+  std::string fault = std::exchange(pass_fault_, {});
+  std::string missing;
+  std::vector<buffer_view> unused;
+  for (std::size_t i = 0; fault.empty() && i < marked_.size(); ++i) {
+    if (marked_[i] || sums_in_gradients(i)) continue;  // in_gradients accumulation: the tensor holds the passes
+    missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+    fault = unmarked_view_fault(i);
+    if (fault.empty()) unused.push_back(pass_views()[i]);
+  }
+  if (fault.empty() && !missing.empty() && !options_.find_unused_parameters) fault = unmarked_fault(missing);
+  if (!fault.empty()) {
+    end_round();  // the round is abandoned
+    checks_.raise_alone(fault);
+  }
+  if (!unused.empty()) {
+    with_mover(unused, [&](auto& mover) {
+      mover.begin();
+      for (const buffer_view& g : unused) mover.zero(g);
+      mover.finish();
+    });
+  }
+  reduce_all();  // the checks and the passes held back, as without marks
 }
 
 template <communicator C> void reducer<C>::begin_buckets() {
@@ -15388,13 +15450,12 @@ template <communicator C> void reducer<C>::finish() {
     for (std::size_t i : plan_.buckets[b].members) {
       if (marked_[i]) continue;
       missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-      if (sums_in_gradients(i) && buckets_[b].fault.empty()) buckets_[b].fault = checks_.marked_fault(i, pass_views()[i]);
+      // Its own tensor is read (accumulated passes) or written (zeros, or the others' gradients).
+      if (buckets_[b].fault.empty()) buckets_[b].fault = unmarked_view_fault(i);
     }
     if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
       buckets_[b].fault_code = 16;
-      buckets_[b].fault = "gradient(s) " + missing +
-                          " were not marked ready in this backward pass (pass find_unused_parameters = true to "
-                          "reduce gradients a pass did not produce as zeros)";
+      buckets_[b].fault = unmarked_fault(missing);
     }
     if (b != last || !last_on_caller) keep_first([&] { launch(b); });
   }

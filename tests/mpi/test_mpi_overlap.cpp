@@ -46,6 +46,16 @@ HERD_MPI_TEST_CASE("buckets: with no gradients, a bad mark is raised at once by 
   herd_test::overlap::a_bad_mark_with_no_gradients_raises_at_once(comm);
 }
 
+HERD_MPI_TEST_CASE("buckets: marks are checked alike at any number of ranks, one included", 1) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::marks_are_checked_alike_at_any_size(comm);
+}
+
+HERD_MPI_TEST_CASE("buckets: with find_unused_parameters, an unmarked gradient whose tensor changed is refused", 1) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::an_unmarked_gradient_that_changed_is_refused(comm);
+}
+
 HERD_MPI_TEST_CASE("with no gradients at the first step, gradients that appear on one rank raise there alone", 2) {
   herd::mpi_communicator comm;
   herd_test::overlap::gradients_where_the_first_step_had_none_raise_on_their_rank(comm);

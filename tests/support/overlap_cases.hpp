@@ -358,6 +358,95 @@ template <class C> void gradients_where_the_first_step_had_none_raise_on_their_r
   CHECK(inner.steps == (comm.rank() == 1 ? 2 : 3));
 }
 
+// The marks are checked alike at any number of ranks, one included (as DDP's reducer at world
+// size 1): every rank makes the same mistake, step() raises it, nothing steps, and the next pass
+// reduces to the exact average. With find_unused_parameters an unmarked gradient becomes zeros.
+template <class C> void marks_are_checked_alike_at_any_size(C& comm) {
+  const float p = static_cast<float>(comm.size());
+  struct mistake {
+    const char* what;
+    std::vector<std::size_t> marks;
+    const char* message;
+  };
+  const mistake mistakes[] = {
+      {"an index past the last", {4, 3, 2, 1, 0, 7}, "mark_ready(7) names no gradient (there are 5)"},
+      {"a second mark", {4, 3, 2, 1, 0, 3}, "gradient 3 was marked ready twice in one pass"},
+      {"a gradient left unmarked", {4, 3, 1, 0}, "gradient(s) 2 were not marked ready in this backward pass"},
+  };
+  for (const mistake& m : mistakes) {
+    INFO(m.what);
+    model grads(comm.rank());
+    counting_optimizer inner;
+    herd::distributed_optimizer opt(inner, grads.views(), comm, small_buckets());
+    for (int pass = 0; pass < 2; ++pass) {  // the first pass also makes the first check
+      INFO("pass ", pass);
+      const std::string message = error_of([&] {
+        for (std::size_t i : m.marks) opt.mark_ready(i);
+        opt.step();
+      });
+      INFO(message);
+      CHECK(has(message, m.message));
+      CHECK(has(message, "of " + std::to_string(comm.size())));
+    }
+    CHECK(inner.steps == 0);
+    for (auto& g : grads.grads) std::fill(g.begin(), g.end(), static_cast<float>(comm.rank() + 1));
+    for (std::size_t i = 5; i-- > 0;) opt.mark_ready(i);
+    opt.step();
+    CHECK(inner.steps == 1);
+    for (const auto& g : grads.grads) CHECK(g.back() == doctest::Approx((p + 1) / 2));
+  }
+  herd::optimizer_options options = small_buckets();
+  options.find_unused_parameters = true;
+  model grads(comm.rank());
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(inner, grads.views(), comm, options);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& g : grads.grads) std::fill(g.begin(), g.end(), static_cast<float>(comm.rank() + 1));
+    for (std::size_t i : {std::size_t{4}, std::size_t{3}, std::size_t{1}, std::size_t{0}}) opt.mark_ready(i);
+    opt.step();
+    CHECK(inner.steps == pass + 1);
+    CHECK(grads.grads[2] == std::vector<float>(2000, 0.0f));
+    CHECK(grads.grads[1] == std::vector<float>(30, (p + 1) / 2));
+  }
+}
+
+// With find_unused_parameters a pass writes into the tensors of the gradients it did not mark
+// (zeros, or the others' average): one whose tensor changed since the first step is refused
+// before anything is written into it, at any number of ranks.
+template <class C> void an_unmarked_gradient_that_changed_is_refused(C& comm) {
+  herd::optimizer_options options = small_buckets();
+  options.find_unused_parameters = true;
+  model grads(comm.rank());
+  std::vector<float> small(100, 5.0f);
+  int pass = 0;
+  counting_optimizer inner;
+  herd::distributed_optimizer opt(
+      inner,
+      [&] {
+        std::vector<herd::buffer_view> v = grads.views();
+        if (pass == 1 && comm.rank() == comm.size() - 1) v[2] = herd::view_of(small);
+        return v;
+      },
+      comm, options);
+  for (; pass < 3; ++pass) {
+    INFO("pass ", pass);
+    const std::string message = error_of([&] {
+      for (std::size_t i : {std::size_t{4}, std::size_t{3}, std::size_t{1}, std::size_t{0}}) opt.mark_ready(i);
+      opt.step();
+    });
+    INFO(message);
+    if (pass != 1) {
+      CHECK(message == "(no error)");
+    } else if (comm.rank() == comm.size() - 1) {
+      CHECK(has(message, "gradient 2 changed since the first step (100 f32 instead of 2000 f32)"));
+    } else {
+      CHECK(has(message, "rank " + std::to_string(comm.size() - 1)));
+    }
+  }
+  CHECK(small == std::vector<float>(100, 5.0f));
+  CHECK(inner.steps == 2);
+}
+
 // gradient_as_bucket_view: gradients laid out by bucket_layout() in one storage per bucket reduce
 // in place (nothing packed), keep that layout after the first step (no rebuild, though the marks
 // come in another order), and give the bits of the same gradients reduced by packing.

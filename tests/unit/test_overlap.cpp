@@ -81,6 +81,20 @@ TEST_CASE("buckets: with no gradients, a bad mark is raised at once by its rank,
   on_threads([](auto& comm) { herd_test::overlap::a_bad_mark_with_no_gradients_raises_at_once(comm); });
 }
 
+TEST_CASE("buckets: marks are checked alike at 1, 2 and 3 ranks, and an unmarked gradient with find_unused_parameters becomes zeros") {
+  for (int p : {1, 2, 3}) {
+    INFO(p, " ranks");
+    herd::local::run(p, [&](herd::local_communicator& comm) { herd_test::overlap::marks_are_checked_alike_at_any_size(comm); });
+  }
+}
+
+TEST_CASE("buckets: with find_unused_parameters, an unmarked gradient whose tensor changed is refused before it is written") {
+  for (int p : {1, 2, 3}) {
+    INFO(p, " ranks");
+    herd::local::run(p, [&](herd::local_communicator& comm) { herd_test::overlap::an_unmarked_gradient_that_changed_is_refused(comm); });
+  }
+}
+
 TEST_CASE("with no gradients at the first step, gradients that appear on one rank raise there alone") {
   on_threads([](auto& comm) { herd_test::overlap::gradients_where_the_first_step_had_none_raise_on_their_rank(comm); });
 }
