@@ -3613,7 +3613,8 @@ struct peer_news {
 
 // Why rank `me`, waiting in operation #seq, waits in vain: a peer left before issuing it, or
 // aborted it or an earlier one; empty when there is hope. A departure is named before an abort,
-// which may only be another rank's report of it. `news(q)` is what is known of rank q, `shown(q)`
+// which may only be another rank's report of it; a peer that aborted and then left (its program
+// raised, and ended) is named with its abort's reason too. `news(q)` is what is known of rank q, `shown(q)`
 // the number the error gives it, `in` the operation waited in and `aborted_what(at)` the words
 // for a peer's aborted operation #at. Every communicator's waits ask this, in the same words.
 template <class News, class Shown, class AbortedWhat>
@@ -3622,8 +3623,10 @@ std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown 
   for (int q = 0; q < size; ++q) {
     const peer_news peer = news(q);
     if (q != me && peer.departed_at <= seq) {
-      return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
-             std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+      std::string why = "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
+                        std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+      if (peer.aborted_at <= seq) why += "; before it left, it aborted " + aborted_what(peer.aborted_at) + " (" + peer.reason + ")";
+      return why;
     }
   }
   for (int q = 0; q < size; ++q) {
@@ -15248,27 +15251,34 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 }
 
 template <communicator C> void reducer<C>::reduce_all() {
-  std::vector<buffer_view> grads = source_();
-  std::string fault = checks_.check_with_pending(grads);
-  if (!fault.empty()) {
+  try {
+    std::vector<buffer_view> grads = source_();
+    std::string fault = checks_.check_with_pending(grads);
+    if (!fault.empty()) checks_.raise_everywhere(fault);
+    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    set_policy();
+    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
+    reduce_seconds_ += seconds_since(start);
+  } catch (...) {
+    // The round is abandoned on every rank: a rank with a fault raises it here, and the others
+    // the agreed error of the reduction that carries it (or the abort), here too.
     end_round();
-    checks_.raise_everywhere(fault);
+    throw;
   }
-  if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-  const auto start = std::chrono::steady_clock::now();
-  set_policy();
-  with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
-  reduce_seconds_ += seconds_since(start);
 }
 
 template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
   if (comm_.size() == 1) return mark_alone(i, given);  // the average (or sum) over one rank is the gradient itself
   const auto start = std::chrono::steady_clock::now();
-  if (!pass_open_ && (checks_.checked() ? checks_.shapes().empty() : source_().empty())) {
+  // Where this rank has no gradients the first check comes first (it raises on every rank if
+  // the others have some, naming the difference).
+  if (!pass_open_ && !checks_.checked() && source_().empty()) (void)checks_.check({});
+  if (!pass_open_ && checks_.checked() && checks_.shapes().empty()) {
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
     // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
-    // its step() makes the same calls as theirs (the first check, on the first pass).
+    // its step() makes the same calls as theirs.
     raise({"distributed_optimizer", comm_.rank(), comm_.size()},
           "mark_ready(" + std::to_string(i) + ") names no gradient (this distributed optimizer has none)",
           "Mark only gradients the distributed optimizer was given");
@@ -15451,7 +15461,14 @@ template <communicator C> void reducer<C>::finish() {
       if (marked_[i]) continue;
       missing += (missing.empty() ? "" : ", ") + std::to_string(i);
       // Its own tensor is read (accumulated passes) or written (zeros, or the others' gradients).
-      if (buckets_[b].fault.empty()) buckets_[b].fault = unmarked_view_fault(i);
+      // Reading the gradients may fail (the DDP wrapper's allocates): the bucket carries that too.
+      if (buckets_[b].fault.empty()) {
+        try {
+          buckets_[b].fault = unmarked_view_fault(i);
+        } catch (const std::exception& e) {
+          buckets_[b].fault = std::string("reading gradient ") + std::to_string(i) + " failed: " + e.what();
+        }
+      }
     }
     if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
       buckets_[b].fault_code = 16;

@@ -56,6 +56,11 @@ HERD_MPI_TEST_CASE("buckets: with find_unused_parameters, an unmarked gradient w
   herd_test::overlap::an_unmarked_gradient_that_changed_is_refused(comm);
 }
 
+HERD_MPI_TEST_CASE("buckets: a rank with no gradients where the others have some is named on every rank", 2) {
+  herd::mpi_communicator comm;
+  herd_test::overlap::no_gradients_on_one_rank_are_named_on_every_rank(comm);
+}
+
 HERD_MPI_TEST_CASE("with no gradients at the first step, gradients that appear on one rank raise there alone", 2) {
   herd::mpi_communicator comm;
   herd_test::overlap::gradients_where_the_first_step_had_none_raise_on_their_rank(comm);

@@ -337,6 +337,23 @@ template <class C> void a_bad_mark_with_no_gradients_raises_at_once(C& comm) {
   }
 }
 
+// A rank with no gradients where the others have some: its mark makes the first check, which
+// names the difference on every rank (it once raised alone, and the others waited in that check).
+template <class C> void no_gradients_on_one_rank_are_named_on_every_rank(C& comm) {
+  counting_optimizer inner;
+  std::vector<float> g(10, 1.0f);
+  herd::distributed_optimizer opt(
+      inner, comm.rank() == 1 ? std::vector<herd::buffer_view>{} : herd::views(g), comm);
+  const std::string message = error_of([&] {
+    opt.mark_ready(0);
+    opt.step();
+  });
+  INFO(message);
+  CHECK(has(message, "rank 1"));
+  CHECK(has(message, "gradient"));
+  CHECK(inner.steps == 0);
+}
+
 // Likewise gradients that appear on one rank where the first step had none: the others reduce
 // nothing, so that rank raises the change alone, at its step(), and the next step pairs up.
 template <class C> void gradients_where_the_first_step_had_none_raise_on_their_rank(C& comm) {

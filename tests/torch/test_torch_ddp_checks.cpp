@@ -11,7 +11,9 @@
 #include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 
+#include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -39,6 +41,29 @@ std::string construction_error(Module module, herd::mpi_communicator& comm, herd
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Passes its input on, and raises in backward: an error inside a backward pass (out of memory, say).
+struct raises_in_backward : torch::autograd::Function<raises_in_backward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("out of memory (a test's)");
+  }
+};
+
+// Two layers with a function between them that raises in backward where `raising` is set: the
+// second layer's gradients are ready (its hooks ran) before the error, the first layer's never.
+struct breaks_in_backward : torch::nn::Module {
+  explicit breaks_in_backward(bool raises) : raising(raises) {
+    first = register_module("first", torch::nn::Linear(4, 4));
+    second = register_module("second", torch::nn::Linear(4, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor h = first->forward(x);
+    return second->forward(raising ? raises_in_backward::apply(h) : h);
+  }
+  bool raising;
+  torch::nn::Linear first{nullptr}, second{nullptr};
+};
 
 }  // namespace
 
@@ -289,4 +314,39 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a backward with no forward through 
                               std::to_string(comm.size()) + ": a backward pass with no forward through the wrapper";
   CHECK(has(bypassed, warning));
   CHECK(bypassed.find(warning) == bypassed.rfind(warning));  // once
+}
+
+HERD_MPI_TEST_CASE("DistributedDataParallel: after a backward pass that raised midway, the next forward refuses, as DDP's, and the other ranks raise at once", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(3);
+  const bool raising = comm.rank() == comm.size() - 1;
+  auto model = std::make_shared<breaks_in_backward>(raising);
+  herd::torch::DistributedDataParallel ddp(model, comm);
+  const torch::Tensor x = torch::ones({2, 4});
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    ddp.forward(x).sum().backward();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (raising) {
+    INFO(message);
+    CHECK(has(message, "out of memory (a test's)"));
+    for (int again = 0; again < 2; ++again) {  // refused, and refused again
+      const std::string refused = herd_test::error_of([&] { (void)ddp.forward(x); });
+      INFO(refused);
+      CHECK(has(refused, "DistributedDataParallel on rank " + std::to_string(comm.rank())));
+      CHECK(has(refused, "the last backward pass ended before its gradients were reduced"));
+      CHECK(has(refused, "comm.renew()"));
+    }
+  } else {
+    // Waiting in the pass's reduction for the rank that raised: its refusal aborts the
+    // communicator, which ends the wait long before the stall shutdown.
+    INFO(message);
+    CHECK(has(message, "rank " + std::to_string(comm.size() - 1)));
+    CHECK(has(message, "the last backward pass ended before its gradients were reduced"));
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20);
 }

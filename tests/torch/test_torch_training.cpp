@@ -560,3 +560,8 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: a hook that fires with no gradient 
     CHECK(same_on_every_rank(net->a->weight.grad(), comm));
   }
 }
+
+// Called by tests/support/mpi_main.cpp before its MPI_Finalize, as herd::mpi::finalize() would be:
+// herd's threads leave MPI first (a test case here aborts a communicator at 3 ranks, whose draining
+// thread could still be inside MPI; the MPI test programs define it in support/engine.cpp).
+extern "C" void herd_test_before_finalize() { herd::detail::stop_threads_before_finalize(); }

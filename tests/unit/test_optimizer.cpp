@@ -261,6 +261,44 @@ TEST_CASE("accumulation::in_gradients: the last step() of a round reduces the gr
   }
 }
 
+// A round whose reduction fails is abandoned on every rank, the rank whose gradients changed and
+// the ranks that only learn of it in the reduction, so that the next rounds hold back and reduce
+// the same passes everywhere (the others once kept counting the failed round's passes).
+TEST_CASE("accumulation: a reduction that fails abandons the round on every rank, and the next rounds pair up") {
+  for (const int ranks : {2, 3}) {
+    herd::local::run(ranks, [](herd::local_communicator& comm) {
+      std::vector<float> a(3), extra(2, 0.0f);
+      recorder inner;
+      inner.grads = herd::views(a);
+      bool change = false;
+      herd::distributed_optimizer opt(
+          inner, [&] { return change && comm.rank() == 1 ? herd::views(a, extra) : herd::views(a); }, comm,
+          {.backward_passes_per_step = 2});
+      const float r = static_cast<float>(comm.rank());
+      const float p = static_cast<float>(comm.size());
+      for (int round = 0; round < 4; ++round) {
+        INFO("round " << round);
+        std::fill(a.begin(), a.end(), 0.0f);  // zero_grad()
+        for (int pass = 0; pass < 2; ++pass) {
+          for (float& x : a) x += 1.0f + r + static_cast<float>(pass);  // backward adds into the gradient
+          change = round == 1 && pass == 1;
+          if (change) {
+            const std::string message = herd_test::error_of([&] { opt.step(); });
+            INFO(message);
+            CHECK(has(message, comm.rank() == 1 ? "the gradients changed since the first step" : "rank 1"));
+          } else {
+            CHECK(opt.step() == (pass == 1));
+          }
+        }
+        CHECK(opt.accumulated_passes() == 0);
+        // The mean over the ranks of (1 + r) + (2 + r): 3 + (p - 1).
+        if (round != 1) CHECK(inner.seen[0][0] == doctest::Approx(3.0 + static_cast<double>(p - 1)));
+      }
+      CHECK(inner.steps == 3);
+    });
+  }
+}
+
 // With marks and find_unused_parameters: a gradient the round's last pass did not produce still
 // holds what the passes before it added, and is reduced as it is, not as zeros (as DDP's reducer
 // copies a defined gradient into its bucket whether or not the pass used it).

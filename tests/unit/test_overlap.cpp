@@ -95,6 +95,10 @@ TEST_CASE("buckets: with find_unused_parameters, an unmarked gradient whose tens
   }
 }
 
+TEST_CASE("buckets: a rank with no gradients where the others have some is named on every rank") {
+  on_threads([](auto& comm) { herd_test::overlap::no_gradients_on_one_rank_are_named_on_every_rank(comm); });
+}
+
 TEST_CASE("with no gradients at the first step, gradients that appear on one rank raise there alone") {
   on_threads([](auto& comm) { herd_test::overlap::gradients_where_the_first_step_had_none_raise_on_their_rank(comm); });
 }

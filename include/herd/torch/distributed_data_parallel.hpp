@@ -186,6 +186,7 @@ template <class Module, communicator C> class DistributedDataParallel {
 
   template <class... Args> auto forward(Args&&... args) {
     state* s = state_.get();
+    s->refuse_after_an_unfinished_pass();
     const bool reduces = ::torch::GradMode::is_enabled() && !s->no_sync;
     int root = 0;
     if (s->uneven && s->comm->size() > 1) {
@@ -212,6 +213,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   // (the highest, if several), which it returns. Every rank calls it once out of batches.
   int join() {
     state* s = state_.get();
+    s->refuse_after_an_unfinished_pass();
     if (!s->uneven) {
       herd::detail::raise({"DistributedDataParallel", s->comm->rank(), s->comm->size()},
                           "join() needs optimizer_options::uneven_inputs, so that each forward agrees on who still trains",

@@ -732,6 +732,30 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::fflush(stderr);
   }
 
+  // A backward pass whose hooks readied gradients but that never reached its end-of-backward
+  // reduction (it raised in between: an exception inside backward, or an error of another
+  // collective there) leaves this rank's buckets part started and the other ranks waiting in them.
+  // As PyTorch's DDP ("Expected to have finished reduction in the prior iteration"), the wrapper
+  // then refuses every forward and join(); herd also aborts the communicator, so that the others
+  // raise at once rather than wait for the stall shutdown.
+  void refuse_after_an_unfinished_pass() {
+    std::string reason;
+    {
+      std::lock_guard lock(mutex);
+      if (queued && unfinished.empty()) {
+        unfinished = "the last backward pass ended before its gradients were reduced (it raised after some of them were "
+                     "ready: an exception inside backward?), so this rank started part of that reduction and the "
+                     "other ranks wait in it";
+      }
+      reason = unfinished;
+    }
+    if (reason.empty()) return;
+    if (!comm->operations().aborted()) comm->abort("DistributedDataParallel: " + reason);
+    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()}, reason,
+                        "This wrapper and its communicator cannot go on: end the job, or renew the communicator on every "
+                        "rank (comm.renew(), as herd::run_elastic does) and build a new DistributedDataParallel on it");
+  }
+
   // A sparse gradient's place in its bucket: empty (no element; the parameter's own address, never
   // read, rather than a null one that memcpy may not take), so that the reducer's gradients are
   // still numbered as the parameters are.
@@ -846,7 +870,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
   C* comm = nullptr;
   std::mutex mutex;
-  bool queued = false;
+  bool queued = false;       // the end-of-backward reduction is queued: the pass's first hook ran
+  std::string unfinished;    // why this wrapper refuses to go on (refuse_after_an_unfinished_pass)
   bool no_sync = false;
   bool prepared = false;  // a synchronized forward ran since the last reduction: the next backward reduces
   bool forward_since_reduction = false;  // any forward through the wrapper (no_sync() too) since the last reduction
@@ -1149,6 +1174,7 @@ template <class Module, communicator C> class DistributedDataParallel {
 
   template <class... Args> auto forward(Args&&... args) {
     state* s = state_.get();
+    s->refuse_after_an_unfinished_pass();
     const bool reduces = ::torch::GradMode::is_enabled() && !s->no_sync;
     int root = 0;
     if (s->uneven && s->comm->size() > 1) {
@@ -1175,6 +1201,7 @@ template <class Module, communicator C> class DistributedDataParallel {
   // (the highest, if several), which it returns. Every rank calls it once out of batches.
   int join() {
     state* s = state_.get();
+    s->refuse_after_an_unfinished_pass();
     if (!s->uneven) {
       herd::detail::raise({"DistributedDataParallel", s->comm->rank(), s->comm->size()},
                           "join() needs optimizer_options::uneven_inputs, so that each forward agrees on who still trains",

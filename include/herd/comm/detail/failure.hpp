@@ -159,7 +159,8 @@ struct peer_news {
 
 // Why rank `me`, waiting in operation #seq, waits in vain: a peer left before issuing it, or
 // aborted it or an earlier one; empty when there is hope. A departure is named before an abort,
-// which may only be another rank's report of it. `news(q)` is what is known of rank q, `shown(q)`
+// which may only be another rank's report of it; a peer that aborted and then left (its program
+// raised, and ended) is named with its abort's reason too. `news(q)` is what is known of rank q, `shown(q)`
 // the number the error gives it, `in` the operation waited in and `aborted_what(at)` the words
 // for a peer's aborted operation #at. Every communicator's waits ask this, in the same words.
 template <class News, class Shown, class AbortedWhat>
@@ -168,8 +169,10 @@ std::string hopeless_wait(int size, int me, std::uint64_t seq, News news, Shown 
   for (int q = 0; q < size; ++q) {
     const peer_news peer = news(q);
     if (q != me && peer.departed_at <= seq) {
-      return "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
-             std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+      std::string why = "rank " + std::to_string(shown(q)) + " finished (it left the communicator after operation #" +
+                        std::to_string(peer.departed_at - 1) + ") while rank " + std::to_string(shown(me)) + " waits in " + in;
+      if (peer.aborted_at <= seq) why += "; before it left, it aborted " + aborted_what(peer.aborted_at) + " (" + peer.reason + ")";
+      return why;
     }
   }
   for (int q = 0; q < size; ++q) {

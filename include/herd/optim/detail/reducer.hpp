@@ -236,27 +236,34 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 }
 
 template <communicator C> void reducer<C>::reduce_all() {
-  std::vector<buffer_view> grads = source_();
-  std::string fault = checks_.check_with_pending(grads);
-  if (!fault.empty()) {
+  try {
+    std::vector<buffer_view> grads = source_();
+    std::string fault = checks_.check_with_pending(grads);
+    if (!fault.empty()) checks_.raise_everywhere(fault);
+    if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
+    if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
+    const auto start = std::chrono::steady_clock::now();
+    set_policy();
+    with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
+    reduce_seconds_ += seconds_since(start);
+  } catch (...) {
+    // The round is abandoned on every rank: a rank with a fault raises it here, and the others
+    // the agreed error of the reduction that carries it (or the abort), here too.
     end_round();
-    checks_.raise_everywhere(fault);
+    throw;
   }
-  if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
-  if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
-  const auto start = std::chrono::steady_clock::now();
-  set_policy();
-  with_mover(grads, [&](auto& mover) { fuse(comm_, policy_, options_.fusion_threshold_bytes, track_, grads, mover); });
-  reduce_seconds_ += seconds_since(start);
 }
 
 template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_view* given) {
   if (comm_.size() == 1) return mark_alone(i, given);  // the average (or sum) over one rank is the gradient itself
   const auto start = std::chrono::steady_clock::now();
-  if (!pass_open_ && (checks_.checked() ? checks_.shapes().empty() : source_().empty())) {
+  // Where this rank has no gradients the first check comes first (it raises on every rank if
+  // the others have some, naming the difference).
+  if (!pass_open_ && !checks_.checked() && source_().empty()) (void)checks_.check({});
+  if (!pass_open_ && checks_.checked() && checks_.shapes().empty()) {
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
     // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
-    // its step() makes the same calls as theirs (the first check, on the first pass).
+    // its step() makes the same calls as theirs.
     raise({"distributed_optimizer", comm_.rank(), comm_.size()},
           "mark_ready(" + std::to_string(i) + ") names no gradient (this distributed optimizer has none)",
           "Mark only gradients the distributed optimizer was given");
@@ -439,7 +446,14 @@ template <communicator C> void reducer<C>::finish() {
       if (marked_[i]) continue;
       missing += (missing.empty() ? "" : ", ") + std::to_string(i);
       // Its own tensor is read (accumulated passes) or written (zeros, or the others' gradients).
-      if (buckets_[b].fault.empty()) buckets_[b].fault = unmarked_view_fault(i);
+      // Reading the gradients may fail (the DDP wrapper's allocates): the bucket carries that too.
+      if (buckets_[b].fault.empty()) {
+        try {
+          buckets_[b].fault = unmarked_view_fault(i);
+        } catch (const std::exception& e) {
+          buckets_[b].fault = std::string("reading gradient ") + std::to_string(i) + " failed: " + e.what();
+        }
+      }
     }
     if (!missing.empty() && !options_.find_unused_parameters && buckets_[b].fault.empty()) {
       buckets_[b].fault_code = 16;

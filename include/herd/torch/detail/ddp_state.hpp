@@ -247,6 +247,30 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     std::fflush(stderr);
   }
 
+  // A backward pass whose hooks readied gradients but that never reached its end-of-backward
+  // reduction (it raised in between: an exception inside backward, or an error of another
+  // collective there) leaves this rank's buckets part started and the other ranks waiting in them.
+  // As PyTorch's DDP ("Expected to have finished reduction in the prior iteration"), the wrapper
+  // then refuses every forward and join(); herd also aborts the communicator, so that the others
+  // raise at once rather than wait for the stall shutdown.
+  void refuse_after_an_unfinished_pass() {
+    std::string reason;
+    {
+      std::lock_guard lock(mutex);
+      if (queued && unfinished.empty()) {
+        unfinished = "the last backward pass ended before its gradients were reduced (it raised after some of them were "
+                     "ready: an exception inside backward?), so this rank started part of that reduction and the "
+                     "other ranks wait in it";
+      }
+      reason = unfinished;
+    }
+    if (reason.empty()) return;
+    if (!comm->operations().aborted()) comm->abort("DistributedDataParallel: " + reason);
+    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()}, reason,
+                        "This wrapper and its communicator cannot go on: end the job, or renew the communicator on every "
+                        "rank (comm.renew(), as herd::run_elastic does) and build a new DistributedDataParallel on it");
+  }
+
   // A sparse gradient's place in its bucket: empty (no element; the parameter's own address, never
   // read, rather than a null one that memcpy may not take), so that the reducer's gradients are
   // still numbered as the parameters are.
@@ -361,7 +385,8 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   std::function<std::vector<at::Tensor>()> buffers;  // the module's, as they are now
   C* comm = nullptr;
   std::mutex mutex;
-  bool queued = false;
+  bool queued = false;       // the end-of-backward reduction is queued: the pass's first hook ran
+  std::string unfinished;    // why this wrapper refuses to go on (refuse_after_an_unfinished_pass)
   bool no_sync = false;
   bool prepared = false;  // a synchronized forward ran since the last reduction: the next backward reduces
   bool forward_since_reduction = false;  // any forward through the wrapper (no_sync() too) since the last reduction
