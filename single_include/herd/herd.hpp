@@ -16656,9 +16656,17 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       }
       if (accumulation_.holds_sums()) reducer_.with_mover(grads, [&](auto& mover) { accumulation_.fold(grads, mover); });
     }
+    // The pass ends here even if the wrapped optimizer raises (on one rank, say): otherwise this
+    // rank's next step() would find its gradients reduced already and skip the reduction that the
+    // other ranks make.
+    struct end_of_pass {
+      distributed_optimizer& self;
+      ~end_of_pass() {
+        self.synchronized_ = false;
+        self.accumulation_.reset();
+      }
+    } end{*this};
     inner_.step();
-    synchronized_ = false;
-    accumulation_.reset();
     return true;
   }
 

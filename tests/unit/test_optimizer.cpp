@@ -16,7 +16,9 @@
 #include <filesystem>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using herd_test::has;
@@ -297,6 +299,38 @@ TEST_CASE("accumulation: a reduction that fails abandons the round on every rank
       CHECK(inner.steps == 3);
     });
   }
+}
+
+// The wrapped optimizer raising on one rank ends that step there as on the others: the next
+// step() reduces again on every rank (it once skipped the reduction on that rank, whose gradients
+// it took for reduced already, and the ranks' reductions no longer paired up).
+TEST_CASE("a wrapped optimizer that raises on one rank leaves the next step reducing on every rank") {
+  struct raising_once {
+    recorder inner;
+    bool raise_now = false;
+    void step() {
+      if (std::exchange(raise_now, false)) throw std::runtime_error("the wrapped optimizer failed");
+      inner.step();
+    }
+  };
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> g(4);
+    raising_once inner;
+    inner.inner.grads = herd::views(g);
+    herd::distributed_optimizer opt(inner, herd::views(g), comm);
+    const float r = static_cast<float>(comm.rank());
+    for (int step = 0; step < 3; ++step) {
+      std::fill(g.begin(), g.end(), r + static_cast<float>(step));
+      inner.raise_now = step == 1 && comm.rank() == 1;
+      if (inner.raise_now) {
+        CHECK_THROWS_WITH(opt.step(), "the wrapped optimizer failed");
+      } else {
+        CHECK(opt.step());
+        CHECK(inner.inner.seen[0][0] == doctest::Approx(0.5 + step));  // the mean of r + step
+      }
+    }
+    CHECK(inner.inner.steps == (comm.rank() == 1 ? 2 : 3));
+  });
 }
 
 // With marks and find_unused_parameters: a gradient the round's last pass did not produce still
