@@ -350,3 +350,26 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: after a backward pass that raised m
   }
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20);
 }
+
+HERD_MPI_TEST_CASE("DistributedDataParallel with find_unused_parameters: a parameter the loss uses outside the forward raises on every rank, as DDP's", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(5);
+  auto model = std::make_shared<breaks_in_backward>(false);  // its forward uses both layers
+  struct first_only : torch::nn::Module {
+    explicit first_only(std::shared_ptr<breaks_in_backward> m) : inner(register_module("inner", std::move(m))) {}
+    torch::Tensor forward(torch::Tensor x) { return inner->first->forward(x); }
+    std::shared_ptr<breaks_in_backward> inner;
+  };
+  auto net = std::make_shared<first_only>(model);
+  herd::optimizer_options options;
+  options.find_unused_parameters = true;
+  herd::torch::DistributedDataParallel ddp(net, comm, options);
+  const torch::Tensor x = torch::ones({2, 4});
+  // The forward's output does not reach the second layer; the loss does, by another way.
+  const std::string message = herd_test::error_of([&] { (ddp.forward(x).sum() + model->second->weight.sum()).backward(); });
+  INFO(message);
+  CHECK(has(message, "parameter inner.second.weight got a gradient in backward but the output of the last forward"));
+  // Used inside the forward only, the next passes reduce.
+  for (int pass = 0; pass < 2; ++pass) CHECK(herd_test::error_of([&] { ddp.forward(x).sum().backward(); }) == "(no herd::error)");
+}

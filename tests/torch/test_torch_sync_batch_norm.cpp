@@ -15,6 +15,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -186,5 +188,59 @@ HERD_MPI_TEST_CASE("SyncBatchNorm: 16-bit activations with f32 parameters (mixed
     CHECK(bn->bias.grad().equal(torch::full({2}, 70000.0f)));
     CHECK((x.grad().scalar_type() == type));
     CHECK(std::isfinite(x.grad().to(torch::kFloat).abs().max().item<float>()));
+  }
+}
+
+namespace {
+
+// A layer after a SyncBatchNorm that one rank skips: with find_unused_parameters its gradients are
+// unused there, and backward's collectives are the buckets and SyncBatchNorm's statistics.
+struct skipping_after_sync_bn : torch::nn::Module {
+  skipping_after_sync_bn(herd::mpi_communicator& comm, bool skip) : skip_b(skip) {
+    a = register_module("a", torch::nn::Linear(4, 6));
+    bn = register_module("bn", herd::torch::SyncBatchNorm(torch::nn::BatchNormOptions(6), comm));
+    b = register_module("b", torch::nn::Linear(6, 6));
+    c = register_module("c", torch::nn::Linear(6, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor h = bn->forward(a->forward(x));
+    return c->forward(skip_b ? h : b->forward(h));
+  }
+  bool skip_b;
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  herd::torch::SyncBatchNorm bn{nullptr};
+};
+
+}  // namespace
+
+HERD_MPI_TEST_CASE("DistributedDataParallel with find_unused_parameters and SyncBatchNorm: a layer one rank skips reduces as DDP's, its buckets where the others' are", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  const bool skip = comm.rank() == comm.size() - 1;
+  auto model = std::make_shared<skipping_after_sync_bn>(comm, skip);
+  herd::optimizer_options options;
+  options.find_unused_parameters = true;
+  options.bucket_bytes = options.first_bucket_bytes = 16;  // a bucket per parameter: several start during backward
+  herd::torch::DistributedDataParallel ddp(model, comm, options);
+  torch::manual_seed(static_cast<std::uint64_t>(100 + comm.rank()));
+  const torch::Tensor x = torch::randn({5, 4});
+  // This rank's own gradients of b (none where it skips b), from a pass under no_sync().
+  {
+    const auto guard = ddp.no_sync();
+    ddp.forward(x).sum().backward();
+  }
+  torch::Tensor own_b = model->b->weight.grad().defined() ? model->b->weight.grad().clone() : torch::zeros({6, 6});
+  herd::allreduce(own_b, comm, herd::reduce_op::avg);  // what DDP gives b: the mean, zeros from the rank that skipped it
+  ddp.zero_grad();
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    ddp.forward(x).sum().backward();
+    REQUIRE(model->b->weight.grad().defined());
+    CHECK(worst(model->b->weight.grad(), own_b) < 1e-6);
+    torch::Tensor everywhere = model->b->weight.grad().clone();
+    herd::broadcast(everywhere, comm, 0);
+    CHECK(worst(model->b->weight.grad(), everywhere) == 0);
+    ddp.zero_grad();
   }
 }

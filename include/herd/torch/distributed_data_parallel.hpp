@@ -201,7 +201,10 @@ template <class Module, communicator C> class DistributedDataParallel {
     auto out = module_->forward(std::forward<Args>(args)...);
     // As DDP's prepare_for_backward: whether the backward of this output reduces is decided here,
     // not by the no_sync() of the moment it runs.
-    if (reduces) s->prepared = true;
+    if (reduces) {
+      s->prepared = true;
+      if (s->find_unused) s->find_reached(detail::tensors_of(out));
+    }
     s->forward_since_reduction = true;
     return out;
   }

@@ -513,6 +513,9 @@ inline bool fill_missing_gradient(at::Tensor& param, at::Tensor* place = nullptr
 #include <functional>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -522,6 +525,33 @@ namespace detail {
 
 // A gradient accumulator as libtorch hands it out: std::shared_ptr, c10::intrusive_ptr in newer releases.
 using accumulator_ptr = decltype(::torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// The tensors a forward returned, for find_unused_parameters: a tensor, or vectors, tuples and
+// pairs of them, nested. `known` turns false for anything else (then no parameter counts as unused
+// until backward ends).
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& into, bool&) { into.push_back(t); }
+template <class T> void collect_tensors(const std::vector<T>& all, std::vector<at::Tensor>& into, bool& known);
+template <class A, class B> void collect_tensors(const std::pair<A, B>& two, std::vector<at::Tensor>& into, bool& known);
+template <class... T> void collect_tensors(const std::tuple<T...>& all, std::vector<at::Tensor>& into, bool& known);
+template <class T> void collect_tensors(const T&, std::vector<at::Tensor>&, bool& known);  // anything else
+template <class T> void collect_tensors(const std::vector<T>& all, std::vector<at::Tensor>& into, bool& known) {
+  for (const T& t : all) collect_tensors(t, into, known);
+}
+template <class A, class B> void collect_tensors(const std::pair<A, B>& two, std::vector<at::Tensor>& into, bool& known) {
+  collect_tensors(two.first, into, known);
+  collect_tensors(two.second, into, known);
+}
+template <class... T> void collect_tensors(const std::tuple<T...>& all, std::vector<at::Tensor>& into, bool& known) {
+  std::apply([&](const auto&... t) { (collect_tensors(t, into, known), ...); }, all);
+}
+template <class T> void collect_tensors(const T&, std::vector<at::Tensor>&, bool& known) { known = false; }
+
+template <class T> std::vector<at::Tensor> tensors_of(const T& output) {
+  std::vector<at::Tensor> found;
+  bool known = true;
+  collect_tensors(output, found, known);
+  return known ? found : std::vector<at::Tensor>{};
+}
 
 // What the hooks point to: it stays where it is when the DDP object moves.
 template <communicator C> struct ddp_state final : herd::detail::join_hook {
@@ -662,6 +692,62 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     return herd::detail::span_view(g);
   }
 
+  // find_unused_parameters, as DDP's prepare_for_backward: which parameters the output of a
+  // synchronized forward reaches through the autograd graph (`reached`; empty where the output
+  // holds no tensor herd can find, and then each counts as reached).
+  void find_reached(const std::vector<at::Tensor>& outputs) {
+    reached.clear();
+    if (outputs.empty()) return;
+    std::unordered_map<const void*, std::size_t> accumulators;  // a parameter's node in the graph
+    for (std::size_t i = 0; i < hooks.size(); ++i) accumulators.emplace(hooks[i].first.get(), i);
+    std::vector<::torch::autograd::Node*> todo;
+    std::unordered_set<const ::torch::autograd::Node*> seen;
+    for (const at::Tensor& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      const ::torch::autograd::Edge edge = ::torch::autograd::impl::gradient_edge(t);
+      if (edge.function) todo.push_back(edge.function.get());
+    }
+    reached.assign(params.size(), 0);
+    while (!todo.empty()) {
+      ::torch::autograd::Node* node = todo.back();
+      todo.pop_back();
+      if (!seen.insert(node).second) continue;
+      if (const auto it = accumulators.find(node); it != accumulators.end()) reached[it->second] = 1;
+      for (const ::torch::autograd::Edge& next : node->next_edges()) {
+        if (next.function) todo.push_back(next.function.get());
+      }
+    }
+  }
+
+  // At the pass's first hook: the parameters the output does not reach get no gradient in this
+  // pass, so they are marked now, with the gradient each holds (zeros where it holds none), as
+  // DDP marks its unused parameters at its first hook. Their buckets then start among the others,
+  // in the same place on every rank among backward's other collectives (SyncBatchNorm's), rather
+  // than at the end of backward on the ranks that did not use them. What each held is kept for
+  // finish(), which restores those that no rank used.
+  void mark_unreached() {
+    marked_early.assign(params.size(), 0);
+    kept_early.clear();
+    if (reached.empty()) return;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (reached[i]) continue;
+      marked_early[i] = 1;
+      if (sparse[i]) {  // its empty place in the bucket; reduce_sparse() finds it has no gradient
+        const buffer_view none = sparse_slot(i);
+        reducer.mark(i, &none);
+        continue;
+      }
+      const at::Tensor& g = params[i].grad();
+      kept_early.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+      if (!g.defined() && herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i])) {
+        created[i] = 1;
+      }
+      repoint(i);
+      const buffer_view grad = gradient_view(i);
+      reducer.mark(i, &grad);
+    }
+  }
+
   // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
   void arriving(std::size_t i, const at::Tensor& g) const {
     if (!g.defined() || (g.layout() == at::kStrided) == !sparse[i]) return;
@@ -694,6 +780,16 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     if (!queued) {
       queued = true;
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
+      if (find_unused) mark_unreached();
+    }
+    if (!marked_early.empty() && marked_early[i]) {
+      // Reached by the backward pass after all (the loss used it outside the wrapper's forward,
+      // or the output of an earlier forward): marked already, with what it held. As DDP's.
+      reducer.fault("parameter " + names[i] +
+                    " got a gradient in backward but the output of the last forward through the wrapper does not "
+                    "reach it, so with find_unused_parameters it was reduced as unused at the start of backward (as "
+                    "DDP's); use every parameter inside the module's forward, and run one forward per backward");
+      return;
     }
     if (sparse[i]) {  // an empty place in its bucket; reduced at the end of backward (reduce_sparse)
       if (params[i].grad().defined()) used[i] = 1;
@@ -817,17 +913,20 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       return;
     }
     // The gradients this rank did not produce, as they were before the pass (undefined where the
-    // reduction had to create them), for those that no rank produced.
-    std::vector<std::pair<std::size_t, at::Tensor>> kept;
+    // reduction had to create them), for those that no rank produced; those the first hook marked
+    // (mark_unreached) were kept then.
+    std::vector<std::pair<std::size_t, at::Tensor>> kept = std::move(kept_early);
+    kept_early.clear();
+    const std::vector<char> early = std::exchange(marked_early, {});
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (used[i] || sparse[i]) continue;
+      if (used[i] || sparse[i] || (!early.empty() && early[i])) continue;
       const at::Tensor& g = params[i].grad();
       kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
     }
     // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
     // no_sync() passes, say), zeros where it holds none.
     for (auto& [i, g] : kept) {
-      if (!g.defined()) continue;
+      if (!g.defined() || (!early.empty() && early[i])) continue;
       repoint(i);
       const buffer_view grad = gradient_view(i);
       reducer.mark(i, &grad);
@@ -884,6 +983,9 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   bool used_known = false;  // static_graph: anywhere holds the first pass's
   bool shadowing = false;   // in a joined rank's round: the gradients are shadow_grads
   bool sync_buffers_next = true;
+  std::vector<char> reached;       // find_unused: the last synchronized forward's output reaches it (empty: not known)
+  std::vector<char> marked_early;  // this pass: marked at its first hook (mark_unreached)
+  std::vector<std::pair<std::size_t, at::Tensor>> kept_early;  // ... with the gradient each held before
 };
 
 }  // namespace detail
@@ -1189,7 +1291,10 @@ template <class Module, communicator C> class DistributedDataParallel {
     auto out = module_->forward(std::forward<Args>(args)...);
     // As DDP's prepare_for_backward: whether the backward of this output reduces is decided here,
     // not by the no_sync() of the moment it runs.
-    if (reduces) s->prepared = true;
+    if (reduces) {
+      s->prepared = true;
+      if (s->find_unused) s->find_reached(detail::tensors_of(out));
+    }
     s->forward_since_reduction = true;
     return out;
   }

@@ -86,6 +86,14 @@ template <communicator C> class reducer final : public join_hook {
   // Gradient i is final for this pass (`given`: its view, or null to read it from the source).
   void mark(std::size_t i, const buffer_view* given) { mark_one(i, given); }
 
+  // A problem of this pass its owner found (the DDP wrapper's), once it has marks: every rank
+  // raises it at step(), as a bad mark.
+  void fault(std::string why) {
+    if (!pass_open_ || !pass_fault_.empty()) return;
+    pass_fault_ = std::move(why);
+    if (comm_.size() > 1 && next_launch_ == buckets_.size()) defer_late_fault();
+  }
+
   // Reduces now: the buckets, if this pass marked gradients, or else every gradient at once.
   void synchronize() {
     if (pass_open_) return comm_.size() == 1 ? finish_alone() : finish();
