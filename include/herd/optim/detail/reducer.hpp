@@ -86,6 +86,9 @@ template <communicator C> class reducer final : public join_hook {
   // Gradient i is final for this pass (`given`: its view, or null to read it from the source).
   void mark(std::size_t i, const buffer_view* given) { mark_one(i, given); }
 
+  // Whether this pass has marks (its buckets set up, some maybe started).
+  bool pass_open() const noexcept { return pass_open_; }
+
   // A problem of this pass its owner found (the DDP wrapper's), once it has marks: every rank
   // raises it at step(), as a bad mark.
   void fault(std::string why) {
@@ -166,6 +169,11 @@ template <communicator C> class reducer final : public join_hook {
   // find_unused_parameters (each raised by step()); with it, an unmarked gradient becomes zeros, as
   // the average of zeros that more ranks write into it. No bucket is packed.
   void mark_alone(std::size_t i, const buffer_view* given);
+  [[noreturn]] void raise_no_gradients(std::size_t i) const {
+    raise({"distributed_optimizer", comm_.rank(), comm_.size()},
+          "mark_ready(" + std::to_string(i) + ") names no gradient (this distributed optimizer has none)",
+          "Mark only gradients the distributed optimizer was given");
+  }
   void finish_alone();
   // The first mark of a pass: the first-step checks, the plan, and a fresh pass.
   void begin_buckets();
@@ -272,9 +280,7 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
     // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
     // its step() makes the same calls as theirs.
-    raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-          "mark_ready(" + std::to_string(i) + ") names no gradient (this distributed optimizer has none)",
-          "Mark only gradients the distributed optimizer was given");
+    raise_no_gradients(i);
   }
   if (!pass_open_) {  // an invalid mark opens the pass too: its fault must reach synchronize()
     begin_buckets();
@@ -304,6 +310,7 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
 template <communicator C> void reducer<C>::mark_alone(std::size_t i, const buffer_view* given) {
   if (!pass_open_) {
     pass_views_.clear();
+    if (checks_.checked() ? checks_.shapes().empty() : pass_views().empty()) raise_no_gradients(i);  // as on more ranks
     marked_.assign(checks_.checked() ? checks_.shapes().size() : pass_views().size(), 0);
     pass_fault_.clear();
     pass_open_ = true;

@@ -292,11 +292,25 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
       if (!forward_since_reduction && !warned_unprepared) warn_unprepared();
       return;
     }
-    if (!queued) {
+    const bool first = !queued;
+    if (first) {
       queued = true;
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
-      if (find_unused) mark_unreached();
     }
+    try {
+      if (first && find_unused) mark_unreached();
+      mark_ready(i);
+    } catch (...) {
+      // Backward fails here, so the callback that ends the pass will not run. Once this pass's
+      // reduction has started, the next forward refuses (refuse_after_an_unfinished_pass); before
+      // it (the first step's check failed, on every rank alike), the wrapper may go on.
+      if (!reducer.pass_open()) queued = false;
+      throw;
+    }
+  }
+
+  // ready()'s part once the pass is under way: parameter i's gradient joins its bucket.
+  void mark_ready(std::size_t i) {
     if (!marked_early.empty() && marked_early[i]) {
       // Reached by the backward pass after all (the loss used it outside the wrapper's forward,
       // or the output of an earlier forward): marked already, with what it held. As DDP's.
@@ -318,14 +332,9 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     } else {
       used[i] = 1;
     }
-    try {
-      repoint(i);
-      const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
-    } catch (...) {
-      queued = false;
-      throw;
-    }
+    repoint(i);
+    const buffer_view grad = gradient_view(i);
+    reducer.mark(i, &grad);
   }
 
   // A backward with no forward through the wrapper since the last reduction: DDP keeps its
