@@ -15325,8 +15325,9 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
 template <communicator C> void reducer<C>::mark_alone(std::size_t i, const buffer_view* given) {
   if (!pass_open_) {
     pass_views_.clear();
-    if (checks_.checked() ? checks_.shapes().empty() : pass_views().empty()) raise_no_gradients(i);  // as on more ranks
-    marked_.assign(checks_.checked() ? checks_.shapes().size() : pass_views().size(), 0);
+    const std::size_t count = checks_.checked() ? checks_.shapes().size() : pass_views().size();
+    if (count == 0) raise_no_gradients(i);  // as on more ranks
+    marked_.assign(count, 0);
     pass_fault_.clear();
     pass_open_ = true;
   }

@@ -692,6 +692,20 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     return herd::detail::span_view(g);
   }
 
+  // What parameter i's gradient held before a pass that did not use it: a copy, or undefined where
+  // it held none (or only what the reduction created), to restore if no rank used it.
+  at::Tensor kept_gradient(std::size_t i) const {
+    const at::Tensor& g = params[i].grad();
+    return g.defined() && !created[i] ? g.detach().clone() : at::Tensor();
+  }
+
+  // Parameter i's gradient, in its bucket's place and layout, marked ready.
+  void mark_gradient(std::size_t i) {
+    repoint(i);
+    const buffer_view grad = gradient_view(i);
+    reducer.mark(i, &grad);
+  }
+
   // find_unused_parameters, as DDP's prepare_for_backward: which parameters the output of a
   // synchronized forward reaches through the autograd graph (`reached`; empty where the output
   // holds no tensor herd can find, and then each counts as reached).
@@ -721,10 +735,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
 
   // At the pass's first hook: the parameters the output does not reach get no gradient in this
   // pass, so they are marked now, with the gradient each holds (zeros where it holds none), as
-  // DDP marks its unused parameters at its first hook. Their buckets then start among the others,
-  // in the same place on every rank among backward's other collectives (SyncBatchNorm's), rather
-  // than at the end of backward on the ranks that did not use them. What each held is kept for
-  // finish(), which restores those that no rank used.
+  // DDP marks its unused parameters at its first hook. Their buckets then start as soon as those
+  // before them have, as on the ranks that used them, rather than at the end of backward (after
+  // backward's other collectives, SyncBatchNorm's). What each held is kept for finish(), which
+  // restores those that no rank used.
   void mark_unreached() {
     marked_early.assign(params.size(), 0);
     kept_early.clear();
@@ -737,14 +751,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
         reducer.mark(i, &none);
         continue;
       }
-      const at::Tensor& g = params[i].grad();
-      kept_early.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
-      if (!g.defined() && herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i])) {
+      kept_early.emplace_back(i, kept_gradient(i));
+      if (!params[i].grad().defined() &&
+          herd::detail::fill_missing_gradient(params[i], in_bucket.empty() ? nullptr : &in_bucket[i])) {
         created[i] = 1;
       }
-      repoint(i);
-      const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      mark_gradient(i);
     }
   }
 
@@ -817,9 +829,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     } else {
       used[i] = 1;
     }
-    repoint(i);
-    const buffer_view grad = gradient_view(i);
-    reducer.mark(i, &grad);
+    mark_gradient(i);
   }
 
   // A backward with no forward through the wrapper since the last reduction: DDP keeps its
@@ -929,16 +939,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     const std::vector<char> early = std::exchange(marked_early, {});
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (used[i] || sparse[i] || (!early.empty() && early[i])) continue;
-      const at::Tensor& g = params[i].grad();
-      kept.emplace_back(i, g.defined() && !created[i] ? g.detach().clone() : at::Tensor());
+      kept.emplace_back(i, kept_gradient(i));
     }
     // As DDP's: one this pass did not use is reduced from the gradient it holds (the sum of
     // no_sync() passes, say), zeros where it holds none.
     for (auto& [i, g] : kept) {
-      if (!g.defined() || (!early.empty() && early[i])) continue;
-      repoint(i);
-      const buffer_view grad = gradient_view(i);
-      reducer.mark(i, &grad);
+      if (g.defined() && (early.empty() || !early[i])) mark_gradient(i);
     }
     reducer.synchronize();
     reduce_sparse();
