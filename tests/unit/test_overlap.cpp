@@ -8,13 +8,14 @@
 
 #include <doctest/doctest.h>
 
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
 namespace {
 
-template <class Case> void on_threads(Case run_case) {
-  for (int p : {2, 3}) {
+template <class Case> void on_threads(Case run_case, std::initializer_list<int> rank_counts = {2, 3}) {
+  for (int p : rank_counts) {
     INFO(p, " ranks");
     herd::local::run(p, [&](herd::local_communicator& comm) { run_case(comm); });
   }
@@ -82,17 +83,11 @@ TEST_CASE("buckets: with no gradients, a bad mark is raised at once by its rank,
 }
 
 TEST_CASE("buckets: marks are checked alike at 1, 2 and 3 ranks, and an unmarked gradient with find_unused_parameters becomes zeros") {
-  for (int p : {1, 2, 3}) {
-    INFO(p, " ranks");
-    herd::local::run(p, [&](herd::local_communicator& comm) { herd_test::overlap::marks_are_checked_alike_at_any_size(comm); });
-  }
+  on_threads([](auto& comm) { herd_test::overlap::marks_are_checked_alike_at_any_size(comm); }, {1, 2, 3});
 }
 
 TEST_CASE("buckets: with find_unused_parameters, an unmarked gradient whose tensor changed is refused before it is written") {
-  for (int p : {1, 2, 3}) {
-    INFO(p, " ranks");
-    herd::local::run(p, [&](herd::local_communicator& comm) { herd_test::overlap::an_unmarked_gradient_that_changed_is_refused(comm); });
-  }
+  on_threads([](auto& comm) { herd_test::overlap::an_unmarked_gradient_that_changed_is_refused(comm); }, {1, 2, 3});
 }
 
 TEST_CASE("buckets: a rank with no gradients where the others have some is named on every rank") {
