@@ -333,6 +333,39 @@ TEST_CASE("a wrapped optimizer that raises on one rank leaves the next step redu
   });
 }
 
+// Likewise a gradient source whose after_reduction raises on one rank (torch_gradients' runs a
+// collective there): the step ends on that rank, whose next step() reduces as the others' do (it
+// once found its gradients reduced already and skipped the reduction the others made).
+TEST_CASE("a gradient source whose after_reduction raises on one rank leaves the next step reducing on every rank") {
+  struct raising_source {
+    std::vector<float>* g;
+    bool* raise_now;
+    std::vector<herd::buffer_view> operator()() const { return herd::views(*g); }
+    void after_reduction(herd::local_communicator&) const {
+      if (std::exchange(*raise_now, false)) throw std::runtime_error("the source failed after the reduction");
+    }
+  };
+  herd::local::run(2, [](herd::local_communicator& comm) {
+    std::vector<float> g(4);
+    bool raise_now = false;
+    recorder inner;
+    inner.grads = herd::views(g);
+    herd::distributed_optimizer opt(inner, raising_source{&g, &raise_now}, comm);
+    const float r = static_cast<float>(comm.rank());
+    for (int step = 0; step < 3; ++step) {
+      std::fill(g.begin(), g.end(), r + static_cast<float>(step));
+      raise_now = step == 1 && comm.rank() == 1;
+      if (raise_now) {
+        CHECK_THROWS_WITH(opt.step(), "the source failed after the reduction");
+      } else {
+        CHECK(opt.step());
+        CHECK(inner.seen[0][0] == doctest::Approx(0.5 + step));  // the mean of r + step
+      }
+    }
+    CHECK(inner.steps == (comm.rank() == 1 ? 2 : 3));
+  });
+}
+
 // With marks and find_unused_parameters: a gradient the round's last pass did not produce still
 // holds what the passes before it added, and is reduced as it is, not as zeros (as DDP's reducer
 // copies a defined gradient into its bucket whether or not the pass used it).

@@ -138,17 +138,8 @@ template <class Optimizer, communicator C> class distributed_optimizer {
       accumulate();
       return false;
     }
-    if (reduce_now) {
-      synchronize();
-    } else if (!synchronized_ && accumulation_.passes() > 0) {
-      std::vector<buffer_view> grads = reducer_.gradients();  // skipped mid-round: the passes so far still count, locally
-      if (std::string fault = reducer_.checks().check_with_pending(grads); !fault.empty()) {
-        accumulation_.reset();  // the round is abandoned
-        reducer_.checks().raise_alone(fault);
-      }
-      if (accumulation_.holds_sums()) reducer_.with_mover(grads, [&](auto& mover) { accumulation_.fold(grads, mover); });
-    }
-    // The pass ends here even if the wrapped optimizer raises (on one rank, say): otherwise this
+    // The pass ends here whatever raises from now on, on one rank say: the source's after_reduction
+    // (after the reduction), the fold of a skipped round or the wrapped optimizer. Otherwise this
     // rank's next step() would find its gradients reduced already and skip the reduction that the
     // other ranks make.
     struct end_of_pass {
@@ -158,6 +149,15 @@ template <class Optimizer, communicator C> class distributed_optimizer {
         self.accumulation_.reset();
       }
     } end{*this};
+    if (reduce_now) {
+      synchronize();
+    } else if (!synchronized_ && accumulation_.passes() > 0) {
+      std::vector<buffer_view> grads = reducer_.gradients();  // skipped mid-round: the passes so far still count, locally
+      if (std::string fault = reducer_.checks().check_with_pending(grads); !fault.empty()) {
+        reducer_.checks().raise_alone(fault);  // the round is abandoned
+      }
+      if (accumulation_.holds_sums()) reducer_.with_mover(grads, [&](auto& mover) { accumulation_.fold(grads, mover); });
+    }
     inner_.step();
     return true;
   }
