@@ -14813,8 +14813,10 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 // A rank's word in each agreement (the largest over the ranks wins).
 // no_reduction: a forward pass that no reduction follows (DDP's no_sync()); the joined ranks
-// shadow what comes before the reduction only.
-enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, at_step = 2, in_buckets = 3 };
+// shadow what comes before the reduction only. first_check: distributed_optimizer's first backward
+// pass, held back (backward_passes_per_step, no_sync), which checks the gradients on every rank
+// (detail/gradient_checks.hpp) and reduces nothing; the joined ranks make that check with it.
+enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, first_check = 2, at_step = 3, in_buckets = 4 };
 
 // What a joined rank runs, for one joinable, in each round the others still train.
 class join_hook {
@@ -15252,6 +15254,10 @@ template <communicator C> class reducer final : public join_hook {
 
 template <communicator C> void reducer<C>::shadow(join_mode how) {
   if (how == join_mode::no_reduction) return;
+  if (how == join_mode::first_check) {  // no rank has checked yet: this one joined before its first pass
+    if (!checks_.checked()) (void)checks_.check(source_());
+    return;
+  }
   std::vector<buffer_view> grads = source_();
   with_mover(grads, [&](auto& mover) {
     mover.begin();
@@ -16758,6 +16764,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // raises it on every rank.
   void accumulate() {
     std::vector<buffer_view> grads = reducer_.gradients();
+    // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
+    // joined before it (no batches at all) makes that check in its round of join().
+    if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);
     if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
       accumulation_.count_pass();
       return;

@@ -10,6 +10,7 @@
 #include "../support/tiny_mlp.hpp"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -184,27 +185,34 @@ HERD_MPI_TEST_CASE("zero_optimizer training equals one rank with the combined ba
 
 // join() on MPI ranks: rank r has W-1-r batches (the last rank none), then joins; the ranks that
 // trained to the end equal one rank that saw each round's samples, averaged over the world size.
+// Also with two backward passes per step over each batch's halves (accumulated by copy: twice the
+// batch's mean), whose first pass, held back, checks the gradients with the rank that has joined.
 HERD_MPI_TEST_CASE("join: uneven batch counts on MPI ranks finish and match one rank's training", 2) {
   herd::mpi_communicator comm;
   const std::size_t batch = 4, world = static_cast<std::size_t>(comm.size());
   const int rounds = comm.size() - 1;
   const herd_test::regression_data data(static_cast<std::size_t>(rounds) * world * batch, 7, 3, 21);
   auto make = [](herd_test::tiny_mlp& m) { return herd::adamw(m.params(), m.grads(), {.lr = 1e-2}); };
-  for (bool buckets : {false, true}) {
+  for (const auto& [buckets, passes] : {std::pair{false, 1}, {true, 1}, {false, 2}, {true, 2}}) {
     herd_test::tiny_mlp distributed(7, 12, 3, 5), alone(7, 12, 3, 5);
     auto inner = make(distributed);
     auto reference = make(alone);
-    herd::optimizer_options options{.uneven_inputs = true};
+    herd::optimizer_options options{
+        .backward_passes_per_step = passes, .accumulate = herd::accumulation::by_copy, .uneven_inputs = true};
     options.bucket_bytes = 200;
     options.first_bucket_bytes = 100;
     herd::distributed_optimizer opt(inner, distributed.grads(), comm, options);
     const int mine = comm.size() - 1 - comm.rank();
     for (int k = 0; k < mine; ++k) {
       const std::size_t at = static_cast<std::size_t>(k) * world * batch + static_cast<std::size_t>(comm.rank()) * batch;
-      distributed.forward_backward(data, at, at + batch);
-      if (buckets)
-        for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);
-      opt.step();
+      const std::size_t part = batch / static_cast<std::size_t>(passes);
+      for (int p = 0; p < passes; ++p) {
+        const std::size_t from = at + static_cast<std::size_t>(p) * part;
+        distributed.forward_backward(data, from, from + part);
+        if (buckets)
+          for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);
+        CHECK(opt.step() == (p == passes - 1));
+      }
     }
     CHECK(opt.join() == 0);
     for (int k = 0; k < rounds; ++k) {
@@ -213,10 +221,10 @@ HERD_MPI_TEST_CASE("join: uneven batch counts on MPI ranks finish and match one 
       alone.forward_backward(data, at, at + active * batch);
       for (auto g : alone.grads())
         for (std::size_t i = 0; i < g.count; ++i)
-          static_cast<float*>(g.data)[i] *= static_cast<float>(active) / static_cast<float>(world);
+          static_cast<float*>(g.data)[i] *= static_cast<float>(passes) * static_cast<float>(active) / static_cast<float>(world);
       reference.step();
     }
-    INFO("buckets ", buckets);
+    INFO("buckets ", buckets, ", passes per step ", passes);
     if (comm.rank() == 0) CHECK(herd_test::relative_difference(distributed, alone) <= 1e-5);
   }
 }

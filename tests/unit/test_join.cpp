@@ -19,7 +19,10 @@ namespace {
 // Rank r trains on batches[r] batches, then joins. In round k the ranks still training are a
 // prefix 0..a-1 (the counts fall with the rank), and rank r's batch is samples
 // [k*W*b + r*b, +b), so the reference's batch of round k is the one range [k*W*b, k*W*b + a*b).
-void check_join(const std::vector<int>& batches, bool divide_by_active, bool buckets) {
+// With passes = 2 each batch is two backward passes over its halves (backward_passes_per_step,
+// accumulated by copy): the sum of their means is twice the batch's mean. The first pass is held
+// back, so a rank with no batches has joined before the others make the first check.
+void check_join(const std::vector<int>& batches, bool divide_by_active, bool buckets, int passes = 1) {
   const int ranks = static_cast<int>(batches.size());
   const std::size_t b = 4, w = batches.size();
   const int rounds = *std::max_element(batches.begin(), batches.end());
@@ -32,7 +35,7 @@ void check_join(const std::vector<int>& batches, bool divide_by_active, bool buc
     const auto active = static_cast<std::size_t>(std::count_if(batches.begin(), batches.end(), [&](int c) { return c > k; }));
     const std::size_t at = static_cast<std::size_t>(k) * w * b;
     alone.forward_backward(data, at, at + active * b);  // the mean over the active ranks' samples
-    const double scale = divide_by_active ? 1.0 : static_cast<double>(active) / static_cast<double>(w);
+    const double scale = passes * (divide_by_active ? 1.0 : static_cast<double>(active) / static_cast<double>(w));
     for (auto g : alone.grads())
       for (std::size_t i = 0; i < g.count; ++i) static_cast<float*>(g.data)[i] *= static_cast<float>(scale);
     reference.step();
@@ -44,21 +47,28 @@ void check_join(const std::vector<int>& batches, bool divide_by_active, bool buc
   herd::local::run(ranks, [&](herd::local_communicator& comm) {
     herd_test::tiny_mlp model(5, 7, 2, 3);
     auto sgd = make(model);
-    herd::optimizer_options options{.uneven_inputs = true, .divide_by_active_ranks = divide_by_active};
+    herd::optimizer_options options{.backward_passes_per_step = passes,
+                                    .accumulate = herd::accumulation::by_copy,
+                                    .uneven_inputs = true,
+                                    .divide_by_active_ranks = divide_by_active};
     options.bucket_bytes = 100;  // several buckets of this small model
     options.first_bucket_bytes = 60;
     herd::distributed_optimizer opt(sgd, model.grads(), comm, options);
     const auto r = static_cast<std::size_t>(comm.rank());
     for (int k = 0; k < batches[r]; ++k) {
       const std::size_t at = static_cast<std::size_t>(k) * w * b + r * b;
-      model.forward_backward(data, at, at + b);
-      if (buckets)
-        for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);  // as a backward pass would, last layer first
-      opt.step();
+      const std::size_t part = b / static_cast<std::size_t>(passes);
+      for (int p = 0; p < passes; ++p) {
+        const std::size_t from = at + static_cast<std::size_t>(p) * part;
+        model.forward_backward(data, from, from + part);
+        if (buckets)
+          for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);  // as a backward pass would, last layer first
+        CHECK(opt.step() == (p == passes - 1));
+      }
     }
     const int last = opt.join();
     const std::string how = std::string(divide_by_active ? "divide by active" : "divide by world") + (buckets ? ", buckets" : "");
-    INFO("batches per rank ", batches[0], " ", batches[w - 1], ", rank ", r, ", ", how);
+    INFO("batches per rank ", batches[0], " ", batches[w - 1], ", rank ", r, ", ", how, ", passes per step ", passes);
     CHECK(last == expected_last);
     // The ranks that trained to the end hold the reference's parameters; the others stopped early.
     if (batches[r] == rounds) CHECK(herd_test::relative_difference(model, alone) <= 1e-5);
@@ -74,6 +84,19 @@ TEST_CASE("join: uneven batch counts, one rank without any, finish and match one
       check_join({3, 0}, divide_by_active, buckets);
       check_join({5, 3, 0}, divide_by_active, buckets);
       check_join({2, 2, 1}, divide_by_active, buckets);
+    }
+  }
+}
+
+// The first pass held back (backward_passes_per_step = 2) makes the first check of the gradients,
+// which a rank that joined with no batches makes with it (it once met that rank's agreement on who
+// trains: every rank raised "the dtype differs across ranks (i64/u8)").
+TEST_CASE("join: with backward passes held back, a rank without batches joins before the first check") {
+  for (bool buckets : {false, true}) {
+    for (bool divide_by_active : {false, true}) {
+      check_join({3, 0}, divide_by_active, buckets, 2);
+      check_join({4, 2, 0}, divide_by_active, buckets, 2);
+      check_join({2, 2, 1}, divide_by_active, buckets, 2);
     }
   }
 }

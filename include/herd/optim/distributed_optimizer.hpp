@@ -234,6 +234,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // raises it on every rank.
   void accumulate() {
     std::vector<buffer_view> grads = reducer_.gradients();
+    // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
+    // joined before it (no batches at all) makes that check in its round of join().
+    if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);
     if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
       accumulation_.count_pass();
       return;

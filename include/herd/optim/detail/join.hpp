@@ -24,8 +24,10 @@ HERD_CONFIG_NAMESPACE_BEGIN
 
 // A rank's word in each agreement (the largest over the ranks wins).
 // no_reduction: a forward pass that no reduction follows (DDP's no_sync()); the joined ranks
-// shadow what comes before the reduction only.
-enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, at_step = 2, in_buckets = 3 };
+// shadow what comes before the reduction only. first_check: distributed_optimizer's first backward
+// pass, held back (backward_passes_per_step, no_sync), which checks the gradients on every rank
+// (detail/gradient_checks.hpp) and reduces nothing; the joined ranks make that check with it.
+enum class join_mode : std::uint8_t { joined = 0, no_reduction = 1, first_check = 2, at_step = 3, in_buckets = 4 };
 
 // What a joined rank runs, for one joinable, in each round the others still train.
 class join_hook {

@@ -237,6 +237,10 @@ template <communicator C> class reducer final : public join_hook {
 
 template <communicator C> void reducer<C>::shadow(join_mode how) {
   if (how == join_mode::no_reduction) return;
+  if (how == join_mode::first_check) {  // no rank has checked yet: this one joined before its first pass
+    if (!checks_.checked()) (void)checks_.check(source_());
+    return;
+  }
   std::vector<buffer_view> grads = source_();
   with_mover(grads, [&](auto& mover) {
     mover.begin();
