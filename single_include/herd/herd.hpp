@@ -13946,6 +13946,7 @@ struct overlap_stats {
 
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -13957,7 +13958,16 @@ namespace herd::detail {
 // rounded once into D.
 HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0);
 
-// Raises unless every view is host memory of a valid dtype with data for its elements.
+// What is wrong with a list of views that must be host memory of a valid dtype with data for
+// their elements: the first problem and what to do about it (empty when nothing is), for a
+// collective to carry to every rank.
+struct host_tensors_fault {
+  std::uint32_t code = 0;  // its name to the other ranks (comm/detail/agreement.hpp's fault_text)
+  std::string what, todo;
+};
+HERD_SEPARATE host_tensors_fault find_host_tensors_fault(const std::vector<buffer_view>& views, const char* what);
+
+// Raises (on this rank) what find_host_tensors_fault finds.
 HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
 
 // The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
@@ -14010,18 +14020,26 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
   });
 }
 
-HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+HERD_SEPARATE host_tensors_fault find_host_tensors_fault(const std::vector<buffer_view>& views, const char* what) {
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const std::string which = std::string(what) + " " + std::to_string(i);
-    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
-    if (v.data == nullptr && v.count != 0)
-      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
-            "Allocate it before handing it to herd");
-    if (!v.device.is_cpu())
-      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
-            "Compile with nvcc for device tensors, or keep these tensors in host memory");
+    if (!is_valid(v.type)) return {1, which + " has an invalid dtype", "Check its tensor_traits::dtype"};
+    if (v.data == nullptr && v.count != 0) {
+      return {2, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
+              "Allocate it before handing it to herd"};
+    }
+    if (!v.device.is_cpu()) {
+      return {5, which + " lives on " + v.device.str() + " but this code runs on the host",
+              "Compile with nvcc for device tensors, or keep these tensors in host memory"};
+    }
   }
+  return {};
+}
+
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+  if (host_tensors_fault fault = find_host_tensors_fault(views, what); !fault.what.empty())
+    raise({operation}, fault.what, fault.todo);
 }
 
 HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
@@ -16431,14 +16449,15 @@ HERD_CONFIG_NAMESPACE_END
 
 
 #include <cmath>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 namespace herd {
 namespace detail {
 
-inline double squared_norm(const std::vector<buffer_view>& grads) {
-  require_host_tensors(grads, "clip_grad_norm", "gradient");
+// The sum of the squares of every element (the gradients checked already).
+inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -16448,6 +16467,11 @@ inline double squared_norm(const std::vector<buffer_view>& grads) {
     });
   }
   return sum;
+}
+
+inline double squared_norm(const std::vector<buffer_view>& grads) {
+  require_host_tensors(grads, "clip_grad_norm", "gradient");
+  return unchecked_squared_norm(grads);
 }
 
 // Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
@@ -16483,10 +16507,19 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
 // one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
 // clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+// A rank whose gradients it cannot read (a null pointer, device memory) says so in the allreduce's
+// agreement, so that every rank raises it, naming that rank, instead of waiting for it there.
 template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
-  double squares = squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  herd::allreduce(scalar, comm, reduce_op::sum);
+  call_check check(op_kind::allreduce, comm.rank(), comm.size());
+  double squares = 0;
+  if (host_tensors_fault fault = find_host_tensors_fault(grads, "gradient"); !fault.what.empty()) {
+    check.fail(fault.code, "clip_grad_norm: " + fault.what, fault.todo);
+  } else {
+    squares = unchecked_squared_norm(grads);
+  }
+  const buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  const auto call = prepare_allreduce(std::move(check), scalar, scalar, comm, reduce_op::sum);
+  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
   return squares;
 }
 HERD_CONFIG_NAMESPACE_END

@@ -366,6 +366,25 @@ TEST_CASE("a gradient source whose after_reduction raises on one rank leaves the
   });
 }
 
+// clip_grad_norm over a communicator: a rank whose gradients it cannot read says so in the norm's
+// allreduce, so every rank raises, naming it (the others once waited there for that rank, which
+// had raised alone, and paired the allreduce with its next call); the next call is whole.
+TEST_CASE("clip_grad_norm over ranks: gradients one rank cannot read raise on every rank, and the next call is whole") {
+  for (const int ranks : {2, 3}) {
+    herd::local::run(ranks, [](herd::local_communicator& comm) {
+      std::vector<float> g(3, static_cast<float>(comm.rank() + 1));
+      const std::vector<herd::buffer_view> good = herd::views(g);
+      const std::vector<herd::buffer_view> bad = {herd::buffer_view{nullptr, 3, herd::dtype::f32, herd::device::cpu()}};
+      const std::string message = herd_test::error_of([&] { herd::clip_grad_norm(comm.rank() == 1 ? bad : good, 1e9, comm); });
+      INFO("rank ", comm.rank(), " of ", comm.size(), ": ", message);
+      CHECK(has(message, comm.rank() == 1 ? "clip_grad_norm: gradient 0 has a null data pointer" : "rank 1 passed a null data pointer"));
+      double squares = 0;  // 3 elements of r + 1 on each rank r
+      for (int r = 0; r < comm.size(); ++r) squares += 3.0 * (r + 1) * (r + 1);
+      CHECK(herd::clip_grad_norm(good, 1e9, comm) == doctest::Approx(std::sqrt(squares)));
+    });
+  }
+}
+
 // With marks and find_unused_parameters: a gradient the round's last pass did not produce still
 // holds what the passes before it added, and is reduced as it is, not as zeros (as DDP's reducer
 // copies a defined gradient into its bucket whether or not the pass used it).

@@ -20,14 +20,15 @@
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cmath>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 namespace herd {
 namespace detail {
 
-inline double squared_norm(const std::vector<buffer_view>& grads) {
-  require_host_tensors(grads, "clip_grad_norm", "gradient");
+// The sum of the squares of every element (the gradients checked already).
+inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -37,6 +38,11 @@ inline double squared_norm(const std::vector<buffer_view>& grads) {
     });
   }
   return sum;
+}
+
+inline double squared_norm(const std::vector<buffer_view>& grads) {
+  require_host_tensors(grads, "clip_grad_norm", "gradient");
+  return unchecked_squared_norm(grads);
 }
 
 // Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
@@ -72,10 +78,19 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // The squared norm of gradients that the ranks of `comm` hold in parts: each rank's, summed with
 // one scalar allreduce, the same on every rank (inf or NaN on every rank if any part overflowed).
 // clip_grad_norm's and zero_optimizer's, whose shards are such parts.
+// A rank whose gradients it cannot read (a null pointer, device memory) says so in the allreduce's
+// agreement, so that every rank raises it, naming that rank, instead of waiting for it there.
 template <communicator C> double global_squared_norm(const std::vector<buffer_view>& grads, C& comm) {
-  double squares = squared_norm(grads);
-  buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  herd::allreduce(scalar, comm, reduce_op::sum);
+  call_check check(op_kind::allreduce, comm.rank(), comm.size());
+  double squares = 0;
+  if (host_tensors_fault fault = find_host_tensors_fault(grads, "gradient"); !fault.what.empty()) {
+    check.fail(fault.code, "clip_grad_norm: " + fault.what, fault.todo);
+  } else {
+    squares = unchecked_squared_norm(grads);
+  }
+  const buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
+  const auto call = prepare_allreduce(std::move(check), scalar, scalar, comm, reduce_op::sum);
+  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
   return squares;
 }
 HERD_CONFIG_NAMESPACE_END

@@ -9,6 +9,7 @@
 #include <herd/tensor/buffer_view.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -20,7 +21,16 @@ namespace herd::detail {
 // rounded once into D.
 HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n, double scale = 1.0);
 
-// Raises unless every view is host memory of a valid dtype with data for its elements.
+// What is wrong with a list of views that must be host memory of a valid dtype with data for
+// their elements: the first problem and what to do about it (empty when nothing is), for a
+// collective to carry to every rank.
+struct host_tensors_fault {
+  std::uint32_t code = 0;  // its name to the other ranks (comm/detail/agreement.hpp's fault_text)
+  std::string what, todo;
+};
+HERD_SEPARATE host_tensors_fault find_host_tensors_fault(const std::vector<buffer_view>& views, const char* what);
+
+// Raises (on this rank) what find_host_tensors_fault finds.
 HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what);
 
 // The dtype gradients are accumulated in across backward passes: f32 for the 16-bit floats
@@ -73,18 +83,26 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
   });
 }
 
-HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+HERD_SEPARATE host_tensors_fault find_host_tensors_fault(const std::vector<buffer_view>& views, const char* what) {
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const std::string which = std::string(what) + " " + std::to_string(i);
-    if (!is_valid(v.type)) raise({operation}, which + " has an invalid dtype", "Check its tensor_traits::dtype");
-    if (v.data == nullptr && v.count != 0)
-      raise({operation}, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
-            "Allocate it before handing it to herd");
-    if (!v.device.is_cpu())
-      raise({operation}, which + " lives on " + v.device.str() + " but this code runs on the host",
-            "Compile with nvcc for device tensors, or keep these tensors in host memory");
+    if (!is_valid(v.type)) return {1, which + " has an invalid dtype", "Check its tensor_traits::dtype"};
+    if (v.data == nullptr && v.count != 0) {
+      return {2, which + " has a null data pointer and " + std::to_string(v.count) + " elements",
+              "Allocate it before handing it to herd"};
+    }
+    if (!v.device.is_cpu()) {
+      return {5, which + " lives on " + v.device.str() + " but this code runs on the host",
+              "Compile with nvcc for device tensors, or keep these tensors in host memory"};
+    }
   }
+  return {};
+}
+
+HERD_SEPARATE void require_host_tensors(const std::vector<buffer_view>& views, const char* operation, const char* what) {
+  if (host_tensors_fault fault = find_host_tensors_fault(views, what); !fault.what.empty())
+    raise({operation}, fault.what, fault.todo);
 }
 
 HERD_SEPARATE void host_accumulate(void* acc, dtype acc_type, const void* src, dtype src_type, std::size_t n, bool first) {
