@@ -14391,12 +14391,13 @@ template <communicator C> class gradient_checks {
   gradient_checks(C& comm, const optimizer_options& options) : comm_(comm), options_(options) {}
 
   // The first call checks the gradients on every rank together (and raises on every rank); later
-  // calls check this rank's own and return what is wrong ("" when nothing is).
-  std::string check(const std::vector<buffer_view>& grads);
+  // calls check this rank's own and return what is wrong ("" when nothing is). `read_fault`: what
+  // went wrong reading them on this rank (grads then empty), a fault like any other.
+  std::string check(const std::vector<buffer_view>& grads, const std::string& read_fault = {});
 
   // check(), then the problem a pass that only accumulated found, if check() found none.
-  std::string check_with_pending(const std::vector<buffer_view>& grads) {
-    std::string fault = check(grads);
+  std::string check_with_pending(const std::vector<buffer_view>& grads, const std::string& read_fault = {}) {
+    std::string fault = check(grads, read_fault);
     if (fault.empty()) fault = std::exchange(pending_, {});
     return fault;
   }
@@ -14484,8 +14485,9 @@ template <communicator C> class gradient_checks {
 // Defined out of the class, so not inline: with HERD_SEPARATE_COMPILATION a file compiles neither
 // for mpi_communicator (an extern template there, collectives/separate_compilation.hpp).
 
-template <communicator C> std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads) {
-  std::string fault = local_fault(grads);
+template <communicator C>
+std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads, const std::string& read_fault) {
+  std::string fault = read_fault.empty() ? local_fault(grads) : read_fault;
   if (!checked_) {
     require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
     require_same_options();
@@ -15108,6 +15110,17 @@ template <communicator C> class reducer final : public join_hook {
   reducer& operator=(const reducer&) = delete;
 
   std::vector<buffer_view> gradients() { return source_(); }
+  // The gradients, and what went wrong reading them ("" when nothing did; the list is empty then):
+  // a source may raise on one rank only (a missing gradient, a layout it refuses), and the checks
+  // carry that to every rank as any other fault of its gradients, so that no rank waits in a
+  // reduction this one never starts, nor pairs it with this rank's next one.
+  std::pair<std::vector<buffer_view>, std::string> read_gradients() {
+    try {
+      return {source_(), {}};
+    } catch (const std::exception& e) {
+      return {{}, std::string("reading the gradients failed on this rank: ") + e.what()};
+    }
+  }
   gradient_checks<C>& checks() noexcept { return checks_; }
   join_roster& roster() noexcept { return roster_; }
   const join_roster& roster() const noexcept { return roster_; }
@@ -15273,10 +15286,14 @@ template <communicator C> class reducer final : public join_hook {
 template <communicator C> void reducer<C>::shadow(join_mode how) {
   if (how == join_mode::no_reduction) return;
   if (how == join_mode::first_check) {  // no rank has checked yet: this one joined before its first pass
-    if (!checks_.checked()) (void)checks_.check(source_());
+    if (!checks_.checked()) {
+      const auto [grads, read_fault] = read_gradients();
+      (void)checks_.check(grads, read_fault);
+    }
     return;
   }
-  std::vector<buffer_view> grads = source_();
+  // Gradients it cannot read (none then): the reduction below reads them again, and carries that.
+  const std::vector<buffer_view> grads = read_gradients().first;
   with_mover(grads, [&](auto& mover) {
     mover.begin();
     for (const auto& g : grads) mover.zero(g);
@@ -15292,8 +15309,8 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    std::vector<buffer_view> grads = source_();
-    std::string fault = checks_.check_with_pending(grads);
+    auto [grads, read_fault] = read_gradients();
+    std::string fault = checks_.check_with_pending(grads, read_fault);
     if (!fault.empty()) checks_.raise_everywhere(fault);
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
@@ -15314,7 +15331,9 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
   const auto start = std::chrono::steady_clock::now();
   // Where this rank has no gradients the first check comes first (it raises on every rank if
   // the others have some, naming the difference).
-  if (!pass_open_ && !checks_.checked() && source_().empty()) (void)checks_.check({});
+  if (!pass_open_ && !checks_.checked()) {  // (a source that raises: the first check in begin_buckets carries it)
+    if (const auto [grads, read_fault] = read_gradients(); read_fault.empty() && grads.empty()) (void)checks_.check({});
+  }
   if (!pass_open_ && checks_.checked() && checks_.shapes().empty()) {
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
     // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
@@ -15391,7 +15410,10 @@ template <communicator C> void reducer<C>::finish_alone() {
 template <communicator C> void reducer<C>::begin_buckets() {
   // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
   if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
-  if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+  if (!checks_.checked()) {  // every rank's first mark: agreed there, or raised on every rank
+    const auto [grads, read_fault] = read_gradients();
+    checks_.check(grads, read_fault);
+  }
   if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
   set_policy();
   marked_.assign(checks_.shapes().size(), 0);
@@ -16796,11 +16818,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // leaves them where they add up). A problem with them waits for the round's reduction, which
   // raises it on every rank.
   void accumulate() {
-    std::vector<buffer_view> grads = reducer_.gradients();
+    auto [grads, read_fault] = reducer_.read_gradients();
     // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
     // joined before it (no batches at all) makes that check in its round of join().
     if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);
-    if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
+    if (reducer_.checks().defer(reducer_.checks().check(grads, read_fault)) || !accumulation_.copies()) {
       accumulation_.count_pass();
       return;
     }

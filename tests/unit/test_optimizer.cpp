@@ -366,6 +366,74 @@ TEST_CASE("a gradient source whose after_reduction raises on one rank leaves the
   });
 }
 
+// A gradient source that raises on one rank (a gradient its tensor library did not make there):
+// every rank raises at that step, the others naming the rank, wherever the read falls: in the
+// first check, in a later step's reduction, in a pass held back (the round's reduction raises it)
+// or at the first mark. The others once waited in a reduction that rank never started, and its
+// next step paired with it, silently. The steps after it reduce on every rank.
+TEST_CASE("a gradient source that raises on one rank raises on every rank, and the next steps reduce on every rank") {
+  struct scenario {
+    std::string name;
+    int passes;      // backward_passes_per_step
+    bool marks;      // mark_ready(0, view) in each pass
+    int fail_pass;   // the pass whose read raises on rank 1
+    int raise_pass;  // the pass whose step() (or mark) raises on every rank: the first check's at once,
+                     // a later pass held back's at its round's reduction
+  };
+  const scenario scenarios[] = {{"first check, at step()", 1, false, 0, 0},
+                                {"a later step's reduction", 1, false, 2, 2},
+                                {"first check, at the first mark", 1, true, 0, 0},
+                                {"first check, in a pass held back", 2, false, 0, 0},
+                                {"a later pass held back", 2, false, 2, 3}};
+  for (const scenario& sc : scenarios) {
+    for (const int ranks : {2, 3}) {
+      herd::local::run(ranks, [&](herd::local_communicator& comm) {
+        std::vector<float> g(4);
+        bool fail_now = false;
+        recorder inner;
+        inner.grads = herd::views(g);
+        auto source = [&]() {
+          if (fail_now && comm.rank() == 1) throw std::runtime_error("parameter 0 has no gradient");
+          return herd::views(g);
+        };
+        herd::distributed_optimizer opt(inner, source, comm,
+                                        {.backward_passes_per_step = sc.passes, .accumulate = herd::accumulation::by_copy});
+        const double mean_rank = 0.5 * (comm.size() - 1);
+        int in_round = 0, rounds = 0;
+        double pass_sum = 0;  // of the round's pass numbers
+        for (int pass = 0; pass < 8; ++pass) {
+          std::fill(g.begin(), g.end(), static_cast<float>(comm.rank() + pass));
+          fail_now = pass == sc.fail_pass;
+          INFO(sc.name, ", rank ", comm.rank(), " of ", comm.size(), ", pass ", pass);
+          if (pass == sc.raise_pass) {  // the round is abandoned on every rank
+            const std::string message = herd_test::error_of([&] {
+              if (sc.marks) opt.mark_ready(0, herd::views(g)[0]);
+              opt.step();
+            });
+            INFO(message);
+            CHECK(has(message, comm.rank() == 1 ? "parameter 0 has no gradient" : "rank 1"));
+            in_round = 0, pass_sum = 0;
+            continue;
+          }
+          if (sc.marks) opt.mark_ready(0, herd::views(g)[0]);
+          const bool last = in_round == sc.passes - 1;
+          CHECK(opt.step() == last);
+          pass_sum += pass;
+          if (!last) {
+            ++in_round;
+            continue;
+          }
+          ++rounds;
+          CHECK(inner.seen[0][0] == doctest::Approx(sc.passes * mean_rank + pass_sum));  // the mean over the ranks
+          in_round = 0, pass_sum = 0;
+        }
+        CHECK(inner.steps == rounds);
+        CHECK(rounds >= 3);
+      });
+    }
+  }
+}
+
 // clip_grad_norm over a communicator: a rank whose gradients it cannot read says so in the norm's
 // allreduce, so every rank raises, naming it (the others once waited there for that rank, which
 // had raised alone, and paired the allreduce with its next call); the next call is whole.

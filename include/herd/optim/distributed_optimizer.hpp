@@ -233,11 +233,11 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // leaves them where they add up). A problem with them waits for the round's reduction, which
   // raises it on every rank.
   void accumulate() {
-    std::vector<buffer_view> grads = reducer_.gradients();
+    auto [grads, read_fault] = reducer_.read_gradients();
     // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
     // joined before it (no batches at all) makes that check in its round of join().
     if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);
-    if (reducer_.checks().defer(reducer_.checks().check(grads)) || !accumulation_.copies()) {
+    if (reducer_.checks().defer(reducer_.checks().check(grads, read_fault)) || !accumulation_.copies()) {
       accumulation_.count_pass();
       return;
     }

@@ -43,12 +43,13 @@ template <communicator C> class gradient_checks {
   gradient_checks(C& comm, const optimizer_options& options) : comm_(comm), options_(options) {}
 
   // The first call checks the gradients on every rank together (and raises on every rank); later
-  // calls check this rank's own and return what is wrong ("" when nothing is).
-  std::string check(const std::vector<buffer_view>& grads);
+  // calls check this rank's own and return what is wrong ("" when nothing is). `read_fault`: what
+  // went wrong reading them on this rank (grads then empty), a fault like any other.
+  std::string check(const std::vector<buffer_view>& grads, const std::string& read_fault = {});
 
   // check(), then the problem a pass that only accumulated found, if check() found none.
-  std::string check_with_pending(const std::vector<buffer_view>& grads) {
-    std::string fault = check(grads);
+  std::string check_with_pending(const std::vector<buffer_view>& grads, const std::string& read_fault = {}) {
+    std::string fault = check(grads, read_fault);
     if (fault.empty()) fault = std::exchange(pending_, {});
     return fault;
   }
@@ -136,8 +137,9 @@ template <communicator C> class gradient_checks {
 // Defined out of the class, so not inline: with HERD_SEPARATE_COMPILATION a file compiles neither
 // for mpi_communicator (an extern template there, collectives/separate_compilation.hpp).
 
-template <communicator C> std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads) {
-  std::string fault = local_fault(grads);
+template <communicator C>
+std::string gradient_checks<C>::check(const std::vector<buffer_view>& grads, const std::string& read_fault) {
+  std::string fault = read_fault.empty() ? local_fault(grads) : read_fault;
   if (!checked_) {
     require_same_tensors(grads, comm_, "distributed_optimizer", "gradient", fault);
     require_same_options();

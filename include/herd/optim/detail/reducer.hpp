@@ -73,6 +73,17 @@ template <communicator C> class reducer final : public join_hook {
   reducer& operator=(const reducer&) = delete;
 
   std::vector<buffer_view> gradients() { return source_(); }
+  // The gradients, and what went wrong reading them ("" when nothing did; the list is empty then):
+  // a source may raise on one rank only (a missing gradient, a layout it refuses), and the checks
+  // carry that to every rank as any other fault of its gradients, so that no rank waits in a
+  // reduction this one never starts, nor pairs it with this rank's next one.
+  std::pair<std::vector<buffer_view>, std::string> read_gradients() {
+    try {
+      return {source_(), {}};
+    } catch (const std::exception& e) {
+      return {{}, std::string("reading the gradients failed on this rank: ") + e.what()};
+    }
+  }
   gradient_checks<C>& checks() noexcept { return checks_; }
   join_roster& roster() noexcept { return roster_; }
   const join_roster& roster() const noexcept { return roster_; }
@@ -238,10 +249,14 @@ template <communicator C> class reducer final : public join_hook {
 template <communicator C> void reducer<C>::shadow(join_mode how) {
   if (how == join_mode::no_reduction) return;
   if (how == join_mode::first_check) {  // no rank has checked yet: this one joined before its first pass
-    if (!checks_.checked()) (void)checks_.check(source_());
+    if (!checks_.checked()) {
+      const auto [grads, read_fault] = read_gradients();
+      (void)checks_.check(grads, read_fault);
+    }
     return;
   }
-  std::vector<buffer_view> grads = source_();
+  // Gradients it cannot read (none then): the reduction below reads them again, and carries that.
+  const std::vector<buffer_view> grads = read_gradients().first;
   with_mover(grads, [&](auto& mover) {
     mover.begin();
     for (const auto& g : grads) mover.zero(g);
@@ -257,8 +272,8 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    std::vector<buffer_view> grads = source_();
-    std::string fault = checks_.check_with_pending(grads);
+    auto [grads, read_fault] = read_gradients();
+    std::string fault = checks_.check_with_pending(grads, read_fault);
     if (!fault.empty()) checks_.raise_everywhere(fault);
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
@@ -279,7 +294,9 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
   const auto start = std::chrono::steady_clock::now();
   // Where this rank has no gradients the first check comes first (it raises on every rank if
   // the others have some, naming the difference).
-  if (!pass_open_ && !checks_.checked() && source_().empty()) (void)checks_.check({});
+  if (!pass_open_ && !checks_.checked()) {  // (a source that raises: the first check in begin_buckets carries it)
+    if (const auto [grads, read_fault] = read_gradients(); read_fault.empty() && grads.empty()) (void)checks_.check({});
+  }
   if (!pass_open_ && checks_.checked() && checks_.shapes().empty()) {
     // No gradients, so no bucket: no operation of any pass could carry this mark's fault to the
     // other ranks, which reduce nothing. This rank raises it at once and opens no pass, so that
@@ -356,7 +373,10 @@ template <communicator C> void reducer<C>::finish_alone() {
 template <communicator C> void reducer<C>::begin_buckets() {
   // With uneven_inputs the ranks first agree on who trains (a joined rank agreed in join()).
   if (options_.uneven_inputs && !agreed_elsewhere_ && !roster_.joined()) roster_.agree(comm_, join_mode::in_buckets);
-  if (!checks_.checked()) checks_.check(source_());  // every rank's first mark: agreed there, or raised on every rank
+  if (!checks_.checked()) {  // every rank's first mark: agreed there, or raised on every rank
+    const auto [grads, read_fault] = read_gradients();
+    checks_.check(grads, read_fault);
+  }
   if (plan_.buckets.empty() && !checks_.shapes().empty()) make_plan(bucket_plan::reverse_order(checks_.shapes().size()));
   set_policy();
   marked_.assign(checks_.shapes().size(), 0);
