@@ -12511,6 +12511,14 @@ template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<con
 
 template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;
 
+// The blocking allreduce of `v` in place, with `check` as the caller made it: a caller that checks
+// its own inputs first records what it finds there (call_check::fail), so that the agreement
+// raises it on every rank rather than this rank alone, the others waiting for it in this allreduce.
+template <communicator C> void allreduce_checked(call_check check, buffer_view v, C& comm, reduce_op op) {
+  const auto call = prepare_allreduce(std::move(check), v, v, comm, op);
+  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
+}
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
@@ -12524,8 +12532,7 @@ void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_writable_tensor<T>();
   detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const buffer_view v = check.view("input", tensor);
-  const auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
-  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
+  detail::allreduce_checked(std::move(check), v, comm, op);
 }
 
 // Out of place: `output` (same dtype and size as `input`) receives the reduction; `input` is unchanged.
@@ -14437,8 +14444,7 @@ template <communicator C> class gradient_checks {
     if (comm_.size() == 1 || (checked_ && shapes_.empty())) raise_alone(fault);
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
     failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
-    const auto call = prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
-    run_collective(comm_, call.label(), [&](bool sync) { run_allreduce(comm_, call, sync); });
+    allreduce_checked(std::move(failed), buffer_view{}, comm_, reduce_op::sum);
     raise_alone(fault);  // not reached: the agreement raised
   }
 
@@ -16112,6 +16118,7 @@ class distributed_sampler {
 // Running statistics follow BatchNorm's: momentum 0.1, the unbiased variance.
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -16133,19 +16140,23 @@ struct sync_batch_norm_options {
 
 HERD_CONFIG_NAMESPACE_BEGIN
 
+// A rank whose sums do not pair up says so in the allreduce's agreement: every rank raises it,
+// rather than the others waiting there for a rank that raised alone.
 template <communicator C>
 batch_moments sync_batch_moments(std::span<const double> sum, std::span<const double> sum_sq, double count, C& comm) {
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   if (sum.size() != sum_sq.size()) {
-    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
-                  std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) + " sums of squares",
-                  "Pass one sum and one sum of squares per channel");
+    check.fail(7, "sync_batch_moments: " + std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) +
+                      " sums of squares",
+               "Pass one sum and one sum of squares per channel");
   }
-  const std::size_t c = sum.size();
+  const std::size_t c = check.ok() ? sum.size() : 0;
   std::vector<double> fused(2 * c + 1);  // sums, sums of squares, count: one allreduce
-  std::copy(sum.begin(), sum.end(), fused.begin());
-  std::copy(sum_sq.begin(), sum_sq.end(), fused.begin() + static_cast<std::ptrdiff_t>(c));
+  std::copy_n(sum.begin(), c, fused.begin());
+  std::copy_n(sum_sq.begin(), c, fused.begin() + static_cast<std::ptrdiff_t>(c));
   fused[2 * c] = count;
-  allreduce(fused, comm);
+  detail::allreduce_checked(std::move(check), buffer_view{fused.data(), fused.size(), dtype::f64, device::cpu()}, comm,
+                            reduce_op::sum);
   batch_moments m;
   m.count = fused[2 * c];
   if (m.count < 2) {
@@ -16539,9 +16550,7 @@ template <communicator C> double global_squared_norm(const std::vector<buffer_vi
   } else {
     squares = unchecked_squared_norm(grads);
   }
-  const buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  const auto call = prepare_allreduce(std::move(check), scalar, scalar, comm, reduce_op::sum);
-  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
+  allreduce_checked(std::move(check), buffer_view{&squares, 1, dtype::f64, device::cpu()}, comm, reduce_op::sum);
   return squares;
 }
 HERD_CONFIG_NAMESPACE_END

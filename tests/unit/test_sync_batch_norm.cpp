@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <numeric>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace {
@@ -98,4 +100,26 @@ TEST_CASE("sync_batch_moments: one value per channel over all ranks is an error 
     CHECK(m.mean[1] == doctest::Approx(1.0));
     CHECK(m.var[1] == doctest::Approx(2.0 - 1.0));
   });
+}
+
+// Sums that do not pair up on one rank raise on every rank, the others naming it (they once waited
+// in the allreduce for that rank, which had raised alone, and paired it with its next call).
+TEST_CASE("sync_batch_moments: sums that do not pair up on one rank raise on every rank") {
+  for (const int ranks : {2, 3}) {
+    herd::local::run(ranks, [](herd::local_communicator& comm) {
+      const std::vector<double> sum = {1.0, 2.0}, sum_sq = {1.0, 4.0}, short_sq = {1.0};
+      std::string message;
+      try {
+        (void)herd::sync_batch_moments(sum, comm.rank() == 1 ? std::span<const double>(short_sq) : sum_sq, 2, comm);
+      } catch (const herd::error& e) {
+        message = e.what();
+      }
+      INFO("rank ", comm.rank(), " of ", comm.size(), ": ", message);
+      CHECK(message.find(comm.rank() == 1 ? "2 channel sums but 1 sums of squares" : "rank 1 passed a tensor of the wrong size") !=
+            std::string::npos);
+      const herd::batch_moments m = herd::sync_batch_moments(sum, sum_sq, 2, comm);  // the next call is whole
+      CHECK(m.count == 2.0 * comm.size());
+      CHECK(m.mean[1] == doctest::Approx(1.0));
+    });
+  }
 }

@@ -329,6 +329,14 @@ template <communicator C> void allreduce_in_shared_memory(C& comm, std::span<con
 
 template <class T> inline constexpr bool is_view_list = std::is_same_v<std::remove_cvref_t<T>, std::vector<buffer_view>>;
 
+// The blocking allreduce of `v` in place, with `check` as the caller made it: a caller that checks
+// its own inputs first records what it finds there (call_check::fail), so that the agreement
+// raises it on every rank rather than this rank alone, the others waiting for it in this allreduce.
+template <communicator C> void allreduce_checked(call_check check, buffer_view v, C& comm, reduce_op op) {
+  const auto call = prepare_allreduce(std::move(check), v, v, comm, op);
+  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
+}
+
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
 
@@ -342,8 +350,7 @@ void allreduce(T& tensor, C& comm, reduce_op op = reduce_op::sum) {
   detail::require_writable_tensor<T>();
   detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   const buffer_view v = check.view("input", tensor);
-  const auto call = detail::prepare_allreduce(std::move(check), v, v, comm, op);
-  detail::run_collective(comm, call.label(), [&](bool sync) { detail::run_allreduce(comm, call, sync); });
+  detail::allreduce_checked(std::move(check), v, comm, op);
 }
 
 // Out of place: `output` (same dtype and size as `input`) receives the reduction; `input` is unchanged.

@@ -20,6 +20,7 @@
 #include <herd/comm/communicator.hpp>
 #include <herd/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -41,19 +42,23 @@ struct sync_batch_norm_options {
 
 HERD_CONFIG_NAMESPACE_BEGIN
 
+// A rank whose sums do not pair up says so in the allreduce's agreement: every rank raises it,
+// rather than the others waiting there for a rank that raised alone.
 template <communicator C>
 batch_moments sync_batch_moments(std::span<const double> sum, std::span<const double> sum_sq, double count, C& comm) {
+  detail::call_check check(detail::op_kind::allreduce, comm.rank(), comm.size());
   if (sum.size() != sum_sq.size()) {
-    detail::raise({"sync_batch_moments", comm.rank(), comm.size()},
-                  std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) + " sums of squares",
-                  "Pass one sum and one sum of squares per channel");
+    check.fail(7, "sync_batch_moments: " + std::to_string(sum.size()) + " channel sums but " + std::to_string(sum_sq.size()) +
+                      " sums of squares",
+               "Pass one sum and one sum of squares per channel");
   }
-  const std::size_t c = sum.size();
+  const std::size_t c = check.ok() ? sum.size() : 0;
   std::vector<double> fused(2 * c + 1);  // sums, sums of squares, count: one allreduce
-  std::copy(sum.begin(), sum.end(), fused.begin());
-  std::copy(sum_sq.begin(), sum_sq.end(), fused.begin() + static_cast<std::ptrdiff_t>(c));
+  std::copy_n(sum.begin(), c, fused.begin());
+  std::copy_n(sum_sq.begin(), c, fused.begin() + static_cast<std::ptrdiff_t>(c));
   fused[2 * c] = count;
-  allreduce(fused, comm);
+  detail::allreduce_checked(std::move(check), buffer_view{fused.data(), fused.size(), dtype::f64, device::cpu()}, comm,
+                            reduce_op::sum);
   batch_moments m;
   m.count = fused[2 * c];
   if (m.count < 2) {

@@ -88,9 +88,7 @@ template <communicator C> double global_squared_norm(const std::vector<buffer_vi
   } else {
     squares = unchecked_squared_norm(grads);
   }
-  const buffer_view scalar{&squares, 1, dtype::f64, device::cpu()};
-  const auto call = prepare_allreduce(std::move(check), scalar, scalar, comm, reduce_op::sum);
-  run_collective(comm, call.label(), [&](bool sync) { run_allreduce(comm, call, sync); });
+  allreduce_checked(std::move(check), buffer_view{&squares, 1, dtype::f64, device::cpu()}, comm, reduce_op::sum);
   return squares;
 }
 HERD_CONFIG_NAMESPACE_END

@@ -89,8 +89,7 @@ template <communicator C> class gradient_checks {
     if (comm_.size() == 1 || (checked_ && shapes_.empty())) raise_alone(fault);
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
     failed.fail(14, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step");
-    const auto call = prepare_allreduce(std::move(failed), {}, buffer_view{}, comm_, reduce_op::sum);
-    run_collective(comm_, call.label(), [&](bool sync) { run_allreduce(comm_, call, sync); });
+    allreduce_checked(std::move(failed), buffer_view{}, comm_, reduce_op::sum);
     raise_alone(fault);  // not reached: the agreement raised
   }
 
