@@ -14303,7 +14303,9 @@ HERD_CONFIG_NAMESPACE_END
 // of collectives over them, so that a rank with a different model fails with a message on every
 // rank instead of pairing its tensors with the wrong ones or waiting forever. A problem this rank
 // found on its own (`local_fault`, e.g. gradients on two devices) travels in the same exchange and
-// is raised on every rank too. `what` names one tensor, in the singular.
+// is raised on every rank too. `what` names one tensor, in the singular. Every rank raises at the
+// same point, after the exchange: an agreed error (herd::argument_error), and the communicator
+// stays usable.
 //
 // One allgather of a three-number summary per rank; only when the summaries differ does a second
 // exchange gather the full lists, to say which tensor differs.
@@ -14332,12 +14334,12 @@ void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const 
                                                static_cast<std::int64_t>(hash)};
   std::vector<std::int64_t> summaries(3 * static_cast<std::size_t>(comm.size()));
   allgather(summary, summaries, control_of(comm));  // host numbers: over the control channel
-  if (!local_fault.empty()) raise(site, local_fault, "Every rank stops so that none waits forever");
+  if (!local_fault.empty()) raise_agreed(site, local_fault, "Every rank stops so that none waits forever");
   bool same = true;
   for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
     if (summaries[3 * r] != 0) {
-      raise(site, "rank " + std::to_string(r) + " found a problem with its " + what + "s (its own error says which)",
-            "Fix it on that rank; every rank stops so that none waits forever");
+      raise_agreed(site, "rank " + std::to_string(r) + " found a problem with its " + what + "s (its own error says which)",
+                   "Fix it on that rank; every rank stops so that none waits forever");
     }
     same = same && summaries[3 * r + 1] == summaries[1] && summaries[3 * r + 2] == summaries[2];
   }
@@ -14351,15 +14353,15 @@ void require_same_tensors(const std::vector<buffer_view>& views, C& comm, const 
   std::size_t offset = 0;
   for (std::size_t r = 0; r < counts.size(); offset += counts[r], ++r) {
     if (counts[r] != counts[0]) {
-      raise(site, "rank " + std::to_string(r) + " has " + std::to_string(counts[r]) + " " + what + "s but rank 0 has " +
-                      std::to_string(counts[0]),
-            std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+      raise_agreed(site, "rank " + std::to_string(r) + " has " + std::to_string(counts[r]) + " " + what + "s but rank 0 has " +
+                             std::to_string(counts[0]),
+                   std::string("Every rank must pass the same list of ") + what + "s, in the same order");
     }
     for (std::size_t i = 0; i < counts[r]; ++i) {
       if (all[offset + i] != all[i]) {
-        raise(site, std::string(what) + " " + std::to_string(i) + " is " + describe(all[i]) + " on rank 0 but " +
-                        describe(all[offset + i]) + " on rank " + std::to_string(r),
-              std::string("Every rank must pass the same list of ") + what + "s, in the same order");
+        raise_agreed(site, std::string(what) + " " + std::to_string(i) + " is " + describe(all[i]) + " on rank 0 but " +
+                               describe(all[offset + i]) + " on rank " + std::to_string(r),
+                     std::string("Every rank must pass the same list of ") + what + "s, in the same order");
       }
     }
   }
@@ -14535,9 +14537,9 @@ template <communicator C> void gradient_checks<C>::require_same_options() {
   for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
     for (std::size_t k = 0; k < mine.size(); ++k) {
       if (all[r * mine.size() + k] != all[k]) {
-        raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-              std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-              "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
+        raise_agreed({"distributed_optimizer", comm_.rank(), comm_.size()},
+                     std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+                     "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
       }
     }
   }

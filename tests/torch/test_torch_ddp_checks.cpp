@@ -351,6 +351,41 @@ HERD_MPI_TEST_CASE("DistributedDataParallel: after a backward pass that raised m
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20);
 }
 
+// A gradient of the wrong kind on one rank alone (here a dense one reaching a sparse Embedding's
+// weight, the only parameter, so that no other hook ran before it): that rank's next forward
+// refuses, and the other ranks, waiting in the pass's reduction, raise at once. The wrapper once
+// went on there, and its next pass paired with the pass the others were reducing.
+HERD_MPI_TEST_CASE("DistributedDataParallel: a gradient refused on one rank alone makes its next forward refuse, and the others raise at once", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  const bool refusing = comm.rank() == comm.size() - 1;
+  torch::nn::Embedding table(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  torch::nn::Sequential model(table);
+  herd::torch::DistributedDataParallel ddp(model, comm);
+  const torch::Tensor ids = torch::tensor({{1, 2}, {3, 4}}, torch::kLong);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = "(no error)";
+  try {
+    torch::Tensor loss = ddp.forward(ids).sum();
+    if (refusing) loss = loss + table->weight.sum();  // a dense gradient for the table, on this rank
+    loss.backward();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  if (refusing) {
+    CHECK(has(message, "parameter 0.weight, the weight of an Embedding or EmbeddingBag with sparse=true, got a dense gradient"));
+    const std::string refused = herd_test::error_of([&] { ddp.forward(ids).sum().backward(); });
+    INFO(refused);
+    CHECK(has(refused, "the last backward pass raised on this rank"));
+    CHECK(has(refused, "comm.renew()"));
+  } else {
+    CHECK(has(message, "rank " + std::to_string(comm.size() - 1)));
+    CHECK(has(message, "the last backward pass raised on this rank"));
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20);
+}
+
 HERD_MPI_TEST_CASE("DistributedDataParallel with find_unused_parameters: a parameter the loss uses outside the forward raises on every rank, as DDP's", 2) {
   herd::mpi_communicator comm;
   torch::set_num_threads(1);

@@ -9,6 +9,7 @@
 #include <herd/collectives/allgather.hpp>
 #include <herd/collectives/allreduce.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/agreement.hpp>
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/optim/detail/same_tensors.hpp>
@@ -180,9 +181,9 @@ template <communicator C> void gradient_checks<C>::require_same_options() {
   for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
     for (std::size_t k = 0; k < mine.size(); ++k) {
       if (all[r * mine.size() + k] != all[k]) {
-        raise({"distributed_optimizer", comm_.rank(), comm_.size()},
-              std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
-              "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
+        raise_agreed({"distributed_optimizer", comm_.rank(), comm_.size()},
+                     std::string("option ") + names[k] + " differs between rank 0 and rank " + std::to_string(r),
+                     "Give every rank the same optimizer_options (and the same HERD_FUSION_THRESHOLD and HERD_BUCKET_BYTES)");
       }
     }
   }

@@ -275,20 +275,25 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
   }
 
-  // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up).
-  void arriving(std::size_t i, const at::Tensor& g) const {
+  // A hook on parameter i, as a gradient reaches it (before its accumulator adds it up). A gradient
+  // of the wrong kind fails backward on this rank, maybe this rank alone (a data-dependent one):
+  // as after any backward that raised, the next forward refuses, so that ranks waiting in this
+  // pass's reduction raise rather than pair it with this rank's next pass.
+  void arriving(std::size_t i, const at::Tensor& g) {
     if (!g.defined() || (g.layout() == at::kStrided) == !sparse[i]) return;
-    if (sparse[i]) {
-      herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
-                          "parameter " + names[i] + ", the weight of an Embedding or EmbeddingBag with sparse=true, got a "
-                          "dense gradient; it is reduced as a sparse one",
-                          "Give it sparse gradients only (the module's own forward), or build the module with sparse=false");
+    const std::string what =
+        sparse[i] ? "parameter " + names[i] + ", the weight of an Embedding or EmbeddingBag with sparse=true, got a dense "
+                    "gradient; it is reduced as a sparse one"
+                  : "parameter " + names[i] + " has a sparse gradient, and is not the weight of an Embedding or "
+                    "EmbeddingBag with sparse=true, whose gradients herd's DDP reduces as sparse ones (as DDP's "
+                    "expect_sparse_gradient); its bucket holds a dense gradient";
+    {
+      std::lock_guard lock(mutex);
+      if (prepared && unfinished.empty()) unfinished = "the last backward pass raised on this rank (" + what + ")";
     }
-    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()},
-                        "parameter " + names[i] + " has a sparse gradient, and is not the weight of an Embedding or "
-                        "EmbeddingBag with sparse=true, whose gradients herd's DDP reduces as sparse ones (as DDP's "
-                        "expect_sparse_gradient); its bucket holds a dense gradient",
-                        "Make it such a module's weight, or give it dense gradients (sparse=false)");
+    herd::detail::raise({"DistributedDataParallel", comm->rank(), comm->size()}, what,
+                        sparse[i] ? "Give it sparse gradients only (the module's own forward), or build the module with sparse=false"
+                                  : "Make it such a module's weight, or give it dense gradients (sparse=false)");
   }
 
   // The hook of parameter i's gradient accumulator: its gradient is final for this pass. A hook
@@ -312,10 +317,11 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     try {
       if (first && find_unused) mark_unreached();
       mark_ready(i);
-    } catch (...) {
-      // Backward fails here, so the callback that ends the pass will not run. Once this pass's
-      // reduction has started, the next forward refuses (refuse_after_an_unfinished_pass); before
-      // it (the first step's check failed, on every rank alike), the wrapper may go on.
+    } catch (const herd::argument_error&) {
+      // Backward fails here, so the callback that ends the pass will not run. An agreed error
+      // before this pass's reduction started (the first step's check, failed on every rank alike)
+      // lets the wrapper go on; any other, on this rank alone maybe, leaves the pass queued, and the
+      // next forward refuses (refuse_after_an_unfinished_pass).
       if (!reducer.pass_open()) queued = false;
       throw;
     }
@@ -433,12 +439,27 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     }
   }
 
-  // At the end of backward: waits for the buckets and writes the averages into the gradients.
+  // At the end of backward: waits for the buckets and writes the averages into the gradients. An
+  // error every rank raised alike (herd::argument_error: the reducer ended the pass on every rank)
+  // lets the wrapper go on; any other, raised on this rank alone maybe before or between the
+  // pass's collectives, makes the next forward refuse, as after a backward that raised.
   void finish() {
     std::lock_guard lock(mutex);
     queued = false;
     prepared = false;
     forward_since_reduction = false;
+    try {
+      finish_pass();
+    } catch (const herd::argument_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (unfinished.empty()) unfinished = std::string("the end of the last backward pass raised on this rank (") + e.what() + ")";
+      throw;
+    }
+  }
+
+  // finish()'s work, under its lock.
+  void finish_pass() {
     if (!find_unused) {
       reducer.synchronize();
       reduce_sparse();
