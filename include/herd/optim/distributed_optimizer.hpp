@@ -233,7 +233,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // leaves them where they add up). A problem with them waits for the round's reduction, which
   // raises it on every rank.
   void accumulate() {
-    auto [grads, read_fault] = reducer_.read_gradients();
+    auto read = reducer_.read_gradients();  // (not a structured binding: a lambda below takes it)
+    std::vector<buffer_view>& grads = read.first;
+    const std::string& read_fault = read.second;
     // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
     // joined before it (no batches at all) makes that check in its round of join().
     if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);

@@ -28,6 +28,7 @@
 #include <herd/collectives/allreduce.hpp>
 #include <herd/collectives/broadcast.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/optim/detail/accumulation.hpp>
@@ -194,6 +195,9 @@ template <communicator C> class reducer final : public join_hook {
   // thread); a bucket this rank found a problem with starts an operation that carries the problem
   // instead, so that every rank raises it and the buckets after it still pair up.
   void launch(std::size_t b, bool now = false);
+  // launch()'s packing of bucket b into its buffer (or `started`: its operation started from the
+  // gradients themselves).
+  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started);
 
   // Whether a pass's last bucket runs on the thread that finishes the pass, after the others, and
   // not on the progress thread as soon as its gradients are ready. It becomes ready as backward
@@ -272,8 +276,9 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    auto [grads, read_fault] = read_gradients();
-    std::string fault = checks_.check_with_pending(grads, read_fault);
+    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 15 refuses)
+    std::vector<buffer_view>& grads = read.first;
+    std::string fault = checks_.check_with_pending(grads, read.second);
     if (!fault.empty()) checks_.raise_everywhere(fault);
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
@@ -417,15 +422,36 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
   args.extra = static_cast<std::int64_t>(b);
   const trace::span slice(track_, "launch bucket", args);
   const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
-  if (!fault.empty()) {
+  auto start_failed = [&](std::uint32_t code, const std::string& what, const char* todo) {
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
-    failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
-                           "and mark each ready once per backward pass");
+    failed.fail(code, what, todo);
     st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type), now);
-    return;
+  };
+  if (!fault.empty()) {
+    return start_failed(!pass_fault_.empty() ? 14 : st.fault_code, fault,
+                        "Hand the distributed optimizer the same gradient tensors, on one device, at every step, and mark "
+                        "each ready once per backward pass");
   }
   const dtype wire = policy_.wire(plan.type);
   bool started = false;
+  try {
+    if (const bucket_hook hook = pack_hook()) hook(comm_.rank(), b);
+    pack(b, st, plan, wire, now, started);
+  } catch (const std::exception& e) {
+    // Packing failed on this rank alone maybe (memory for the bucket on a GPU): the bucket's
+    // operation carries that to every rank, which raise it at the pass's end, rather than wait
+    // for a bucket this rank never started or pair it with this rank's next one.
+    return start_failed(21, "packing bucket " + std::to_string(b) + " failed on this rank: " + e.what(),
+                        "Free memory on that rank (or make the buckets smaller: bucket_bytes), then go on");
+  }
+  if (started) return;
+  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type), now);
+}
+
+template <communicator C>
+void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now,
+                      bool& started) {
   movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
     mover.begin();
     if (sums()) {
@@ -464,9 +490,6 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
       stats_.packed_bytes += plan.count * size_of(plan.type);
     }
   });
-  if (started) return;
-  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type), now);
 }
 
 template <communicator C> void reducer<C>::finish() {
