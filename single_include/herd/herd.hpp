@@ -2559,7 +2559,7 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 // ---- herd/comm/detail/fault_hooks.hpp ----
 #ifndef HERD_COMM_DETAIL_FAULT_HOOKS_HPP
 #define HERD_COMM_DETAIL_FAULT_HOOKS_HPP
-// Tests only: three points where a test can make this process misbehave in the middle of an
+// Tests only: four points where a test can make this process misbehave in the middle of an
 // operation (stall, throw), on every path herd has. Unset (the default) they cost one load and one
 // predictable branch. Not for production use: nothing else in herd sets them.
 // - shm_step_hook: called with each step's ticket before this process publishes it in a node's
@@ -2569,7 +2569,10 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
 //   thread that runs the operation (the progress thread for asynchronous ones).
 // - shrink_hook: called with this rank's number in the communicator it shrinks, after it heard
 //   who stays and before it proposes them to the others.
+// - pack_hook: called with this rank's number and a bucket's index before the gradient reducer
+//   packs that bucket (where a GPU may run out of memory for it).
 
+#include <cstddef>
 #include <cstdint>
 
 namespace herd::detail {
@@ -2589,6 +2592,12 @@ inline message_hook& post_hook() noexcept {
 using rank_hook = void (*)(int rank);
 inline rank_hook& shrink_hook() noexcept {
   static rank_hook hook = nullptr;
+  return hook;
+}
+
+using bucket_hook = void (*)(int rank, std::size_t bucket);
+inline bucket_hook& pack_hook() noexcept {
+  static bucket_hook hook = nullptr;
   return hook;
 }
 
@@ -3335,6 +3344,7 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 18: return "a tensor whose elements do not split into equal blocks, one per rank";
     case 19: return "a list of per-rank counts (splits) with one entry too many or too few";
     case 20: return "receive splits that differ from what the other ranks send it";
+    case 21: return "a bucket of gradients it could not pack";
     default: return "invalid arguments";
   }
 }
@@ -15239,6 +15249,9 @@ template <communicator C> class reducer final : public join_hook {
   // thread); a bucket this rank found a problem with starts an operation that carries the problem
   // instead, so that every rank raises it and the buckets after it still pair up.
   void launch(std::size_t b, bool now = false);
+  // launch()'s packing of bucket b into its buffer (or `started`: its operation started from the
+  // gradients themselves).
+  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started);
 
   // Whether a pass's last bucket runs on the thread that finishes the pass, after the others, and
   // not on the progress thread as soon as its gradients are ready. It becomes ready as backward
@@ -15317,8 +15330,9 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    auto [grads, read_fault] = read_gradients();
-    std::string fault = checks_.check_with_pending(grads, read_fault);
+    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 15 refuses)
+    std::vector<buffer_view>& grads = read.first;
+    std::string fault = checks_.check_with_pending(grads, read.second);
     if (!fault.empty()) checks_.raise_everywhere(fault);
     if (sums()) with_mover(grads, [&](auto& mover) { acc_->fold(grads, mover); });
     if (comm_.size() == 1) return;  // the average (or sum) over one rank is the gradient itself
@@ -15462,15 +15476,36 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
   args.extra = static_cast<std::int64_t>(b);
   const trace::span slice(track_, "launch bucket", args);
   const std::string& fault = !pass_fault_.empty() ? pass_fault_ : st.fault;
-  if (!fault.empty()) {
+  auto start_failed = [&](std::uint32_t code, const std::string& what, const char* todo) {
     call_check failed(op_kind::allreduce, comm_.rank(), comm_.size());
-    failed.fail(!pass_fault_.empty() ? 14 : st.fault_code, fault, "Hand the distributed optimizer the same gradient tensors, on one device, at every step, "
-                           "and mark each ready once per backward pass");
+    failed.fail(code, what, todo);
     st.start(comm_, std::move(failed), buffer_view{}, policy_.wire_op(plan.type), now);
-    return;
+  };
+  if (!fault.empty()) {
+    return start_failed(!pass_fault_.empty() ? 14 : st.fault_code, fault,
+                        "Hand the distributed optimizer the same gradient tensors, on one device, at every step, and mark "
+                        "each ready once per backward pass");
   }
   const dtype wire = policy_.wire(plan.type);
   bool started = false;
+  try {
+    if (const bucket_hook hook = pack_hook()) hook(comm_.rank(), b);
+    pack(b, st, plan, wire, now, started);
+  } catch (const std::exception& e) {
+    // Packing failed on this rank alone maybe (memory for the bucket on a GPU): the bucket's
+    // operation carries that to every rank, which raise it at the pass's end, rather than wait
+    // for a bucket this rank never started or pair it with this rank's next one.
+    return start_failed(21, "packing bucket " + std::to_string(b) + " failed on this rank: " + e.what(),
+                        "Free memory on that rank (or make the buckets smaller: bucket_bytes), then go on");
+  }
+  if (started) return;
+  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
+  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type), now);
+}
+
+template <communicator C>
+void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now,
+                      bool& started) {
   movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
     mover.begin();
     if (sums()) {
@@ -15509,9 +15544,6 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
       stats_.packed_bytes += plan.count * size_of(plan.type);
     }
   });
-  if (started) return;
-  call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
-  st.start(comm_, std::move(fine), st.buffer, policy_.wire_op(plan.type), now);
 }
 
 template <communicator C> void reducer<C>::finish() {
@@ -16829,7 +16861,9 @@ template <class Optimizer, communicator C> class distributed_optimizer {
   // leaves them where they add up). A problem with them waits for the round's reduction, which
   // raises it on every rank.
   void accumulate() {
-    auto [grads, read_fault] = reducer_.read_gradients();
+    auto read = reducer_.read_gradients();  // (not a structured binding: a lambda below takes it)
+    std::vector<buffer_view>& grads = read.first;
+    const std::string& read_fault = read.second;
     // The first pass checks the gradients on every rank together: with uneven_inputs a rank that
     // joined before it (no batches at all) makes that check in its round of join().
     if (options_.uneven_inputs && !reducer_.checks().checked()) reducer_.roster().agree(comm_, detail::join_mode::first_check);

@@ -11,9 +11,11 @@
 #include <herd/torch/distributed_data_parallel.hpp>
 #include <herd/torch/gradients.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/mpi_test.hpp"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
@@ -161,6 +163,30 @@ HERD_MPI_TEST_CASE("broadcast_parameters and broadcast_optimizer_state take tens
     auto& state = static_cast<torch::optim::SGDParamState&>(*sgd.state().at(herd::detail::torch_state_key(p)));
     same_everywhere(state.momentum_buffer());
   }
+}
+
+// A tensor herd refuses on one rank alone (a dtype it has not) is raised on every rank, in the check
+// of the tensors that comes first; the others once waited there for that rank, which had raised
+// alone. The next broadcast, of tensors every rank can send, goes through.
+HERD_MPI_TEST_CASE("broadcast_parameters of a module: a tensor refused on one rank raises on every rank", 2) {
+  herd::mpi_communicator comm;
+  torch::set_num_threads(1);
+  const bool odd_one = comm.rank() == comm.size() - 1;
+  torch::nn::Linear linear(3, 2);
+  linear->register_buffer("extra", torch::zeros({2}, odd_one ? torch::kComplexFloat : torch::kFloat));
+  std::string message = "(no error)";
+  try {
+    herd::broadcast_parameters(*linear, comm, 0);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(herd_test::has(message, odd_one ? "torch dtype ComplexFloat" : "rank " + std::to_string(comm.size() - 1) + " found a problem with its parameters"));
+  torch::nn::Linear plain(3, 2);
+  herd::broadcast_parameters(*plain, comm, 0);
+  torch::Tensor all = torch::empty({comm.size(), 6});
+  herd::allgather(plain->weight.detach().reshape({-1}), all, comm);
+  for (int r = 0; r < comm.size(); ++r) CHECK(all[r].equal(all[0]));
 }
 
 HERD_MPI_TEST_CASE("torch_gradients: a gradient that is not row-major is refused, saying where it is taken", 2) {

@@ -23,6 +23,7 @@
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 namespace herd::detail {
@@ -31,13 +32,16 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // The parameters of `module` (and its submodules) and, with `buffers`, its buffers end equal to the
 // root's, element by element, whatever each rank's memory layout (channels_last, say). The DDP
 // wrapper's sync_module_states leaves the buffers out where broadcast_buffers is off.
+// A tensor refused on one rank (a dtype herd has not) is raised on every rank, in the check of the
+// tensors that comes first, instead of leaving the others waiting there.
 template <communicator C> void broadcast_module(::torch::nn::Module& module, C& comm, int root, bool buffers) {
   row_major_views staged;
-  for (auto& p : module.parameters()) staged.add(p);
+  for (auto& p : module.parameters()) staged.add_or_keep_fault(p);
   if (buffers) {
-    for (auto& b : module.buffers()) staged.add(b);
+    for (auto& b : module.buffers()) staged.add_or_keep_fault(b);
   }
-  broadcast_parameters(staged.views(), comm, root);
+  require_same_tensors(staged.views(), comm, "broadcast_parameters", "parameter", staged.fault());
+  for (buffer_view v : staged.views()) herd::broadcast(v, comm, root);
   staged.write_back();
 }
 
@@ -63,11 +67,19 @@ template <class Optimizer, communicator C>
 void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;
-  detail::torch_state(opt, steps, tensors);
+  // What this rank cannot read (an optimizer herd does not know, a tensor it refuses) is raised on
+  // every rank, in the check of the tensors that comes first.
+  std::string fault;
+  try {
+    detail::torch_state(opt, steps, tensors);
+  } catch (const std::exception& e) {
+    fault = e.what();
+  }
   detail::row_major_views staged;  // a channels_last parameter's momentum is channels_last
-  for (at::Tensor* t : tensors) staged.add(*t);
+  for (at::Tensor* t : tensors) staged.add_or_keep_fault(*t);
+  if (fault.empty()) fault = staged.fault();
   const std::vector<buffer_view>& views = staged.views();
-  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor", fault);
   std::vector<double> scalars;
   for (auto& group : opt.param_groups()) {
     detail::visit_hyperparameters(opt, group, [&](auto& value) { scalars.push_back(static_cast<double>(value)); });

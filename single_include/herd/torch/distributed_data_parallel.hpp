@@ -201,6 +201,7 @@ template <> struct tensor_traits<at::Tensor> {
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <string>
 #include <vector>
 
 namespace herd::detail {
@@ -264,6 +265,17 @@ class row_major_views {
     views_.push_back(view_of(copy));
     staged_.emplace_back(t, std::move(copy));
   }
+  // add(t), or, where it refuses t, the reason kept (the first one) for the check of the tensors
+  // that every rank makes next, so that every rank raises it.
+  void add_or_keep_fault(at::Tensor& t) {
+    if (!fault_.empty()) return;
+    try {
+      add(t);
+    } catch (const std::exception& e) {
+      fault_ = e.what();
+    }
+  }
+  const std::string& fault() const noexcept { return fault_; }
   std::vector<buffer_view>& views() noexcept { return views_; }
   void write_back() {
     const ::torch::NoGradGuard no_grad;  // parameters are leaves that require a gradient
@@ -273,6 +285,7 @@ class row_major_views {
  private:
   std::vector<buffer_view> views_;
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;
+  std::string fault_;
 };
 
 }  // namespace herd::detail
@@ -401,6 +414,7 @@ template <class F> void visit_hyperparameters(::torch::optim::Optimizer& opt, ::
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 namespace herd::detail {
@@ -409,13 +423,16 @@ HERD_CONFIG_NAMESPACE_BEGIN
 // The parameters of `module` (and its submodules) and, with `buffers`, its buffers end equal to the
 // root's, element by element, whatever each rank's memory layout (channels_last, say). The DDP
 // wrapper's sync_module_states leaves the buffers out where broadcast_buffers is off.
+// A tensor refused on one rank (a dtype herd has not) is raised on every rank, in the check of the
+// tensors that comes first, instead of leaving the others waiting there.
 template <communicator C> void broadcast_module(::torch::nn::Module& module, C& comm, int root, bool buffers) {
   row_major_views staged;
-  for (auto& p : module.parameters()) staged.add(p);
+  for (auto& p : module.parameters()) staged.add_or_keep_fault(p);
   if (buffers) {
-    for (auto& b : module.buffers()) staged.add(b);
+    for (auto& b : module.buffers()) staged.add_or_keep_fault(b);
   }
-  broadcast_parameters(staged.views(), comm, root);
+  require_same_tensors(staged.views(), comm, "broadcast_parameters", "parameter", staged.fault());
+  for (buffer_view v : staged.views()) herd::broadcast(v, comm, root);
   staged.write_back();
 }
 
@@ -441,11 +458,19 @@ template <class Optimizer, communicator C>
 void broadcast_optimizer_state(Optimizer& opt, C& comm, int root = 0) {
   std::vector<std::int64_t*> steps;
   std::vector<at::Tensor*> tensors;
-  detail::torch_state(opt, steps, tensors);
+  // What this rank cannot read (an optimizer herd does not know, a tensor it refuses) is raised on
+  // every rank, in the check of the tensors that comes first.
+  std::string fault;
+  try {
+    detail::torch_state(opt, steps, tensors);
+  } catch (const std::exception& e) {
+    fault = e.what();
+  }
   detail::row_major_views staged;  // a channels_last parameter's momentum is channels_last
-  for (at::Tensor* t : tensors) staged.add(*t);
+  for (at::Tensor* t : tensors) staged.add_or_keep_fault(*t);
+  if (fault.empty()) fault = staged.fault();
   const std::vector<buffer_view>& views = staged.views();
-  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor");
+  detail::require_same_tensors(views, comm, "broadcast_optimizer_state", "optimizer state tensor", fault);
   std::vector<double> scalars;
   for (auto& group : opt.param_groups()) {
     detail::visit_hyperparameters(opt, group, [&](auto& value) { scalars.push_back(static_cast<double>(value)); });

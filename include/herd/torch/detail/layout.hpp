@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <string>
 #include <vector>
 
 namespace herd::detail {
@@ -89,6 +90,17 @@ class row_major_views {
     views_.push_back(view_of(copy));
     staged_.emplace_back(t, std::move(copy));
   }
+  // add(t), or, where it refuses t, the reason kept (the first one) for the check of the tensors
+  // that every rank makes next, so that every rank raises it.
+  void add_or_keep_fault(at::Tensor& t) {
+    if (!fault_.empty()) return;
+    try {
+      add(t);
+    } catch (const std::exception& e) {
+      fault_ = e.what();
+    }
+  }
+  const std::string& fault() const noexcept { return fault_; }
   std::vector<buffer_view>& views() noexcept { return views_; }
   void write_back() {
     const ::torch::NoGradGuard no_grad;  // parameters are leaves that require a gradient
@@ -98,6 +110,7 @@ class row_major_views {
  private:
   std::vector<buffer_view> views_;
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;
+  std::string fault_;
 };
 
 }  // namespace herd::detail
