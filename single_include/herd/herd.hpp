@@ -2090,6 +2090,14 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return next_seq_;
   }
+  // The first operation issued here that has not finished: the one the progress thread runs, else
+  // the first queued, else the next to be issued. An abort made outside any operation names it, so
+  // that peers waiting in an operation this rank queued but will never run learn of the abort.
+  std::uint64_t first_unfinished() const {
+    std::lock_guard lock(mutex_);
+    if (running_seq_ != 0) return running_seq_;
+    return queue_.empty() ? next_seq_ : queue_.front()->seq;
+  }
   // Sequence numbers start after the creation, which is operation #0.
   void set_issued(std::uint64_t n) {
     std::lock_guard lock(mutex_);
@@ -2321,6 +2329,7 @@ class operation_state {
     queued_.fetch_sub(1, std::memory_order_relaxed);
     busy_ = true;
     runner_ = std::this_thread::get_id();
+    running_seq_ = op->seq;
     lock.unlock();
     try {
       op->work(op->seq);
@@ -2334,6 +2343,7 @@ class operation_state {
     op->done.notify_all();
     busy_ = false;
     runner_ = {};
+    running_seq_ = 0;
     wake_.notify_all();
   }
 
@@ -2371,6 +2381,7 @@ class operation_state {
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
   std::thread::id runner_;
+  std::uint64_t running_seq_ = 0;  // the queued operation that runs now (0: none)
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
   std::atomic<std::thread::id> issuer_{};  // the thread issuing an operation (run_blocking: running it), if any
   std::atomic<bool> intruded_{false};  // another thread issued an operation meanwhile: sticks
@@ -3344,7 +3355,6 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 18: return "a tensor whose elements do not split into equal blocks, one per rank";
     case 19: return "a list of per-rank counts (splits) with one entry too many or too few";
     case 20: return "receive splits that differ from what the other ranks send it";
-    case 21: return "a bucket of gradients it could not pack";
     default: return "invalid arguments";
   }
 }
@@ -4646,7 +4656,7 @@ HERD_SEPARATE void local_communicator::abort(std::string_view reason) noexcept {
   if (!ops_) return;
   ops_->mark_aborted(reason);
   try {
-    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->issued(), std::string(reason));
+    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->first_unfinished(), std::string(reason));
   } catch (...) {
     world_->fail("a rank could not record an abort (out of memory)");
   }
@@ -5975,7 +5985,7 @@ HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason
     seq = s.ops.current().seq;
   } else if (!before) {
     try {
-      seq = s.ops.issued();
+      seq = s.ops.first_unfinished();
     } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
       seq = 0;
     }
@@ -15250,8 +15260,9 @@ template <communicator C> class reducer final : public join_hook {
   // instead, so that every rank raises it and the buckets after it still pair up.
   void launch(std::size_t b, bool now = false);
   // launch()'s packing of bucket b into its buffer (or `started`: its operation started from the
-  // gradients themselves).
-  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started);
+  // gradients themselves; `packing` false while that operation runs).
+  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started,
+            bool& packing);
 
   // Whether a pass's last bucket runs on the thread that finishes the pass, after the others, and
   // not on the progress thread as soon as its gradients are ready. It becomes ready as backward
@@ -15313,8 +15324,17 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
     }
     return;
   }
-  // Gradients it cannot read (none then): the reduction below reads them again, and carries that.
-  const std::vector<buffer_view> grads = read_gradients().first;
+  const auto read = read_gradients();
+  const std::vector<buffer_view>& grads = read.first;
+  if (!read.second.empty() && how == join_mode::in_buckets) {
+    // Gradients it cannot read: the pass opens as the others' do (its first check raises that on
+    // every rank, on the first round), and each of its buckets carries it to them.
+    begin_buckets();
+    pass_open_ = true;
+    if (pass_fault_.empty()) pass_fault_ = read.second;
+    return finish();
+  }
+  // (Gradients it cannot read at step(): reduce_all reads them again, and carries that.)
   with_mover(grads, [&](auto& mover) {
     mover.begin();
     for (const auto& g : grads) mover.zero(g);
@@ -15330,7 +15350,7 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 15 refuses)
+    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 14 refuses)
     std::vector<buffer_view>& grads = read.first;
     std::string fault = checks_.check_with_pending(grads, read.second);
     if (!fault.empty()) checks_.raise_everywhere(fault);
@@ -15373,9 +15393,17 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
     }
     return;
   }
-  const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+  buffer_view v = given ? *given : buffer_view{};
+  std::string read_fault;
+  if (!given) {  // the source, read once a pass: where it raises on this rank, the bucket carries that
+    try {
+      if (i < pass_views().size()) v = pass_views()[i];
+    } catch (const std::exception& e) {
+      read_fault = std::string("reading the gradients failed on this rank: ") + e.what();
+    }
+  }
   bucket_operation& b = buckets_[plan_.bucket_of[i]];
-  if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+  if (b.fault.empty()) b.fault = read_fault.empty() ? checks_.marked_fault(i, v) : read_fault;
   marked_[i] = 1;
   ++marks_;
   ready_views_[i] = v;
@@ -15488,15 +15516,21 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
   }
   const dtype wire = policy_.wire(plan.type);
   bool started = false;
+  bool packing = true;  // false while pack() starts the bucket's operation from the gradients in place
   try {
     if (const bucket_hook hook = pack_hook()) hook(comm_.rank(), b);
-    pack(b, st, plan, wire, now, started);
+    pack(b, st, plan, wire, now, started, packing);
   } catch (const std::exception& e) {
-    // Packing failed on this rank alone maybe (memory for the bucket on a GPU): the bucket's
-    // operation carries that to every rank, which raise it at the pass's end, rather than wait
-    // for a bucket this rank never started or pair it with this rank's next one.
-    return start_failed(21, "packing bucket " + std::to_string(b) + " failed on this rank: " + e.what(),
-                        "Free memory on that rank (or make the buckets smaller: bucket_bytes), then go on");
+    if (!packing) throw;  // the operation's own error, raised as it raises them
+    // Packing failed on this rank alone maybe (memory for the bucket on a GPU), before the bucket's
+    // operation started. As an error inside an operation, it aborts the communicator: the ranks
+    // waiting in this bucket raise at once, rather than pair it with this rank's next one.
+    const std::string why =
+        "packing bucket " + std::to_string(b) + " failed on rank " + std::to_string(comm_.rank()) + ": " + e.what();
+    comm_.abort(why);
+    raise({"distributed_optimizer", comm_.rank(), comm_.size()}, why,
+          "Free memory on that rank (or make the buckets smaller: bucket_bytes), renew the communicator on every rank "
+          "(comm.renew(), as herd::run_elastic does) and go on");
   }
   if (started) return;
   call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
@@ -15505,7 +15539,7 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
 
 template <communicator C>
 void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now,
-                      bool& started) {
+                      bool& started, bool& packing) {
   movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
     mover.begin();
     if (sums()) {
@@ -15515,10 +15549,14 @@ void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bu
     }
     const bool as_is = policy_.as_is(plan.type);
     st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
-    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type), now)) {
-      mover.finish();
-      started = true;
-      return;
+    if (as_is && !st.in_place) {
+      packing = false;
+      started = st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type), now);
+      packing = !started;
+      if (started) {
+        mover.finish();
+        return;
+      }
     }
     if (st.in_place) {
       mover.finish();

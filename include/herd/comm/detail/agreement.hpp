@@ -231,7 +231,6 @@ constexpr const char* fault_text(std::uint32_t code) noexcept {
     case 18: return "a tensor whose elements do not split into equal blocks, one per rank";
     case 19: return "a list of per-rank counts (splits) with one entry too many or too few";
     case 20: return "receive splits that differ from what the other ranks send it";
-    case 21: return "a bucket of gradients it could not pack";
     default: return "invalid arguments";
   }
 }

@@ -817,7 +817,7 @@ HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason
     seq = s.ops.current().seq;
   } else if (!before) {
     try {
-      seq = s.ops.issued();
+      seq = s.ops.first_unfinished();
     } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
       seq = 0;
     }

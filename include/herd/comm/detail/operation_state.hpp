@@ -292,6 +292,14 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return next_seq_;
   }
+  // The first operation issued here that has not finished: the one the progress thread runs, else
+  // the first queued, else the next to be issued. An abort made outside any operation names it, so
+  // that peers waiting in an operation this rank queued but will never run learn of the abort.
+  std::uint64_t first_unfinished() const {
+    std::lock_guard lock(mutex_);
+    if (running_seq_ != 0) return running_seq_;
+    return queue_.empty() ? next_seq_ : queue_.front()->seq;
+  }
   // Sequence numbers start after the creation, which is operation #0.
   void set_issued(std::uint64_t n) {
     std::lock_guard lock(mutex_);
@@ -523,6 +531,7 @@ class operation_state {
     queued_.fetch_sub(1, std::memory_order_relaxed);
     busy_ = true;
     runner_ = std::this_thread::get_id();
+    running_seq_ = op->seq;
     lock.unlock();
     try {
       op->work(op->seq);
@@ -536,6 +545,7 @@ class operation_state {
     op->done.notify_all();
     busy_ = false;
     runner_ = {};
+    running_seq_ = 0;
     wake_.notify_all();
   }
 
@@ -573,6 +583,7 @@ class operation_state {
   std::deque<std::shared_ptr<queued_operation>> queue_;
   bool busy_ = false;
   std::thread::id runner_;
+  std::uint64_t running_seq_ = 0;  // the queued operation that runs now (0: none)
   std::atomic<bool> queued_ever_{false};  // set by the issuing thread, read by it
   std::atomic<std::thread::id> issuer_{};  // the thread issuing an operation (run_blocking: running it), if any
   std::atomic<bool> intruded_{false};  // another thread issued an operation meanwhile: sticks

@@ -196,8 +196,9 @@ template <communicator C> class reducer final : public join_hook {
   // instead, so that every rank raises it and the buckets after it still pair up.
   void launch(std::size_t b, bool now = false);
   // launch()'s packing of bucket b into its buffer (or `started`: its operation started from the
-  // gradients themselves).
-  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started);
+  // gradients themselves; `packing` false while that operation runs).
+  void pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now, bool& started,
+            bool& packing);
 
   // Whether a pass's last bucket runs on the thread that finishes the pass, after the others, and
   // not on the progress thread as soon as its gradients are ready. It becomes ready as backward
@@ -259,8 +260,17 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
     }
     return;
   }
-  // Gradients it cannot read (none then): the reduction below reads them again, and carries that.
-  const std::vector<buffer_view> grads = read_gradients().first;
+  const auto read = read_gradients();
+  const std::vector<buffer_view>& grads = read.first;
+  if (!read.second.empty() && how == join_mode::in_buckets) {
+    // Gradients it cannot read: the pass opens as the others' do (its first check raises that on
+    // every rank, on the first round), and each of its buckets carries it to them.
+    begin_buckets();
+    pass_open_ = true;
+    if (pass_fault_.empty()) pass_fault_ = read.second;
+    return finish();
+  }
+  // (Gradients it cannot read at step(): reduce_all reads them again, and carries that.)
   with_mover(grads, [&](auto& mover) {
     mover.begin();
     for (const auto& g : grads) mover.zero(g);
@@ -276,7 +286,7 @@ template <communicator C> void reducer<C>::shadow(join_mode how) {
 
 template <communicator C> void reducer<C>::reduce_all() {
   try {
-    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 15 refuses)
+    auto read = read_gradients();  // (not a structured binding: lambdas below take it, which clang 14 refuses)
     std::vector<buffer_view>& grads = read.first;
     std::string fault = checks_.check_with_pending(grads, read.second);
     if (!fault.empty()) checks_.raise_everywhere(fault);
@@ -319,9 +329,17 @@ template <communicator C> void reducer<C>::mark_one(std::size_t i, const buffer_
     }
     return;
   }
-  const buffer_view v = given ? *given : (i < pass_views().size() ? pass_views()[i] : buffer_view{});
+  buffer_view v = given ? *given : buffer_view{};
+  std::string read_fault;
+  if (!given) {  // the source, read once a pass: where it raises on this rank, the bucket carries that
+    try {
+      if (i < pass_views().size()) v = pass_views()[i];
+    } catch (const std::exception& e) {
+      read_fault = std::string("reading the gradients failed on this rank: ") + e.what();
+    }
+  }
   bucket_operation& b = buckets_[plan_.bucket_of[i]];
-  if (b.fault.empty()) b.fault = checks_.marked_fault(i, v);
+  if (b.fault.empty()) b.fault = read_fault.empty() ? checks_.marked_fault(i, v) : read_fault;
   marked_[i] = 1;
   ++marks_;
   ready_views_[i] = v;
@@ -434,15 +452,21 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
   }
   const dtype wire = policy_.wire(plan.type);
   bool started = false;
+  bool packing = true;  // false while pack() starts the bucket's operation from the gradients in place
   try {
     if (const bucket_hook hook = pack_hook()) hook(comm_.rank(), b);
-    pack(b, st, plan, wire, now, started);
+    pack(b, st, plan, wire, now, started, packing);
   } catch (const std::exception& e) {
-    // Packing failed on this rank alone maybe (memory for the bucket on a GPU): the bucket's
-    // operation carries that to every rank, which raise it at the pass's end, rather than wait
-    // for a bucket this rank never started or pair it with this rank's next one.
-    return start_failed(21, "packing bucket " + std::to_string(b) + " failed on this rank: " + e.what(),
-                        "Free memory on that rank (or make the buckets smaller: bucket_bytes), then go on");
+    if (!packing) throw;  // the operation's own error, raised as it raises them
+    // Packing failed on this rank alone maybe (memory for the bucket on a GPU), before the bucket's
+    // operation started. As an error inside an operation, it aborts the communicator: the ranks
+    // waiting in this bucket raise at once, rather than pair it with this rank's next one.
+    const std::string why =
+        "packing bucket " + std::to_string(b) + " failed on rank " + std::to_string(comm_.rank()) + ": " + e.what();
+    comm_.abort(why);
+    raise({"distributed_optimizer", comm_.rank(), comm_.size()}, why,
+          "Free memory on that rank (or make the buckets smaller: bucket_bytes), renew the communicator on every rank "
+          "(comm.renew(), as herd::run_elastic does) and go on");
   }
   if (started) return;
   call_check fine(op_kind::allreduce, comm_.rank(), comm_.size());
@@ -451,7 +475,7 @@ template <communicator C> void reducer<C>::launch(std::size_t b, bool now) {
 
 template <communicator C>
 void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bucket& plan, dtype wire, bool now,
-                      bool& started) {
+                      bool& started, bool& packing) {
   movers_.with_device(comm_, checks_.where(), [&](auto& mover) {
     mover.begin();
     if (sums()) {
@@ -461,10 +485,14 @@ void reducer<C>::pack(std::size_t b, bucket_operation& st, const bucket_plan::bu
     }
     const bool as_is = policy_.as_is(plan.type);
     st.in_place = as_is && lives_in_place(plan, marked_, ready_views_);
-    if (as_is && !st.in_place && st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type), now)) {
-      mover.finish();
-      started = true;
-      return;
+    if (as_is && !st.in_place) {
+      packing = false;
+      started = st.start_from_gradients(comm_, plan, marked_, ready_views_, policy_.wire_op(plan.type), now);
+      packing = !started;
+      if (started) {
+        mover.finish();
+        return;
+      }
     }
     if (st.in_place) {
       mover.finish();

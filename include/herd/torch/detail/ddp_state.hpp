@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -287,7 +288,7 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
                   : "parameter " + names[i] + " has a sparse gradient, and is not the weight of an Embedding or "
                     "EmbeddingBag with sparse=true, whose gradients herd's DDP reduces as sparse ones (as DDP's "
                     "expect_sparse_gradient); its bucket holds a dense gradient";
-    {
+    if (comm->size() > 1) {  // (at one rank no one waits: the wrapper goes on, as after an agreed error)
       std::lock_guard lock(mutex);
       if (prepared && unfinished.empty()) unfinished = "the last backward pass raised on this rank (" + what + ")";
     }
@@ -317,12 +318,12 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     try {
       if (first && find_unused) mark_unreached();
       mark_ready(i);
-    } catch (const herd::argument_error&) {
+    } catch (...) {
       // Backward fails here, so the callback that ends the pass will not run. An agreed error
-      // before this pass's reduction started (the first step's check, failed on every rank alike)
-      // lets the wrapper go on; any other, on this rank alone maybe, leaves the pass queued, and the
-      // next forward refuses (refuse_after_an_unfinished_pass).
-      if (!reducer.pass_open()) queued = false;
+      // before this pass's reduction started (the first step's check, failed on every rank alike),
+      // or any error at one rank, lets the wrapper go on; any other, on this rank alone maybe,
+      // leaves the pass queued, and the next forward refuses (refuse_after_an_unfinished_pass).
+      if (!reducer.pass_open() && (comm->size() == 1 || raised_alike(std::current_exception()))) queued = false;
       throw;
     }
   }
@@ -440,9 +441,10 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
   }
 
   // At the end of backward: waits for the buckets and writes the averages into the gradients. An
-  // error every rank raised alike (herd::argument_error: the reducer ended the pass on every rank)
-  // lets the wrapper go on; any other, raised on this rank alone maybe before or between the
-  // pass's collectives, makes the next forward refuse, as after a backward that raised.
+  // error every rank raised alike (herd::argument_error: the reducer ended the pass on every rank),
+  // or any error at one rank, lets the wrapper go on; any other, raised on this rank alone maybe
+  // before or between the pass's collectives, makes the next forward refuse, as after a backward
+  // that raised.
   void finish() {
     std::lock_guard lock(mutex);
     queued = false;
@@ -450,11 +452,21 @@ template <communicator C> struct ddp_state final : herd::detail::join_hook {
     forward_since_reduction = false;
     try {
       finish_pass();
-    } catch (const herd::argument_error&) {
-      throw;
     } catch (const std::exception& e) {
-      if (unfinished.empty()) unfinished = std::string("the end of the last backward pass raised on this rank (") + e.what() + ")";
+      if (comm->size() > 1 && !raised_alike(std::current_exception()) && unfinished.empty())
+        unfinished = std::string("the end of the last backward pass raised on this rank (") + e.what() + ")";
       throw;
+    }
+  }
+
+  // Whether `e` is an error every rank raised alike, after an agreement (herd::argument_error).
+  static bool raised_alike(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const herd::argument_error&) {
+      return true;
+    } catch (...) {
+      return false;
     }
   }
 
