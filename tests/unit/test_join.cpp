@@ -5,12 +5,15 @@
 
 #include <herd/herd.hpp>
 
+#include "../support/checks.hpp"
 #include "../support/reference.hpp"
 #include "../support/tiny_mlp.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -108,4 +111,43 @@ TEST_CASE("join: needs uneven_inputs") {
     herd::distributed_optimizer plain(sgd, model.grads(), comm);
     CHECK_THROWS_WITH_AS(plain.join(), doctest::Contains("needs optimizer_options::uneven_inputs"), herd::error);
   });
+}
+
+// A rank that joined and cannot read its gradients (its source raises) in a round the others reduce
+// in buckets: every rank raises, the others naming it; in the first round its first check carries
+// it, later its buckets do. The joined rank once finished a pass it had not opened, with the last
+// one's state, and its buckets went out of step with the others'.
+TEST_CASE("join: a joined rank whose gradients cannot be read raises on every rank, with buckets") {
+  for (const int fail_from : {0, 1}) {
+    std::atomic<int> round{0};
+    herd::local::run(3, [&](herd::local_communicator& comm) {
+      herd_test::tiny_mlp model(5, 7, 2, 3);
+      auto sgd = herd::sgd(model.params(), model.grads(), {.lr = 0.1});
+      const bool joined = comm.rank() == 2;
+      auto source = [&] {
+        if (joined && round.load() >= fail_from) throw std::runtime_error("the joined rank's gradients are gone");
+        return model.grads();
+      };
+      herd::optimizer_options options{.uneven_inputs = true};
+      options.bucket_bytes = 100;  // several buckets
+      options.first_bucket_bytes = 60;
+      herd::distributed_optimizer opt(sgd, source, comm, options);
+      const herd_test::regression_data data(64, 5, 2, 17);
+      std::string message = "(no error)";
+      if (joined) {
+        message = herd_test::error_of([&] { opt.join(); });
+      } else {
+        message = herd_test::error_of([&] {
+          for (int k = 0; k < 3; ++k) {
+            if (comm.rank() == 0) round = k;
+            model.forward_backward(data, static_cast<std::size_t>(8 * k), static_cast<std::size_t>(8 * k + 4));
+            for (std::size_t i = 4; i-- > 0;) opt.mark_ready(i);
+            opt.step();
+          }
+        });
+      }
+      INFO("rank ", comm.rank(), ", failing from round ", fail_from, ": ", message);
+      CHECK(herd_test::has(message, joined ? "the joined rank's gradients are gone" : "rank 2"));
+    });
+  }
 }

@@ -377,16 +377,17 @@ TEST_CASE("a gradient source that raises on one rank raises on every rank, and t
   struct scenario {
     std::string name;
     int passes;      // backward_passes_per_step
-    bool marks;      // mark_ready(0, view) in each pass
+    int marks;       // 0: none; 1: mark_ready(0, view) in each pass; 2: mark_ready(0), which reads the source
     int fail_pass;   // the pass whose read raises on rank 1
     int raise_pass;  // the pass whose step() (or mark) raises on every rank: the first check's at once,
                      // a later pass held back's at its round's reduction
   };
-  const scenario scenarios[] = {{"first check, at step()", 1, false, 0, 0},
-                                {"a later step's reduction", 1, false, 2, 2},
-                                {"first check, at the first mark", 1, true, 0, 0},
-                                {"first check, in a pass held back", 2, false, 0, 0},
-                                {"a later pass held back", 2, false, 2, 3}};
+  const scenario scenarios[] = {{"first check, at step()", 1, 0, 0, 0},
+                                {"a later step's reduction", 1, 0, 2, 2},
+                                {"first check, at the first mark", 1, 1, 0, 0},
+                                {"a later mark that reads the source", 1, 2, 2, 2},
+                                {"first check, in a pass held back", 2, 0, 0, 0},
+                                {"a later pass held back", 2, 0, 2, 3}};
   for (const scenario& sc : scenarios) {
     for (const int ranks : {2, 3}) {
       herd::local::run(ranks, [&](herd::local_communicator& comm) {
@@ -400,6 +401,10 @@ TEST_CASE("a gradient source that raises on one rank raises on every rank, and t
         };
         herd::distributed_optimizer opt(inner, source, comm,
                                         {.backward_passes_per_step = sc.passes, .accumulate = herd::accumulation::by_copy});
+        auto mark = [&](int how) {
+          if (how == 1) opt.mark_ready(0, herd::views(g)[0]);
+          if (how == 2) opt.mark_ready(0);
+        };
         const double mean_rank = 0.5 * (comm.size() - 1);
         int in_round = 0, rounds = 0;
         double pass_sum = 0;  // of the round's pass numbers
@@ -409,7 +414,7 @@ TEST_CASE("a gradient source that raises on one rank raises on every rank, and t
           INFO(sc.name, ", rank ", comm.rank(), " of ", comm.size(), ", pass ", pass);
           if (pass == sc.raise_pass) {  // the round is abandoned on every rank
             const std::string message = herd_test::error_of([&] {
-              if (sc.marks) opt.mark_ready(0, herd::views(g)[0]);
+              mark(sc.marks);
               opt.step();
             });
             INFO(message);
@@ -417,7 +422,7 @@ TEST_CASE("a gradient source that raises on one rank raises on every rank, and t
             in_round = 0, pass_sum = 0;
             continue;
           }
-          if (sc.marks) opt.mark_ready(0, herd::views(g)[0]);
+          mark(sc.marks);
           const bool last = in_round == sc.passes - 1;
           CHECK(opt.step() == last);
           pass_sum += pass;
