@@ -2090,10 +2090,11 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return next_seq_;
   }
-  // The first operation issued here that has not finished: the one the progress thread runs, else
-  // the first queued, else the next to be issued. An abort made outside any operation names it, so
-  // that peers waiting in an operation this rank queued but will never run learn of the abort.
+  // The first operation issued here that has not finished: the one this thread runs, else the one
+  // the progress thread runs, else the first queued, else the next to be issued. What an abort
+  // names, so that peers waiting in an operation this rank queued but will never run learn of it.
   std::uint64_t first_unfinished() const {
+    if (in_operation()) return current_.seq;
     std::lock_guard lock(mutex_);
     if (running_seq_ != 0) return running_seq_;
     return queue_.empty() ? next_seq_ : queue_.front()->seq;
@@ -4656,7 +4657,7 @@ HERD_SEPARATE void local_communicator::abort(std::string_view reason) noexcept {
   if (!ops_) return;
   ops_->mark_aborted(reason);
   try {
-    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->first_unfinished(), std::string(reason));
+    world_->abort_operation(rank_, ops_->first_unfinished(), std::string(reason));
   } catch (...) {
     world_->fail("a rank could not record an abort (out of memory)");
   }
@@ -5981,9 +5982,7 @@ HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason
   const bool before = s.ops.aborted();
   s.ops.mark_aborted(reason);
   std::uint64_t seq = s.aborted_seq;
-  if (s.ops.in_operation()) {
-    seq = s.ops.current().seq;
-  } else if (!before) {
+  if (s.ops.in_operation() || !before) {
     try {
       seq = s.ops.first_unfinished();
     } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless
@@ -16509,14 +16508,26 @@ class adamw {
 // Each checks first that every rank holds the same list of tensors (count, sizes, dtypes).
 
 
+#include <string>
 #include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// broadcast_parameters' check and broadcasts; `local_fault`: what this rank found wrong with its
+// tensors before (an adapter's refusal), raised on every rank in that check.
+template <communicator C>
+void broadcast_tensors(const std::vector<buffer_view>& params, C& comm, int root, const std::string& local_fault = {}) {
+  require_same_tensors(params, comm, "broadcast_parameters", "parameter", local_fault);
+  for (buffer_view p : params) herd::broadcast(p, comm, root);
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
 
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
-  detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
-  for (buffer_view p : params) broadcast(p, comm, root);
+  detail::broadcast_tensors(params, comm, root);
 }
 
 // The values of a parameters list (its gradients stay as they are).
@@ -16561,8 +16572,8 @@ HERD_CONFIG_NAMESPACE_END
 namespace herd {
 namespace detail {
 
-// The sum of the squares of every element (the gradients checked already).
-inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
+// The sum of the squares of every element (of gradients checked already).
+inline double squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -16574,10 +16585,6 @@ inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
   return sum;
 }
 
-inline double squared_norm(const std::vector<buffer_view>& grads) {
-  require_host_tensors(grads, "clip_grad_norm", "gradient");
-  return unchecked_squared_norm(grads);
-}
 
 // Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
 // f64 gradients get it in double.
@@ -16604,6 +16611,7 @@ inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, do
 
 // Clips gradients every rank holds whole; returns their total norm.
 inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
+  detail::require_host_tensors(grads, "clip_grad_norm", "gradient");
   return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
 }
 
@@ -16620,7 +16628,7 @@ template <communicator C> double global_squared_norm(const std::vector<buffer_vi
   if (host_tensors_fault fault = find_host_tensors_fault(grads, "gradient"); !fault.what.empty()) {
     check.fail(fault.code, "clip_grad_norm: " + fault.what, fault.todo);
   } else {
-    squares = unchecked_squared_norm(grads);
+    squares = squared_norm(grads);
   }
   allreduce_checked(std::move(check), buffer_view{&squares, 1, dtype::f64, device::cpu()}, comm, reduce_op::sum);
   return squares;

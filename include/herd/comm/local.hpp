@@ -623,7 +623,7 @@ HERD_SEPARATE void local_communicator::abort(std::string_view reason) noexcept {
   if (!ops_) return;
   ops_->mark_aborted(reason);
   try {
-    world_->abort_operation(rank_, ops_->in_operation() ? ops_->current().seq : ops_->first_unfinished(), std::string(reason));
+    world_->abort_operation(rank_, ops_->first_unfinished(), std::string(reason));
   } catch (...) {
     world_->fail("a rank could not record an abort (out of memory)");
   }

@@ -18,14 +18,26 @@
 #include <herd/optim/parameters.hpp>
 #include <herd/tensor/buffer_view.hpp>
 
+#include <string>
 #include <vector>
+
+namespace herd::detail {
+HERD_CONFIG_NAMESPACE_BEGIN
+// broadcast_parameters' check and broadcasts; `local_fault`: what this rank found wrong with its
+// tensors before (an adapter's refusal), raised on every rank in that check.
+template <communicator C>
+void broadcast_tensors(const std::vector<buffer_view>& params, C& comm, int root, const std::string& local_fault = {}) {
+  require_same_tensors(params, comm, "broadcast_parameters", "parameter", local_fault);
+  for (buffer_view p : params) herd::broadcast(p, comm, root);
+}
+HERD_CONFIG_NAMESPACE_END
+}  // namespace herd::detail
 
 namespace herd {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 template <communicator C> void broadcast_parameters(const std::vector<buffer_view>& params, C& comm, int root = 0) {
-  detail::require_same_tensors(params, comm, "broadcast_parameters", "parameter");
-  for (buffer_view p : params) broadcast(p, comm, root);
+  detail::broadcast_tensors(params, comm, root);
 }
 
 // The values of a parameters list (its gradients stay as they are).

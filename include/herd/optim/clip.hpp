@@ -27,8 +27,8 @@
 namespace herd {
 namespace detail {
 
-// The sum of the squares of every element (the gradients checked already).
-inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
+// The sum of the squares of every element (of gradients checked already).
+inline double squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -40,10 +40,6 @@ inline double unchecked_squared_norm(const std::vector<buffer_view>& grads) {
   return sum;
 }
 
-inline double squared_norm(const std::vector<buffer_view>& grads) {
-  require_host_tensors(grads, "clip_grad_norm", "gradient");
-  return unchecked_squared_norm(grads);
-}
 
 // Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
 // f64 gradients get it in double.
@@ -70,6 +66,7 @@ inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, do
 
 // Clips gradients every rank holds whole; returns their total norm.
 inline double clip_grad_norm(const std::vector<buffer_view>& grads, double max_norm) {
+  detail::require_host_tensors(grads, "clip_grad_norm", "gradient");
   return detail::clip_by(grads, max_norm, std::sqrt(detail::squared_norm(grads)));
 }
 
@@ -86,7 +83,7 @@ template <communicator C> double global_squared_norm(const std::vector<buffer_vi
   if (host_tensors_fault fault = find_host_tensors_fault(grads, "gradient"); !fault.what.empty()) {
     check.fail(fault.code, "clip_grad_norm: " + fault.what, fault.todo);
   } else {
-    squares = unchecked_squared_norm(grads);
+    squares = squared_norm(grads);
   }
   allreduce_checked(std::move(check), buffer_view{&squares, 1, dtype::f64, device::cpu()}, comm, reduce_op::sum);
   return squares;

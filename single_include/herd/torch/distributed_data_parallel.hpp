@@ -431,8 +431,7 @@ template <communicator C> void broadcast_module(::torch::nn::Module& module, C& 
   if (buffers) {
     for (auto& b : module.buffers()) staged.add_or_keep_fault(b);
   }
-  require_same_tensors(staged.views(), comm, "broadcast_parameters", "parameter", staged.fault());
-  for (buffer_view v : staged.views()) herd::broadcast(v, comm, root);
+  broadcast_tensors(staged.views(), comm, root, staged.fault());
   staged.write_back();
 }
 

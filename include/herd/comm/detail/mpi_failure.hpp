@@ -813,9 +813,7 @@ HERD_SEPARATE std::uint64_t announce_abort(mpi_state& s, std::string_view reason
   const bool before = s.ops.aborted();
   s.ops.mark_aborted(reason);
   std::uint64_t seq = s.aborted_seq;
-  if (s.ops.in_operation()) {
-    seq = s.ops.current().seq;
-  } else if (!before) {
+  if (s.ops.in_operation() || !before) {
     try {
       seq = s.ops.first_unfinished();
     } catch (...) {  // its lock failed: abort #0, which every peer's wait takes as hopeless

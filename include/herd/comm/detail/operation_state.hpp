@@ -292,10 +292,11 @@ class operation_state {
     std::lock_guard lock(mutex_);
     return next_seq_;
   }
-  // The first operation issued here that has not finished: the one the progress thread runs, else
-  // the first queued, else the next to be issued. An abort made outside any operation names it, so
-  // that peers waiting in an operation this rank queued but will never run learn of the abort.
+  // The first operation issued here that has not finished: the one this thread runs, else the one
+  // the progress thread runs, else the first queued, else the next to be issued. What an abort
+  // names, so that peers waiting in an operation this rank queued but will never run learn of it.
   std::uint64_t first_unfinished() const {
+    if (in_operation()) return current_.seq;
     std::lock_guard lock(mutex_);
     if (running_seq_ != 0) return running_seq_;
     return queue_.empty() ? next_seq_ : queue_.front()->seq;
