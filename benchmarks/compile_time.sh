@@ -117,7 +117,9 @@ for line in sys.stdin:
     if "/herd/" in parent and "/herd/" not in path and path not in seen:
         seen.add(path)
         out.append(path)
-sys.stdout.write("".join(f"#include \"{h}\"\n" for h in out) + "int main() {}\n")' <<<"$tree" >"$4"
+# herd includes mpi.h without the MPI C++ bindings (comm/detail/mpi_header.hpp), and so does this file.
+skip = "#define MPICH_SKIP_MPICXX 1\n#define OMPI_SKIP_MPICXX 1\n"
+sys.stdout.write(skip + "".join(f"#include \"{h}\"\n" for h in out) + "int main() {}\n")' <<<"$tree" >"$4"
 }
 system_headers_of "$cxx" "-I$include $mpi_flags" "$work/herd_include.cpp" "$work/herd_system_headers.cpp"
 [[ -x "$nvcc" ]] && system_headers_of "$nvcc" "-I$include $mpi_flags" "$work/herd_include.cu" "$work/herd_system_headers.cu"
@@ -128,6 +130,7 @@ cases=(
   "<Eigen/Dense>|$cxx|$eigen_flags|$work/eigen.cpp|/usr/include/eigen3/Eigen/Dense"
   "<torch/torch.h>|$cxx|$torch_flags|$work/torch.cpp|/usr/include/torch/csrc/api/include/torch/torch.h"
   "herd include-only|$cxx|-I$include $mpi_flags|$work/herd_include.cpp|"
+  "herd include-only, HERD_SEPARATE_COMPILATION|$cxx|-I$include $mpi_flags -DHERD_SEPARATE_COMPILATION|$work/herd_include.cpp|"
   "the system headers herd includes, without herd|$cxx|$mpi_flags|$work/herd_system_headers.cpp|$work/herd_system_headers.cpp"
   "herd include-only, the quickstart's two headers|$cxx|-I$include $mpi_flags|$work/herd_feature_include.cpp|$include/herd/comm/mpi.hpp"
   "one allreduce|$cxx|-I$include $mpi_flags|$work/one_allreduce.cpp|"

@@ -2042,15 +2042,7 @@ class operation_state {
   explicit operation_state(const comm_options& options) : options_(options) {}
   operation_state(const operation_state&) = delete;
   operation_state& operator=(const operation_state&) = delete;
-  ~operation_state() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_.store(true, std::memory_order_release);
-    }
-    wake_.notify_all();
-    if (worker_.joinable()) worker_.join();
-    news_->close();
-  }
+  ~operation_state();
 
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
@@ -2200,71 +2192,18 @@ class operation_state {
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
-  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site) {
-    const issuing claim(*this, site);
-    std::unique_lock lock(mutex_);
-    queued_ever_.store(true, std::memory_order_relaxed);
-    refuse_nesting();
-    if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
-    return enqueue(lock, std::move(f));
-  }
+  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site);
 
   // Waits for op (running queued operations on this thread when there is no progress thread) and
   // rethrows its failure; `heard`: the caller passes it on (not a handle dropped unwaited).
-  void wait(queued_operation& op, bool heard = true) {
-    if (op.done.load(std::memory_order_acquire)) {
-      // Done: nothing else of this state is touched (a handle may outlive its communicator).
-    } else if (options_.progress_thread) {
-      // An operation the progress thread has not taken yet runs here, after any queued before it:
-      // this thread would only wait for it, and running it saves the two hand-overs (the thread
-      // taking it, then waking this one), which cost microseconds when the ranks' threads share
-      // the cores. One the thread runs now is waited for: operations never run concurrently.
-      {
-        std::unique_lock lock(mutex_);
-        while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
-      }
-      // Woken by this operation's completion only, not by every other one's (after a spin: it is
-      // often microseconds away).
-      if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
-        op.done.wait(false, std::memory_order_acquire);
-      }
-    } else if (!op.done.load(std::memory_order_acquire)) {
-      std::unique_lock lock(mutex_);
-      while (!op.done.load(std::memory_order_acquire)) {
-        if (!options_.progress_thread && !busy_ && !queue_.empty()) {
-          run_next(lock);
-        } else {
-          wake_.wait(lock);
-        }
-      }
-    }
-    if (op.failure) {
-      if (heard && op.failure_repeats) op.news->hear();
-      std::rethrow_exception(op.failure);
-    }
-  }
+  void wait(queued_operation& op, bool heard = true);
 
   // Whether op has finished; without a progress thread, first runs the queue up to op (which may
   // wait for the other ranks, as wait() does).
-  bool test(queued_operation& op) {
-    if (op.done.load(std::memory_order_acquire)) return true;
-    if (options_.progress_thread) return false;
-    std::unique_lock lock(mutex_);
-    while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
-    return op.done.load(std::memory_order_acquire);
-  }
+  bool test(queued_operation& op);
 
   // Runs or waits out every queued operation; their failures stay with their handles.
-  void drain() noexcept {
-    std::unique_lock lock(mutex_);
-    while (busy_ || !queue_.empty()) {
-      if (!options_.progress_thread && !busy_) {
-        run_next(lock);
-      } else {
-        wake_.wait(lock);
-      }
-    }
-  }
+  void drain() noexcept;
 
  private:
   // The operation state whose operation this thread runs now.
@@ -2305,66 +2244,16 @@ class operation_state {
     bool claimed_ = false;
   };
 
-  void refuse_nesting() const {
-    if (busy_ && runner_ == std::this_thread::get_id()) {
-      throw error("herd: an operation was started from inside another operation of the same communicator. "
-                  "Start it after the first one returns.");
-    }
-  }
+  void refuse_nesting() const;
 
-  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f) {
-    auto op = std::make_shared<queued_operation>();
-    op->seq = next_seq_++;
-    op->work = std::move(f);
-    op->news = news_;
-    queue_.push_back(op);
-    queued_.fetch_add(1, std::memory_order_release);
-    wake_.notify_all();
-    return op;
-  }
+  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f);
 
   // Runs the first queued operation on this thread (the lock is released meanwhile).
-  void run_next(std::unique_lock<std::mutex>& lock) {
-    auto op = std::move(queue_.front());
-    queue_.pop_front();
-    queued_.fetch_sub(1, std::memory_order_relaxed);
-    busy_ = true;
-    runner_ = std::this_thread::get_id();
-    running_seq_ = op->seq;
-    lock.unlock();
-    try {
-      op->work(op->seq);
-    } catch (...) {
-      op->failure = std::current_exception();
-      op->failure_repeats = aborted();
-    }
-    op->work = nullptr;  // drops what the work captured
-    lock.lock();
-    op->done.store(true, std::memory_order_release);
-    op->done.notify_all();
-    busy_ = false;
-    runner_ = {};
-    running_seq_ = 0;
-    wake_.notify_all();
-  }
+  void run_next(std::unique_lock<std::mutex>& lock);
 
   // The progress thread: runs queued operations in order; between them it spins a while before it
   // sleeps (the next bucket of a backward pass is usually on its way).
-  void work() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      if (!busy_ && !queue_.empty()) {
-        run_next(lock);
-        continue;
-      }
-      if (stopping_ && queue_.empty()) return;
-      lock.unlock();
-      spin_until([&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_.load(std::memory_order_acquire); },
-                 handoff_spin);
-      lock.lock();
-      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
-    }
-  }
+  void work();
 
   comm_options options_;
   std::uint32_t track_ = trace::new_track();
@@ -2391,6 +2280,143 @@ class operation_state {
   std::thread worker_;
   std::shared_ptr<abort_news> news_ = std::make_shared<abort_news>();
 };
+
+// The members above that queue, run and wait for operations and that end the progress thread:
+// inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation file
+// (core/config.hpp). Each runs once per operation, not per element: a call costs nothing here.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE operation_state::~operation_state() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_.store(true, std::memory_order_release);
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  news_->close();
+}
+
+HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::submit(std::function<void(std::uint64_t)> f,
+                                                                   const error_site& site) {
+  const issuing claim(*this, site);
+  std::unique_lock lock(mutex_);
+  queued_ever_.store(true, std::memory_order_relaxed);
+  refuse_nesting();
+  if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
+  return enqueue(lock, std::move(f));
+}
+
+HERD_SEPARATE void operation_state::wait(queued_operation& op, bool heard) {
+  if (op.done.load(std::memory_order_acquire)) {
+    // Done: nothing else of this state is touched (a handle may outlive its communicator).
+  } else if (options_.progress_thread) {
+    // An operation the progress thread has not taken yet runs here, after any queued before it:
+    // this thread would only wait for it, and running it saves the two hand-overs (the thread
+    // taking it, then waking this one), which cost microseconds when the ranks' threads share
+    // the cores. One the thread runs now is waited for: operations never run concurrently.
+    {
+      std::unique_lock lock(mutex_);
+      while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+    }
+    // Woken by this operation's completion only, not by every other one's (after a spin: it is
+    // often microseconds away).
+    if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
+      op.done.wait(false, std::memory_order_acquire);
+    }
+  } else if (!op.done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(mutex_);
+    while (!op.done.load(std::memory_order_acquire)) {
+      if (!options_.progress_thread && !busy_ && !queue_.empty()) {
+        run_next(lock);
+      } else {
+        wake_.wait(lock);
+      }
+    }
+  }
+  if (op.failure) {
+    if (heard && op.failure_repeats) op.news->hear();
+    std::rethrow_exception(op.failure);
+  }
+}
+
+HERD_SEPARATE bool operation_state::test(queued_operation& op) {
+  if (op.done.load(std::memory_order_acquire)) return true;
+  if (options_.progress_thread) return false;
+  std::unique_lock lock(mutex_);
+  while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+  return op.done.load(std::memory_order_acquire);
+}
+
+HERD_SEPARATE void operation_state::drain() noexcept {
+  std::unique_lock lock(mutex_);
+  while (busy_ || !queue_.empty()) {
+    if (!options_.progress_thread && !busy_) {
+      run_next(lock);
+    } else {
+      wake_.wait(lock);
+    }
+  }
+}
+
+HERD_SEPARATE void operation_state::refuse_nesting() const {
+  if (busy_ && runner_ == std::this_thread::get_id()) {
+    throw error("herd: an operation was started from inside another operation of the same communicator. "
+                "Start it after the first one returns.");
+  }
+}
+
+HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::enqueue(std::unique_lock<std::mutex>&,
+                                                                    std::function<void(std::uint64_t)> f) {
+  auto op = std::make_shared<queued_operation>();
+  op->seq = next_seq_++;
+  op->work = std::move(f);
+  op->news = news_;
+  queue_.push_back(op);
+  queued_.fetch_add(1, std::memory_order_release);
+  wake_.notify_all();
+  return op;
+}
+
+HERD_SEPARATE void operation_state::run_next(std::unique_lock<std::mutex>& lock) {
+  auto op = std::move(queue_.front());
+  queue_.pop_front();
+  queued_.fetch_sub(1, std::memory_order_relaxed);
+  busy_ = true;
+  runner_ = std::this_thread::get_id();
+  running_seq_ = op->seq;
+  lock.unlock();
+  try {
+    op->work(op->seq);
+  } catch (...) {
+    op->failure = std::current_exception();
+    op->failure_repeats = aborted();
+  }
+  op->work = nullptr;  // drops what the work captured
+  lock.lock();
+  op->done.store(true, std::memory_order_release);
+  op->done.notify_all();
+  busy_ = false;
+  runner_ = {};
+  running_seq_ = 0;
+  wake_.notify_all();
+}
+
+HERD_SEPARATE void operation_state::work() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (!busy_ && !queue_.empty()) {
+      run_next(lock);
+      continue;
+    }
+    if (stopping_ && queue_.empty()) return;
+    lock.unlock();
+    spin_until(
+        [&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_.load(std::memory_order_acquire); },
+        handoff_spin);
+    lock.lock();
+    wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
+  }
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 
@@ -2841,110 +2867,25 @@ class shm_segment {
   // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
   // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
   // anonymous segment (which the others reach through /proc, only in the same PID namespace).
-  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
-    shm_segment s;
-    int fd = -1;
-#if defined(MFD_CLOEXEC)
-    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
-    if (fd >= 0) {
-      s.fd_ = fd;
-      s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
-    }
-#endif
-    if (fd < 0) {
-      static std::atomic<unsigned> counter{0};
-      const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
-      s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
-      fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) {
-        problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
-        return {};
-      }
-      s.linked_ = true;
-    }
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
-    } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
-      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
-                " (is there that much memory, or room in /dev/shm?)";
-    } else {
-      s.map(fd, bytes, problem);
-    }
-    if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) {
-      s.reset();
-      return {};
-    }
-    s.identity_.token[0] = random_word();
-    s.identity_.token[1] = random_word();
-    s.identity_.bytes = bytes;
-    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
-    return s;
-  }
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false);
 
   // Maps the segment another rank of the node created (while it still holds its name), once it
   // found there the identity the creator sent: a file of another size, or of another identity, is
   // left untouched (never written) and is a problem.
-  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
-    const bool anonymous = name.rfind("/proc/", 0) == 0;
-    const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
-      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
-      return {};
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
-      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
-                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
-                           : ")");
-      ::close(fd);
-      return {};
-    }
-    shm_segment s;
-    s.map(fd, bytes, problem);
-    ::close(fd);
-    if (!problem.empty()) return {};
-    identity found;
-    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
-    if (!(found == expected)) {
-      problem = name + " is not the node's segment (its identity differs" +
-                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
-                                        "namespace?)"
-                                      : ")");
-      s.reset();
-      return {};
-    }
-    s.identity_ = expected;
-    return s;
-  }
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem);
 
   const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
-  void release_name() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    if (linked_) ::shm_unlink(name_.c_str());
-    linked_ = false;
-  }
+  void release_name() noexcept;
 
   std::byte* data() const noexcept { return base_; }
   const std::string& name() const noexcept { return name_; }
   explicit operator bool() const noexcept { return base_ != nullptr; }
 
  private:
-  void map(int fd, std::size_t bytes, std::string& problem) {
-    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (at == MAP_FAILED) {
-      problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
-      return;
-    }
-    base_ = static_cast<std::byte*>(at);
-    bytes_ = bytes;
-  }
+  void map(int fd, std::size_t bytes, std::string& problem);
 
   void reset() noexcept {
     release_name();
@@ -2956,16 +2897,7 @@ class shm_segment {
   // Eight bytes from the kernel's generator (read from /dev/urandom, not through <random>, which
   // costs every file that includes herd a tenth of a second to parse); the clock and a counter
   // where it cannot be read.
-  static std::uint64_t random_word() {
-    std::uint64_t word = 0;
-    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
-    if (fd >= 0) ::close(fd);
-    if (read_all) return word;
-    static std::atomic<std::uint64_t> calls{0};
-    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
-  }
+  static std::uint64_t random_word();
 
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
@@ -2974,6 +2906,115 @@ class shm_segment {
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
+
+// shm_segment's members that create, open, map and name segments: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE shm_segment shm_segment::create(std::size_t bytes, std::string& problem, bool named) {
+  shm_segment s;
+  int fd = -1;
+#if defined(MFD_CLOEXEC)
+  if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
+  if (fd >= 0) {
+    s.fd_ = fd;
+    s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
+  }
+#endif
+  if (fd < 0) {
+    static std::atomic<unsigned> counter{0};
+    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+    s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+              std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
+    fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    s.linked_ = true;
+  }
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+  } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
+    problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
+              " (is there that much memory, or room in /dev/shm?)";
+  } else {
+    s.map(fd, bytes, problem);
+  }
+  if (s.fd_ < 0) ::close(fd);
+  if (!problem.empty()) {
+    s.reset();
+    return {};
+  }
+  s.identity_.token[0] = random_word();
+  s.identity_.token[1] = random_word();
+  s.identity_.bytes = bytes;
+  std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
+  return s;
+}
+
+HERD_SEPARATE shm_segment shm_segment::open(const std::string& name, std::size_t bytes, const identity& expected,
+                                           std::string& problem) {
+  const bool anonymous = name.rfind("/proc/", 0) == 0;
+  const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+    if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+    return {};
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+    problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+              (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                         : ")");
+    ::close(fd);
+    return {};
+  }
+  shm_segment s;
+  s.map(fd, bytes, problem);
+  ::close(fd);
+  if (!problem.empty()) return {};
+  identity found;
+  std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+  if (!(found == expected)) {
+    problem = name + " is not the node's segment (its identity differs" +
+              std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                      "namespace?)"
+                                    : ")");
+    s.reset();
+    return {};
+  }
+  s.identity_ = expected;
+  return s;
+}
+
+HERD_SEPARATE void shm_segment::release_name() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+HERD_SEPARATE void shm_segment::map(int fd, std::size_t bytes, std::string& problem) {
+  void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
+    return;
+  }
+  base_ = static_cast<std::byte*>(at);
+  bytes_ = bytes;
+}
+
+HERD_SEPARATE std::uint64_t shm_segment::random_word() {
+  std::uint64_t word = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
+  if (fd >= 0) ::close(fd);
+  if (read_all) return word;
+  static std::atomic<std::uint64_t> calls{0};
+  const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
 inline constexpr std::size_t shm_header_bytes = 256;
@@ -4038,7 +4079,10 @@ std::vector<split_request> agree_split(C& comm, const split_request& mine, std::
   return requests;
 }
 
-// The ranks that asked for `color`, in their new order: by key, then by rank.
+// The ranks that asked for `color`, in their new order: by key, then by rank. Only the
+// communicators' split_by calls it, which is defined where HERD_SEPARATE_DEFINITIONS is (inline,
+// or only in the implementation file: core/config.hpp), and so is it.
+#if defined(HERD_SEPARATE_DEFINITIONS)
 inline std::vector<int> split_members(std::span<const split_request> requests, int color) {
   std::vector<int> members;
   for (std::size_t r = 0; r < requests.size(); ++r)
@@ -4048,6 +4092,7 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
   });
   return members;
 }
+#endif
 
 }  // namespace herd::detail
 
@@ -4470,10 +4515,7 @@ class local_communicator {
  private:
   // `renewed`: this rank's last completed operation of the communicator it renews, or null.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
-                     const detail::op_label* renewed)
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
-    detail::agree_creation(*this, runtime::defaults().problem, renewed);
-  }
+                     const detail::op_label* renewed);
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
@@ -4538,6 +4580,12 @@ class local_communicator {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
+                                                   const comm_options& options, const detail::op_label* renewed)
+    : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+  detail::agree_creation(*this, runtime::defaults().problem, renewed);
+}
 
 HERD_SEPARATE local_communicator::request local_communicator::isend(const void* data, std::size_t bytes, int peer, int tag) {
   detail::check_buffer("isend", rank_, size(), data, bytes);
@@ -5224,7 +5272,30 @@ inline int multiprocessors(int device) {
 //   an entry goes once every peer has said "done" or left, or when its communicator is destroyed.
 
 
+// ---- herd/comm/detail/mpi_header.hpp ----
+#ifndef HERD_COMM_DETAIL_MPI_HEADER_HPP
+#define HERD_COMM_DETAIL_MPI_HEADER_HPP
+// <mpi.h>, without the C++ bindings (MPI::Comm and the rest) that MPICH's and older Open MPI's
+// headers still bring by default. MPI-2.2 deprecated them and MPI-3.0 removed them from the
+// standard; herd calls the C functions only, and parsing the bindings cost every file that
+// includes herd about 0.2 s (benchmarks/RESULTS.md, compile times). A program that still uses
+// them defines HERD_MPI_CXX_BINDINGS, or includes <mpi.h> before herd: either way it gets them.
+
+#if !defined(HERD_MPI_CXX_BINDINGS)
+#if !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
+#if !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1
+#endif
+#endif
+
 #include <mpi.h>
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
+#endif
+
+#endif  // HERD_COMM_DETAIL_MPI_HEADER_HPP
 
 #include <algorithm>
 #include <atomic>
@@ -6077,11 +6148,6 @@ HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& o
 }  // namespace herd::detail
 
 #endif  // HERD_COMM_DETAIL_MPI_FAILURE_HPP
-
-#include <mpi.h>
-#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
-#endif
 
 #include <algorithm>
 #include <climits>
@@ -8347,76 +8413,24 @@ class call_check {
     todo_ = std::move(todo);
   }
 
-  void require_valid(const char* role, const const_buffer_view& v) {
-    if (!is_valid(v.type)) {
-      fail(1, std::string("the ") + role + " tensor has an invalid dtype (value " +
-                  std::to_string(static_cast<int>(v.type)) + ")",
-           "Return one of herd::dtype's values from tensor_traits::dtype");
-    } else if (v.data == nullptr && v.count != 0) {
-      fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
-                  " elements",
-           "Pass allocated memory, or a tensor of 0 elements");
-    } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
-      fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
-                   std::string(name(v.type)) + " overflow a byte count",
-           "Check the size its tensor_traits::size returns");
-    }
-  }
+  void require_valid(const char* role, const const_buffer_view& v);
 
-  void require_op(dtype t, reduce_op op) {
-    if (!ok()) return;
-    if (!is_valid(op)) {
-      fail(3, "invalid reduce_op (value " + std::to_string(static_cast<int>(op)) + ")",
-           "Use one of herd::reduce_op's values");
-    } else if (!supports(t, op)) {
-      fail(4, std::string("reduce_op::") + std::string(name(op)) + " is not defined on dtype " +
-                  std::string(name(t)),
-           "The bitwise ops band, bor and bxor take integer dtypes only; use sum, avg, min, max or prod");
-    }
-  }
+  void require_op(dtype t, reduce_op op);
 
   // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
-  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice) {
-    if (!ok() || reachable) return;
-    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
-         advice);
-  }
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice);
 
-  void require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
-    if (!ok() || in.device == out.device) return;
-    fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
-         "Put input and output on the same device");
-  }
+  void require_same_device(const const_buffer_view& in, const const_buffer_view& out);
 
-  void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
-    if (!ok() || in.type == out.type) return;
-    fail(6, "the input is " + std::string(name(in.type)) + " but the output is " + std::string(name(out.type)),
-         "Pass input and output tensors of the same dtype");
-  }
+  void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out);
 
-  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why) {
-    if (!ok() || actual == expected) return;
-    fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
-                std::to_string(expected) + " are needed (" + why + ")",
-         "Size the tensors as the collective requires");
-  }
+  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why);
 
   // Any overlap between the two, except the one exact aliasing `allowed` (nullptr: none allowed).
   void require_disjoint(const const_buffer_view& in, const const_buffer_view& out, const void* allowed,
-                        const char* allowed_text) {
-    if (!ok() || in.bytes() == 0 || out.bytes() == 0) return;
-    const auto* a = static_cast<const std::byte*>(in.data);
-    const auto* b = static_cast<const std::byte*>(out.data);
-    const bool overlap = a < b + out.bytes() && b < a + in.bytes();
-    if (!overlap || (allowed != nullptr && in.data == allowed)) return;
-    fail(8, "the input and output buffers overlap",
-         std::string("Use separate buffers") + (allowed_text ? std::string(", or ") + allowed_text : std::string()));
-  }
+                        const char* allowed_text);
 
-  void require_root(int root) {
-    if (!ok() || (root >= 0 && root < size_)) return;
-    fail(9, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(size_) + ")");
-  }
+  void require_root(int root);
 
   // The views of the call's tensors. An adapter that rejects its tensor (a strided DLPack tensor,
   // say) becomes a local fault here, reported to the other ranks like any other.
@@ -8452,6 +8466,81 @@ class call_check {
   std::string what_;
   std::string todo_;
 };
+
+// call_check's checks: inline, or with HERD_SEPARATE_COMPILATION only in the program's
+// implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE void call_check::require_valid(const char* role, const const_buffer_view& v) {
+  if (!is_valid(v.type)) {
+    fail(1, std::string("the ") + role + " tensor has an invalid dtype (value " +
+                std::to_string(static_cast<int>(v.type)) + ")",
+         "Return one of herd::dtype's values from tensor_traits::dtype");
+  } else if (v.data == nullptr && v.count != 0) {
+    fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
+                " elements",
+         "Pass allocated memory, or a tensor of 0 elements");
+  } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
+    fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
+                 std::string(name(v.type)) + " overflow a byte count",
+         "Check the size its tensor_traits::size returns");
+  }
+}
+
+HERD_SEPARATE void call_check::require_op(dtype t, reduce_op op) {
+  if (!ok()) return;
+  if (!is_valid(op)) {
+    fail(3, "invalid reduce_op (value " + std::to_string(static_cast<int>(op)) + ")",
+         "Use one of herd::reduce_op's values");
+  } else if (!supports(t, op)) {
+    fail(4, std::string("reduce_op::") + std::string(name(op)) + " is not defined on dtype " +
+                std::string(name(t)),
+         "The bitwise ops band, bor and bxor take integer dtypes only; use sum, avg, min, max or prod");
+  }
+}
+
+HERD_SEPARATE void call_check::require_reachable(const char* role, const const_buffer_view& v, bool reachable,
+                                                 const char* advice) {
+  if (!ok() || reachable) return;
+  fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
+       advice);
+}
+
+HERD_SEPARATE void call_check::require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
+  if (!ok() || in.device == out.device) return;
+  fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
+       "Put input and output on the same device");
+}
+
+HERD_SEPARATE void call_check::require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
+  if (!ok() || in.type == out.type) return;
+  fail(6, "the input is " + std::string(name(in.type)) + " but the output is " + std::string(name(out.type)),
+       "Pass input and output tensors of the same dtype");
+}
+
+HERD_SEPARATE void call_check::require_count(const char* role, std::size_t actual, std::size_t expected,
+                                             const char* why) {
+  if (!ok() || actual == expected) return;
+  fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
+              std::to_string(expected) + " are needed (" + why + ")",
+       "Size the tensors as the collective requires");
+}
+
+HERD_SEPARATE void call_check::require_disjoint(const const_buffer_view& in, const const_buffer_view& out,
+                                                const void* allowed, const char* allowed_text) {
+  if (!ok() || in.bytes() == 0 || out.bytes() == 0) return;
+  const auto* a = static_cast<const std::byte*>(in.data);
+  const auto* b = static_cast<const std::byte*>(out.data);
+  const bool overlap = a < b + out.bytes() && b < a + in.bytes();
+  if (!overlap || (allowed != nullptr && in.data == allowed)) return;
+  fail(8, "the input and output buffers overlap",
+       std::string("Use separate buffers") + (allowed_text ? std::string(", or ") + allowed_text : std::string()));
+}
+
+HERD_SEPARATE void call_check::require_root(int root) {
+  if (!ok() || (root >= 0 && root < size_)) return;
+  fail(9, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(size_) + ")");
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Raises on every rank if the ranks passed different arguments.
 HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);
@@ -8612,10 +8701,34 @@ void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
   }
 }
 
-// dst[i] = a[i] ∘ b[i] for i < n; dst may be a (any other overlap works too, but slowly). With avg_ranks > 0 (the last combination of an
-// avg) the result is also divided by avg_ranks. The caller has checked supports(t, op).
-inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
-                        int avg_ranks = 0) {
+// dst[i] = a[i] ∘ b[i] for i < n; dst may be a (any other overlap works too, but slowly). With
+// avg_ranks > 0 (the last combination of an avg) the result is also divided by avg_ranks. The
+// caller has checked supports(t, op).
+HERD_SEPARATE void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
+                               int avg_ranks = 0);
+
+// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
+// parts (the hierarchical allreduce).
+HERD_SEPARATE void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks);
+
+// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
+using operand_ref = function_ref<const std::byte*(int)>;
+
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+HERD_SEPARATE void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand,
+                                        std::size_t n, int avg_ranks);
+
+}  // namespace herd::detail
+
+// The definitions: inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation
+// file (core/config.hpp). host_reduce instantiates the loops for every dtype and operation, which
+// a file that includes herd would otherwise analyse whether it reduces anything or not.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
+                               int avg_ranks) {
   if (n == 0) return;
   visit(t, [&](auto element) {
     using T = decltype(element);
@@ -8641,9 +8754,7 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
   });
 }
 
-// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
-// parts (the hierarchical allreduce).
-inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
+HERD_SEPARATE void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   visit(t, [&](auto element) {
     using T = decltype(element);
     auto* d = static_cast<T*>(data);
@@ -8651,18 +8762,14 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
-// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
-using operand_ref = function_ref<const std::byte*(int)>;
-
-// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
-// (when > 0) in the last combination. dst may be operand(0) but no other operand.
-inline void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand, std::size_t n,
-                                 int avg_ranks) {
+HERD_SEPARATE void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand,
+                                        std::size_t n, int avg_ranks) {
   host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }
 
 }  // namespace herd::detail
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 #endif  // HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 
@@ -10495,7 +10602,65 @@ template <class T> void add_pair_block(const T* __restrict a, const T* __restric
 // through the fast test first, one operand at a time (loops the compiler vectorizes): the double
 // sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
 // computed on its own (reproducible_element), as every f64 element is.
-inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand, std::size_t n) {
+HERD_SEPARATE void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                                       std::size_t n);
+
+// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
+// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
+// in rank order (avg divides the sum by p).
+HERD_SEPARATE void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p,
+                                 operand_ref operand, std::size_t n);
+
+// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
+// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
+// to rank r (pairwise exchange), and the function above runs on it.
+template <communicator C, class InChunk>
+void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
+                                 std::byte* mine) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(type);
+  const std::size_t n = chunks.length[r];
+  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
+  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
+  {
+    const trace::span phase(comm.operations().track(), "gather pieces");
+    pairwise_exchange(
+        comm,
+        [&](int to) {
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
+                                               chunks.length[static_cast<std::size_t>(to)] * es);
+        },
+        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
+  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
+  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+  reproducible_reduce(type, op, mine, p, piece, n);
+}
+
+// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
+// the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  reproducible_reduce_scatter(
+      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      out + chunks.offset[r] * es);
+  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
+}
+
+}  // namespace herd::detail
+
+// The definitions of the two functions above: inline, or with HERD_SEPARATE_COMPILATION only in
+// the program's implementation file (core/config.hpp), as they instantiate the sums for every
+// floating-point dtype.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                                       std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
@@ -10584,56 +10749,14 @@ inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p,
   });
 }
 
-// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
-// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
-// in rank order (avg divides the sum by p).
-inline void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
-                          std::size_t n) {
+HERD_SEPARATE void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p,
+                                 operand_ref operand, std::size_t n) {
   if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
   reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
 }
 
-// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
-// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
-// to rank r (pairwise exchange), and the function above runs on it.
-template <communicator C, class InChunk>
-void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
-                                 std::byte* mine) {
-  const int p = comm.size();
-  const auto r = static_cast<std::size_t>(comm.rank());
-  const std::size_t es = size_of(type);
-  const std::size_t n = chunks.length[r];
-  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
-  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
-  {
-    const trace::span phase(comm.operations().track(), "gather pieces");
-    pairwise_exchange(
-        comm,
-        [&](int to) {
-          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
-                                               chunks.length[static_cast<std::size_t>(to)] * es);
-        },
-        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
-  }
-  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
-  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
-  reproducible_reduce(type, op, mine, p, piece, n);
-}
-
-// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
-// the results to every rank (the ring's allgather).
-template <communicator C>
-void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
-  const std::size_t es = size_of(type);
-  const chunk_layout chunks = chunk_layout::even(count, comm.size());
-  const auto r = static_cast<std::size_t>(comm.rank());
-  reproducible_reduce_scatter(
-      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      out + chunks.offset[r] * es);
-  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
-}
-
 }  // namespace herd::detail
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 #endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP
 
@@ -13678,10 +13801,13 @@ HERD_CONFIG_NAMESPACE_END
 // with the file format code. Not covered (compiled where they are called, as without the option):
 // the _async forms, alltoall and the other communicators. Non-template code follows the same
 // option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
-// local_communicator's members that create them, post, wait, shrink and abort, the protocol that
-// settles a failed operation with the peers, the timeline's writer, the readers of HERD_*
-// variables, the check of every rank's arguments, the checkpoint's file code, and the optimizers'
-// loops over pairs of dtypes.
+// local_communicator's members that create them, post, wait, shrink and abort, the queue that
+// runs their operations, the node's shared-memory segments, the protocol that settles a failed
+// operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
+// of a call's and of every rank's arguments, the reductions' loops over every dtype and
+// operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
+// and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
+// their declarations alone (benchmarks/RESULTS.md, compile times).
 
 
 // ---- herd/optim/detail/reducer.hpp ----
@@ -16003,18 +16129,7 @@ class batch_range {
 class distributed_sampler {
  public:
   // Every rank must pass the same dataset_size and options; nothing checks this across ranks.
-  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {})
-      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
-    if (world_size < 1) {
-      detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
-                    "Pass the number of ranks (comm.size()), at least 1");
-    }
-    if (rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler", rank, world_size},
-                    "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
-                    "Pass this process's rank (comm.rank())");
-    }
-  }
+  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {});
 
   template <communicator C>
   distributed_sampler(std::size_t dataset_size, const C& comm, sampler_options options = {})
@@ -16033,20 +16148,7 @@ class distributed_sampler {
 
   // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
   // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
-  void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
-    const std::size_t set_aside = consumed_;
-    consumed_ = 0;  // a new epoch is whole, whatever a reshard set aside of the last one
-    if (start > size()) {
-      const std::size_t whole = size();
-      consumed_ = set_aside;
-      detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
-                    "start " + std::to_string(start) + " is beyond the " + std::to_string(whole) +
-                        " samples this rank has per epoch",
-                    "Pass the number of this rank's samples of the epoch already consumed, at most size()");
-    }
-    epoch_ = epoch;
-    start_ = start;
-  }
+  void set_epoch(std::uint64_t epoch, std::size_t start = 0);
 
   // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
   void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
@@ -16054,17 +16156,7 @@ class distributed_sampler {
   // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
   // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
   // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
-  void reshard(int world_size, int rank) {
-    if (world_size < 1 || rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler::reshard", rank, world_size},
-                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
-                    "Pass the new communicator's size() and rank()");
-    }
-    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
-    world_size_ = world_size;
-    rank_ = rank;
-    start_ = 0;
-  }
+  void reshard(int world_size, int rank);
   // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
   std::size_t consumed() const noexcept { return consumed_; }
 
@@ -16093,24 +16185,7 @@ class distributed_sampler {
   const sampler_options& options() const noexcept { return options_; }
 
   // This rank's indices for the current epoch, from start() on.
-  std::vector<std::size_t> indices() const {
-    const std::size_t count = size();
-    std::vector<std::size_t> result;
-    result.reserve(count - start_);
-    const auto w = static_cast<std::size_t>(world_size_);
-    const auto r = static_cast<std::size_t>(rank_);
-    // Position p of the padded order is order[p % N]: padding repeats the order from its start,
-    // and positions below N (all of them without padding) are the order itself. After a reshard(),
-    // the order begins at position consumed_ and is N - consumed_ long.
-    const std::size_t n = remaining();
-    if (options_.shuffle) {
-      const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
-      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
-    } else {
-      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
-    }
-    return result;
-  }
+  std::vector<std::size_t> indices() const;
 
   // This rank's indices from start() in batches of batch_size; the last one is short unless
   // drop_last_batch drops it.
@@ -16163,6 +16238,70 @@ class distributed_sampler {
   std::size_t start_ = 0;
   std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
 };
+
+// distributed_sampler's members that check, shuffle and shard: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE distributed_sampler::distributed_sampler(std::size_t dataset_size, int world_size, int rank,
+                                                     sampler_options options)
+    : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
+  if (world_size < 1) {
+    detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
+                  "Pass the number of ranks (comm.size()), at least 1");
+  }
+  if (rank < 0 || rank >= world_size) {
+    detail::raise({"distributed_sampler", rank, world_size},
+                  "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+                  "Pass this process's rank (comm.rank())");
+  }
+}
+
+HERD_SEPARATE void distributed_sampler::set_epoch(std::uint64_t epoch, std::size_t start) {
+  const std::size_t set_aside = consumed_;
+  consumed_ = 0;  // a new epoch is whole, whatever a reshard set aside of the last one
+  if (start > size()) {
+    const std::size_t whole = size();
+    consumed_ = set_aside;
+    detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
+                  "start " + std::to_string(start) + " is beyond the " + std::to_string(whole) +
+                      " samples this rank has per epoch",
+                  "Pass the number of this rank's samples of the epoch already consumed, at most size()");
+  }
+  epoch_ = epoch;
+  start_ = start;
+}
+
+HERD_SEPARATE void distributed_sampler::reshard(int world_size, int rank) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    detail::raise({"distributed_sampler::reshard", rank, world_size},
+                  "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
+                  "Pass the new communicator's size() and rank()");
+  }
+  consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
+  world_size_ = world_size;
+  rank_ = rank;
+  start_ = 0;
+}
+
+HERD_SEPARATE std::vector<std::size_t> distributed_sampler::indices() const {
+  const std::size_t count = size();
+  std::vector<std::size_t> result;
+  result.reserve(count - start_);
+  const auto w = static_cast<std::size_t>(world_size_);
+  const auto r = static_cast<std::size_t>(rank_);
+  // Position p of the padded order is order[p % N]: padding repeats the order from its start,
+  // and positions below N (all of them without padding) are the order itself. After a reshard(),
+  // the order begins at position consumed_ and is N - consumed_ long.
+  const std::size_t n = remaining();
+  if (options_.shuffle) {
+    const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
+    for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
+  } else {
+    for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
+  }
+  return result;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 

@@ -24,10 +24,13 @@
 // with the file format code. Not covered (compiled where they are called, as without the option):
 // the _async forms, alltoall and the other communicators. Non-template code follows the same
 // option where it is defined (HERD_SEPARATE, core/config.hpp): mpi_communicator's and
-// local_communicator's members that create them, post, wait, shrink and abort, the protocol that
-// settles a failed operation with the peers, the timeline's writer, the readers of HERD_*
-// variables, the check of every rank's arguments, the checkpoint's file code, and the optimizers'
-// loops over pairs of dtypes.
+// local_communicator's members that create them, post, wait, shrink and abort, the queue that
+// runs their operations, the node's shared-memory segments, the protocol that settles a failed
+// operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
+// of a call's and of every rank's arguments, the reductions' loops over every dtype and
+// operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
+// and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
+// their declarations alone (benchmarks/RESULTS.md, compile times).
 
 #include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>

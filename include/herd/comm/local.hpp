@@ -436,10 +436,7 @@ class local_communicator {
  private:
   // `renewed`: this rank's last completed operation of the communicator it renews, or null.
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
-                     const detail::op_label* renewed)
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
-    detail::agree_creation(*this, runtime::defaults().problem, renewed);
-  }
+                     const detail::op_label* renewed);
   struct adopt_tag {};
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
       : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
@@ -504,6 +501,12 @@ class local_communicator {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
+                                                   const comm_options& options, const detail::op_label* renewed)
+    : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {
+  detail::agree_creation(*this, runtime::defaults().problem, renewed);
+}
 
 HERD_SEPARATE local_communicator::request local_communicator::isend(const void* data, std::size_t bytes, int peer, int tag) {
   detail::check_buffer("isend", rank_, size(), data, bytes);

@@ -10,16 +10,12 @@
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/comm/detail/mpi_failure.hpp>
+#include <herd/comm/detail/mpi_header.hpp>
 #include <herd/comm/detail/operation.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/split.hpp>
 #include <herd/comm/detail/watchdog.hpp>
 #include <herd/core/config.hpp>
-
-#include <mpi.h>
-#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>  // Open MPI declares MPIX_Query_cuda_support here
-#endif
 
 #include <algorithm>
 #include <climits>

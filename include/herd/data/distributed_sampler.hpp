@@ -27,6 +27,7 @@
 // the duplicates skew summed metrics; for_evaluation() turns padding off instead.
 
 #include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/core/random.hpp>
 
@@ -133,18 +134,7 @@ class batch_range {
 class distributed_sampler {
  public:
   // Every rank must pass the same dataset_size and options; nothing checks this across ranks.
-  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {})
-      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
-    if (world_size < 1) {
-      detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
-                    "Pass the number of ranks (comm.size()), at least 1");
-    }
-    if (rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler", rank, world_size},
-                    "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
-                    "Pass this process's rank (comm.rank())");
-    }
-  }
+  distributed_sampler(std::size_t dataset_size, int world_size, int rank, sampler_options options = {});
 
   template <communicator C>
   distributed_sampler(std::size_t dataset_size, const C& comm, sampler_options options = {})
@@ -163,20 +153,7 @@ class distributed_sampler {
 
   // Selects the epoch's order. start: how many of this rank's samples of that epoch were already
   // consumed, to resume a run inside an epoch; indices() and batches() then begin there.
-  void set_epoch(std::uint64_t epoch, std::size_t start = 0) {
-    const std::size_t set_aside = consumed_;
-    consumed_ = 0;  // a new epoch is whole, whatever a reshard set aside of the last one
-    if (start > size()) {
-      const std::size_t whole = size();
-      consumed_ = set_aside;
-      detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
-                    "start " + std::to_string(start) + " is beyond the " + std::to_string(whole) +
-                        " samples this rank has per epoch",
-                    "Pass the number of this rank's samples of the epoch already consumed, at most size()");
-    }
-    epoch_ = epoch;
-    start_ = start;
-  }
+  void set_epoch(std::uint64_t epoch, std::size_t start = 0);
 
   // Counts `samples` more of this rank's samples as consumed (start() + samples, at most size()).
   void advance(std::size_t samples) noexcept { start_ = std::min(size(), start_ + samples); }
@@ -184,17 +161,7 @@ class distributed_sampler {
   // Goes on with the rest of the epoch as rank `rank` of `world_size` (a rank left): the samples
   // the ranks consumed so far, start() on each of the old ranks, are set aside, and the rest of
   // the epoch's order is split over the new ranks. Every new rank calls it from the same state.
-  void reshard(int world_size, int rank) {
-    if (world_size < 1 || rank < 0 || rank >= world_size) {
-      detail::raise({"distributed_sampler::reshard", rank, world_size},
-                    "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
-                    "Pass the new communicator's size() and rank()");
-    }
-    consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
-    world_size_ = world_size;
-    rank_ = rank;
-    start_ = 0;
-  }
+  void reshard(int world_size, int rank);
   // Positions of the epoch's order set aside by reshard(): 0 until a reshard inside the epoch.
   std::size_t consumed() const noexcept { return consumed_; }
 
@@ -223,24 +190,7 @@ class distributed_sampler {
   const sampler_options& options() const noexcept { return options_; }
 
   // This rank's indices for the current epoch, from start() on.
-  std::vector<std::size_t> indices() const {
-    const std::size_t count = size();
-    std::vector<std::size_t> result;
-    result.reserve(count - start_);
-    const auto w = static_cast<std::size_t>(world_size_);
-    const auto r = static_cast<std::size_t>(rank_);
-    // Position p of the padded order is order[p % N]: padding repeats the order from its start,
-    // and positions below N (all of them without padding) are the order itself. After a reshard(),
-    // the order begins at position consumed_ and is N - consumed_ long.
-    const std::size_t n = remaining();
-    if (options_.shuffle) {
-      const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
-      for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
-    } else {
-      for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
-    }
-    return result;
-  }
+  std::vector<std::size_t> indices() const;
 
   // This rank's indices from start() in batches of batch_size; the last one is short unless
   // drop_last_batch drops it.
@@ -293,6 +243,70 @@ class distributed_sampler {
   std::size_t start_ = 0;
   std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
 };
+
+// distributed_sampler's members that check, shuffle and shard: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE distributed_sampler::distributed_sampler(std::size_t dataset_size, int world_size, int rank,
+                                                     sampler_options options)
+    : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
+  if (world_size < 1) {
+    detail::raise({"distributed_sampler", rank}, "the world size is " + std::to_string(world_size),
+                  "Pass the number of ranks (comm.size()), at least 1");
+  }
+  if (rank < 0 || rank >= world_size) {
+    detail::raise({"distributed_sampler", rank, world_size},
+                  "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+                  "Pass this process's rank (comm.rank())");
+  }
+}
+
+HERD_SEPARATE void distributed_sampler::set_epoch(std::uint64_t epoch, std::size_t start) {
+  const std::size_t set_aside = consumed_;
+  consumed_ = 0;  // a new epoch is whole, whatever a reshard set aside of the last one
+  if (start > size()) {
+    const std::size_t whole = size();
+    consumed_ = set_aside;
+    detail::raise({"distributed_sampler::set_epoch", rank_, world_size_},
+                  "start " + std::to_string(start) + " is beyond the " + std::to_string(whole) +
+                      " samples this rank has per epoch",
+                  "Pass the number of this rank's samples of the epoch already consumed, at most size()");
+  }
+  epoch_ = epoch;
+  start_ = start;
+}
+
+HERD_SEPARATE void distributed_sampler::reshard(int world_size, int rank) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    detail::raise({"distributed_sampler::reshard", rank, world_size},
+                  "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " ranks is no rank",
+                  "Pass the new communicator's size() and rank()");
+  }
+  consumed_ = std::min(dataset_size_, consumed_ + start_ * static_cast<std::size_t>(world_size_));
+  world_size_ = world_size;
+  rank_ = rank;
+  start_ = 0;
+}
+
+HERD_SEPARATE std::vector<std::size_t> distributed_sampler::indices() const {
+  const std::size_t count = size();
+  std::vector<std::size_t> result;
+  result.reserve(count - start_);
+  const auto w = static_cast<std::size_t>(world_size_);
+  const auto r = static_cast<std::size_t>(rank_);
+  // Position p of the padded order is order[p % N]: padding repeats the order from its start,
+  // and positions below N (all of them without padding) are the order itself. After a reshard(),
+  // the order begins at position consumed_ and is N - consumed_ long.
+  const std::size_t n = remaining();
+  if (options_.shuffle) {
+    const std::vector<std::size_t> order = permutation(dataset_size_, options_.seed + epoch_);
+    for (std::size_t k = start_; k < count; ++k) result.push_back(order[consumed_ + (r + k * w) % n]);
+  } else {
+    for (std::size_t k = start_; k < count; ++k) result.push_back(consumed_ + (r + k * w) % n);
+  }
+  return result;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 

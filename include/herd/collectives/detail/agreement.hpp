@@ -51,76 +51,24 @@ class call_check {
     todo_ = std::move(todo);
   }
 
-  void require_valid(const char* role, const const_buffer_view& v) {
-    if (!is_valid(v.type)) {
-      fail(1, std::string("the ") + role + " tensor has an invalid dtype (value " +
-                  std::to_string(static_cast<int>(v.type)) + ")",
-           "Return one of herd::dtype's values from tensor_traits::dtype");
-    } else if (v.data == nullptr && v.count != 0) {
-      fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
-                  " elements",
-           "Pass allocated memory, or a tensor of 0 elements");
-    } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
-      fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
-                   std::string(name(v.type)) + " overflow a byte count",
-           "Check the size its tensor_traits::size returns");
-    }
-  }
+  void require_valid(const char* role, const const_buffer_view& v);
 
-  void require_op(dtype t, reduce_op op) {
-    if (!ok()) return;
-    if (!is_valid(op)) {
-      fail(3, "invalid reduce_op (value " + std::to_string(static_cast<int>(op)) + ")",
-           "Use one of herd::reduce_op's values");
-    } else if (!supports(t, op)) {
-      fail(4, std::string("reduce_op::") + std::string(name(op)) + " is not defined on dtype " +
-                  std::string(name(t)),
-           "The bitwise ops band, bor and bxor take integer dtypes only; use sum, avg, min, max or prod");
-    }
-  }
+  void require_op(dtype t, reduce_op op);
 
   // `reachable` and `advice` come from detail::reaches and detail::unreachable_advice (dispatch.hpp).
-  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice) {
-    if (!ok() || reachable) return;
-    fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
-         advice);
-  }
+  void require_reachable(const char* role, const const_buffer_view& v, bool reachable, const char* advice);
 
-  void require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
-    if (!ok() || in.device == out.device) return;
-    fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
-         "Put input and output on the same device");
-  }
+  void require_same_device(const const_buffer_view& in, const const_buffer_view& out);
 
-  void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
-    if (!ok() || in.type == out.type) return;
-    fail(6, "the input is " + std::string(name(in.type)) + " but the output is " + std::string(name(out.type)),
-         "Pass input and output tensors of the same dtype");
-  }
+  void require_same_dtype(const const_buffer_view& in, const const_buffer_view& out);
 
-  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why) {
-    if (!ok() || actual == expected) return;
-    fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
-                std::to_string(expected) + " are needed (" + why + ")",
-         "Size the tensors as the collective requires");
-  }
+  void require_count(const char* role, std::size_t actual, std::size_t expected, const char* why);
 
   // Any overlap between the two, except the one exact aliasing `allowed` (nullptr: none allowed).
   void require_disjoint(const const_buffer_view& in, const const_buffer_view& out, const void* allowed,
-                        const char* allowed_text) {
-    if (!ok() || in.bytes() == 0 || out.bytes() == 0) return;
-    const auto* a = static_cast<const std::byte*>(in.data);
-    const auto* b = static_cast<const std::byte*>(out.data);
-    const bool overlap = a < b + out.bytes() && b < a + in.bytes();
-    if (!overlap || (allowed != nullptr && in.data == allowed)) return;
-    fail(8, "the input and output buffers overlap",
-         std::string("Use separate buffers") + (allowed_text ? std::string(", or ") + allowed_text : std::string()));
-  }
+                        const char* allowed_text);
 
-  void require_root(int root) {
-    if (!ok() || (root >= 0 && root < size_)) return;
-    fail(9, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(size_) + ")");
-  }
+  void require_root(int root);
 
   // The views of the call's tensors. An adapter that rejects its tensor (a strided DLPack tensor,
   // say) becomes a local fault here, reported to the other ranks like any other.
@@ -156,6 +104,81 @@ class call_check {
   std::string what_;
   std::string todo_;
 };
+
+// call_check's checks: inline, or with HERD_SEPARATE_COMPILATION only in the program's
+// implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE void call_check::require_valid(const char* role, const const_buffer_view& v) {
+  if (!is_valid(v.type)) {
+    fail(1, std::string("the ") + role + " tensor has an invalid dtype (value " +
+                std::to_string(static_cast<int>(v.type)) + ")",
+         "Return one of herd::dtype's values from tensor_traits::dtype");
+  } else if (v.data == nullptr && v.count != 0) {
+    fail(2, std::string("the ") + role + " tensor has a null data pointer and " + std::to_string(v.count) +
+                " elements",
+         "Pass allocated memory, or a tensor of 0 elements");
+  } else if (v.count > std::numeric_limits<std::size_t>::max() / size_of(v.type)) {
+    fail(13, std::string("the ") + role + " tensor's " + std::to_string(v.count) + " elements of " +
+                 std::string(name(v.type)) + " overflow a byte count",
+         "Check the size its tensor_traits::size returns");
+  }
+}
+
+HERD_SEPARATE void call_check::require_op(dtype t, reduce_op op) {
+  if (!ok()) return;
+  if (!is_valid(op)) {
+    fail(3, "invalid reduce_op (value " + std::to_string(static_cast<int>(op)) + ")",
+         "Use one of herd::reduce_op's values");
+  } else if (!supports(t, op)) {
+    fail(4, std::string("reduce_op::") + std::string(name(op)) + " is not defined on dtype " +
+                std::string(name(t)),
+         "The bitwise ops band, bor and bxor take integer dtypes only; use sum, avg, min, max or prod");
+  }
+}
+
+HERD_SEPARATE void call_check::require_reachable(const char* role, const const_buffer_view& v, bool reachable,
+                                                 const char* advice) {
+  if (!ok() || reachable) return;
+  fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", which this communicator cannot reach",
+       advice);
+}
+
+HERD_SEPARATE void call_check::require_same_device(const const_buffer_view& in, const const_buffer_view& out) {
+  if (!ok() || in.device == out.device) return;
+  fail(11, "the input lives on " + in.device.str() + " but the output on " + out.device.str(),
+       "Put input and output on the same device");
+}
+
+HERD_SEPARATE void call_check::require_same_dtype(const const_buffer_view& in, const const_buffer_view& out) {
+  if (!ok() || in.type == out.type) return;
+  fail(6, "the input is " + std::string(name(in.type)) + " but the output is " + std::string(name(out.type)),
+       "Pass input and output tensors of the same dtype");
+}
+
+HERD_SEPARATE void call_check::require_count(const char* role, std::size_t actual, std::size_t expected,
+                                             const char* why) {
+  if (!ok() || actual == expected) return;
+  fail(7, std::string("the ") + role + " tensor has " + std::to_string(actual) + " elements but " +
+              std::to_string(expected) + " are needed (" + why + ")",
+       "Size the tensors as the collective requires");
+}
+
+HERD_SEPARATE void call_check::require_disjoint(const const_buffer_view& in, const const_buffer_view& out,
+                                                const void* allowed, const char* allowed_text) {
+  if (!ok() || in.bytes() == 0 || out.bytes() == 0) return;
+  const auto* a = static_cast<const std::byte*>(in.data);
+  const auto* b = static_cast<const std::byte*>(out.data);
+  const bool overlap = a < b + out.bytes() && b < a + in.bytes();
+  if (!overlap || (allowed != nullptr && in.data == allowed)) return;
+  fail(8, "the input and output buffers overlap",
+       std::string("Use separate buffers") + (allowed_text ? std::string(", or ") + allowed_text : std::string()));
+}
+
+HERD_SEPARATE void call_check::require_root(int root) {
+  if (!ok() || (root >= 0 && root < size_)) return;
+  fail(9, "root " + std::to_string(root) + " is out of range", "Pass a root in [0, " + std::to_string(size_) + ")");
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Raises on every rank if the ranks passed different arguments.
 HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);

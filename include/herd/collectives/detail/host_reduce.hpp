@@ -2,6 +2,7 @@
 #define HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
+#include <herd/core/config.hpp>
 #include <herd/core/detail/function_ref.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
@@ -50,10 +51,34 @@ void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
   }
 }
 
-// dst[i] = a[i] ∘ b[i] for i < n; dst may be a (any other overlap works too, but slowly). With avg_ranks > 0 (the last combination of an
-// avg) the result is also divided by avg_ranks. The caller has checked supports(t, op).
-inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
-                        int avg_ranks = 0) {
+// dst[i] = a[i] ∘ b[i] for i < n; dst may be a (any other overlap works too, but slowly). With
+// avg_ranks > 0 (the last combination of an avg) the result is also divided by avg_ranks. The
+// caller has checked supports(t, op).
+HERD_SEPARATE void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
+                               int avg_ranks = 0);
+
+// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
+// parts (the hierarchical allreduce).
+HERD_SEPARATE void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks);
+
+// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
+using operand_ref = function_ref<const std::byte*(int)>;
+
+// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
+// (when > 0) in the last combination. dst may be operand(0) but no other operand.
+HERD_SEPARATE void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand,
+                                        std::size_t n, int avg_ranks);
+
+}  // namespace herd::detail
+
+// The definitions: inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation
+// file (core/config.hpp). host_reduce instantiates the loops for every dtype and operation, which
+// a file that includes herd would otherwise analyse whether it reduces anything or not.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const void* b, std::size_t n,
+                               int avg_ranks) {
   if (n == 0) return;
   visit(t, [&](auto element) {
     using T = decltype(element);
@@ -79,9 +104,7 @@ inline void host_reduce(dtype t, reduce_op op, void* dst, const void* a, const v
   });
 }
 
-// data[i] = finalize_avg(data[i], ranks): the division that ends an avg whose sum was reduced in
-// parts (the hierarchical allreduce).
-inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
+HERD_SEPARATE void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   visit(t, [&](auto element) {
     using T = decltype(element);
     auto* d = static_cast<T*>(data);
@@ -89,17 +112,13 @@ inline void host_finalize_avg(dtype t, void* data, std::size_t n, int ranks) {
   });
 }
 
-// Where rank q's operand of a reduction over p ranks lies (its first element), for q < p.
-using operand_ref = function_ref<const std::byte*(int)>;
-
-// dst = operand(0) ∘ operand(1) ∘ ... ∘ operand(count - 1), count >= 2, dividing by avg_ranks
-// (when > 0) in the last combination. dst may be operand(0) but no other operand.
-inline void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand, std::size_t n,
-                                 int avg_ranks) {
+HERD_SEPARATE void reduce_in_rank_order(dtype type, reduce_op op, std::byte* dst, int count, operand_ref operand,
+                                        std::size_t n, int avg_ranks) {
   host_reduce(type, op, dst, operand(0), operand(1), n, count == 2 ? avg_ranks : 0);
   for (int q = 2; q < count; ++q) host_reduce(type, op, dst, dst, operand(q), n, q == count - 1 ? avg_ranks : 0);
 }
 
 }  // namespace herd::detail
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 #endif  // HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP

@@ -31,6 +31,7 @@
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/half.hpp>
 #include <herd/core/reduce_op.hpp>
@@ -292,7 +293,65 @@ template <class T> void add_pair_block(const T* __restrict a, const T* __restric
 // through the fast test first, one operand at a time (loops the compiler vectorizes): the double
 // sum, and the spread of the exponents of the nonzero values; an element that needs_exact is then
 // computed on its own (reproducible_element), as every f64 element is.
-inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand, std::size_t n) {
+HERD_SEPARATE void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                                       std::size_t n);
+
+// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
+// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
+// in rank order (avg divides the sum by p).
+HERD_SEPARATE void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p,
+                                 operand_ref operand, std::size_t n);
+
+// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
+// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
+// to rank r (pairwise exchange), and the function above runs on it.
+template <communicator C, class InChunk>
+void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
+                                 std::byte* mine) {
+  const int p = comm.size();
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t es = size_of(type);
+  const std::size_t n = chunks.length[r];
+  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
+  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
+  {
+    const trace::span phase(comm.operations().track(), "gather pieces");
+    pairwise_exchange(
+        comm,
+        [&](int to) {
+          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
+                                               chunks.length[static_cast<std::size_t>(to)] * es);
+        },
+        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
+  }
+  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
+  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
+  reproducible_reduce(type, op, mine, p, piece, n);
+}
+
+// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
+// the results to every rank (the ring's allgather).
+template <communicator C>
+void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
+  const std::size_t es = size_of(type);
+  const chunk_layout chunks = chunk_layout::even(count, comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  reproducible_reduce_scatter(
+      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
+      out + chunks.offset[r] * es);
+  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
+}
+
+}  // namespace herd::detail
+
+// The definitions of the two functions above: inline, or with HERD_SEPARATE_COMPILATION only in
+// the program's implementation file (core/config.hpp), as they instantiate the sums for every
+// floating-point dtype.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+namespace herd::detail {
+
+HERD_SEPARATE void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
+                                       std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (std::is_floating_point_v<T> || is_16bit_float<T>) {
@@ -381,55 +440,13 @@ inline void reproducible_reduce(dtype type, reduce_op op, std::byte* dst, int p,
   });
 }
 
-// Combines the p ranks' values of n elements (operand(q): rank q's) into dst as every host path
-// does: with reproducible sums (comm_options::reproducible) the order-free function above, else
-// in rank order (avg divides the sum by p).
-inline void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p, operand_ref operand,
-                          std::size_t n) {
+HERD_SEPARATE void combine_ranks(bool reproducible, dtype type, reduce_op op, std::byte* dst, int p,
+                                 operand_ref operand, std::size_t n) {
   if (reproducible_applies(reproducible, type, op)) return reproducible_reduce(type, op, dst, p, operand, n);
   reduce_in_rank_order(type, op, dst, p, operand, n, op == reduce_op::avg ? p : 0);
 }
 
-// The reproducible reduce-scatter of host memory, over MPI messages: rank r ends with chunk r of
-// the reduction at `mine` (which may be in_chunk(r) itself). Piece r of every rank's tensor comes
-// to rank r (pairwise exchange), and the function above runs on it.
-template <communicator C, class InChunk>
-void reproducible_reduce_scatter(C& comm, dtype type, reduce_op op, const chunk_layout& chunks, InChunk in_chunk,
-                                 std::byte* mine) {
-  const int p = comm.size();
-  const auto r = static_cast<std::size_t>(comm.rank());
-  const std::size_t es = size_of(type);
-  const std::size_t n = chunks.length[r];
-  std::byte* gathered = scratch(static_cast<std::size_t>(p) * n * es, scratch_slot::staging);
-  auto piece = [&](int q) { return gathered + static_cast<std::size_t>(q) * n * es; };
-  {
-    const trace::span phase(comm.operations().track(), "gather pieces");
-    pairwise_exchange(
-        comm,
-        [&](int to) {
-          return std::pair<void*, std::size_t>(const_cast<std::byte*>(in_chunk(to)),
-                                               chunks.length[static_cast<std::size_t>(to)] * es);
-        },
-        [&](int from) { return std::pair<void*, std::size_t>(piece(from), n * es); });
-  }
-  if (n != 0) std::memcpy(piece(static_cast<int>(r)), in_chunk(static_cast<int>(r)), n * es);
-  const trace::span phase(comm.operations().track(), "reproducible sum", trace::fields::elements(n, type));
-  reproducible_reduce(type, op, mine, p, piece, n);
-}
-
-// The reproducible allreduce of a host tensor over MPI messages: the reduce-scatter above, then
-// the results to every rank (the ring's allgather).
-template <communicator C>
-void reproducible_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std::byte* out, std::size_t count) {
-  const std::size_t es = size_of(type);
-  const chunk_layout chunks = chunk_layout::even(count, comm.size());
-  const auto r = static_cast<std::size_t>(comm.rank());
-  reproducible_reduce_scatter(
-      comm, type, op, chunks, [&](int c) { return in + chunks.offset[static_cast<std::size_t>(c)] * es; },
-      out + chunks.offset[r] * es);
-  ring_allgather(comm, out, es, chunks, comm.options().ring_segment_bytes);
-}
-
 }  // namespace herd::detail
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 #endif  // HERD_COLLECTIVES_DETAIL_REPRODUCIBLE_HPP

@@ -51,11 +51,10 @@
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/failure.hpp>
 #include <herd/comm/detail/fault_hooks.hpp>
+#include <herd/comm/detail/mpi_header.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/watchdog.hpp>
-
-#include <mpi.h>
 
 #include <algorithm>
 #include <atomic>

@@ -5,6 +5,7 @@
 // and the queue that runs operations in submission order (on the caller's thread, or on a
 // progress thread for asynchronous ones).
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/runtime/env.hpp>
@@ -244,15 +245,7 @@ class operation_state {
   explicit operation_state(const comm_options& options) : options_(options) {}
   operation_state(const operation_state&) = delete;
   operation_state& operator=(const operation_state&) = delete;
-  ~operation_state() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_.store(true, std::memory_order_release);
-    }
-    wake_.notify_all();
-    if (worker_.joinable()) worker_.join();
-    news_->close();
-  }
+  ~operation_state();
 
   const comm_options& options() const noexcept { return options_; }
   comm_options& options() noexcept { return options_; }
@@ -402,71 +395,18 @@ class operation_state {
   }
 
   // Queues f(seq); it runs on the progress thread, or inside wait()/test() without one.
-  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site) {
-    const issuing claim(*this, site);
-    std::unique_lock lock(mutex_);
-    queued_ever_.store(true, std::memory_order_relaxed);
-    refuse_nesting();
-    if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
-    return enqueue(lock, std::move(f));
-  }
+  std::shared_ptr<queued_operation> submit(std::function<void(std::uint64_t)> f, const error_site& site);
 
   // Waits for op (running queued operations on this thread when there is no progress thread) and
   // rethrows its failure; `heard`: the caller passes it on (not a handle dropped unwaited).
-  void wait(queued_operation& op, bool heard = true) {
-    if (op.done.load(std::memory_order_acquire)) {
-      // Done: nothing else of this state is touched (a handle may outlive its communicator).
-    } else if (options_.progress_thread) {
-      // An operation the progress thread has not taken yet runs here, after any queued before it:
-      // this thread would only wait for it, and running it saves the two hand-overs (the thread
-      // taking it, then waking this one), which cost microseconds when the ranks' threads share
-      // the cores. One the thread runs now is waited for: operations never run concurrently.
-      {
-        std::unique_lock lock(mutex_);
-        while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
-      }
-      // Woken by this operation's completion only, not by every other one's (after a spin: it is
-      // often microseconds away).
-      if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
-        op.done.wait(false, std::memory_order_acquire);
-      }
-    } else if (!op.done.load(std::memory_order_acquire)) {
-      std::unique_lock lock(mutex_);
-      while (!op.done.load(std::memory_order_acquire)) {
-        if (!options_.progress_thread && !busy_ && !queue_.empty()) {
-          run_next(lock);
-        } else {
-          wake_.wait(lock);
-        }
-      }
-    }
-    if (op.failure) {
-      if (heard && op.failure_repeats) op.news->hear();
-      std::rethrow_exception(op.failure);
-    }
-  }
+  void wait(queued_operation& op, bool heard = true);
 
   // Whether op has finished; without a progress thread, first runs the queue up to op (which may
   // wait for the other ranks, as wait() does).
-  bool test(queued_operation& op) {
-    if (op.done.load(std::memory_order_acquire)) return true;
-    if (options_.progress_thread) return false;
-    std::unique_lock lock(mutex_);
-    while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
-    return op.done.load(std::memory_order_acquire);
-  }
+  bool test(queued_operation& op);
 
   // Runs or waits out every queued operation; their failures stay with their handles.
-  void drain() noexcept {
-    std::unique_lock lock(mutex_);
-    while (busy_ || !queue_.empty()) {
-      if (!options_.progress_thread && !busy_) {
-        run_next(lock);
-      } else {
-        wake_.wait(lock);
-      }
-    }
-  }
+  void drain() noexcept;
 
  private:
   // The operation state whose operation this thread runs now.
@@ -507,66 +447,16 @@ class operation_state {
     bool claimed_ = false;
   };
 
-  void refuse_nesting() const {
-    if (busy_ && runner_ == std::this_thread::get_id()) {
-      throw error("herd: an operation was started from inside another operation of the same communicator. "
-                  "Start it after the first one returns.");
-    }
-  }
+  void refuse_nesting() const;
 
-  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f) {
-    auto op = std::make_shared<queued_operation>();
-    op->seq = next_seq_++;
-    op->work = std::move(f);
-    op->news = news_;
-    queue_.push_back(op);
-    queued_.fetch_add(1, std::memory_order_release);
-    wake_.notify_all();
-    return op;
-  }
+  std::shared_ptr<queued_operation> enqueue(std::unique_lock<std::mutex>&, std::function<void(std::uint64_t)> f);
 
   // Runs the first queued operation on this thread (the lock is released meanwhile).
-  void run_next(std::unique_lock<std::mutex>& lock) {
-    auto op = std::move(queue_.front());
-    queue_.pop_front();
-    queued_.fetch_sub(1, std::memory_order_relaxed);
-    busy_ = true;
-    runner_ = std::this_thread::get_id();
-    running_seq_ = op->seq;
-    lock.unlock();
-    try {
-      op->work(op->seq);
-    } catch (...) {
-      op->failure = std::current_exception();
-      op->failure_repeats = aborted();
-    }
-    op->work = nullptr;  // drops what the work captured
-    lock.lock();
-    op->done.store(true, std::memory_order_release);
-    op->done.notify_all();
-    busy_ = false;
-    runner_ = {};
-    running_seq_ = 0;
-    wake_.notify_all();
-  }
+  void run_next(std::unique_lock<std::mutex>& lock);
 
   // The progress thread: runs queued operations in order; between them it spins a while before it
   // sleeps (the next bucket of a backward pass is usually on its way).
-  void work() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      if (!busy_ && !queue_.empty()) {
-        run_next(lock);
-        continue;
-      }
-      if (stopping_ && queue_.empty()) return;
-      lock.unlock();
-      spin_until([&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_.load(std::memory_order_acquire); },
-                 handoff_spin);
-      lock.lock();
-      wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
-    }
-  }
+  void work();
 
   comm_options options_;
   std::uint32_t track_ = trace::new_track();
@@ -593,6 +483,143 @@ class operation_state {
   std::thread worker_;
   std::shared_ptr<abort_news> news_ = std::make_shared<abort_news>();
 };
+
+// The members above that queue, run and wait for operations and that end the progress thread:
+// inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation file
+// (core/config.hpp). Each runs once per operation, not per element: a call costs nothing here.
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE operation_state::~operation_state() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_.store(true, std::memory_order_release);
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  news_->close();
+}
+
+HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::submit(std::function<void(std::uint64_t)> f,
+                                                                   const error_site& site) {
+  const issuing claim(*this, site);
+  std::unique_lock lock(mutex_);
+  queued_ever_.store(true, std::memory_order_relaxed);
+  refuse_nesting();
+  if (options_.progress_thread && !worker_.joinable()) worker_ = std::thread([this] { work(); });
+  return enqueue(lock, std::move(f));
+}
+
+HERD_SEPARATE void operation_state::wait(queued_operation& op, bool heard) {
+  if (op.done.load(std::memory_order_acquire)) {
+    // Done: nothing else of this state is touched (a handle may outlive its communicator).
+  } else if (options_.progress_thread) {
+    // An operation the progress thread has not taken yet runs here, after any queued before it:
+    // this thread would only wait for it, and running it saves the two hand-overs (the thread
+    // taking it, then waking this one), which cost microseconds when the ranks' threads share
+    // the cores. One the thread runs now is waited for: operations never run concurrently.
+    {
+      std::unique_lock lock(mutex_);
+      while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+    }
+    // Woken by this operation's completion only, not by every other one's (after a spin: it is
+    // often microseconds away).
+    if (!spin_until([&] { return op.done.load(std::memory_order_acquire); }, handoff_spin)) {
+      op.done.wait(false, std::memory_order_acquire);
+    }
+  } else if (!op.done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(mutex_);
+    while (!op.done.load(std::memory_order_acquire)) {
+      if (!options_.progress_thread && !busy_ && !queue_.empty()) {
+        run_next(lock);
+      } else {
+        wake_.wait(lock);
+      }
+    }
+  }
+  if (op.failure) {
+    if (heard && op.failure_repeats) op.news->hear();
+    std::rethrow_exception(op.failure);
+  }
+}
+
+HERD_SEPARATE bool operation_state::test(queued_operation& op) {
+  if (op.done.load(std::memory_order_acquire)) return true;
+  if (options_.progress_thread) return false;
+  std::unique_lock lock(mutex_);
+  while (!op.done.load(std::memory_order_acquire) && !busy_ && !queue_.empty()) run_next(lock);
+  return op.done.load(std::memory_order_acquire);
+}
+
+HERD_SEPARATE void operation_state::drain() noexcept {
+  std::unique_lock lock(mutex_);
+  while (busy_ || !queue_.empty()) {
+    if (!options_.progress_thread && !busy_) {
+      run_next(lock);
+    } else {
+      wake_.wait(lock);
+    }
+  }
+}
+
+HERD_SEPARATE void operation_state::refuse_nesting() const {
+  if (busy_ && runner_ == std::this_thread::get_id()) {
+    throw error("herd: an operation was started from inside another operation of the same communicator. "
+                "Start it after the first one returns.");
+  }
+}
+
+HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::enqueue(std::unique_lock<std::mutex>&,
+                                                                    std::function<void(std::uint64_t)> f) {
+  auto op = std::make_shared<queued_operation>();
+  op->seq = next_seq_++;
+  op->work = std::move(f);
+  op->news = news_;
+  queue_.push_back(op);
+  queued_.fetch_add(1, std::memory_order_release);
+  wake_.notify_all();
+  return op;
+}
+
+HERD_SEPARATE void operation_state::run_next(std::unique_lock<std::mutex>& lock) {
+  auto op = std::move(queue_.front());
+  queue_.pop_front();
+  queued_.fetch_sub(1, std::memory_order_relaxed);
+  busy_ = true;
+  runner_ = std::this_thread::get_id();
+  running_seq_ = op->seq;
+  lock.unlock();
+  try {
+    op->work(op->seq);
+  } catch (...) {
+    op->failure = std::current_exception();
+    op->failure_repeats = aborted();
+  }
+  op->work = nullptr;  // drops what the work captured
+  lock.lock();
+  op->done.store(true, std::memory_order_release);
+  op->done.notify_all();
+  busy_ = false;
+  runner_ = {};
+  running_seq_ = 0;
+  wake_.notify_all();
+}
+
+HERD_SEPARATE void operation_state::work() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (!busy_ && !queue_.empty()) {
+      run_next(lock);
+      continue;
+    }
+    if (stopping_ && queue_.empty()) return;
+    lock.unlock();
+    spin_until(
+        [&] { return queued_.load(std::memory_order_acquire) != 0 || stopping_.load(std::memory_order_acquire); },
+        handoff_spin);
+    lock.lock();
+    wake_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
+  }
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 

@@ -34,6 +34,7 @@
 #include <herd/comm/detail/fault_hooks.hpp>
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/watchdog.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/runtime/timeline.hpp>
 
@@ -93,110 +94,25 @@ class shm_segment {
   // here, not a SIGBUS later), a name the node's other ranks open it by, and its identity. Empty,
   // with `problem` set, on failure. `named`: a POSIX name in /dev/shm with a random part, not an
   // anonymous segment (which the others reach through /proc, only in the same PID namespace).
-  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false) {
-    shm_segment s;
-    int fd = -1;
-#if defined(MFD_CLOEXEC)
-    if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
-    if (fd >= 0) {
-      s.fd_ = fd;
-      s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
-    }
-#endif
-    if (fd < 0) {
-      static std::atomic<unsigned> counter{0};
-      const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
-      s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
-      fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) {
-        problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
-        return {};
-      }
-      s.linked_ = true;
-    }
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
-    } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
-      problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
-                " (is there that much memory, or room in /dev/shm?)";
-    } else {
-      s.map(fd, bytes, problem);
-    }
-    if (s.fd_ < 0) ::close(fd);
-    if (!problem.empty()) {
-      s.reset();
-      return {};
-    }
-    s.identity_.token[0] = random_word();
-    s.identity_.token[1] = random_word();
-    s.identity_.bytes = bytes;
-    std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
-    return s;
-  }
+  static shm_segment create(std::size_t bytes, std::string& problem, bool named = false);
 
   // Maps the segment another rank of the node created (while it still holds its name), once it
   // found there the identity the creator sent: a file of another size, or of another identity, is
   // left untouched (never written) and is a problem.
-  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem) {
-    const bool anonymous = name.rfind("/proc/", 0) == 0;
-    const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
-      if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
-      return {};
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
-      problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
-                (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
-                           : ")");
-      ::close(fd);
-      return {};
-    }
-    shm_segment s;
-    s.map(fd, bytes, problem);
-    ::close(fd);
-    if (!problem.empty()) return {};
-    identity found;
-    std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
-    if (!(found == expected)) {
-      problem = name + " is not the node's segment (its identity differs" +
-                std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
-                                        "namespace?)"
-                                      : ")");
-      s.reset();
-      return {};
-    }
-    s.identity_ = expected;
-    return s;
-  }
+  static shm_segment open(const std::string& name, std::size_t bytes, const identity& expected, std::string& problem);
 
   const identity& id() const noexcept { return identity_; }
 
   // Once every rank of the node has it open: removes the name (closes the descriptor others opened
   // it through, or unlinks the POSIX name). The memory stays until the last process unmaps it.
-  void release_name() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    if (linked_) ::shm_unlink(name_.c_str());
-    linked_ = false;
-  }
+  void release_name() noexcept;
 
   std::byte* data() const noexcept { return base_; }
   const std::string& name() const noexcept { return name_; }
   explicit operator bool() const noexcept { return base_ != nullptr; }
 
  private:
-  void map(int fd, std::size_t bytes, std::string& problem) {
-    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (at == MAP_FAILED) {
-      problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
-      return;
-    }
-    base_ = static_cast<std::byte*>(at);
-    bytes_ = bytes;
-  }
+  void map(int fd, std::size_t bytes, std::string& problem);
 
   void reset() noexcept {
     release_name();
@@ -208,16 +124,7 @@ class shm_segment {
   // Eight bytes from the kernel's generator (read from /dev/urandom, not through <random>, which
   // costs every file that includes herd a tenth of a second to parse); the clock and a counter
   // where it cannot be read.
-  static std::uint64_t random_word() {
-    std::uint64_t word = 0;
-    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
-    if (fd >= 0) ::close(fd);
-    if (read_all) return word;
-    static std::atomic<std::uint64_t> calls{0};
-    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
-  }
+  static std::uint64_t random_word();
 
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
@@ -226,6 +133,115 @@ class shm_segment {
   bool linked_ = false;  // a POSIX name to unlink
   int fd_ = -1;          // the anonymous segment's descriptor, open until the others have it
 };
+
+// shm_segment's members that create, open, map and name segments: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE shm_segment shm_segment::create(std::size_t bytes, std::string& problem, bool named) {
+  shm_segment s;
+  int fd = -1;
+#if defined(MFD_CLOEXEC)
+  if (!named) fd = ::memfd_create("herd", MFD_CLOEXEC);
+  if (fd >= 0) {
+    s.fd_ = fd;
+    s.name_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd);
+  }
+#endif
+  if (fd < 0) {
+    static std::atomic<unsigned> counter{0};
+    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+    s.name_ = "/herd." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+              std::to_string(stamp % 1000000007ull) + "." + std::to_string(random_word() % 1000000007ull);
+    fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      problem = "shm_open(" + s.name_ + ") failed: " + std::strerror(errno);
+      return {};
+    }
+    s.linked_ = true;
+  }
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    problem = "ftruncate of " + s.name_ + " to " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno);
+  } else if (const int code = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); code != 0) {
+    problem = "reserving " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(code) +
+              " (is there that much memory, or room in /dev/shm?)";
+  } else {
+    s.map(fd, bytes, problem);
+  }
+  if (s.fd_ < 0) ::close(fd);
+  if (!problem.empty()) {
+    s.reset();
+    return {};
+  }
+  s.identity_.token[0] = random_word();
+  s.identity_.token[1] = random_word();
+  s.identity_.bytes = bytes;
+  std::memcpy(s.base_ + bytes - sizeof(identity), &s.identity_, sizeof(identity));
+  return s;
+}
+
+HERD_SEPARATE shm_segment shm_segment::open(const std::string& name, std::size_t bytes, const identity& expected,
+                                           std::string& problem) {
+  const bool anonymous = name.rfind("/proc/", 0) == 0;
+  const int fd = anonymous ? ::open(name.c_str(), O_RDWR | O_CLOEXEC) : ::shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    problem = std::string(anonymous ? "open(" : "shm_open(") + name + ") failed: " + std::strerror(errno);
+    if (anonymous) problem += " (the creator's /proc entry is not reachable: another PID namespace?)";
+    return {};
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
+    problem = name + " is not the node's segment (not a file of " + std::to_string(bytes) + " bytes" +
+              (anonymous ? ": the creator's descriptor number names another file here, in another PID namespace?)"
+                         : ")");
+    ::close(fd);
+    return {};
+  }
+  shm_segment s;
+  s.map(fd, bytes, problem);
+  ::close(fd);
+  if (!problem.empty()) return {};
+  identity found;
+  std::memcpy(&found, s.base_ + bytes - sizeof(identity), sizeof found);
+  if (!(found == expected)) {
+    problem = name + " is not the node's segment (its identity differs" +
+              std::string(anonymous ? ": the creator's descriptor number names another file here, in another PID "
+                                      "namespace?)"
+                                    : ")");
+    s.reset();
+    return {};
+  }
+  s.identity_ = expected;
+  return s;
+}
+
+HERD_SEPARATE void shm_segment::release_name() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+HERD_SEPARATE void shm_segment::map(int fd, std::size_t bytes, std::string& problem) {
+  void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    problem = "mmap of " + std::to_string(bytes) + " bytes of shared memory failed: " + std::strerror(errno);
+    return;
+  }
+  base_ = static_cast<std::byte*>(at);
+  bytes_ = bytes;
+}
+
+HERD_SEPARATE std::uint64_t shm_segment::random_word() {
+  std::uint64_t word = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool read_all = fd >= 0 && ::read(fd, &word, sizeof word) == static_cast<ssize_t>(sizeof word);
+  if (fd >= 0) ::close(fd);
+  if (read_all) return word;
+  static std::atomic<std::uint64_t> calls{0};
+  const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return (now * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(::getpid()) << 32) ^ calls++;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Room at the start of each buffer for an agreement's signature (comm/detail/agreement.hpp).
 inline constexpr std::size_t shm_header_bytes = 256;

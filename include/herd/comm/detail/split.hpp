@@ -6,6 +6,7 @@
 
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/operation.hpp>
+#include <herd/core/config.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -78,7 +79,10 @@ std::vector<split_request> agree_split(C& comm, const split_request& mine, std::
   return requests;
 }
 
-// The ranks that asked for `color`, in their new order: by key, then by rank.
+// The ranks that asked for `color`, in their new order: by key, then by rank. Only the
+// communicators' split_by calls it, which is defined where HERD_SEPARATE_DEFINITIONS is (inline,
+// or only in the implementation file: core/config.hpp), and so is it.
+#if defined(HERD_SEPARATE_DEFINITIONS)
 inline std::vector<int> split_members(std::span<const split_request> requests, int color) {
   std::vector<int> members;
   for (std::size_t r = 0; r < requests.size(); ++r)
@@ -88,6 +92,7 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
   });
   return members;
 }
+#endif
 
 }  // namespace herd::detail
 
