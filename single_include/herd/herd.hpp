@@ -16561,20 +16561,10 @@ struct adamw_options {
 
 class adamw {
  public:
-  adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options = {})
-      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
-    detail::require_parameter_pairs(params_, grads_, "adamw");
-    for (const auto& p : params_) {
-      exp_avg_.emplace_back(detail::state_dtype(p.type), p.count);
-      exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
-    }
-  }
+  adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options = {});
   explicit adamw(const parameters& p, adamw_options options = {}) : adamw(p.values, p.gradients, options) {}
 
-  void step() {
-    ++steps_;
-    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], exp_avg_[i], exp_avg_sq_[i]);
-  }
+  void step();
 
   double lr() const noexcept { return options_.lr; }
   void set_lr(double lr) noexcept { options_.lr = lr; }
@@ -16590,37 +16580,7 @@ class adamw {
   }
 
  private:
-  void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const {
-    visit(param.type, [&](auto element) {
-      using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
-        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-        auto* p = static_cast<T*>(param.data);
-        const auto* g = static_cast<const T*>(grad.data);
-        auto* m = static_cast<S*>(m_state.data());
-        auto* v = static_cast<S*>(v_state.data());
-        const double t = static_cast<double>(steps_);
-        const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
-        // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
-        // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
-        const auto b1 = static_cast<S>(options_.beta1);
-        const auto b2 = static_cast<S>(options_.beta2);
-        const auto keep1 = static_cast<S>(1 - options_.beta1);
-        const auto keep2 = static_cast<S>(1 - options_.beta2);
-        const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
-        const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
-        const auto eps = static_cast<S>(options_.eps);
-        const bool lerp = options_.first_moment == adamw_first_moment::lerp;
-        for (std::size_t j = 0; j < param.count; ++j) {
-          const S gj = static_cast<S>(g[j]);
-          const S pj = static_cast<S>(p[j]) * decay;
-          m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
-          v[j] = b2 * v[j] + keep2 * gj * gj;
-          p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
-        }
-      }
-    });
-  }
+  void update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state, host_tensor& v_state) const;
 
   std::vector<buffer_view> params_;
   std::vector<buffer_view> grads_;
@@ -16629,6 +16589,57 @@ class adamw {
   std::vector<host_tensor> exp_avg_sq_;
   std::int64_t steps_ = 0;
 };
+
+// adamw's step and its loops over the floating-point dtypes: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE adamw::adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options)
+    : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+  detail::require_parameter_pairs(params_, grads_, "adamw");
+  for (const auto& p : params_) {
+    exp_avg_.emplace_back(detail::state_dtype(p.type), p.count);
+    exp_avg_sq_.emplace_back(detail::state_dtype(p.type), p.count);
+  }
+}
+
+HERD_SEPARATE void adamw::step() {
+  ++steps_;
+  for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], exp_avg_[i], exp_avg_sq_[i]);
+}
+
+HERD_SEPARATE void adamw::update(const buffer_view& param, const buffer_view& grad, host_tensor& m_state,
+                                 host_tensor& v_state) const {
+  visit(param.type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
+      using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      auto* p = static_cast<T*>(param.data);
+      const auto* g = static_cast<const T*>(grad.data);
+      auto* m = static_cast<S*>(m_state.data());
+      auto* v = static_cast<S*>(v_state.data());
+      const double t = static_cast<double>(steps_);
+      const auto decay = static_cast<S>(1 - options_.lr * options_.weight_decay);
+      // Each coefficient is computed in double and rounded once, as torch.optim.AdamW's Python
+      // floats are: 1 - beta2 from the rounded f32 beta2 differs from it by up to 1e-5 relative.
+      const auto b1 = static_cast<S>(options_.beta1);
+      const auto b2 = static_cast<S>(options_.beta2);
+      const auto keep1 = static_cast<S>(1 - options_.beta1);
+      const auto keep2 = static_cast<S>(1 - options_.beta2);
+      const auto step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, t)));
+      const auto root_correction = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, t)));
+      const auto eps = static_cast<S>(options_.eps);
+      const bool lerp = options_.first_moment == adamw_first_moment::lerp;
+      for (std::size_t j = 0; j < param.count; ++j) {
+        const S gj = static_cast<S>(g[j]);
+        const S pj = static_cast<S>(p[j]) * decay;
+        m[j] = lerp ? detail::lerp(m[j], gj, keep1) : b1 * m[j] + keep1 * gj;
+        v[j] = b2 * v[j] + keep2 * gj * gj;
+        p[j] = static_cast<T>(pj - step_size * m[j] / (std::sqrt(v[j]) / root_correction + eps));
+      }
+    }
+  });
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 
@@ -17515,20 +17526,10 @@ struct sgd_options {
 
 class sgd {
  public:
-  sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options = {})
-      : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
-    detail::require_parameter_pairs(params_, grads_, "sgd");
-    if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0)) {
-      detail::raise({"sgd"}, "Nesterov momentum needs momentum > 0 and dampening 0", "Adjust sgd_options");
-    }
-    for (const auto& p : params_) momentum_.emplace_back(detail::state_dtype(p.type), options_.momentum != 0 ? p.count : 0);
-  }
+  sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options = {});
   explicit sgd(const parameters& p, sgd_options options = {}) : sgd(p.values, p.gradients, options) {}
 
-  void step() {
-    for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], momentum_[i]);
-    ++steps_;
-  }
+  void step();
 
   double lr() const noexcept { return options_.lr; }
   void set_lr(double lr) noexcept { options_.lr = lr; }
@@ -17541,31 +17542,7 @@ class sgd {
   }
 
  private:
-  void update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const {
-    visit(param.type, [&](auto element) {
-      using T = decltype(element);
-      if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
-        using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-        auto* p = static_cast<T*>(param.data);
-        const auto* g = static_cast<const T*>(grad.data);
-        auto* b = static_cast<S*>(buffer.data());
-        const auto lr = static_cast<S>(options_.lr);
-        const auto wd = static_cast<S>(options_.weight_decay);
-        const auto m = static_cast<S>(options_.momentum);
-        const auto keep = static_cast<S>(1 - options_.dampening);
-        const bool first = steps_ == 0;
-        for (std::size_t j = 0; j < param.count; ++j) {
-          const S pj = static_cast<S>(p[j]);
-          S d = static_cast<S>(g[j]) + wd * pj;
-          if (m != 0) {
-            b[j] = first ? d : m * b[j] + keep * d;
-            d = options_.nesterov ? d + m * b[j] : b[j];
-          }
-          p[j] = static_cast<T>(pj - lr * d);
-        }
-      }
-    });
-  }
+  void update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const;
 
   std::vector<buffer_view> params_;
   std::vector<buffer_view> grads_;
@@ -17573,6 +17550,52 @@ class sgd {
   std::vector<host_tensor> momentum_;
   std::int64_t steps_ = 0;
 };
+
+// sgd's step and its loops over the floating-point dtypes: inline, or with HERD_SEPARATE_COMPILATION
+// only in the program's implementation file (core/config.hpp).
+#if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE sgd::sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options)
+    : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+  detail::require_parameter_pairs(params_, grads_, "sgd");
+  if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0)) {
+    detail::raise({"sgd"}, "Nesterov momentum needs momentum > 0 and dampening 0", "Adjust sgd_options");
+  }
+  for (const auto& p : params_) {
+    momentum_.emplace_back(detail::state_dtype(p.type), options_.momentum != 0 ? p.count : 0);
+  }
+}
+
+HERD_SEPARATE void sgd::step() {
+  for (std::size_t i = 0; i < params_.size(); ++i) update(params_[i], grads_[i], momentum_[i]);
+  ++steps_;
+}
+
+HERD_SEPARATE void sgd::update(const buffer_view& param, const buffer_view& grad, host_tensor& buffer) const {
+  visit(param.type, [&](auto element) {
+    using T = decltype(element);
+    if constexpr (std::is_floating_point_v<T> || detail::is_16bit_float<T>) {
+      using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      auto* p = static_cast<T*>(param.data);
+      const auto* g = static_cast<const T*>(grad.data);
+      auto* b = static_cast<S*>(buffer.data());
+      const auto lr = static_cast<S>(options_.lr);
+      const auto wd = static_cast<S>(options_.weight_decay);
+      const auto m = static_cast<S>(options_.momentum);
+      const auto keep = static_cast<S>(1 - options_.dampening);
+      const bool first = steps_ == 0;
+      for (std::size_t j = 0; j < param.count; ++j) {
+        const S pj = static_cast<S>(p[j]);
+        S d = static_cast<S>(g[j]) + wd * pj;
+        if (m != 0) {
+          b[j] = first ? d : m * b[j] + keep * d;
+          d = options_.nesterov ? d + m * b[j] : b[j];
+        }
+        p[j] = static_cast<T>(pj - lr * d);
+      }
+    }
+  });
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 

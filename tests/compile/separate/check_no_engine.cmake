@@ -48,15 +48,21 @@ foreach(member IN ITEMS create join_node post wait abort leave shrink "~mpi_comm
 endforeach()
 # The training layer, called from training.cpp and compiled in neither file: the reducer's members
 # that reduce (optim/detail/reducer.hpp), the gradients' first check, the checkpoint's collective
-# save and load and its file code, and the optimizers' loops over pairs of dtypes (HERD_SEPARATE:
-# checkpoint/checkpoint.hpp, optim/detail/host_ops.hpp).
+# save and load and its file code, the optimizers' loops over pairs of dtypes, sgd's constructor
+# and step, and distributed_sampler's members (HERD_SEPARATE: checkpoint/checkpoint.hpp,
+# optim/detail/host_ops.hpp, optim/sgd.hpp, data/distributed_sampler.hpp). And the
+# queue that runs operations (comm/detail/operation_state.hpp), which collectives.cpp's
+# allreduce_async calls.
 foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_all"
                        "detail::host::reducer<herd::mpi_communicator>::mark_one"
                        "detail::host::reducer<herd::mpi_communicator>::finish"
                        "detail::host::gradient_checks<herd::mpi_communicator>::check"
                        "host::checkpoint::save<herd::mpi_communicator>"
                        "host::checkpoint::load<herd::mpi_communicator>" "host::checkpoint::insert"
-                       "detail::host_accumulate" "detail::host_fold" "detail::require_parameter_pairs")
+                       "detail::host_accumulate" "detail::host_fold" "sgd::sgd" "sgd::step"
+                       "distributed_sampler::distributed_sampler" "distributed_sampler::set_epoch"
+                       "distributed_sampler::indices" "detail::operation_state::submit"
+                       "detail::operation_state::wait")
   string(REPLACE "<" "[<]" pattern "${entry}")
   string(REPLACE ">" "[>]" pattern "${pattern}")
   require_left_to_linker("herd::${entry}" "herd::${pattern}(\\[abi:cxx11\\])?\\(")
@@ -66,4 +72,5 @@ if(problems)
   message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
 endif()
 message(STATUS "the engine's 16 entry points, mpi_communicator's members, the reducer, the gradients' check, the "
-               "checkpoint's collective save and load and the optimizers' dtype loops are left to the implementation file")
+               "checkpoint's collective save and load, the optimizers' dtype loops, sgd, distributed_sampler, and the "
+               "operation queue are left to the implementation file")

@@ -37,6 +37,10 @@ std::string check_every_collective(herd::mpi_communicator& comm) {
   std::vector<int> total(r == 0 ? 2 : 0);
   herd::reduce(mine, total, comm, herd::reduce_op::sum, 0);
   expect(r != 0 || total[0] == p * (p - 1) / 2, "reduce");
+  // An _async form: the queue that runs it comes from the implementation file.
+  std::vector<float> later(3000, static_cast<float>(r + 1));
+  herd::allreduce_async(later, comm).wait();
+  expect(later[2999] == static_cast<float>(p * (p + 1) / 2), "allreduce_async");
   herd::barrier(comm);
   return wrong;
 }

@@ -44,5 +44,14 @@ std::string check_training(herd::mpi_communicator& comm) {
   expect(state.load(file, comm) && w[2999] == 1 - 2 * step && epoch == 3, "checkpoint save and load");
   herd::barrier(comm);
   if (r == 0) std::filesystem::remove(file);
+
+  // Ten samples over the ranks: each rank gets ceil(10 / p), and the first p of them cover every
+  // rank's first sample once.
+  herd::distributed_sampler sampler(10, comm, {.shuffle = false});
+  sampler.set_epoch(1);
+  const std::vector<std::size_t> mine = sampler.indices();
+  expect(mine.size() == (10 + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p) &&
+             mine.front() == static_cast<std::size_t>(r),
+         "distributed_sampler");
   return wrong;
 }
