@@ -2283,7 +2283,8 @@ class operation_state {
 
 // The members above that queue, run and wait for operations and that end the progress thread:
 // inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation file
-// (core/config.hpp). Each runs once per operation, not per element: a call costs nothing here.
+// (core/config.hpp). Each runs once per operation, not per element; what the call may cost in the
+// hand-over is measured in benchmarks/RESULTS.md (a few tenths of a microsecond at most, if any).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE operation_state::~operation_state() {
   {
@@ -13806,7 +13807,7 @@ HERD_CONFIG_NAMESPACE_END
 // operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
 // of a call's and of every rank's arguments, the reductions' loops over every dtype and
 // operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
-// and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
+// sgd's and adamw's constructors and steps, and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
 // their declarations alone (benchmarks/RESULTS.md, compile times).
 
 
@@ -16590,7 +16591,7 @@ class adamw {
   std::int64_t steps_ = 0;
 };
 
-// adamw's step and its loops over the floating-point dtypes: inline, or with
+// adamw's constructor, step and loops over the floating-point dtypes: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE adamw::adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options)
@@ -17551,8 +17552,8 @@ class sgd {
   std::int64_t steps_ = 0;
 };
 
-// sgd's step and its loops over the floating-point dtypes: inline, or with HERD_SEPARATE_COMPILATION
-// only in the program's implementation file (core/config.hpp).
+// sgd's constructor, step and loops over the floating-point dtypes: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE sgd::sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options)
     : params_(std::move(params)), grads_(std::move(grads)), options_(options) {

@@ -29,7 +29,7 @@
 // operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
 // of a call's and of every rank's arguments, the reductions' loops over every dtype and
 // operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
-// and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
+// sgd's and adamw's constructors and steps, and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
 // their declarations alone (benchmarks/RESULTS.md, compile times).
 
 #include <herd/checkpoint/checkpoint.hpp>

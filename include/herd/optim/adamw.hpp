@@ -82,7 +82,7 @@ class adamw {
   std::int64_t steps_ = 0;
 };
 
-// adamw's step and its loops over the floating-point dtypes: inline, or with
+// adamw's constructor, step and loops over the floating-point dtypes: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE adamw::adamw(std::vector<buffer_view> params, std::vector<buffer_view> grads, adamw_options options)

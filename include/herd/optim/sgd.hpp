@@ -58,8 +58,8 @@ class sgd {
   std::int64_t steps_ = 0;
 };
 
-// sgd's step and its loops over the floating-point dtypes: inline, or with HERD_SEPARATE_COMPILATION
-// only in the program's implementation file (core/config.hpp).
+// sgd's constructor, step and loops over the floating-point dtypes: inline, or with
+// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE sgd::sgd(std::vector<buffer_view> params, std::vector<buffer_view> grads, sgd_options options)
     : params_(std::move(params)), grads_(std::move(grads)), options_(options) {

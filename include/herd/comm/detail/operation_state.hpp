@@ -486,7 +486,8 @@ class operation_state {
 
 // The members above that queue, run and wait for operations and that end the progress thread:
 // inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation file
-// (core/config.hpp). Each runs once per operation, not per element: a call costs nothing here.
+// (core/config.hpp). Each runs once per operation, not per element; what the call may cost in the
+// hand-over is measured in benchmarks/RESULTS.md (a few tenths of a microsecond at most, if any).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE operation_state::~operation_state() {
   {
