@@ -3052,6 +3052,9 @@ class shm_node {
     return ticket_;
   }
 
+  // The ticket of the last step this rank began.
+  std::uint64_t ticket() const noexcept { return ticket_; }
+
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
     return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
@@ -3296,20 +3299,25 @@ template <class C> std::size_t payload_capacity(C& comm) {
   return node != nullptr ? node->slice_bytes() : payload_max_bytes;
 }
 
-// The exchange through shared memory: one step. Every rank writes its signature and payload into
-// its buffer and reads the others' where they are; the payloads stay valid only until this rank
-// publishes its next step (after that a peer may pass that step's wait and write the step after
-// it into the same buffer), so callers use or copy them at once.
-template <class C>
-exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
+// The exchange through shared memory: one step. Every rank writes its signature into its header
+// and, with `write(buffer)`, the step's data into its buffer, and reads the others' where they are;
+// the buffers stay valid only until this rank publishes its next step (after that a peer may pass
+// that step's wait and write the step after it into the same buffer), so callers use or copy them
+// at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
+// the buffers by a layout of its own: the first step of shm_allreduce, agree_with_step). The steps
+// pair by operation number only, so that the signatures name any other difference, unless `pair`
+// says otherwise.
+template <class C, class Write>
+exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size_t payload_bytes, Write&& write,
+                       shm_node::pairing pair = shm_node::pairing::number) {
   static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
   const std::uint64_t t = node.next_ticket(comm);
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
-  if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
+  write(node.buffer(node.rank(), t));
   node.publish(t);
-  node.wait_all(comm, t, shm_node::arrived, shm_node::pairing::number);
+  node.wait_all(comm, t, shm_node::arrived, pair);
   const auto parts = static_cast<std::size_t>(node.size());
   std::vector<signature>& by_owner = signature_buffer(1);
   std::vector<const std::byte*>& where = payload_pointers();
@@ -3330,7 +3338,11 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  if (shm_node* node = shared_node_of(comm)) return shm_exchange(comm, *node, mine, payload, payload_bytes);
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::byte* buffer) {
+      if (payload_bytes != 0) std::memcpy(buffer, payload, payload_bytes);
+    });
+  }
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);
@@ -8546,6 +8558,16 @@ HERD_SEPARATE void call_check::require_root(int root) {
 // Raises on every rank if the ranks passed different arguments.
 HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);
 
+// What every rank's signature says, raised on every rank where anything is wrong anywhere (this
+// rank's own problem in its own words first).
+template <communicator C> void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
+  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  verify_identity(site, all.signatures, [&] {
+    if (!check.ok()) check.raise_local(true);
+  });
+  verify_arguments(site, all.signatures);
+}
+
 // The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
 // arguments; the operation's identity and the protocol options are filled in here) and `payload`
 // when given. Raises on every rank if anything is wrong anywhere; returns every rank's payload.
@@ -8565,12 +8587,34 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   }
   const trace::span phase(comm.operations().track(), "agreement");
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
-  const error_site site{name(mine.kind), comm.rank(), comm.size()};
-  verify_identity(site, all.signatures, [&] {
-    if (!check.ok()) check.raise_local(true);
-  });
-  verify_arguments(site, all.signatures);
+  verify_agreement(comm, mine, check, all);
   return all;
+}
+
+// The agreement as the first step of a collective through the node's shared memory (`node`, the
+// whole communicator's, more than one rank): `write(buffer)` fills this rank's buffer of that
+// step with the collective's first data (shm_allreduce's first slice), so that the data and the
+// signatures cross in one synchronization instead of one each. Nobody reads the buffers before
+// every signature is verified; a rank whose own arguments are bad writes nothing. It always
+// exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with
+// the peers' as the collective's own steps do (the whole operation: a peer in another collective,
+// which exchanges no signature then, is named as such). Returns the step's ticket.
+template <communicator C, class Write>
+std::uint64_t agree_with_step(C& comm, shm_node& node, signature mine, const call_check& check, Write&& write) {
+  stamp_identity(mine, comm.operations());
+  mine.faulty = check.ok() ? 0 : 1;
+  mine.fault_code = check.code();
+  const bool checks = comm.options().check_arguments;
+  if (!check.ok() && !checks) check.raise_local(false);  // as agree()
+  const trace::span phase(comm.operations().track(), "agreement");
+  const exchanged all = shm_exchange(
+      comm, node, mine, 0,
+      [&](std::byte* buffer) {
+        if (check.ok()) write(buffer);
+      },
+      checks ? shm_node::pairing::number : shm_node::pairing::whole);
+  verify_agreement(comm, mine, check, all);
+  return node.ticket();
 }
 
 // FNV-1a over a list of numbers (the per-rank counts of an allgatherv, a grouped allreduce's tensors).
@@ -10810,39 +10854,66 @@ class host_parts {
   std::vector<std::size_t> starts_;
 };
 
+// shm_allreduce's pieces of a slice: the slice is cut into one piece per rank of the node, and
+// piece g is the one rank g reduces.
+struct shm_slice {
+  std::size_t begin;  // the slice's first element
+  std::size_t m;      // its elements
+  std::size_t lo;     // this rank's piece: [lo, hi) within the slice
+  std::size_t hi;
+
+  shm_slice(const shm_node& node, std::size_t first, std::size_t count, std::size_t per_slice) : begin(first) {
+    m = std::min(per_slice, count - first);
+    const even_pieces pieces{m, static_cast<std::size_t>(node.size())};
+    lo = pieces.offset(static_cast<std::size_t>(node.rank()));
+    hi = lo + pieces.length(static_cast<std::size_t>(node.rank()));
+  }
+};
+
+inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
+  return std::max<std::size_t>(1, node.slice_bytes() / size_of(type));
+}
+
+// The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the
+// pieces of its input that the others reduce, every piece but its own.
+inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s, std::byte* mine) {
+  const std::size_t es = size_of(type);
+  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
+  auto copy_in = [&](std::size_t from, std::size_t n) {
+    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+      std::memcpy(mine + (from + at) * es, src, run * es);
+    });
+  };
+  copy_in(0, s.lo);
+  copy_in(s.hi, s.m - s.hi);
+}
+
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
 // reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
 // own from its input) into the hole in its buffer; after the second, every rank copies every
-// reduced piece out.
+// reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
+// half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
-                   std::size_t count) {
+                   std::size_t count, std::uint64_t agreed = 0) {
   const std::size_t es = size_of(type);
   const int p = node.size();
   const auto g = static_cast<std::size_t>(node.rank());
-  const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const std::size_t per_slice = shm_elements_per_slice(node, type);
   const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
-    const std::size_t m = std::min(per_slice, count - begin);
-    const even_pieces pieces{m, static_cast<std::size_t>(p)};
-    const std::size_t lo = pieces.offset(g);
-    const std::size_t hi = lo + pieces.length(g);
-    const std::uint64_t t = node.next_ticket(comm);
-    std::byte* mine = node.buffer(node.rank(), t);
-    auto copy_in = [&](std::size_t from, std::size_t n) {
-      in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
-        std::memcpy(mine + (from + at) * es, src, run * es);
-      });
-    };
-    {
-      const trace::span phase(track, "copy in", trace::fields::elements(m - (hi - lo), type));
-      copy_in(0, lo);
-      copy_in(hi, m - hi);
+    const shm_slice slice(node, begin, count, per_slice);
+    const std::size_t m = slice.m, lo = slice.lo, hi = slice.hi;
+    std::uint64_t t = agreed;
+    if (begin != 0 || agreed == 0) {
+      t = node.next_ticket(comm);
+      shm_copy_in(track, type, in, slice, node.buffer(node.rank(), t));
+      node.publish(t);
+      node.wait_all(comm, t);
     }
-    node.publish(t);
-    node.wait_all(comm, t);
+    std::byte* mine = node.buffer(node.rank(), t);
     {
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
@@ -10852,14 +10923,24 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       });
     }
     node.publish(t, shm_node::reduced);
-    node.wait_all(comm, t, shm_node::reduced);
-    const trace::span phase(track, "copy out", trace::fields::elements(m, type));
-    for (int c = 0; c < p; ++c) {
-      const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
-      const std::byte* reduced = node.buffer(c, t) + from * es;
-      out.each(begin + from, pieces.length(static_cast<std::size_t>(c)), [&](std::byte* dst, std::size_t at, std::size_t run) {
+    const even_pieces pieces{m, static_cast<std::size_t>(p)};
+    auto copy_out = [&](std::size_t c) {
+      const std::size_t from = pieces.offset(c);
+      const std::byte* reduced = node.buffer(static_cast<int>(c), t) + from * es;
+      out.each(begin + from, pieces.length(c), [&](std::byte* dst, std::size_t at, std::size_t run) {
         std::memcpy(dst, reduced + at * es, run * es);
       });
+    };
+    {
+      // This rank's own piece before the wait: it needs no peer (nobody reads `out`, and this
+      // rank's input piece, which `out` may be, was read by its reduction only).
+      const trace::span phase(track, "copy out", trace::fields::elements(hi - lo, type));
+      copy_out(g);
+    }
+    node.wait_all(comm, t, shm_node::reduced);
+    const trace::span phase(track, "copy out", trace::fields::elements(m - (hi - lo), type));
+    for (std::size_t c = 0; c < static_cast<std::size_t>(p); ++c) {
+      if (c != g) copy_out(c);
     }
   }
 }
@@ -12435,6 +12516,18 @@ void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   ring_allreduce(comm, type, op, in, out, count);
 }
 
+// A host allreduce through the node's shared memory whose agreement carries its first slice's first
+// half-step (agree_with_step): one synchronization fewer than agree() and then shm_allreduce.
+template <communicator C>
+void agreed_shm_allreduce(C& comm, shm_node& node, const signature& mine, const call_check& check, dtype type,
+                          reduce_op op, const host_parts& in, const host_parts& out, std::size_t count) {
+  const shm_slice first(node, 0, count, shm_elements_per_slice(node, type));
+  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::byte* buffer) {
+    shm_copy_in(comm.operations().track(), type, in, first, buffer);
+  });
+  shm_allreduce(comm, node, type, op, in, out, count, t);
+}
+
 // Host allreduces up to this size travel with the agreement (each rank reduces every rank's
 // tensor): within MPI's messages up to payload_max_bytes, through shared memory up to this.
 inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
@@ -12503,6 +12596,14 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     combine_ranks(comm.options().reproducible, in.type, op, static_cast<std::byte*>(out.data), p,
                   [&](int q) { return all.payload(q); }, in.count);
     return;
+  }
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node(); node != nullptr && p > 1 && in.device.is_cpu() && out.device.is_cpu()) {
+      const buffer_view whole_in{const_cast<void*>(in.data), in.count, in.type};
+      const std::size_t es = size_of(in.type);
+      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts({&whole_in, 1}, es),
+                                  host_parts({&out, 1}, es), in.count);
+    }
   }
   agree(comm, mine, check);
   reduce_tensor(comm, in, out, op, host_sync);
@@ -12641,9 +12742,9 @@ std::pair<op_label, std::function<void(bool)>> allreduce_in_shared_memory_body(C
             mine.type = type;
             mine.op = op;
             mine.count = count;
-            agree(comm, mine, call_check(op_kind::allreduce, comm.rank(), comm.size()));
             const host_parts whole(parts, size_of(type));
-            shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
+            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, call_check(op_kind::allreduce, comm.rank(), comm.size()),
+                                 type, op, whole, whole, count);
           }};
 }
 

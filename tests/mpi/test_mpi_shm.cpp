@@ -725,6 +725,50 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Past the one-shot size, a shared-memory allreduce's agreement carries its first slice (each
+// rank's pieces for the others: agree_with_step). Every signature must be verified before any rank
+// reads a peer's buffer or writes its output: each rank raises, naming the counts, with its tensor
+// as it was, and the next allreduce is exact, whether the argument checks are on or off.
+HERD_MPI_TEST_CASE("shared memory allreduce whose counts differ: every rank raises before it reads a peer's data, checks on or off", 2) {
+  for (const bool checks : {true, false}) {
+    herd::comm_options o = with(herd::algorithm::shared_memory);
+    o.check_arguments = checks;
+    o.stall_check_seconds = 0;
+    o.stall_shutdown_seconds = 2;
+    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    REQUIRE(comm.shared_node() != nullptr);
+    const int rank = comm.rank();
+    const int p = comm.size();
+    const std::size_t n = 16 * 1024;  // 64 KiB of f32: past the one-shot path, one slice
+    const auto own = static_cast<float>(rank + 1);
+    std::vector<float> v(n + (rank == p - 1 ? 1 : 0), own);
+    const std::string what = error_of([&] { herd::allreduce(v, comm); });
+    INFO("rank ", rank, ", checks ", checks, ": ", what);
+    CHECK(has(what, "the element count differs across ranks"));
+    CHECK(has(what, "rank " + std::to_string(p - 1) + ": " + std::to_string(n + 1)));
+    CHECK(std::all_of(v.begin(), v.end(), [&](float x) { return x == own; }));
+    std::vector<float> next(n, own);
+    herd::allreduce(next, comm);
+    CHECK(std::all_of(next.begin(), next.end(), [&](float x) { return x == static_cast<float>(p * (p + 1) / 2); }));
+  }
+  {
+    herd::mpi_communicator comm(MPI_COMM_WORLD, with(herd::algorithm::shared_memory));
+    const int rank = comm.rank();
+    const std::size_t n = 16 * 1024;
+    std::vector<float> f(rank == 0 ? n : 0, 1.0f);
+    std::vector<std::int32_t> i(rank == 0 ? 0 : n, 1);
+    const std::string what = error_of([&] {
+      if (rank == 0) herd::allreduce(f, comm);
+      else herd::allreduce(i, comm);
+    });
+    INFO("rank ", rank, ": ", what);
+    CHECK(has(what, "the dtype differs across ranks"));
+    CHECK(std::all_of(f.begin(), f.end(), [](float x) { return x == 1.0f; }));
+    CHECK(std::all_of(i.begin(), i.end(), [](std::int32_t x) { return x == 1; }));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // With argument checks off, steps of two different collectives, or of one collective on two
 // dtypes, carry the same operation number; their words must still differ, or the allgather would
 // return the allreduce's half-copied buffer and the f32 and i32 sums would each be computed in

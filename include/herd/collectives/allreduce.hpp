@@ -110,6 +110,18 @@ void host_allreduce(C& comm, dtype type, reduce_op op, const std::byte* in, std:
   ring_allreduce(comm, type, op, in, out, count);
 }
 
+// A host allreduce through the node's shared memory whose agreement carries its first slice's first
+// half-step (agree_with_step): one synchronization fewer than agree() and then shm_allreduce.
+template <communicator C>
+void agreed_shm_allreduce(C& comm, shm_node& node, const signature& mine, const call_check& check, dtype type,
+                          reduce_op op, const host_parts& in, const host_parts& out, std::size_t count) {
+  const shm_slice first(node, 0, count, shm_elements_per_slice(node, type));
+  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::byte* buffer) {
+    shm_copy_in(comm.operations().track(), type, in, first, buffer);
+  });
+  shm_allreduce(comm, node, type, op, in, out, count, t);
+}
+
 // Host allreduces up to this size travel with the agreement (each rank reduces every rank's
 // tensor): within MPI's messages up to payload_max_bytes, through shared memory up to this.
 inline constexpr std::size_t shm_one_shot_max_bytes = std::size_t{16} << 10;
@@ -178,6 +190,14 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
     combine_ranks(comm.options().reproducible, in.type, op, static_cast<std::byte*>(out.data), p,
                   [&](int q) { return all.payload(q); }, in.count);
     return;
+  }
+  if constexpr (with_shared_node<C>) {
+    if (shm_node* node = comm.shared_node(); node != nullptr && p > 1 && in.device.is_cpu() && out.device.is_cpu()) {
+      const buffer_view whole_in{const_cast<void*>(in.data), in.count, in.type};
+      const std::size_t es = size_of(in.type);
+      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts({&whole_in, 1}, es),
+                                  host_parts({&out, 1}, es), in.count);
+    }
   }
   agree(comm, mine, check);
   reduce_tensor(comm, in, out, op, host_sync);
@@ -316,9 +336,9 @@ std::pair<op_label, std::function<void(bool)>> allreduce_in_shared_memory_body(C
             mine.type = type;
             mine.op = op;
             mine.count = count;
-            agree(comm, mine, call_check(op_kind::allreduce, comm.rank(), comm.size()));
             const host_parts whole(parts, size_of(type));
-            shm_allreduce(comm, *shared_node_of(comm), type, op, whole, whole, count);
+            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, call_check(op_kind::allreduce, comm.rank(), comm.size()),
+                                 type, op, whole, whole, count);
           }};
 }
 

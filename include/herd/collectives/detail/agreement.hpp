@@ -183,6 +183,16 @@ HERD_SEPARATE void call_check::require_root(int root) {
 // Raises on every rank if the ranks passed different arguments.
 HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const signature> all);
 
+// What every rank's signature says, raised on every rank where anything is wrong anywhere (this
+// rank's own problem in its own words first).
+template <communicator C> void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
+  const error_site site{name(mine.kind), comm.rank(), comm.size()};
+  verify_identity(site, all.signatures, [&] {
+    if (!check.ok()) check.raise_local(true);
+  });
+  verify_arguments(site, all.signatures);
+}
+
 // The agreement of the running operation of `comm`, carrying this rank's signature (`mine`: its
 // arguments; the operation's identity and the protocol options are filled in here) and `payload`
 // when given. Raises on every rank if anything is wrong anywhere; returns every rank's payload.
@@ -202,12 +212,34 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
   }
   const trace::span phase(comm.operations().track(), "agreement");
   exchanged all = exchange(control_of(comm), mine, check.ok() ? payload : nullptr, check.ok() ? payload_bytes : 0);
-  const error_site site{name(mine.kind), comm.rank(), comm.size()};
-  verify_identity(site, all.signatures, [&] {
-    if (!check.ok()) check.raise_local(true);
-  });
-  verify_arguments(site, all.signatures);
+  verify_agreement(comm, mine, check, all);
   return all;
+}
+
+// The agreement as the first step of a collective through the node's shared memory (`node`, the
+// whole communicator's, more than one rank): `write(buffer)` fills this rank's buffer of that
+// step with the collective's first data (shm_allreduce's first slice), so that the data and the
+// signatures cross in one synchronization instead of one each. Nobody reads the buffers before
+// every signature is verified; a rank whose own arguments are bad writes nothing. It always
+// exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with
+// the peers' as the collective's own steps do (the whole operation: a peer in another collective,
+// which exchanges no signature then, is named as such). Returns the step's ticket.
+template <communicator C, class Write>
+std::uint64_t agree_with_step(C& comm, shm_node& node, signature mine, const call_check& check, Write&& write) {
+  stamp_identity(mine, comm.operations());
+  mine.faulty = check.ok() ? 0 : 1;
+  mine.fault_code = check.code();
+  const bool checks = comm.options().check_arguments;
+  if (!check.ok() && !checks) check.raise_local(false);  // as agree()
+  const trace::span phase(comm.operations().track(), "agreement");
+  const exchanged all = shm_exchange(
+      comm, node, mine, 0,
+      [&](std::byte* buffer) {
+        if (check.ok()) write(buffer);
+      },
+      checks ? shm_node::pairing::number : shm_node::pairing::whole);
+  verify_agreement(comm, mine, check, all);
+  return node.ticket();
 }
 
 // FNV-1a over a list of numbers (the per-rank counts of an allgatherv, a grouped allreduce's tensors).

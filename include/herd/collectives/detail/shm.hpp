@@ -70,39 +70,66 @@ class host_parts {
   std::vector<std::size_t> starts_;
 };
 
+// shm_allreduce's pieces of a slice: the slice is cut into one piece per rank of the node, and
+// piece g is the one rank g reduces.
+struct shm_slice {
+  std::size_t begin;  // the slice's first element
+  std::size_t m;      // its elements
+  std::size_t lo;     // this rank's piece: [lo, hi) within the slice
+  std::size_t hi;
+
+  shm_slice(const shm_node& node, std::size_t first, std::size_t count, std::size_t per_slice) : begin(first) {
+    m = std::min(per_slice, count - first);
+    const even_pieces pieces{m, static_cast<std::size_t>(node.size())};
+    lo = pieces.offset(static_cast<std::size_t>(node.rank()));
+    hi = lo + pieces.length(static_cast<std::size_t>(node.rank()));
+  }
+};
+
+inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
+  return std::max<std::size_t>(1, node.slice_bytes() / size_of(type));
+}
+
+// The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the
+// pieces of its input that the others reduce, every piece but its own.
+inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s, std::byte* mine) {
+  const std::size_t es = size_of(type);
+  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
+  auto copy_in = [&](std::size_t from, std::size_t n) {
+    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+      std::memcpy(mine + (from + at) * es, src, run * es);
+    });
+  };
+  copy_in(0, s.lo);
+  copy_in(s.hi, s.m - s.hi);
+}
+
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
 // reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
 // own from its input) into the hole in its buffer; after the second, every rank copies every
-// reduced piece out.
+// reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
+// half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
-                   std::size_t count) {
+                   std::size_t count, std::uint64_t agreed = 0) {
   const std::size_t es = size_of(type);
   const int p = node.size();
   const auto g = static_cast<std::size_t>(node.rank());
-  const std::size_t per_slice = std::max<std::size_t>(1, node.slice_bytes() / es);
+  const std::size_t per_slice = shm_elements_per_slice(node, type);
   const bool reproducible = comm.options().reproducible;
   const std::uint32_t track = comm.operations().track();
   for (std::size_t begin = 0; begin < count; begin += per_slice) {
-    const std::size_t m = std::min(per_slice, count - begin);
-    const even_pieces pieces{m, static_cast<std::size_t>(p)};
-    const std::size_t lo = pieces.offset(g);
-    const std::size_t hi = lo + pieces.length(g);
-    const std::uint64_t t = node.next_ticket(comm);
-    std::byte* mine = node.buffer(node.rank(), t);
-    auto copy_in = [&](std::size_t from, std::size_t n) {
-      in.each(begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
-        std::memcpy(mine + (from + at) * es, src, run * es);
-      });
-    };
-    {
-      const trace::span phase(track, "copy in", trace::fields::elements(m - (hi - lo), type));
-      copy_in(0, lo);
-      copy_in(hi, m - hi);
+    const shm_slice slice(node, begin, count, per_slice);
+    const std::size_t m = slice.m, lo = slice.lo, hi = slice.hi;
+    std::uint64_t t = agreed;
+    if (begin != 0 || agreed == 0) {
+      t = node.next_ticket(comm);
+      shm_copy_in(track, type, in, slice, node.buffer(node.rank(), t));
+      node.publish(t);
+      node.wait_all(comm, t);
     }
-    node.publish(t);
-    node.wait_all(comm, t);
+    std::byte* mine = node.buffer(node.rank(), t);
     {
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
@@ -112,14 +139,24 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       });
     }
     node.publish(t, shm_node::reduced);
-    node.wait_all(comm, t, shm_node::reduced);
-    const trace::span phase(track, "copy out", trace::fields::elements(m, type));
-    for (int c = 0; c < p; ++c) {
-      const std::size_t from = pieces.offset(static_cast<std::size_t>(c));
-      const std::byte* reduced = node.buffer(c, t) + from * es;
-      out.each(begin + from, pieces.length(static_cast<std::size_t>(c)), [&](std::byte* dst, std::size_t at, std::size_t run) {
+    const even_pieces pieces{m, static_cast<std::size_t>(p)};
+    auto copy_out = [&](std::size_t c) {
+      const std::size_t from = pieces.offset(c);
+      const std::byte* reduced = node.buffer(static_cast<int>(c), t) + from * es;
+      out.each(begin + from, pieces.length(c), [&](std::byte* dst, std::size_t at, std::size_t run) {
         std::memcpy(dst, reduced + at * es, run * es);
       });
+    };
+    {
+      // This rank's own piece before the wait: it needs no peer (nobody reads `out`, and this
+      // rank's input piece, which `out` may be, was read by its reduction only).
+      const trace::span phase(track, "copy out", trace::fields::elements(hi - lo, type));
+      copy_out(g);
+    }
+    node.wait_all(comm, t, shm_node::reduced);
+    const trace::span phase(track, "copy out", trace::fields::elements(m - (hi - lo), type));
+    for (std::size_t c = 0; c < static_cast<std::size_t>(p); ++c) {
+      if (c != g) copy_out(c);
     }
   }
 }

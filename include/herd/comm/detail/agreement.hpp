@@ -129,20 +129,25 @@ template <class C> std::size_t payload_capacity(C& comm) {
   return node != nullptr ? node->slice_bytes() : payload_max_bytes;
 }
 
-// The exchange through shared memory: one step. Every rank writes its signature and payload into
-// its buffer and reads the others' where they are; the payloads stay valid only until this rank
-// publishes its next step (after that a peer may pass that step's wait and write the step after
-// it into the same buffer), so callers use or copy them at once.
-template <class C>
-exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const void* payload, std::size_t payload_bytes) {
+// The exchange through shared memory: one step. Every rank writes its signature into its header
+// and, with `write(buffer)`, the step's data into its buffer, and reads the others' where they are;
+// the buffers stay valid only until this rank publishes its next step (after that a peer may pass
+// that step's wait and write the step after it into the same buffer), so callers use or copy them
+// at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
+// the buffers by a layout of its own: the first step of shm_allreduce, agree_with_step). The steps
+// pair by operation number only, so that the signatures name any other difference, unless `pair`
+// says otherwise.
+template <class C, class Write>
+exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size_t payload_bytes, Write&& write,
+                       shm_node::pairing pair = shm_node::pairing::number) {
   static_assert(sizeof(signature) <= shm_header_bytes - sizeof(std::uint64_t));  // the step's operation last
   const std::uint64_t t = node.next_ticket(comm);
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
-  if (payload_bytes != 0) std::memcpy(node.buffer(node.rank(), t), payload, payload_bytes);
+  write(node.buffer(node.rank(), t));
   node.publish(t);
-  node.wait_all(comm, t, shm_node::arrived, shm_node::pairing::number);
+  node.wait_all(comm, t, shm_node::arrived, pair);
   const auto parts = static_cast<std::size_t>(node.size());
   std::vector<signature>& by_owner = signature_buffer(1);
   std::vector<const std::byte*>& where = payload_pointers();
@@ -163,7 +168,11 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, const voi
 // where it arrived: this rank's is copied once (into the first message), the others' never.
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
-  if (shm_node* node = shared_node_of(comm)) return shm_exchange(comm, *node, mine, payload, payload_bytes);
+  if (shm_node* node = shared_node_of(comm)) {
+    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::byte* buffer) {
+      if (payload_bytes != 0) std::memcpy(buffer, payload, payload_bytes);
+    });
+  }
   const int p = comm.size();
   const int r = comm.rank();
   const auto parts = static_cast<std::size_t>(p);

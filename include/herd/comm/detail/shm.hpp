@@ -278,6 +278,9 @@ class shm_node {
     return ticket_;
   }
 
+  // The ticket of the last step this rank began.
+  std::uint64_t ticket() const noexcept { return ticket_; }
+
   // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
     return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
