@@ -3061,6 +3061,19 @@ class shm_node {
   }
   std::byte* buffer(int i, std::uint64_t t) const noexcept { return header(i, t) + shm_header_bytes; }
 
+  // Where rank i's data of step t begin when every rank's step carries `bytes` of them (the same
+  // on every rank). A buffer serves every other step, and each time its data move on to the next
+  // window of it (as many as fit), so that a rank writes lines its peers last read several uses
+  // before, which have left their caches by then. Writing a line that a peer's cache still holds
+  // waits for that copy to be taken away, one line at a time: at 2 ranks that was half of a 64 KiB
+  // allreduce's time (benchmarks/RESULTS.md). Windows are a page and five lines apart beyond the
+  // data, so that a copy's source and its window seldom share offsets within their pages.
+  std::byte* window(int i, std::uint64_t t, std::size_t bytes) const noexcept {
+    const std::size_t stride = (bytes + page - 1) / page * page + 5 * cache_line;
+    const std::size_t windows = slice_bytes_ / stride;
+    return buffer(i, t) + (windows > 1 ? (t / 2) % windows * stride : 0);
+  }
+
   // This rank has finished writing step t (of `which` half-step).
   void publish(std::uint64_t t, counter which = arrived) {
     if (shm_hook hook = shm_step_hook()) hook(t);
@@ -3300,7 +3313,7 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature into its header
-// and, with `write(buffer)`, the step's data into its buffer, and reads the others' where they are;
+// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the others' where they are;
 // the buffers stay valid only until this rank publishes its next step (after that a peer may pass
 // that step's wait and write the step after it into the same buffer), so callers use or copy them
 // at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
@@ -3315,7 +3328,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
-  write(node.buffer(node.rank(), t));
+  write(t);
   node.publish(t);
   node.wait_all(comm, t, shm_node::arrived, pair);
   const auto parts = static_cast<std::size_t>(node.size());
@@ -3339,8 +3352,8 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
   if (shm_node* node = shared_node_of(comm)) {
-    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::byte* buffer) {
-      if (payload_bytes != 0) std::memcpy(buffer, payload, payload_bytes);
+    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::uint64_t t) {
+      if (payload_bytes != 0) std::memcpy(node->buffer(node->rank(), t), payload, payload_bytes);
     });
   }
   const int p = comm.size();
@@ -8592,8 +8605,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
 }
 
 // The agreement as the first step of a collective through the node's shared memory (`node`, the
-// whole communicator's, more than one rank): `write(buffer)` fills this rank's buffer of that
-// step with the collective's first data (shm_allreduce's first slice), so that the data and the
+// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t) with the collective's first data (shm_allreduce's first slice), so that the data and the
 // signatures cross in one synchronization instead of one each. Nobody reads the buffers before
 // every signature is verified; a rank whose own arguments are bad writes nothing. It always
 // exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with
@@ -8609,8 +8621,8 @@ std::uint64_t agree_with_step(C& comm, shm_node& node, signature mine, const cal
   const trace::span phase(comm.operations().track(), "agreement");
   const exchanged all = shm_exchange(
       comm, node, mine, 0,
-      [&](std::byte* buffer) {
-        if (check.ok()) write(buffer);
+      [&](std::uint64_t t) {
+        if (check.ok()) write(t);
       },
       checks ? shm_node::pairing::number : shm_node::pairing::whole);
   verify_agreement(comm, mine, check, all);
@@ -10890,9 +10902,9 @@ inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, c
 
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
-// reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
-// own from its input) into the hole in its buffer; after the second, every rank copies every
-// reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
+// reduce into its buffer (the slice's window of it: shm_node::window); after the first half-step
+// rank g reduces piece g from every buffer (its own from its input) into the hole in its buffer;
+// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
 // half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
@@ -10909,16 +10921,16 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     std::uint64_t t = agreed;
     if (begin != 0 || agreed == 0) {
       t = node.next_ticket(comm);
-      shm_copy_in(track, type, in, slice, node.buffer(node.rank(), t));
+      shm_copy_in(track, type, in, slice, node.window(node.rank(), t, m * es));
       node.publish(t);
       node.wait_all(comm, t);
     }
-    std::byte* mine = node.buffer(node.rank(), t);
+    std::byte* mine = node.window(node.rank(), t, m * es);
     {
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
+        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset; };
         combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }
@@ -10926,7 +10938,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     auto copy_out = [&](std::size_t c) {
       const std::size_t from = pieces.offset(c);
-      const std::byte* reduced = node.buffer(static_cast<int>(c), t) + from * es;
+      const std::byte* reduced = node.window(static_cast<int>(c), t, m * es) + from * es;
       out.each(begin + from, pieces.length(c), [&](std::byte* dst, std::size_t at, std::size_t run) {
         std::memcpy(dst, reduced + at * es, run * es);
       });
@@ -12522,8 +12534,8 @@ template <communicator C>
 void agreed_shm_allreduce(C& comm, shm_node& node, const signature& mine, const call_check& check, dtype type,
                           reduce_op op, const host_parts& in, const host_parts& out, std::size_t count) {
   const shm_slice first(node, 0, count, shm_elements_per_slice(node, type));
-  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::byte* buffer) {
-    shm_copy_in(comm.operations().track(), type, in, first, buffer);
+  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::uint64_t step) {
+    shm_copy_in(comm.operations().track(), type, in, first, node.window(node.rank(), step, first.m * size_of(type)));
   });
   shm_allreduce(comm, node, type, op, in, out, count, t);
 }

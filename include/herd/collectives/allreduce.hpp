@@ -116,8 +116,8 @@ template <communicator C>
 void agreed_shm_allreduce(C& comm, shm_node& node, const signature& mine, const call_check& check, dtype type,
                           reduce_op op, const host_parts& in, const host_parts& out, std::size_t count) {
   const shm_slice first(node, 0, count, shm_elements_per_slice(node, type));
-  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::byte* buffer) {
-    shm_copy_in(comm.operations().track(), type, in, first, buffer);
+  const std::uint64_t t = agree_with_step(comm, node, mine, check, [&](std::uint64_t step) {
+    shm_copy_in(comm.operations().track(), type, in, first, node.window(node.rank(), step, first.m * size_of(type)));
   });
   shm_allreduce(comm, node, type, op, in, out, count, t);
 }

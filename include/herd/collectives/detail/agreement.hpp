@@ -217,8 +217,7 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
 }
 
 // The agreement as the first step of a collective through the node's shared memory (`node`, the
-// whole communicator's, more than one rank): `write(buffer)` fills this rank's buffer of that
-// step with the collective's first data (shm_allreduce's first slice), so that the data and the
+// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t) with the collective's first data (shm_allreduce's first slice), so that the data and the
 // signatures cross in one synchronization instead of one each. Nobody reads the buffers before
 // every signature is verified; a rank whose own arguments are bad writes nothing. It always
 // exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with
@@ -234,8 +233,8 @@ std::uint64_t agree_with_step(C& comm, shm_node& node, signature mine, const cal
   const trace::span phase(comm.operations().track(), "agreement");
   const exchanged all = shm_exchange(
       comm, node, mine, 0,
-      [&](std::byte* buffer) {
-        if (check.ok()) write(buffer);
+      [&](std::uint64_t t) {
+        if (check.ok()) write(t);
       },
       checks ? shm_node::pairing::number : shm_node::pairing::whole);
   verify_agreement(comm, mine, check, all);

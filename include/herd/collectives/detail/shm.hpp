@@ -106,9 +106,9 @@ inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, c
 
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
-// reduce into its buffer; after the first half-step rank g reduces piece g from every buffer (its
-// own from its input) into the hole in its buffer; after the second, every rank copies every
-// reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
+// reduce into its buffer (the slice's window of it: shm_node::window); after the first half-step
+// rank g reduces piece g from every buffer (its own from its input) into the hole in its buffer;
+// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
 // half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
@@ -125,16 +125,16 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     std::uint64_t t = agreed;
     if (begin != 0 || agreed == 0) {
       t = node.next_ticket(comm);
-      shm_copy_in(track, type, in, slice, node.buffer(node.rank(), t));
+      shm_copy_in(track, type, in, slice, node.window(node.rank(), t, m * es));
       node.publish(t);
       node.wait_all(comm, t);
     }
-    std::byte* mine = node.buffer(node.rank(), t);
+    std::byte* mine = node.window(node.rank(), t, m * es);
     {
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.buffer(q, t) + offset; };
+        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset; };
         combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }
@@ -142,7 +142,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
     const even_pieces pieces{m, static_cast<std::size_t>(p)};
     auto copy_out = [&](std::size_t c) {
       const std::size_t from = pieces.offset(c);
-      const std::byte* reduced = node.buffer(static_cast<int>(c), t) + from * es;
+      const std::byte* reduced = node.window(static_cast<int>(c), t, m * es) + from * es;
       out.each(begin + from, pieces.length(c), [&](std::byte* dst, std::size_t at, std::size_t run) {
         std::memcpy(dst, reduced + at * es, run * es);
       });

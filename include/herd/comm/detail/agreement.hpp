@@ -130,7 +130,7 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature into its header
-// and, with `write(buffer)`, the step's data into its buffer, and reads the others' where they are;
+// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the others' where they are;
 // the buffers stay valid only until this rank publishes its next step (after that a peer may pass
 // that step's wait and write the step after it into the same buffer), so callers use or copy them
 // at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
@@ -145,7 +145,7 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size
   signature own = mine;
   own.payload_bytes = static_cast<std::uint32_t>(payload_bytes);
   std::memcpy(node.header(node.rank(), t), &own, sizeof own);
-  write(node.buffer(node.rank(), t));
+  write(t);
   node.publish(t);
   node.wait_all(comm, t, shm_node::arrived, pair);
   const auto parts = static_cast<std::size_t>(node.size());
@@ -169,8 +169,8 @@ exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size
 template <class C>
 exchanged exchange(C& comm, const signature& mine, const void* payload, std::size_t payload_bytes) {
   if (shm_node* node = shared_node_of(comm)) {
-    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::byte* buffer) {
-      if (payload_bytes != 0) std::memcpy(buffer, payload, payload_bytes);
+    return shm_exchange(comm, *node, mine, payload_bytes, [&](std::uint64_t t) {
+      if (payload_bytes != 0) std::memcpy(node->buffer(node->rank(), t), payload, payload_bytes);
     });
   }
   const int p = comm.size();

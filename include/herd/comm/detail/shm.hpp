@@ -287,6 +287,19 @@ class shm_node {
   }
   std::byte* buffer(int i, std::uint64_t t) const noexcept { return header(i, t) + shm_header_bytes; }
 
+  // Where rank i's data of step t begin when every rank's step carries `bytes` of them (the same
+  // on every rank). A buffer serves every other step, and each time its data move on to the next
+  // window of it (as many as fit), so that a rank writes lines its peers last read several uses
+  // before, which have left their caches by then. Writing a line that a peer's cache still holds
+  // waits for that copy to be taken away, one line at a time: at 2 ranks that was half of a 64 KiB
+  // allreduce's time (benchmarks/RESULTS.md). Windows are a page and five lines apart beyond the
+  // data, so that a copy's source and its window seldom share offsets within their pages.
+  std::byte* window(int i, std::uint64_t t, std::size_t bytes) const noexcept {
+    const std::size_t stride = (bytes + page - 1) / page * page + 5 * cache_line;
+    const std::size_t windows = slice_bytes_ / stride;
+    return buffer(i, t) + (windows > 1 ? (t / 2) % windows * stride : 0);
+  }
+
   // This rank has finished writing step t (of `which` half-step).
   void publish(std::uint64_t t, counter which = arrived) {
     if (shm_hook hook = shm_step_hook()) hook(t);
