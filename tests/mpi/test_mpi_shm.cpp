@@ -50,6 +50,15 @@ herd::comm_options with(herd::algorithm a, std::size_t slice = std::size_t{1} <<
 // Small slices: a few thousand elements already take several steps.
 constexpr std::size_t small_slice = 4096;
 
+// Shared memory with the argument checks on or off, and a stall that ends every rank's wait in 2 s.
+herd::comm_options with_checks(bool checks, std::size_t slice = std::size_t{1} << 20) {
+  herd::comm_options o = with(herd::algorithm::shared_memory, slice);
+  o.check_arguments = checks;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = 2;
+  return o;
+}
+
 // Rank r's input for a case, drawn from a seed every rank knows.
 bytes input_of(std::uint64_t seed, int r, herd::dtype t, std::size_t n, herd::reduce_op op, values mode) {
   bytes out(n * herd::size_of(t));
@@ -700,10 +709,7 @@ HERD_MPI_TEST_CASE("communicators made by split, subset and renew add nothing to
 // otherwise take rank 0's first step of the next allreduce, and that allreduce would complete with
 // the earlier one's data. Every rank either raises or holds the exact sum of the second call.
 HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce never lends its steps to the next operation", 2) {
-  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
-  o.check_arguments = false;
-  o.stall_check_seconds = 0;
-  o.stall_shutdown_seconds = 2;
+  const herd::comm_options o = with_checks(false, small_slice);
   {
     herd::mpi_communicator comm(MPI_COMM_WORLD, o);
     REQUIRE(comm.shared_node() != nullptr);
@@ -725,17 +731,28 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Rank 0 allreduces n f32 ones, every other rank n i32 ones: `what` is the error this rank got.
+struct f32_against_i32 {
+  std::vector<float> f;
+  std::vector<std::int32_t> i;
+  std::string what;
+
+  f32_against_i32(herd::mpi_communicator& comm, std::size_t n)
+      : f(comm.rank() == 0 ? n : 0, 1.0f), i(comm.rank() == 0 ? 0 : n, 1) {
+    what = error_of([&] {
+      if (comm.rank() == 0) herd::allreduce(f, comm);
+      else herd::allreduce(i, comm);
+    });
+  }
+};
+
 // Past the one-shot size, a shared-memory allreduce's agreement carries its first slice (each
 // rank's pieces for the others: agree_with_step). Every signature must be verified before any rank
 // reads a peer's buffer or writes its output: each rank raises, naming the counts, with its tensor
 // as it was, and the next allreduce is exact, whether the argument checks are on or off.
 HERD_MPI_TEST_CASE("shared memory allreduce whose counts differ: every rank raises before it reads a peer's data, checks on or off", 2) {
   for (const bool checks : {true, false}) {
-    herd::comm_options o = with(herd::algorithm::shared_memory);
-    o.check_arguments = checks;
-    o.stall_check_seconds = 0;
-    o.stall_shutdown_seconds = 2;
-    herd::mpi_communicator comm(MPI_COMM_WORLD, o);
+    herd::mpi_communicator comm(MPI_COMM_WORLD, with_checks(checks));
     REQUIRE(comm.shared_node() != nullptr);
     const int rank = comm.rank();
     const int p = comm.size();
@@ -753,18 +770,11 @@ HERD_MPI_TEST_CASE("shared memory allreduce whose counts differ: every rank rais
   }
   {
     herd::mpi_communicator comm(MPI_COMM_WORLD, with(herd::algorithm::shared_memory));
-    const int rank = comm.rank();
-    const std::size_t n = 16 * 1024;
-    std::vector<float> f(rank == 0 ? n : 0, 1.0f);
-    std::vector<std::int32_t> i(rank == 0 ? 0 : n, 1);
-    const std::string what = error_of([&] {
-      if (rank == 0) herd::allreduce(f, comm);
-      else herd::allreduce(i, comm);
-    });
-    INFO("rank ", rank, ": ", what);
-    CHECK(has(what, "the dtype differs across ranks"));
-    CHECK(std::all_of(f.begin(), f.end(), [](float x) { return x == 1.0f; }));
-    CHECK(std::all_of(i.begin(), i.end(), [](std::int32_t x) { return x == 1; }));
+    const f32_against_i32 call(comm, 16 * 1024);
+    INFO("rank ", comm.rank(), ": ", call.what);
+    CHECK(has(call.what, "the dtype differs across ranks"));
+    CHECK(std::all_of(call.f.begin(), call.f.end(), [](float x) { return x == 1.0f; }));
+    CHECK(std::all_of(call.i.begin(), call.i.end(), [](std::int32_t x) { return x == 1; }));
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -774,10 +784,7 @@ HERD_MPI_TEST_CASE("shared memory allreduce whose counts differ: every rank rais
 // return the allreduce's half-copied buffer and the f32 and i32 sums would each be computed in
 // their own rank's type. Every rank must raise at the first step, naming the peer's collective.
 HERD_MPI_TEST_CASE("argument checks off: shared-memory steps of another collective or dtype do not pair up", 2) {
-  herd::comm_options o = with(herd::algorithm::shared_memory, small_slice);
-  o.check_arguments = false;
-  o.stall_check_seconds = 0;
-  o.stall_shutdown_seconds = 2;
+  const herd::comm_options o = with_checks(false, small_slice);
   const std::size_t n = 16 * 1024;  // 64 KiB of f32: past the one-shot path, several slices
   {
     herd::mpi_communicator comm(MPI_COMM_WORLD, o);
@@ -796,12 +803,7 @@ HERD_MPI_TEST_CASE("argument checks off: shared-memory steps of another collecti
   {
     herd::mpi_communicator comm(MPI_COMM_WORLD, o);
     const int rank = comm.rank();
-    std::vector<float> f(rank == 0 ? n : 0, 1.0f);
-    std::vector<std::int32_t> i(rank == 0 ? 0 : n, 1);
-    const std::string what = error_of([&] {
-      if (rank == 0) herd::allreduce(f, comm);
-      else herd::allreduce(i, comm);
-    });
+    const std::string what = f32_against_i32(comm, n).what;
     INFO("rank ", rank, ": ", what);
     CHECK(has(what, "their shared-memory steps do not pair up"));
     CHECK(has(what, "is in allreduce #"));
