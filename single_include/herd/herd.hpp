@@ -3313,13 +3313,13 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature into its header
-// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the others' where they are;
-// the buffers stay valid only until this rank publishes its next step (after that a peer may pass
-// that step's wait and write the step after it into the same buffer), so callers use or copy them
-// at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
-// the buffers by a layout of its own: the first step of shm_allreduce, agree_with_step). The steps
-// pair by operation number only, so that the signatures name any other difference, unless `pair`
-// says otherwise.
+// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the
+// others' where they are; the buffers stay valid only until this rank publishes its next step
+// (after that a peer may pass that step's wait and write the step after it into the same buffer),
+// so callers use or copy them at once. `payload_bytes` is what the signature announces of the
+// data (0 where the caller reads the buffers by a layout of its own: the first step of
+// shm_allreduce, agree_with_step). The steps pair by operation number only, so that the signatures
+// name any other difference, unless `pair` says otherwise.
 template <class C, class Write>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size_t payload_bytes, Write&& write,
                        shm_node::pairing pair = shm_node::pairing::number) {
@@ -8573,7 +8573,8 @@ HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const sign
 
 // What every rank's signature says, raised on every rank where anything is wrong anywhere (this
 // rank's own problem in its own words first).
-template <communicator C> void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
+template <communicator C>
+void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
   const error_site site{name(mine.kind), comm.rank(), comm.size()};
   verify_identity(site, all.signatures, [&] {
     if (!check.ok()) check.raise_local(true);
@@ -8605,7 +8606,8 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
 }
 
 // The agreement as the first step of a collective through the node's shared memory (`node`, the
-// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t) with the collective's first data (shm_allreduce's first slice), so that the data and the
+// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t)
+// with the collective's first data (shm_allreduce's first slice), so that the data and the
 // signatures cross in one synchronization instead of one each. Nobody reads the buffers before
 // every signature is verified; a rank whose own arguments are bad writes nothing. It always
 // exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with
@@ -10904,8 +10906,9 @@ inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, c
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
 // reduce into its buffer (the slice's window of it: shm_node::window); after the first half-step
 // rank g reduces piece g from every buffer (its own from its input) into the hole in its buffer;
-// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
-// half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
+// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the
+// agreement's step when the first slice's first half-step travelled in it (agree_with_step, with
+// shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
                    std::size_t count, std::uint64_t agreed = 0) {
@@ -10930,7 +10933,9 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset; };
+        auto operand = [&](int q) {
+          return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset;
+        };
         combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }
@@ -12755,8 +12760,8 @@ std::pair<op_label, std::function<void(bool)>> allreduce_in_shared_memory_body(C
             mine.op = op;
             mine.count = count;
             const host_parts whole(parts, size_of(type));
-            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, call_check(op_kind::allreduce, comm.rank(), comm.size()),
-                                 type, op, whole, whole, count);
+            const call_check check(op_kind::allreduce, comm.rank(), comm.size());
+            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, check, type, op, whole, whole, count);
           }};
 }
 

@@ -337,8 +337,8 @@ std::pair<op_label, std::function<void(bool)>> allreduce_in_shared_memory_body(C
             mine.op = op;
             mine.count = count;
             const host_parts whole(parts, size_of(type));
-            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, call_check(op_kind::allreduce, comm.rank(), comm.size()),
-                                 type, op, whole, whole, count);
+            const call_check check(op_kind::allreduce, comm.rank(), comm.size());
+            agreed_shm_allreduce(comm, *shared_node_of(comm), mine, check, type, op, whole, whole, count);
           }};
 }
 

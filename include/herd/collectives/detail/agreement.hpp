@@ -185,7 +185,8 @@ HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const sign
 
 // What every rank's signature says, raised on every rank where anything is wrong anywhere (this
 // rank's own problem in its own words first).
-template <communicator C> void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
+template <communicator C>
+void verify_agreement(C& comm, const signature& mine, const call_check& check, const exchanged& all) {
   const error_site site{name(mine.kind), comm.rank(), comm.size()};
   verify_identity(site, all.signatures, [&] {
     if (!check.ok()) check.raise_local(true);
@@ -217,7 +218,8 @@ exchanged agree(C& comm, signature mine, const call_check& check, bool carries_p
 }
 
 // The agreement as the first step of a collective through the node's shared memory (`node`, the
-// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t) with the collective's first data (shm_allreduce's first slice), so that the data and the
+// whole communicator's, more than one rank): `write(t)` fills this rank's buffer of that step (t)
+// with the collective's first data (shm_allreduce's first slice), so that the data and the
 // signatures cross in one synchronization instead of one each. Nobody reads the buffers before
 // every signature is verified; a rank whose own arguments are bad writes nothing. It always
 // exchanges, checks or not, as the data must cross anyway; with the checks off its step pairs with

@@ -108,8 +108,9 @@ inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, c
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
 // reduce into its buffer (the slice's window of it: shm_node::window); after the first half-step
 // rank g reduces piece g from every buffer (its own from its input) into the hole in its buffer;
-// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the agreement's step when the first slice's first
-// half-step travelled in it (agree_with_step, with shm_copy_in of the first slice): 0 otherwise.
+// after the second, every rank copies every reduced piece out. `agreed` is the ticket of the
+// agreement's step when the first slice's first half-step travelled in it (agree_with_step, with
+// shm_copy_in of the first slice): 0 otherwise.
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host_parts& in, const host_parts& out,
                    std::size_t count, std::uint64_t agreed = 0) {
@@ -134,7 +135,9 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
       const trace::span phase(track, "reduction", trace::fields::elements(hi - lo, type));
       in.each(begin + lo, hi - lo, [&](const std::byte* own, std::size_t at, std::size_t run) {
         const std::size_t offset = (lo + at) * es;
-        auto operand = [&](int q) { return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset; };
+        auto operand = [&](int q) {
+          return static_cast<std::size_t>(q) == g ? own : node.window(q, t, m * es) + offset;
+        };
         combine_ranks(reproducible, type, op, mine + offset, p, operand, run);
       });
     }

@@ -130,13 +130,13 @@ template <class C> std::size_t payload_capacity(C& comm) {
 }
 
 // The exchange through shared memory: one step. Every rank writes its signature into its header
-// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the others' where they are;
-// the buffers stay valid only until this rank publishes its next step (after that a peer may pass
-// that step's wait and write the step after it into the same buffer), so callers use or copy them
-// at once. `payload_bytes` is what the signature announces of the data (0 where the caller reads
-// the buffers by a layout of its own: the first step of shm_allreduce, agree_with_step). The steps
-// pair by operation number only, so that the signatures name any other difference, unless `pair`
-// says otherwise.
+// and, with `write(t)` (t: the step's ticket), the step's data into its buffer, and reads the
+// others' where they are; the buffers stay valid only until this rank publishes its next step
+// (after that a peer may pass that step's wait and write the step after it into the same buffer),
+// so callers use or copy them at once. `payload_bytes` is what the signature announces of the
+// data (0 where the caller reads the buffers by a layout of its own: the first step of
+// shm_allreduce, agree_with_step). The steps pair by operation number only, so that the signatures
+// name any other difference, unless `pair` says otherwise.
 template <class C, class Write>
 exchanged shm_exchange(C& comm, shm_node& node, const signature& mine, std::size_t payload_bytes, Write&& write,
                        shm_node::pairing pair = shm_node::pairing::number) {
