@@ -1213,7 +1213,8 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //                                     at least 1)
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
-//   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipeline's slice (1048576)
+//   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipelines' slice,
+//                                     the allreduce's being half of it (1048576)
 //   HERD_REPRODUCIBLE                 1: float sums and averages whose bits depend on the ranks' values only, not on
 //                                     the algorithm, layout, bucket split or rank order (0, the default)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
@@ -3038,7 +3039,8 @@ class shm_node {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(members_.size()); }
   int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
-  // Bytes of data in one buffer: the pipeline's slice.
+  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines; the
+  // allreduce's slices are half of it (shm_elements_per_slice).
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
@@ -3055,7 +3057,7 @@ class shm_node {
   // The ticket of the last step this rank began.
   std::uint64_t ticket() const noexcept { return ticket_; }
 
-  // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
+  // Rank i's buffer of step t: shm_header_bytes of header, then data_bytes(slice_bytes) of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
     return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
   }
@@ -3070,7 +3072,7 @@ class shm_node {
   // data, so that a copy's source and its window seldom share offsets within their pages.
   std::byte* window(int i, std::uint64_t t, std::size_t bytes) const noexcept {
     const std::size_t stride = (bytes + page - 1) / page * page + 5 * cache_line;
-    const std::size_t windows = slice_bytes_ / stride;
+    const std::size_t windows = data_bytes(slice_bytes_) / stride;
     return buffer(i, t) + (windows > 1 ? (t / 2) % windows * stride : 0);
   }
 
@@ -3163,11 +3165,15 @@ class shm_node {
 
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
+  // A buffer's room for data: slice_bytes, and room for the windows' offsets (five lines each,
+  // window()) so that k windows of slice_bytes / k fit when that is whole pages, for k up to 6:
+  // two for the allreduce's half-buffer slices of a 1 MiB buffer.
+  static std::size_t data_bytes(std::size_t slice_bytes) { return slice_bytes + 32 * cache_line; }
 
   // Buffers and regions are cache-line aligned but never a multiple of 4 KiB apart: copies
   // between addresses with equal offsets in their pages are several times slower on x86.
   static std::size_t buffer_stride(std::size_t slice_bytes) {
-    return (shm_header_bytes + slice_bytes + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
+    return (shm_header_bytes + data_bytes(slice_bytes) + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
   }
   static std::size_t rank_stride(std::size_t slice_bytes) {
     const std::size_t bytes = 2 * cache_line + 2 * buffer_stride(slice_bytes);
@@ -10884,8 +10890,13 @@ struct shm_slice {
   }
 };
 
+// The allreduce's slice is half a buffer, so that every use of a buffer has at least two windows
+// (shm_node::window): with whole-buffer slices, a 1 MiB allreduce rewrote at every call the lines
+// its peer had read at the last one, and each rank's input, buffer and peer's buffer (3 MiB) did
+// not fit its core's 2 MiB L2 here; in half-buffer slices it is 1.25x faster at 2 ranks, 2 and
+// 4 MiB likewise (benchmarks/RESULTS.md).
 inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
-  return std::max<std::size_t>(1, node.slice_bytes() / size_of(type));
+  return std::max<std::size_t>(1, node.slice_bytes() / 2 / size_of(type));
 }
 
 // The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the

@@ -264,7 +264,8 @@ class shm_node {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(members_.size()); }
   int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
-  // Bytes of data in one buffer: the pipeline's slice.
+  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines; the
+  // allreduce's slices are half of it (shm_elements_per_slice).
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
@@ -281,7 +282,7 @@ class shm_node {
   // The ticket of the last step this rank began.
   std::uint64_t ticket() const noexcept { return ticket_; }
 
-  // Rank i's buffer of step t: shm_header_bytes of header, then slice_bytes of data.
+  // Rank i's buffer of step t: shm_header_bytes of header, then data_bytes(slice_bytes) of data.
   std::byte* header(int i, std::uint64_t t) const noexcept {
     return region(i) + 2 * cache_line + (t % 2) * buffer_stride(slice_bytes_);
   }
@@ -296,7 +297,7 @@ class shm_node {
   // data, so that a copy's source and its window seldom share offsets within their pages.
   std::byte* window(int i, std::uint64_t t, std::size_t bytes) const noexcept {
     const std::size_t stride = (bytes + page - 1) / page * page + 5 * cache_line;
-    const std::size_t windows = slice_bytes_ / stride;
+    const std::size_t windows = data_bytes(slice_bytes_) / stride;
     return buffer(i, t) + (windows > 1 ? (t / 2) % windows * stride : 0);
   }
 
@@ -389,11 +390,15 @@ class shm_node {
 
   static constexpr std::size_t cache_line = 64;
   static constexpr std::size_t page = 4096;
+  // A buffer's room for data: slice_bytes, and room for the windows' offsets (five lines each,
+  // window()) so that k windows of slice_bytes / k fit when that is whole pages, for k up to 6:
+  // two for the allreduce's half-buffer slices of a 1 MiB buffer.
+  static std::size_t data_bytes(std::size_t slice_bytes) { return slice_bytes + 32 * cache_line; }
 
   // Buffers and regions are cache-line aligned but never a multiple of 4 KiB apart: copies
   // between addresses with equal offsets in their pages are several times slower on x86.
   static std::size_t buffer_stride(std::size_t slice_bytes) {
-    return (shm_header_bytes + slice_bytes + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
+    return (shm_header_bytes + data_bytes(slice_bytes) + cache_line - 1) / cache_line * cache_line + 3 * cache_line;
   }
   static std::size_t rank_stride(std::size_t slice_bytes) {
     const std::size_t bytes = 2 * cache_line + 2 * buffer_stride(slice_bytes);
