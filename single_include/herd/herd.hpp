@@ -1214,7 +1214,7 @@ template <element T, std::size_t Extent> struct tensor_traits<std::span<T, Exten
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipelines' slice,
-//                                     the allreduce's being half of it (1048576)
+//                                     the allreduce's being half of it unless ranks outnumber cores (1048576)
 //   HERD_REPRODUCIBLE                 1: float sums and averages whose bits depend on the ranks' values only, not on
 //                                     the algorithm, layout, bucket split or rank order (0, the default)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks
@@ -3033,15 +3033,23 @@ class shm_node {
   }
 
   // `members[i]`: the communicator rank of the node's i-th rank; this rank is members[rank].
-  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes)
-      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes) {}
+  // `cores`: the node's processors (the same on every rank of the node).
+  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes, int cores)
+      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes),
+        allreduce_slice_bytes_(size() > cores ? slice_bytes : slice_bytes / 2) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(members_.size()); }
   int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
-  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines; the
-  // allreduce's slices are half of it (shm_elements_per_slice).
+  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines.
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
+  // The allreduce's slice: half a buffer, so that every use of a buffer has at least two windows
+  // (window()). With whole-buffer slices a 1 MiB allreduce at 2 ranks rewrote at every call the
+  // lines its peer had read at the last one, and each rank's input, buffer and peer's buffer
+  // (3 MiB) did not fit its core's 2 MiB of L2; with half-buffer slices it is 1.2x as fast, 2 and
+  // 4 MiB 1.3x (benchmarks/RESULTS.md). Where the node's ranks outnumber its cores, a step costs a
+  // turn of the scheduler whatever its size, and the whole buffer (half the steps) stays.
+  std::size_t allreduce_slice_bytes() const noexcept { return allreduce_slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
   // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
@@ -3198,6 +3206,7 @@ class shm_node {
   int rank_ = 0;
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
+  std::size_t allreduce_slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
   std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
@@ -6181,6 +6190,8 @@ HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& o
 
 #endif  // HERD_COMM_DETAIL_MPI_FAILURE_HPP
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -6807,6 +6818,7 @@ HERD_SEPARATE void mpi_communicator::join_node() {
     struct node_report {
       std::int32_t first = 0;  // the node's first rank: the node's identity
       std::int32_t size = 0;
+      std::int32_t cores = 0;            // the node's processors online (first rank)
       detail::shm_segment::identity id;  // the segment's (first rank)
       char text[1024] = {};              // the segment's name (first rank), or what went wrong
     };
@@ -6824,6 +6836,7 @@ HERD_SEPARATE void mpi_communicator::join_node() {
       node_report mine;
       mine.first = members[0];
       mine.size = node_size;
+      mine.cores = static_cast<std::int32_t>(::sysconf(_SC_NPROCESSORS_ONLN));
       mine.id = segment.id();
       std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       auto exchange_reports = [&] {
@@ -6897,7 +6910,8 @@ HERD_SEPARATE void mpi_communicator::join_node() {
       return;
     }
     if (node_size > 1) {
-      s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
+      const int cores = reports[static_cast<std::size_t>(members[0])].cores;  // one value for the node
+      s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice, cores);
       s_->node_is_everyone = one_node;
     }
     if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {
@@ -10890,13 +10904,9 @@ struct shm_slice {
   }
 };
 
-// The allreduce's slice is half a buffer, so that every use of a buffer has at least two windows
-// (shm_node::window): with whole-buffer slices, a 1 MiB allreduce rewrote at every call the lines
-// its peer had read at the last one, and each rank's input, buffer and peer's buffer (3 MiB) did
-// not fit its core's 2 MiB L2 here; in half-buffer slices it is 1.25x faster at 2 ranks, 2 and
-// 4 MiB likewise (benchmarks/RESULTS.md).
+// The allreduce's slice (shm_node::allreduce_slice_bytes) in elements.
 inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
-  return std::max<std::size_t>(1, node.slice_bytes() / 2 / size_of(type));
+  return std::max<std::size_t>(1, node.allreduce_slice_bytes() / size_of(type));
 }
 
 // The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the

@@ -17,6 +17,8 @@
 #include <herd/comm/detail/watchdog.hpp>
 #include <herd/core/config.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -643,6 +645,7 @@ HERD_SEPARATE void mpi_communicator::join_node() {
     struct node_report {
       std::int32_t first = 0;  // the node's first rank: the node's identity
       std::int32_t size = 0;
+      std::int32_t cores = 0;            // the node's processors online (first rank)
       detail::shm_segment::identity id;  // the segment's (first rank)
       char text[1024] = {};              // the segment's name (first rank), or what went wrong
     };
@@ -660,6 +663,7 @@ HERD_SEPARATE void mpi_communicator::join_node() {
       node_report mine;
       mine.first = members[0];
       mine.size = node_size;
+      mine.cores = static_cast<std::int32_t>(::sysconf(_SC_NPROCESSORS_ONLN));
       mine.id = segment.id();
       std::memcpy(mine.text, segment.name().data(), std::min(segment.name().size(), sizeof mine.text - 1));
       auto exchange_reports = [&] {
@@ -733,7 +737,8 @@ HERD_SEPARATE void mpi_communicator::join_node() {
       return;
     }
     if (node_size > 1) {
-      s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice);
+      const int cores = reports[static_cast<std::size_t>(members[0])].cores;  // one value for the node
+      s_->node = std::make_unique<detail::shm_node>(std::move(segment), node_rank, members, slice, cores);
       s_->node_is_everyone = one_node;
     }
     if (!one_node && equal_sizes && (node_size > 1 || o.allreduce_algorithm == algorithm::hierarchical)) {

@@ -17,7 +17,7 @@
 //   HERD_ALLREDUCE_ALGORITHM          auto (default): shared memory among ranks of one node, hierarchical
 //                                     across nodes, the ring otherwise; ring: MPI messages only; shm; hierarchical
 //   HERD_SHM_SLICE_BYTES              bytes of each of a rank's two shared-memory buffers: the pipelines' slice,
-//                                     the allreduce's being half of it (1048576)
+//                                     the allreduce's being half of it unless ranks outnumber cores (1048576)
 //   HERD_REPRODUCIBLE                 1: float sums and averages whose bits depend on the ranks' values only, not on
 //                                     the algorithm, layout, bucket split or rank order (0, the default)
 //   HERD_SIMULATE_NODE_SIZE           tests and benchmarks only: treat each run of this many consecutive ranks

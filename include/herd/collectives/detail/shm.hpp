@@ -86,13 +86,9 @@ struct shm_slice {
   }
 };
 
-// The allreduce's slice is half a buffer, so that every use of a buffer has at least two windows
-// (shm_node::window): with whole-buffer slices, a 1 MiB allreduce rewrote at every call the lines
-// its peer had read at the last one, and each rank's input, buffer and peer's buffer (3 MiB) did
-// not fit its core's 2 MiB L2 here; in half-buffer slices it is 1.25x faster at 2 ranks, 2 and
-// 4 MiB likewise (benchmarks/RESULTS.md).
+// The allreduce's slice (shm_node::allreduce_slice_bytes) in elements.
 inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
-  return std::max<std::size_t>(1, node.slice_bytes() / 2 / size_of(type));
+  return std::max<std::size_t>(1, node.allreduce_slice_bytes() / size_of(type));
 }
 
 // The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the

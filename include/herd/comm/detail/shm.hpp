@@ -258,15 +258,23 @@ class shm_node {
   }
 
   // `members[i]`: the communicator rank of the node's i-th rank; this rank is members[rank].
-  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes)
-      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes) {}
+  // `cores`: the node's processors (the same on every rank of the node).
+  shm_node(shm_segment segment, int rank, std::vector<int> members, std::size_t slice_bytes, int cores)
+      : segment_(std::move(segment)), rank_(rank), members_(std::move(members)), slice_bytes_(slice_bytes),
+        allreduce_slice_bytes_(size() > cores ? slice_bytes : slice_bytes / 2) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(members_.size()); }
   int member(int i) const noexcept { return members_[static_cast<std::size_t>(i)]; }
-  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines; the
-  // allreduce's slices are half of it (shm_elements_per_slice).
+  // Bytes of data a step may put in one buffer: the slice of the shared-memory pipelines.
   std::size_t slice_bytes() const noexcept { return slice_bytes_; }
+  // The allreduce's slice: half a buffer, so that every use of a buffer has at least two windows
+  // (window()). With whole-buffer slices a 1 MiB allreduce at 2 ranks rewrote at every call the
+  // lines its peer had read at the last one, and each rank's input, buffer and peer's buffer
+  // (3 MiB) did not fit its core's 2 MiB of L2; with half-buffer slices it is 1.2x as fast, 2 and
+  // 4 MiB 1.3x (benchmarks/RESULTS.md). Where the node's ranks outnumber its cores, a step costs a
+  // turn of the scheduler whatever its size, and the whole buffer (half the steps) stays.
+  std::size_t allreduce_slice_bytes() const noexcept { return allreduce_slice_bytes_; }
   shm_segment& segment() noexcept { return segment_; }
 
   // The next step's ticket (the same on every rank of the node), for the operation `comm` runs:
@@ -423,6 +431,7 @@ class shm_node {
   int rank_ = 0;
   std::vector<int> members_;
   std::size_t slice_bytes_ = 0;
+  std::size_t allreduce_slice_bytes_ = 0;
   std::uint64_t ticket_ = 0;
   std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
