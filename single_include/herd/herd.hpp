@@ -10869,6 +10869,11 @@ class host_parts {
     }
     starts_.push_back(at);
   }
+  // One contiguous tensor, input or output (an input's parts are only read).
+  host_parts(const void* data, std::size_t count, dtype type)
+      : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+  host_parts(const host_parts&) = delete;  // parts_ may point at one_
+  host_parts& operator=(const host_parts&) = delete;
 
   // f(pointer, offset from begin, elements) for each contiguous run of [begin, begin + n).
   template <class F> void each(std::size_t begin, std::size_t n, F&& f) const {
@@ -10883,6 +10888,7 @@ class host_parts {
   }
 
  private:
+  buffer_view one_{};  // the part of a contiguous tensor
   std::span<const buffer_view> parts_;
   std::size_t es_;
   std::vector<std::size_t> starts_;
@@ -10987,10 +10993,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
                    std::size_t count) {
-  const buffer_view whole_in{const_cast<std::byte*>(in), count, type};
-  const buffer_view whole_out{out, count, type};
-  shm_allreduce(comm, node, type, op, host_parts({&whole_in, 1}, size_of(type)), host_parts({&whole_out, 1}, size_of(type)),
-                count);
+  shm_allreduce(comm, node, type, op, host_parts(in, count, type), host_parts(out, count, type), count);
 }
 
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
@@ -12637,10 +12640,8 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
   }
   if constexpr (with_shared_node<C>) {
     if (shm_node* node = comm.shared_node(); node != nullptr && p > 1 && in.device.is_cpu() && out.device.is_cpu()) {
-      const buffer_view whole_in{const_cast<void*>(in.data), in.count, in.type};
-      const std::size_t es = size_of(in.type);
-      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts({&whole_in, 1}, es),
-                                  host_parts({&out, 1}, es), in.count);
+      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts(in.data, in.count, in.type),
+                                  host_parts(out.data, out.count, out.type), in.count);
     }
   }
   agree(comm, mine, check);

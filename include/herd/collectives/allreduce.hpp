@@ -193,10 +193,8 @@ template <communicator C> void run_allreduce(C& comm, const allreduce_call& call
   }
   if constexpr (with_shared_node<C>) {
     if (shm_node* node = comm.shared_node(); node != nullptr && p > 1 && in.device.is_cpu() && out.device.is_cpu()) {
-      const buffer_view whole_in{const_cast<void*>(in.data), in.count, in.type};
-      const std::size_t es = size_of(in.type);
-      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts({&whole_in, 1}, es),
-                                  host_parts({&out, 1}, es), in.count);
+      return agreed_shm_allreduce(comm, *node, mine, check, in.type, op, host_parts(in.data, in.count, in.type),
+                                  host_parts(out.data, out.count, out.type), in.count);
     }
   }
   agree(comm, mine, check);

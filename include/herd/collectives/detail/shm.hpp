@@ -51,6 +51,11 @@ class host_parts {
     }
     starts_.push_back(at);
   }
+  // One contiguous tensor, input or output (an input's parts are only read).
+  host_parts(const void* data, std::size_t count, dtype type)
+      : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+  host_parts(const host_parts&) = delete;  // parts_ may point at one_
+  host_parts& operator=(const host_parts&) = delete;
 
   // f(pointer, offset from begin, elements) for each contiguous run of [begin, begin + n).
   template <class F> void each(std::size_t begin, std::size_t n, F&& f) const {
@@ -65,6 +70,7 @@ class host_parts {
   }
 
  private:
+  buffer_view one_{};  // the part of a contiguous tensor
   std::span<const buffer_view> parts_;
   std::size_t es_;
   std::vector<std::size_t> starts_;
@@ -169,10 +175,7 @@ void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const host
 template <class C>
 void shm_allreduce(C& comm, shm_node& node, dtype type, reduce_op op, const std::byte* in, std::byte* out,
                    std::size_t count) {
-  const buffer_view whole_in{const_cast<std::byte*>(in), count, type};
-  const buffer_view whole_out{out, count, type};
-  shm_allreduce(comm, node, type, op, host_parts({&whole_in, 1}, size_of(type)), host_parts({&whole_out, 1}, size_of(type)),
-                count);
+  shm_allreduce(comm, node, type, op, host_parts(in, count, type), host_parts(out, count, type), count);
 }
 
 // Reduce-scatter over the node: rank g ends with chunk g (chunks.length[g] elements at `mine`) of
