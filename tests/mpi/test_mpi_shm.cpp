@@ -415,7 +415,8 @@ HERD_MPI_TEST_CASE("a rank stalled mid-slice: every rank gets the error, the com
   const std::size_t n = 20000;  // 80 KB: 40 allreduce slices of 2 KiB (half a 4 KiB buffer)
   std::vector<float> v(n, 1.0f);
   // Steps: barrier #1 is step 1, barrier #2 step 2, the allreduce's agreement with its first
-  // slice step 3, its other slices steps 4 to 42: rank 1 stalls in the 8th slice.
+  // slice step 3, its other slices steps 4 to 42 (to 22 where the ranks outnumber the cores and a
+  // slice is the whole buffer): rank 1 stalls in the 8th slice.
   if (comm.rank() == 1) {
     stall_at = 10;
     herd::detail::shm_step_hook() = stall;
@@ -723,7 +724,8 @@ HERD_MPI_TEST_CASE("argument checks off: a mismatched shared-memory allreduce ne
     REQUIRE(comm.shared_node() != nullptr);
     const int rank = comm.rank();
     const int p = comm.size();
-    const std::size_t n = 64 * 1024;  // 128 slices of 512 floats; rank 1 has two more
+    const std::size_t n = 64 * 1024;  // 128 slices of 512 floats (64 of 1024 where the ranks
+                                      // outnumber the cores); rank 1 has 1024 floats more
     std::vector<float> first(n + (rank == 1 ? 1024 : 0), 1.0f);
     const std::string first_error = error_of([&] { herd::allreduce(first, comm); });
     std::vector<float> second(n, static_cast<float>(rank + 1));
