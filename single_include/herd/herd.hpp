@@ -547,7 +547,15 @@ struct error_site {
 };
 
 // "herd::allreduce on rank 1 of 4: <what>. <todo>"
-inline std::string error_message(const error_site& site, std::string_view what, std::string_view todo) {
+HERD_SEPARATE std::string error_message(const error_site& site, std::string_view what, std::string_view todo);
+
+[[noreturn]] inline void raise(const error_site& site, std::string_view what, std::string_view todo) {
+  throw error(error_message(site, what, todo), site.rank);
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::string error_message(const error_site& site, std::string_view what, std::string_view todo) {
   std::string message = "herd";
   if (!site.operation.empty()) message.append("::").append(site.operation);
   if (site.rank >= 0) {
@@ -560,9 +568,7 @@ inline std::string error_message(const error_site& site, std::string_view what, 
   return message;
 }
 
-[[noreturn]] inline void raise(const error_site& site, std::string_view what, std::string_view todo) {
-  throw error(error_message(site, what, todo), site.rank);
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd
@@ -961,7 +967,19 @@ typedef struct DLManagedTensor {
 namespace herd {
 namespace detail {
 
-inline herd::dtype dlpack_dtype(const DLDataType& t) {
+HERD_SEPARATE herd::dtype dlpack_dtype(const DLDataType& t);
+
+inline std::size_t dlpack_elements(const DLTensor& t) {
+  std::size_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<std::size_t>(t.shape[i]);
+  return n;
+}
+
+HERD_SEPARATE void require_compact(const DLTensor& t);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE herd::dtype dlpack_dtype(const DLDataType& t) {
   if (t.lanes == 1) {
     switch (t.code) {
       case kDLFloat:
@@ -989,13 +1007,7 @@ inline herd::dtype dlpack_dtype(const DLDataType& t) {
               "convert the tensor first.");
 }
 
-inline std::size_t dlpack_elements(const DLTensor& t) {
-  std::size_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<std::size_t>(t.shape[i]);
-  return n;
-}
-
-inline void require_compact(const DLTensor& t) {
+HERD_SEPARATE void require_compact(const DLTensor& t) {
   if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
     throw error("herd: DLTensor has ndim " + std::to_string(t.ndim) + " but no shape. Pass a well-formed DLTensor.");
   }
@@ -1019,6 +1031,8 @@ inline void require_compact(const DLTensor& t) {
     expected *= t.shape[i];
   }
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 
@@ -1951,12 +1965,7 @@ struct op_label {
   bool typed = false;
   op_name name_{};  // empty unless the caller named it
 
-  std::string str() const {
-    std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
-    if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
-    if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
-    return text;
-  }
+  std::string str() const;
 };
 
 // Whether a failure that aborted a communicator reached a caller. A handle dropped unwaited
@@ -2040,7 +2049,7 @@ inline constexpr std::chrono::microseconds handoff_spin{200};
 
 class operation_state {
  public:
-  explicit operation_state(const comm_options& options) : options_(options) {}
+  explicit operation_state(const comm_options& options);
   operation_state(const operation_state&) = delete;
   operation_state& operator=(const operation_state&) = delete;
   ~operation_state();
@@ -2224,16 +2233,7 @@ class operation_state {
   // next thread that takes it.
   class issuing {
    public:
-    issuing(operation_state& ops, const error_site& site) : ops_(ops) {
-      const std::thread::id me = std::this_thread::get_id();
-      std::thread::id holder{};
-      claimed_ = ops.issuer_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
-      if (!claimed_ && holder != me) {
-        ops.intruded_.store(true, std::memory_order_release);
-        raise(site, "another thread of this rank is issuing or running an operation of this communicator at the same "
-                    "time", concurrent_todo);
-      }
-    }
+    issuing(operation_state& ops, const error_site& site);
     issuing(const issuing&) = delete;
     issuing& operator=(const issuing&) = delete;
     ~issuing() {
@@ -2287,6 +2287,15 @@ class operation_state {
 // (core/config.hpp). Each runs once per operation, not per element; what the call may cost in the
 // hand-over is measured in benchmarks/RESULTS.md (a few tenths of a microsecond at most, if any).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE std::string op_label::str() const {
+  std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+  if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
+  if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
+  return text;
+}
+
+HERD_SEPARATE operation_state::operation_state(const comm_options& options) : options_(options) {}
+
 HERD_SEPARATE operation_state::~operation_state() {
   {
     std::lock_guard lock(mutex_);
@@ -2295,6 +2304,19 @@ HERD_SEPARATE operation_state::~operation_state() {
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
   news_->close();
+}
+
+HERD_SEPARATE operation_state::issuing::issuing(operation_state& ops, const error_site& site) : ops_(ops) {
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id holder{};
+  claimed_ = ops.issuer_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
+  if (!claimed_ && holder != me) {
+    ops.intruded_.store(true, std::memory_order_release);
+    raise(site,
+          "another thread of this rank is issuing or running an operation of this communicator at the same "
+          "time",
+          concurrent_todo);
+  }
 }
 
 HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::submit(std::function<void(std::uint64_t)> f,
@@ -2487,12 +2509,7 @@ namespace detail {
         "Call operations only on communicators this rank belongs to; comm.is_member() tells");
 }
 
-inline void check_peer(const char* operation, int rank, int size, int peer) {
-  if (peer < 0 || peer >= size) {
-    raise({operation, rank, size}, "peer rank " + std::to_string(peer) + " is out of range",
-          "Use a rank in [0, " + std::to_string(size) + ")");
-  }
-}
+HERD_SEPARATE void check_peer(const char* operation, int rank, int size, int peer);
 
 // Raises if a peer of `comm` aborted its running operation or left (for waits a collective
 // makes itself rather than through comm.wait).
@@ -2509,6 +2526,17 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
           "Pass a valid pointer, or a byte count of 0");
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void check_peer(const char* operation, int rank, int size, int peer) {
+  if (peer < 0 || peer >= size) {
+    raise({operation, rank, size}, "peer rank " + std::to_string(peer) + " is out of range",
+          "Use a rank in [0, " + std::to_string(size) + ")");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd
@@ -2700,36 +2728,10 @@ class waiting {
 
   // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
   // allreduce #17 (4 MiB f32) to receive from rank 1".
-  void watch(const error_site& site, const std::string& what) {
-    const double waited = seconds();
-    char amount[32];
-    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
-    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
-    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
-      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
-            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
-            "ran out of data early, or is stuck elsewhere");
-    }
-    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
-      warned_ = true;
-      const std::string then = options_.stall_shutdown_seconds > 0
-                                   ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
-                                         number(options_.stall_shutdown_seconds) + " s"
-                                   : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
-      std::fprintf(stderr,
-                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; %s.\n",
-                   text.c_str(), then.c_str());
-      std::fflush(stderr);
-    }
-  }
+  void watch(const error_site& site, const std::string& what);
 
  private:
-  static std::string number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return text;
-  }
+  static std::string number(double x);
 
   comm_options options_;
   clock::time_point start_;
@@ -2795,7 +2797,47 @@ void watched_wait(const comm_options& options, const error_site& site, Done done
 
 // "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
 // rank 1 (tag 11)".
-inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
+HERD_SEPARATE std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag);
+
+// The error site of the running operation ("allreduce"), or `fallback` outside operations.
+inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
+  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE void waiting::watch(const error_site& site, const std::string& what) {
+  const double waited = seconds();
+  char amount[32];
+  std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
+  const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
+  if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
+    raise(site,
+          text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
+          "Every rank must call the same collectives in the same order; check that no rank skipped one, "
+          "ran out of data early, or is stuck elsewhere");
+  }
+  if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
+    warned_ = true;
+    const std::string then =
+        options_.stall_shutdown_seconds > 0
+            ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) +
+                  " s"
+            : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
+    std::fprintf(stderr,
+                 "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
+                 "stuck; %s.\n",
+                 text.c_str(), then.c_str());
+    std::fflush(stderr);
+  }
+}
+
+HERD_SEPARATE std::string waiting::number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", x);
+  return text;
+}
+
+HERD_SEPARATE std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
   std::string text;
   if (ops.in_operation()) text = "in " + ops.current().str() + " ";
   if (peer < 0) return text + "for the other ranks";
@@ -2804,10 +2846,7 @@ inline std::string waiting_for(const operation_state& ops, int peer, bool receiv
   return text;
 }
 
-// The error site of the running operation ("allreduce"), or `fallback` outside operations.
-inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
-  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -2842,18 +2881,7 @@ class shm_segment {
  public:
   shm_segment() = default;
   shm_segment(shm_segment&& other) noexcept { *this = std::move(other); }
-  shm_segment& operator=(shm_segment&& other) noexcept {
-    if (this != &other) {
-      reset();
-      base_ = std::exchange(other.base_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
-      identity_ = other.identity_;
-      name_ = std::move(other.name_);
-      linked_ = std::exchange(other.linked_, false);
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
+  shm_segment& operator=(shm_segment&& other) noexcept;
   ~shm_segment() { reset(); }
 
   // What the creator writes in the last bytes of a segment and an opener compares before it uses
@@ -2912,6 +2940,19 @@ class shm_segment {
 // shm_segment's members that create, open, map and name segments: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE shm_segment& shm_segment::operator=(shm_segment&& other) noexcept {
+  if (this != &other) {
+    reset();
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    identity_ = other.identity_;
+    name_ = std::move(other.name_);
+    linked_ = std::exchange(other.linked_, false);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
 HERD_SEPARATE shm_segment shm_segment::create(std::size_t bytes, std::string& problem, bool named) {
   shm_segment s;
   int fd = -1;
@@ -3125,12 +3166,7 @@ class shm_node {
     return (label.seq & seq_mask) | std::uint64_t{static_cast<std::uint8_t>(label.kind)} << 40 |
            std::uint64_t{static_cast<std::uint8_t>(label.type)} << 48 | in_operation | (label.typed ? typed : 0);
   }
-  static std::string step_text(std::uint64_t word) {
-    if (word == 0) return "no operation";
-    std::string text = std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask);
-    if ((word & typed) != 0) text += " of " + std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
-    return text;
-  }
+  static std::string step_text(std::uint64_t word);
 
   template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
     const operation_state& ops = comm.operations();
@@ -3210,6 +3246,18 @@ class shm_node {
   std::uint64_t ticket_ = 0;
   std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::string shm_node::step_text(std::uint64_t word) {
+  if (word == 0) return "no operation";
+  std::string text =
+      std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask);
+  if ((word & typed) != 0) text += " of " + std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
+  return text;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -3593,62 +3641,10 @@ namespace detail {
 
 // Point-to-point calls of the user take tags in [0, reserved_tag_base); herd's operations send on
 // tags at and above it (control, notices, data of operation k).
-inline void check_tag(const char* operation, int rank, int size, int tag) {
-  if (tag < 0) {
-    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
-          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
-  }
-  if (tag >= reserved_tag_base && !operation_state::any_running()) {
-    raise({operation, rank, size},
-          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
-              ", 32767], where collectives send their own messages (a message on it could be taken as a "
-              "collective's data)",
-          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
-  }
-}
+HERD_SEPARATE void check_tag(const char* operation, int rank, int size, int tag);
 
 // What is wrong with `o`, in words naming the option and its variable; empty when nothing is.
-inline std::string options_problem(const comm_options& o) {
-  auto number = [](double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return std::string(text);
-  };
-  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
-  if (seconds_bad(o.stall_check_seconds)) {
-    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
-           "; give seconds between 0 (never warn) and 1e15";
-  }
-  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
-  // looks every few milliseconds, and an abort's notices take about as long).
-  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
-    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
-           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
-  }
-  if (o.ring_segment_bytes == 0) {
-    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
-           "least 1 (the default is 1048576)";
-  }
-  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
-    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
-           "; give bytes between 4096 and 1073741824";
-  }
-  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
-    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
-           "; give a number of ranks between 0 (the real nodes) and 65536";
-  }
-  switch (o.allreduce_algorithm) {
-    case algorithm::automatic:
-    case algorithm::ring:
-    case algorithm::shared_memory:
-    case algorithm::hierarchical: break;
-    default:
-      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
-             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
-             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
-  }
-  return {};
-}
+HERD_SEPARATE std::string options_problem(const comm_options& o);
 
 // What a rank brings to a communicator's creation (the payload of operation #0): when it renews
 // one, that one's last completed operation; then, if it has one, its malformed setting in words.
@@ -3664,22 +3660,8 @@ struct creation_report {
 
   static constexpr std::size_t header_bytes = 24;
 
-  creation_report(const std::string& text, const op_label* renewed) {
-    if (renewed != nullptr) {
-      renewing = 1;
-      last_seq = renewed->seq;
-      last_count = renewed->count;
-      last_kind = renewed->kind;
-      last_type = renewed->type;
-      last_typed = renewed->typed ? 1 : 0;
-    }
-    std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
-  }
-  creation_report(const std::byte* payload, std::size_t bytes) {
-    std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
-    if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
-    problem[sizeof problem - 1] = '\0';
-  }
+  creation_report(const std::string& text, const op_label* renewed);
+  creation_report(const std::byte* payload, std::size_t bytes);
   std::size_t bytes() const noexcept { return header_bytes + std::strlen(problem); }
   op_label last() const { return {last_kind, last_seq, last_count, last_type, last_typed != 0}; }
   std::string last_text() const {
@@ -3689,23 +3671,7 @@ struct creation_report {
 static_assert(offsetof(creation_report, problem) == creation_report::header_bytes);
 
 // Raises on every rank if ranks renewing a communicator last completed different operations of it.
-inline void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
-  if (reports.empty() || !reports[0].renewing) return;
-  bool differ = false;
-  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
-  if (!differ) return;
-  std::string text;
-  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
-    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
-  }
-  if (reports.size() > 16) text += ", ...";
-  raise_agreed(site,
-               "the ranks last completed different operations of the communicator they renew (" + text +
-                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
-                   "would be in different steps and mix their data",
-               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
-               "same step), then renew with comm.renew(options, herd::rolled_back)");
-}
+HERD_SEPARATE void verify_renewal(const error_site& site, const std::vector<creation_report>& reports);
 
 // What a rank has heard of a peer's failures, for hopeless_wait.
 struct peer_news {
@@ -3817,17 +3783,114 @@ members_state members_verdict(const std::vector<int>& members, int me, const mem
 }
 
 // The ranks that stay, in their order: those whose answer is 1.
-inline std::vector<int> staying_members(const std::vector<int>& answers) {
+HERD_SEPARATE std::vector<int> staying_members(const std::vector<int>& answers);
+
+inline const char* shrink_advice() noexcept {
+  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
+         "the ranks still here, or end the job";
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE creation_report::creation_report(const std::string& text, const op_label* renewed) {
+  if (renewed != nullptr) {
+    renewing = 1;
+    last_seq = renewed->seq;
+    last_count = renewed->count;
+    last_kind = renewed->kind;
+    last_type = renewed->type;
+    last_typed = renewed->typed ? 1 : 0;
+  }
+  std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
+}
+
+HERD_SEPARATE creation_report::creation_report(const std::byte* payload, std::size_t bytes) {
+  std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
+  if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
+  problem[sizeof problem - 1] = '\0';
+}
+
+HERD_SEPARATE void check_tag(const char* operation, int rank, int size, int tag) {
+  if (tag < 0) {
+    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+  if (tag >= reserved_tag_base && !operation_state::any_running()) {
+    raise({operation, rank, size},
+          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
+              ", 32767], where collectives send their own messages (a message on it could be taken as a "
+              "collective's data)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+}
+
+HERD_SEPARATE std::string options_problem(const comm_options& o) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return std::string(text);
+  };
+  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
+  if (seconds_bad(o.stall_check_seconds)) {
+    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
+           "; give seconds between 0 (never warn) and 1e15";
+  }
+  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
+  // looks every few milliseconds, and an abort's notices take about as long).
+  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
+    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
+           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
+  }
+  if (o.ring_segment_bytes == 0) {
+    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
+           "least 1 (the default is 1048576)";
+  }
+  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
+    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
+           "; give bytes between 4096 and 1073741824";
+  }
+  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
+    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
+           "; give a number of ranks between 0 (the real nodes) and 65536";
+  }
+  switch (o.allreduce_algorithm) {
+    case algorithm::automatic:
+    case algorithm::ring:
+    case algorithm::shared_memory:
+    case algorithm::hierarchical: break;
+    default:
+      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
+             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
+             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
+  }
+  return {};
+}
+
+HERD_SEPARATE void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
+  if (reports.empty() || !reports[0].renewing) return;
+  bool differ = false;
+  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
+  if (!differ) return;
+  std::string text;
+  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
+    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
+  }
+  if (reports.size() > 16) text += ", ...";
+  raise_agreed(site,
+               "the ranks last completed different operations of the communicator they renew (" + text +
+                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
+                   "would be in different steps and mix their data",
+               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
+               "same step), then renew with comm.renew(options, herd::rolled_back)");
+}
+
+HERD_SEPARATE std::vector<int> staying_members(const std::vector<int>& answers) {
   std::vector<int> members;
   for (std::size_t q = 0; q < answers.size(); ++q)
     if (answers[q] == 1) members.push_back(static_cast<int>(q));
   return members;
 }
 
-inline const char* shrink_advice() noexcept {
-  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
-         "the ranks still here, or end the job";
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd
@@ -4067,16 +4130,7 @@ struct split_request {
 
 // subset(ranks) as a split: a listed rank takes color 0 and its place in the list as key, so the
 // new ranks follow the list's order; a rank not listed takes no_color.
-inline split_request subset_request(std::span<const int> ranks, int rank) {
-  split_request r;
-  std::uint64_t h = 1469598103934665603ull ^ ranks.size();
-  for (int x : ranks) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
-  r.list = h;
-  const auto at = std::find(ranks.begin(), ranks.end(), rank);
-  r.color = at == ranks.end() ? no_color : 0;
-  r.key = static_cast<std::int32_t>(at - ranks.begin());
-  return r;
-}
+HERD_SEPARATE split_request subset_request(std::span<const int> ranks, int rank);
 
 // The agreement of the running split or subset operation of comm: every rank's request, once
 // they are known to be valid. `ranks` is a subset's list (ignored by split).
@@ -4135,6 +4189,21 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
 }
 #endif
 
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE split_request subset_request(std::span<const int> ranks, int rank) {
+  split_request r;
+  std::uint64_t h = 1469598103934665603ull ^ ranks.size();
+  for (int x : ranks) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
+  r.list = h;
+  const auto at = std::find(ranks.begin(), ranks.end(), rank);
+  r.color = at == ranks.end() ? no_color : 0;
+  r.key = static_cast<std::int32_t>(at - ranks.begin());
+  return r;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
+
 }  // namespace herd::detail
 
 #endif  // HERD_COMM_DETAIL_SPLIT_HPP
@@ -4188,21 +4257,13 @@ inline constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max()
 
 class world {
  public:
-  explicit world(int size)
-      : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
-        splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
-        aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
-        proposals_(static_cast<std::size_t>(size)) {}
+  explicit world(int size);
 
   int size() const noexcept { return size_; }
 
   // --- local::run's failure: every wait of this world and of the worlds split from it fails.
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
-  std::string failure() {
-    std::lock_guard lock(registry_mutex_);
-    return failure_;
-  }
+  std::string failure();
   void fail(const std::string& reason);
 
   // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
@@ -4246,24 +4307,9 @@ class world {
 
   std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members);
 
-  void wake_all() {
-    for (auto& w : waiters_) {
-      { std::lock_guard lock(w.mutex); }
-      w.wake.notify_all();
-    }
-  }
+  void wake_all();
 
-  static void transfer(message& send, message& receive) {
-    if (send.bytes > receive.bytes) {
-      const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
-                               std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
-                               "-byte receive buffer of rank " + std::to_string(receive.owner);
-      send.failure = what;
-      receive.failure = what;
-      return;
-    }
-    if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
-  }
+  static void transfer(message& send, message& receive);
 
   void complete(message& m);
 
@@ -4287,6 +4333,36 @@ class world {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE world::world(int size)
+    : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
+      splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
+      aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
+      departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
+      proposals_(static_cast<std::size_t>(size)) {}
+
+HERD_SEPARATE std::string world::failure() {
+  std::lock_guard lock(registry_mutex_);
+  return failure_;
+}
+
+HERD_SEPARATE void world::wake_all() {
+  for (auto& w : waiters_) {
+    { std::lock_guard lock(w.mutex); }
+    w.wake.notify_all();
+  }
+}
+
+HERD_SEPARATE void world::transfer(message& send, message& receive) {
+  if (send.bytes > receive.bytes) {
+    const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
+                             std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
+                             "-byte receive buffer of rank " + std::to_string(receive.owner);
+    send.failure = what;
+    receive.failure = what;
+    return;
+  }
+  if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
+}
 
 HERD_SEPARATE void world::fail(const std::string& reason) {
   std::vector<std::shared_ptr<world>> children;
@@ -4558,22 +4634,14 @@ class local_communicator {
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
                      const detail::op_label* renewed);
   struct adopt_tag {};
-  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag);
   struct outside_tag {};
   explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
 
   // split and subset: a split operation of this communicator with this rank's request.
   local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const;
 
-  void take(local_communicator& other) noexcept {
-    if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
-    world_ = std::move(other.world_);
-    rank_ = other.rank_;
-    member_ = other.member_;
-    shrinks_ = other.shrinks_;
-    ops_ = std::move(other.ops_);
-  }
+  void take(local_communicator& other) noexcept;
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
@@ -4621,6 +4689,18 @@ class local_communicator {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
+                                                     const comm_options& options, adopt_tag)
+    : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+
+HERD_SEPARATE void local_communicator::take(local_communicator& other) noexcept {
+  if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
+  world_ = std::move(other.world_);
+  rank_ = other.rank_;
+  member_ = other.member_;
+  shrinks_ = other.shrinks_;
+  ops_ = std::move(other.ops_);
+}
 
 HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
                                                    const comm_options& options, const detail::op_label* renewed)
@@ -5418,7 +5498,7 @@ class mpi_state {
  public:
   static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
 
-  explicit mpi_state(const comm_options& options) : ops(options) {}
+  explicit mpi_state(const comm_options& options);
   mpi_state(const mpi_state&) = delete;
   mpi_state& operator=(const mpi_state&) = delete;
 
@@ -5636,6 +5716,7 @@ int watched_mpi_call(const comm_options& options, const error_site& site, const 
 HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& options);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE mpi_state::mpi_state(const comm_options& options) : ops(options) {}
 
 HERD_SEPARATE bool mpi_running() {
   int initialized = 0;
@@ -6256,29 +6337,35 @@ class environment {
   bool owns() const noexcept { return owns_; }
 
  private:
-  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-      MPI_Query_thread(&provided_);
-      return;
-    }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) {
-      throw error("herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
-                  "Create the environment once, at the top of main.");
-    }
-    if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
-      throw error("herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
-                  "(or srun) of the same MPI it was built with.");
-    }
-    owns_ = true;
-  }
+  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE);
 
   bool owns_ = false;
   int provided_ = MPI_THREAD_SINGLE;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE environment::environment(int* argc, char*** argv, int required) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Query_thread(&provided_);
+    return;
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw error(
+        "herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
+        "Create the environment once, at the top of main.");
+  }
+  if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
+    throw error(
+        "herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
+        "(or srun) of the same MPI it was built with.");
+  }
+  owns_ = true;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 namespace detail {
 // What cuda_aware() answers; a malformed HERD_MPI_CUDA_AWARE (neither 0 nor 1) goes to `problem`
@@ -6311,7 +6398,17 @@ inline bool cuda_aware() {
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
 namespace detail {
 // (rank, size) within the processes of `comm` that share this node.
-inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
+HERD_SEPARATE std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation);
+
+// Of MPI_COMM_WORLD, asked once: the first call is collective (every rank calls it, as
+// MPI_Comm_split_type), the later ones are local, as Horovod's local_rank() is. Of another
+// communicator, every call is collective.
+inline std::pair<int, int> world_node_rank_and_size(const char* operation) {
+  static const std::pair<int, int> answer = node_rank_and_size(MPI_COMM_WORLD, operation);
+  return answer;
+}
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
   MPI_Comm node = MPI_COMM_NULL;
   if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
     throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
@@ -6324,13 +6421,8 @@ inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operati
   return {rank, size};
 }
 
-// Of MPI_COMM_WORLD, asked once: the first call is collective (every rank calls it, as
-// MPI_Comm_split_type), the later ones are local, as Horovod's local_rank() is. Of another
-// communicator, every call is collective.
-inline std::pair<int, int> world_node_rank_and_size(const char* operation) {
-  static const std::pair<int, int> answer = node_rank_and_size(MPI_COMM_WORLD, operation);
-  return answer;
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
+
 }  // namespace detail
 
 inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {
@@ -7951,11 +8043,7 @@ HERD_SEPARATE std::string system_message(int code);
 
 HERD_SEPARATE std::string hex(std::uint64_t value);
 
-[[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
-  throw failure{path.string() + " is damaged: " + detail,
-                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
-                "after it was written (disk, copy, or another program)"};
-}
+[[noreturn]] HERD_SEPARATE void fail_damaged(const std::filesystem::path& path, const std::string& detail);
 
 struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
@@ -7985,6 +8073,11 @@ struct file_contents {
 HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+[[noreturn]] HERD_SEPARATE void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
+  throw failure{path.string() + " is damaged: " + detail,
+                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
+                "after it was written (disk, copy, or another program)"};
+}
 
 HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state) {
   for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
@@ -9459,14 +9552,7 @@ HERD_HOST_DEVICE inline std::uintptr_t address(const void* p) { return reinterpr
 
 #if !defined(__CUDA_ARCH__)
 // The GPU's alignment rule, checked where the host runs a kernel's body.
-inline void require_vector_alignment(const void* p, std::size_t bytes, const char* access) {
-  if (address(p) % bytes == 0) return;
-  herd::detail::raise({"cuda kernel body"},
-                      std::string("misaligned ") + std::to_string(bytes) + "-byte vector " + access + " at address " +
-                          std::to_string(address(p)) + " (" + std::to_string(address(p) % bytes) +
-                          " bytes past a boundary): a GPU faults here with cudaErrorMisalignedAddress",
-                      "The kernel's head/tail split must reach an aligned address before its vector loop");
-}
+HERD_SEPARATE void require_vector_alignment(const void* p, std::size_t bytes, const char* access);
 #endif
 
 // Bytes this thread has loaded with vector accesses on the host, in all and in 16-byte ones:
@@ -9516,6 +9602,19 @@ HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_
   const std::size_t gap = alignment - misalignment;
   return gap % element_bytes == 0 ? gap / element_bytes : never_aligned;
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_vector_alignment(const void* p, std::size_t bytes, const char* access) {
+  if (address(p) % bytes == 0) return;
+  herd::detail::raise({"cuda kernel body"},
+                      std::string("misaligned ") + std::to_string(bytes) + "-byte vector " + access + " at address " +
+                          std::to_string(address(p)) + " (" + std::to_string(address(p) % bytes) +
+                          " bytes past a boundary): a GPU faults here with cudaErrorMisalignedAddress",
+                      "The kernel's head/tail split must reach an aligned address before its vector loop");
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::cuda::detail
 
@@ -9759,13 +9858,21 @@ HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uin
 }
 
 // The entry each block belongs to, for entries in order of their first blocks (batch_args).
-inline std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries, std::uint64_t elements_per_block) {
+HERD_SEPARATE std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries,
+                                                             std::uint64_t elements_per_block);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries,
+                                                             std::uint64_t elements_per_block) {
   std::vector<std::uint32_t> owner;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     owner.resize(entries[i].first_block + batch_blocks(entries[i].count, elements_per_block), static_cast<std::uint32_t>(i));
   }
   return owner;
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::cuda::detail
 
@@ -10232,15 +10339,7 @@ template <class C> cudaStream_t stream_of(C& comm) {
 #endif
 
 // Reductions a communicator with native collectives (NCCL) cannot do in this translation unit.
-inline void require_native_op(call_check& check, dtype type, reduce_op op) {
-  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
-    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
-               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
-  }
-  if (check.ok() && is_bitwise(op)) {
-    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
-  }
-}
+HERD_SEPARATE void require_native_op(call_check& check, dtype type, reduce_op op);
 
 // Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
 // host_sync waits for it. herd's avg is the sum divided by the ranks, on every path: NCCL's sum
@@ -10257,6 +10356,20 @@ void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Re
 #endif
   if (host_sync) comm.synchronize();
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_native_op(call_check& check, dtype type, reduce_op op) {
+  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
+    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+  }
+  if (check.ok() && is_bitwise(op)) {
+    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -10860,18 +10973,9 @@ struct even_pieces {
 // whose range holds i.
 class host_parts {
  public:
-  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes) : parts_(parts), es_(element_bytes) {
-    starts_.reserve(parts.size() + 1);
-    std::size_t at = 0;
-    for (const buffer_view& v : parts) {
-      starts_.push_back(at);
-      at += v.count;
-    }
-    starts_.push_back(at);
-  }
+  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes);
   // One contiguous tensor, input or output (an input's parts are only read).
-  host_parts(const void* data, std::size_t count, dtype type)
-      : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+  host_parts(const void* data, std::size_t count, dtype type);
   host_parts(const host_parts&) = delete;  // parts_ may point at one_
   host_parts& operator=(const host_parts&) = delete;
 
@@ -10917,17 +11021,8 @@ inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
 
 // The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the
 // pieces of its input that the others reduce, every piece but its own.
-inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s, std::byte* mine) {
-  const std::size_t es = size_of(type);
-  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
-  auto copy_in = [&](std::size_t from, std::size_t n) {
-    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
-      std::memcpy(mine + (from + at) * es, src, run * es);
-    });
-  };
-  copy_in(0, s.lo);
-  copy_in(s.hi, s.m - s.hi);
-}
+HERD_SEPARATE void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s,
+                               std::byte* mine);
 
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
@@ -11099,6 +11194,36 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
     }
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE host_parts::host_parts(std::span<const buffer_view> parts, std::size_t element_bytes)
+    : parts_(parts), es_(element_bytes) {
+  starts_.reserve(parts.size() + 1);
+  std::size_t at = 0;
+  for (const buffer_view& v : parts) {
+    starts_.push_back(at);
+    at += v.count;
+  }
+  starts_.push_back(at);
+}
+
+HERD_SEPARATE host_parts::host_parts(const void* data, std::size_t count, dtype type)
+    : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+
+HERD_SEPARATE void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s,
+                               std::byte* mine) {
+  const std::size_t es = size_of(type);
+  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
+  auto copy_in = [&](std::size_t from, std::size_t n) {
+    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+      std::memcpy(mine + (from + at) * es, src, run * es);
+    });
+  };
+  copy_in(0, s.lo);
+  copy_in(s.hi, s.m - s.hi);
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -11533,11 +11658,7 @@ class object_reader {
   std::size_t left_;
 };
 
-inline void write_length(std::vector<std::byte>& out, std::size_t n) {
-  const auto length = static_cast<std::uint64_t>(n);
-  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
-  out.insert(out.end(), bytes, bytes + sizeof length);
-}
+HERD_SEPARATE void write_length(std::vector<std::byte>& out, std::size_t n);
 
 // object_codec<T>::supported says whether T has bytes; the others define fingerprint, write, read.
 template <class T> struct object_codec {
@@ -11634,6 +11755,16 @@ template <class T> void read_object(const std::byte* data, std::size_t bytes, T&
   object_codec<T>::read(in, value);
   if (!in.done()) throw error("herd: a serialized object has bytes left over; every rank must run the same build");
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void write_length(std::vector<std::byte>& out, std::size_t n) {
+  const auto length = static_cast<std::uint64_t>(n);
+  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
+  out.insert(out.end(), bytes, bytes + sizeof length);
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -11829,20 +11960,32 @@ template <class C> constexpr void require_host_communicator() {
 }
 
 // `operation` names the collective in the advice ("gather").
-inline void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v, const char* operation) {
+HERD_SEPARATE void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v,
+                                       const char* operation);
+
+// `what` names the list ("per-rank counts", "send splits").
+HERD_SEPARATE void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts,
+                                        int p);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v,
+                                       const char* operation) {
   if (!check.ok() || v.device.is_cpu()) return;
   check.fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", but herd::" + operation +
                     " moves host memory only",
              "Copy the tensor to the host first");
 }
 
-// `what` names the list ("per-rank counts", "send splits").
-inline void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts, int p) {
+HERD_SEPARATE void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts,
+                                        int p) {
   if (!check.ok() || counts.size() == static_cast<std::size_t>(p)) return;
   check.fail(19, std::string("the list of ") + what + " has " + std::to_string(counts.size()) + " entries for " +
                      std::to_string(p) + " ranks",
              "Pass one entry per rank");
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -11883,14 +12026,7 @@ struct rooted_tree {
   int span;                         // lowbit(q): q's subtree is q .. min(q + span, p) - 1; the root's spans all
   std::vector<std::size_t> offset;  // offset[j]: bytes before relative rank j's block; offset[p]: all
 
-  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
-      : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
-        offset(static_cast<std::size_t>(size) + 1, 0) {
-    while (span < p && (q & span) == 0) span <<= 1;
-    for (int j = 0; j < p; ++j) {
-      offset[static_cast<std::size_t>(j) + 1] = offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
-    }
-  }
+  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes);
 
   int absolute(int j) const { return (j + root) % p; }
   // Bytes of the blocks of relative ranks [from, to).
@@ -11902,6 +12038,20 @@ struct rooted_tree {
   // Where relative rank j's block lies in this rank's subtree buffer.
   std::size_t at(int j) const { return bytes(q, j); }
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE rooted_tree::rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
+    : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
+      offset(static_cast<std::size_t>(size) + 1, 0) {
+  while (span < p && (q & span) == 0) span <<= 1;
+  for (int j = 0; j < p; ++j) {
+    offset[static_cast<std::size_t>(j) + 1] =
+        offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Every rank's block (`mine`, bytes[rank] bytes) to the root, where `gathered` receives them all in
 // relative order (the root's own first, then root + 1, ...). Only the root's `gathered` is used.
@@ -13006,9 +13156,7 @@ class checkpoint {
   }
 
   // A view kept by value: memory described rather than owned by a tensor object.
-  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {}) {
-    return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
-  }
+  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {});
 
   // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
   // State split over the ranks (zero_optimizer's) is saved whole: save(path, comm) gathers it to
@@ -13091,6 +13239,9 @@ class checkpoint {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE checkpoint& checkpoint::add(std::string name, buffer_view view, const std::vector<std::size_t>& shape) {
+  return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
+}
 
 HERD_SEPARATE void checkpoint::save(const std::filesystem::path& path) const {
   try {
@@ -13427,32 +13578,7 @@ template <communicator C> bool splits_travel_with_agreement(C& comm) {
 // The receive splits of `rank`, from every rank's send splits, which came with the agreement.
 // Every rank checks every rank's receive splits (those it gave) the same way, so a mismatch
 // anywhere raises on every rank, naming the rank.
-inline std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank, const error_site& site) {
-  auto word = [&](int q, std::size_t i) {
-    std::uint64_t w = 0;
-    std::memcpy(&w, all.payload(q) + i * sizeof w, sizeof w);
-    return w;
-  };
-  std::vector<std::size_t> mine;
-  std::vector<std::size_t> column(static_cast<std::size_t>(p));
-  for (int q = 0; q < p; ++q) {  // what every rank sends rank q
-    for (int from = 0; from < p; ++from) {
-      column[static_cast<std::size_t>(from)] = word(from, alltoallv_header_words + static_cast<std::size_t>(q));
-    }
-    if (word(q, 0) != 0 && word(q, 1) != hash_counts(column)) {
-      std::string sent;
-      for (int from = 0; from < p && from < 16; ++from) {
-        sent += (from ? ", " : "") + std::to_string(column[static_cast<std::size_t>(from)]);
-      }
-      raise_agreed(site, "the receive splits of rank " + std::to_string(q) + " differ from what the ranks send it (" +
-                             sent + (p > 16 ? ", ..." : "") + " elements from ranks 0, 1, ...)",
-                   "Rank " + std::to_string(q) + "'s receive_splits[i] must be rank i's send_splits[" +
-                       std::to_string(q) + "]; or let alltoallv learn them (its std::vector form)");
-    }
-    if (q == rank) mine = column;
-  }
-  return mine;
-}
+HERD_SEPARATE std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank, const error_site& site);
 
 // With more ranks than the agreement holds splits for: the splits go pairwise, then a second
 // agreement tells every rank whether any rank's receive splits differ from what it is sent.
@@ -13559,6 +13685,39 @@ alltoall_call alltoallv_call_of(const In& input, Out& output, std::span<const st
   const buffer_view out = check.view("output", output);
   return prepare_alltoallv(std::move(check), in, out, send, receive, false, comm);
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank,
+                                                         const error_site& site) {
+  auto word = [&](int q, std::size_t i) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, all.payload(q) + i * sizeof w, sizeof w);
+    return w;
+  };
+  std::vector<std::size_t> mine;
+  std::vector<std::size_t> column(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) {  // what every rank sends rank q
+    for (int from = 0; from < p; ++from) {
+      column[static_cast<std::size_t>(from)] = word(from, alltoallv_header_words + static_cast<std::size_t>(q));
+    }
+    if (word(q, 0) != 0 && word(q, 1) != hash_counts(column)) {
+      std::string sent;
+      for (int from = 0; from < p && from < 16; ++from) {
+        sent += (from ? ", " : "") + std::to_string(column[static_cast<std::size_t>(from)]);
+      }
+      raise_agreed(site,
+                   "the receive splits of rank " + std::to_string(q) + " differ from what the ranks send it (" + sent +
+                       (p > 16 ? ", ..." : "") + " elements from ranks 0, 1, ...)",
+                   "Rank " + std::to_string(q) + "'s receive_splits[i] must be rank i's send_splits[" +
+                       std::to_string(q) + "]; or let alltoallv learn them (its std::vector form)");
+    }
+    if (q == rank) mine = column;
+  }
+  return mine;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -13947,8 +14106,13 @@ HERD_CONFIG_NAMESPACE_END
 // operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
 // of a call's and of every rank's arguments, the reductions' loops over every dtype and
 // operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
-// sgd's and adamw's constructors and steps, and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
-// their declarations alone (benchmarks/RESULTS.md, compile times).
+// sgd's and adamw's constructors and steps, the optimizers' loops over pairs of dtypes, and the
+// rest of what runs once per call, operation or communicator rather than per element: the words
+// of errors and the watchdog's warnings, the checks of options and settings, the MPI
+// environment's start, the in-process communicator's world, elastic_state, the bucket plan,
+// gradient clipping, the shared-memory and rooted collectives' set-up, sync_batch_norm's and
+// loss_scaler's constructors. A file that only includes herd then parses their declarations
+// alone (benchmarks/RESULTS.md, compile times).
 
 
 // ---- herd/optim/detail/reducer.hpp ----
@@ -14085,39 +14249,7 @@ struct bucket_plan {
   // `shapes[i]` = (elements, dtype) of gradient i; `order`: a permutation of the gradient indices;
   // members start at multiples of `align_bytes` (member_alignment of where the gradients live).
   static bucket_plan make(std::span<const std::pair<std::size_t, dtype>> shapes, std::span<const std::size_t> order,
-                          std::size_t first_bucket_bytes, std::size_t bucket_bytes, std::size_t align_bytes) {
-    bucket_plan plan;
-    plan.bucket_of.assign(shapes.size(), 0);
-    plan.slot_of.assign(shapes.size(), 0);
-    struct open_bucket {
-      dtype type;
-      std::size_t index;  // in plan.buckets
-      bool first;         // the first bucket of its dtype
-    };
-    std::vector<open_bucket> open;
-    std::vector<dtype> seen;  // dtypes that have had a bucket
-    for (std::size_t i : order) {
-      const auto [count, type] = shapes[i];
-      auto it = open.begin();
-      while (it != open.end() && it->type != type) ++it;
-      if (it == open.end()) {
-        bool first = true;
-        for (dtype t : seen) first = first && t != type;
-        if (first) seen.push_back(type);
-        plan.buckets.push_back({type, {}, {}, 0});
-        open.push_back({type, plan.buckets.size() - 1, first});
-        it = open.end() - 1;
-      }
-      bucket& b = plan.buckets[it->index];
-      plan.bucket_of[i] = it->index;
-      plan.slot_of[i] = b.members.size();
-      b.members.push_back(i);
-      b.offsets.push_back(padded_offset(b.count, type, align_bytes));
-      b.count = b.offsets.back() + count;
-      if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
-    }
-    return plan;
-  }
+                          std::size_t first_bucket_bytes, std::size_t bucket_bytes, std::size_t align_bytes);
 
   // The default order: the last gradient first.
   static std::vector<std::size_t> reverse_order(std::size_t n) {
@@ -14128,16 +14260,59 @@ struct bucket_plan {
 
   // The rebuild's order: the gradients in the order they became ready (`ready`), then those never
   // seen ready, last first.
-  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n) {
-    std::vector<std::size_t> order(ready.begin(), ready.end());
-    std::vector<char> placed(n, 0);
-    for (std::size_t i : ready) placed[i] = 1;
-    for (std::size_t i = n; i-- > 0;) {
-      if (!placed[i]) order.push_back(i);
-    }
-    return order;
-  }
+  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n);
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bucket_plan bucket_plan::make(std::span<const std::pair<std::size_t, dtype>> shapes,
+                                            std::span<const std::size_t> order, std::size_t first_bucket_bytes,
+                                            std::size_t bucket_bytes, std::size_t align_bytes) {
+  bucket_plan plan;
+  plan.bucket_of.assign(shapes.size(), 0);
+  plan.slot_of.assign(shapes.size(), 0);
+  struct open_bucket {
+    dtype type;
+    std::size_t index;  // in plan.buckets
+    bool first;         // the first bucket of its dtype
+  };
+  std::vector<open_bucket> open;
+  std::vector<dtype> seen;  // dtypes that have had a bucket
+  for (std::size_t i : order) {
+    const auto [count, type] = shapes[i];
+    auto it = open.begin();
+    while (it != open.end() && it->type != type) ++it;
+    if (it == open.end()) {
+      bool first = true;
+      for (dtype t : seen) first = first && t != type;
+      if (first) seen.push_back(type);
+      plan.buckets.push_back({type, {}, {}, 0});
+      open.push_back({type, plan.buckets.size() - 1, first});
+      it = open.end() - 1;
+    }
+    bucket& b = plan.buckets[it->index];
+    plan.bucket_of[i] = it->index;
+    plan.slot_of[i] = b.members.size();
+    b.members.push_back(i);
+    b.offsets.push_back(padded_offset(b.count, type, align_bytes));
+    b.count = b.offsets.back() + count;
+    if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
+  }
+  return plan;
+}
+
+HERD_SEPARATE std::vector<std::size_t> bucket_plan::ready_order_first(std::span<const std::size_t> ready,
+                                                                      std::size_t n) {
+  std::vector<std::size_t> order(ready.begin(), ready.end());
+  std::vector<char> placed(n, 0);
+  for (std::size_t i : ready) placed[i] = 1;
+  for (std::size_t i = n; i-- > 0;) {
+    if (!placed[i]) order.push_back(i);
+  }
+  return order;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -14668,18 +14843,7 @@ namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // The options a reduction refuses (on this rank, before any collective).
-inline void validate(const optimizer_options& options, const error_site& site) {
-  if (options.op != reduce_op::avg && options.op != reduce_op::sum)
-    raise(site, "op " + std::string(name(options.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
-  if (!(options.gradient_predivide_factor > 0))
-    raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
-  if (options.gradient_predivide_factor != 1.0 && options.op != reduce_op::avg)
-    raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
-  if (options.backward_passes_per_step < 1)
-    raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
-  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0)
-    raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
-}
+HERD_SEPARATE void validate(const optimizer_options& options, const error_site& site);
 
 template <communicator C> class gradient_checks {
  public:
@@ -14830,6 +14994,24 @@ template <communicator C> void gradient_checks<C>::require_same_options() {
     }
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void validate(const optimizer_options& options, const error_site& site) {
+  if (options.op != reduce_op::avg && options.op != reduce_op::sum)
+    raise(site, "op " + std::string(name(options.op)) + " cannot combine gradients",
+          "Use reduce_op::avg or reduce_op::sum");
+  if (!(options.gradient_predivide_factor > 0))
+    raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
+  if (options.gradient_predivide_factor != 1.0 && options.op != reduce_op::avg)
+    raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
+  if (options.backward_passes_per_step < 1)
+    raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0)
+    raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail
@@ -16189,16 +16371,7 @@ struct sampler_options {
 // A permutation of 0..n-1, the same on every platform for a given seed: Fisher-Yates from the
 // last element down, for i = n-1 .. 1 swap p[i] with p[j], j = engine.uniform_below(i + 1), where
 // engine = random_engine(seed) and p starts as 0..n-1.
-inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
-  std::vector<std::size_t> p(n);
-  std::iota(p.begin(), p.end(), std::size_t{0});
-  random_engine engine(seed);
-  for (std::size_t i = n; i-- > 1;) {
-    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
+HERD_SEPARATE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed);
 
 // Consecutive batches of an index list: a forward range of std::span<const std::size_t>, each
 // batch_size long except a short last one (dropped with drop_last_batch). It owns the indices,
@@ -16238,13 +16411,7 @@ class batch_range {
     std::size_t batch_size_ = 1;
   };
 
-  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false)
-      : indices_(std::move(indices)), batch_size_(batch_size) {
-    if (batch_size == 0) {
-      detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
-    }
-    limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
-  }
+  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false);
 
   iterator begin() const { return {indices_.data(), 0, limit_, batch_size_}; }
   iterator end() const { return {indices_.data(), limit_, limit_, batch_size_}; }
@@ -16383,6 +16550,14 @@ class distributed_sampler {
 // distributed_sampler's members that check, shuffle and shard: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE batch_range::batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch)
+    : indices_(std::move(indices)), batch_size_(batch_size) {
+  if (batch_size == 0) {
+    detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
+  }
+  limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
+}
+
 HERD_SEPARATE distributed_sampler::distributed_sampler(std::size_t dataset_size, int world_size, int rank,
                                                      sampler_options options)
     : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
@@ -16442,6 +16617,21 @@ HERD_SEPARATE std::vector<std::size_t> distributed_sampler::indices() const {
   }
   return result;
 }
+#endif  // HERD_SEPARATE_DEFINITIONS
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  random_engine engine(seed);
+  for (std::size_t i = n; i-- > 1;) {
+    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
 #endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
@@ -16538,9 +16728,7 @@ template <communicator C> void sync_batch_norm_sums(std::span<double> sum_dy, st
 // (In the configuration namespace with the collectives its members call.)
 class sync_batch_norm {
  public:
-  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {})
-      : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
-        grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {});
 
   std::vector<float> weight, bias, running_mean, running_var;
   std::vector<float> grad_weight, grad_bias;  // this rank's, from the last backward()
@@ -16572,12 +16760,7 @@ class sync_batch_norm {
   }
 
   // Inference: the running statistics, no communication.
-  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
-    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
-      const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
-      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
-    });
-  }
+  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const;
 
   // dx from dy, with the global sums of dy and dy * xhat; grad_weight and grad_bias: this rank's.
   template <communicator C> void backward(const float* dy, float* dx, C& comm) {
@@ -16615,6 +16798,21 @@ class sync_batch_norm {
   std::vector<float> xhat_;
   std::vector<double> invstd_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE sync_batch_norm::sync_batch_norm(std::size_t channels, sync_batch_norm_options options)
+    : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
+      grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+
+HERD_SEPARATE void sync_batch_norm::evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
+  for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+    const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
+    y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+  });
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd
@@ -16864,7 +17062,15 @@ namespace herd {
 namespace detail {
 
 // The sum of the squares of every element (of gradients checked already).
-inline double squared_norm(const std::vector<buffer_view>& grads) {
+HERD_SEPARATE double squared_norm(const std::vector<buffer_view>& grads);
+
+// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
+// f64 gradients get it in double.
+HERD_SEPARATE double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE double squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -16876,10 +17082,7 @@ inline double squared_norm(const std::vector<buffer_view>& grads) {
   return sum;
 }
 
-
-// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
-// f64 gradients get it in double.
-inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
+HERD_SEPARATE double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
   const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -16897,6 +17100,8 @@ inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, do
   }
   return total;
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 
@@ -17257,15 +17462,7 @@ struct loss_scaler_options {
 
 class loss_scaler {
  public:
-  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
-    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
-      detail::raise({"loss_scaler"},
-                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
-                    "max scale >= initial scale)",
-                    "Adjust loss_scaler_options");
-    }
-  }
+  explicit loss_scaler(loss_scaler_options options = {});
 
   // Multiply the loss (or the gradient backward starts from) by this.
   double scale() const noexcept { return scale_; }
@@ -17298,6 +17495,21 @@ class loss_scaler {
   std::int64_t clean_steps_ = 0;
   std::int64_t skipped_ = 0;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE loss_scaler::loss_scaler(loss_scaler_options options) : options_(options), scale_(options.initial_scale) {
+  if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
+      !(options_.backoff_factor < 1) || options_.growth_interval < 1 ||
+      !(options_.max_scale >= options_.initial_scale)) {
+    detail::raise({"loss_scaler"},
+                  "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
+                  "max scale >= initial scale)",
+                  "Adjust loss_scaler_options");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 
@@ -17463,7 +17675,11 @@ inline void write_masters(void* param, dtype type, const float* master, std::siz
 // parameters loaded without their masters), its master is read again from it; masters restored
 // with their parameters round to them and keep their extra bits. Compared bit for bit, so that
 // -0 and NaN payloads count as changes too.
-inline void refresh_masters(float* master, const void* param, dtype type, std::size_t n) {
+HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type, std::size_t n);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type, std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (is_16bit_float<T>) {
@@ -17475,6 +17691,8 @@ inline void refresh_masters(float* master, const void* param, dtype type, std::s
     }
   });
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -17495,7 +17713,19 @@ inline void refresh_masters(float* master, const void* param, dtype type, std::s
 namespace herd::detail {
 
 // Whether a host tensor of floats holds an inf or a NaN.
-inline bool has_inf_or_nan(const const_buffer_view& v) {
+HERD_SEPARATE bool has_inf_or_nan(const const_buffer_view& v);
+
+// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
+// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
+// a norm), passes check = false and saves the pass over the values.
+inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
+  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
+  return check && has_inf_or_nan(out);
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool has_inf_or_nan(const const_buffer_view& v) {
   bool found = false;
   visit(v.type, [&](auto element) {
     using T = decltype(element);
@@ -17507,13 +17737,7 @@ inline bool has_inf_or_nan(const const_buffer_view& v) {
   return found;
 }
 
-// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
-// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
-// a norm), passes check = false and saves the pass over the values.
-inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
-  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
-  return check && has_inf_or_nan(out);
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
@@ -18214,7 +18438,7 @@ namespace herd {
 class elastic_state {
  public:
   // What a rollback writes back: `bytes` at `data`, which must stay there while the state is used.
-  void track(void* data, std::size_t bytes) { regions_.push_back({static_cast<std::byte*>(data), bytes}); }
+  void track(void* data, std::size_t bytes);
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void track(T& value) {
@@ -18232,27 +18456,13 @@ class elastic_state {
   }
 
   // Copies everything tracked, as commit number commits() + 1.
-  void commit() {
-    const std::uint64_t id = commits_ + 1;
-    std::vector<std::byte>& copy = copies_[id % 2];
-    copy.resize(total_bytes());
-    std::size_t at = 0;
-    for (const region& r : regions_) {
-      if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
-      at += r.bytes;
-    }
-    ids_[id % 2] = id;
-    sizes_[id % 2] = world_size_;
-    commits_ = id;
-  }
+  void commit();
 
   // Called, in the order given, after a rollback to a commit made at another number of ranks than
   // the communicator now has, with that number and the new one; the tracked memory holds the
   // agreed commit then, and the communicator is the new one (its rank() is this rank's new rank).
-  void on_world_change(std::function<void(int old_size, int new_size)> fn) { world_changes_.push_back(std::move(fn)); }
-  void world_changed(int old_size, int new_size) const {
-    for (const auto& fn : world_changes_) fn(old_size, new_size);
-  }
+  void on_world_change(std::function<void(int old_size, int new_size)> fn);
+  void world_changed(int old_size, int new_size) const;
 
   // The commits made so far (the last one's number).
   std::uint64_t commits() const noexcept { return commits_; }
@@ -18268,20 +18478,7 @@ class elastic_state {
   }
 
   // Writes commit `id` back; it must be this rank's last or the one before.
-  void restore(std::uint64_t id) {
-    if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
-      throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) +
-                  ": it holds #" + std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
-                  ". Commit on every rank after the same steps, and track the same things before the first commit.");
-    }
-    const std::vector<std::byte>& copy = copies_[id % 2];
-    std::size_t at = 0;
-    for (const region& r : regions_) {
-      if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
-      at += r.bytes;
-    }
-    commits_ = id;
-  }
+  void restore(std::uint64_t id);
 
  private:
   struct region {
@@ -18302,6 +18499,51 @@ class elastic_state {
   std::uint64_t commits_ = 0;
   std::vector<std::function<void(int, int)>> world_changes_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void elastic_state::track(void* data, std::size_t bytes) {
+  regions_.push_back({static_cast<std::byte*>(data), bytes});
+}
+
+HERD_SEPARATE void elastic_state::commit() {
+  const std::uint64_t id = commits_ + 1;
+  std::vector<std::byte>& copy = copies_[id % 2];
+  copy.resize(total_bytes());
+  std::size_t at = 0;
+  for (const region& r : regions_) {
+    if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
+    at += r.bytes;
+  }
+  ids_[id % 2] = id;
+  sizes_[id % 2] = world_size_;
+  commits_ = id;
+}
+
+HERD_SEPARATE void elastic_state::on_world_change(std::function<void(int old_size, int new_size)> fn) {
+  world_changes_.push_back(std::move(fn));
+}
+
+HERD_SEPARATE void elastic_state::world_changed(int old_size, int new_size) const {
+  for (const auto& fn : world_changes_) fn(old_size, new_size);
+}
+
+HERD_SEPARATE void elastic_state::restore(std::uint64_t id) {
+  if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
+    throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) + ": it holds #" +
+                std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
+                ". Commit on every rank after the same steps, and track the same things before the first commit.");
+  }
+  const std::vector<std::byte>& copy = copies_[id % 2];
+  std::size_t at = 0;
+  for (const region& r : regions_) {
+    if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
+    at += r.bytes;
+  }
+  commits_ = id;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 namespace detail {
 

@@ -75,9 +75,7 @@ class checkpoint {
   }
 
   // A view kept by value: memory described rather than owned by a tensor object.
-  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {}) {
-    return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
-  }
+  checkpoint& add(std::string name, buffer_view view, const std::vector<std::size_t>& shape = {});
 
   // Every state tensor of an optimizer (optim/optimizer_state.hpp), named prefix + its own name.
   // State split over the ranks (zero_optimizer's) is saved whole: save(path, comm) gathers it to
@@ -160,6 +158,9 @@ class checkpoint {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE checkpoint& checkpoint::add(std::string name, buffer_view view, const std::vector<std::size_t>& shape) {
+  return insert("checkpoint::add", {std::move(name), false, [view] { return view; }, {shape.begin(), shape.end()}});
+}
 
 HERD_SEPARATE void checkpoint::save(const std::filesystem::path& path) const {
   try {

@@ -96,32 +96,7 @@ template <communicator C> bool splits_travel_with_agreement(C& comm) {
 // The receive splits of `rank`, from every rank's send splits, which came with the agreement.
 // Every rank checks every rank's receive splits (those it gave) the same way, so a mismatch
 // anywhere raises on every rank, naming the rank.
-inline std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank, const error_site& site) {
-  auto word = [&](int q, std::size_t i) {
-    std::uint64_t w = 0;
-    std::memcpy(&w, all.payload(q) + i * sizeof w, sizeof w);
-    return w;
-  };
-  std::vector<std::size_t> mine;
-  std::vector<std::size_t> column(static_cast<std::size_t>(p));
-  for (int q = 0; q < p; ++q) {  // what every rank sends rank q
-    for (int from = 0; from < p; ++from) {
-      column[static_cast<std::size_t>(from)] = word(from, alltoallv_header_words + static_cast<std::size_t>(q));
-    }
-    if (word(q, 0) != 0 && word(q, 1) != hash_counts(column)) {
-      std::string sent;
-      for (int from = 0; from < p && from < 16; ++from) {
-        sent += (from ? ", " : "") + std::to_string(column[static_cast<std::size_t>(from)]);
-      }
-      raise_agreed(site, "the receive splits of rank " + std::to_string(q) + " differ from what the ranks send it (" +
-                             sent + (p > 16 ? ", ..." : "") + " elements from ranks 0, 1, ...)",
-                   "Rank " + std::to_string(q) + "'s receive_splits[i] must be rank i's send_splits[" +
-                       std::to_string(q) + "]; or let alltoallv learn them (its std::vector form)");
-    }
-    if (q == rank) mine = column;
-  }
-  return mine;
-}
+HERD_SEPARATE std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank, const error_site& site);
 
 // With more ranks than the agreement holds splits for: the splits go pairwise, then a second
 // agreement tells every rank whether any rank's receive splits differ from what it is sent.
@@ -228,6 +203,39 @@ alltoall_call alltoallv_call_of(const In& input, Out& output, std::span<const st
   const buffer_view out = check.view("output", output);
   return prepare_alltoallv(std::move(check), in, out, send, receive, false, comm);
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::size_t> receive_splits_of(const exchanged& all, int p, int rank,
+                                                         const error_site& site) {
+  auto word = [&](int q, std::size_t i) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, all.payload(q) + i * sizeof w, sizeof w);
+    return w;
+  };
+  std::vector<std::size_t> mine;
+  std::vector<std::size_t> column(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) {  // what every rank sends rank q
+    for (int from = 0; from < p; ++from) {
+      column[static_cast<std::size_t>(from)] = word(from, alltoallv_header_words + static_cast<std::size_t>(q));
+    }
+    if (word(q, 0) != 0 && word(q, 1) != hash_counts(column)) {
+      std::string sent;
+      for (int from = 0; from < p && from < 16; ++from) {
+        sent += (from ? ", " : "") + std::to_string(column[static_cast<std::size_t>(from)]);
+      }
+      raise_agreed(site,
+                   "the receive splits of rank " + std::to_string(q) + " differ from what the ranks send it (" + sent +
+                       (p > 16 ? ", ..." : "") + " elements from ranks 0, 1, ...)",
+                   "Rank " + std::to_string(q) + "'s receive_splits[i] must be rank i's send_splits[" +
+                       std::to_string(q) + "]; or let alltoallv learn them (its std::vector form)");
+    }
+    if (q == rank) mine = column;
+  }
+  return mine;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

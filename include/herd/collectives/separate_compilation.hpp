@@ -29,8 +29,13 @@
 // operation with the peers, the timeline's writer, the readers of HERD_* variables, the checks
 // of a call's and of every rank's arguments, the reductions' loops over every dtype and
 // operation (in rank order and reproducible), the checkpoint's file code, distributed_sampler,
-// sgd's and adamw's constructors and steps, and the optimizers' loops over pairs of dtypes. A file that only includes herd then parses
-// their declarations alone (benchmarks/RESULTS.md, compile times).
+// sgd's and adamw's constructors and steps, the optimizers' loops over pairs of dtypes, and the
+// rest of what runs once per call, operation or communicator rather than per element: the words
+// of errors and the watchdog's warnings, the checks of options and settings, the MPI
+// environment's start, the in-process communicator's world, elastic_state, the bucket plan,
+// gradient clipping, the shared-memory and rooted collectives' set-up, sync_batch_norm's and
+// loss_scaler's constructors. A file that only includes herd then parses their declarations
+// alone (benchmarks/RESULTS.md, compile times).
 
 #include <herd/checkpoint/checkpoint.hpp>
 #include <herd/collectives/allgather.hpp>

@@ -18,6 +18,7 @@
 // every operation on it raises herd::error.
 
 #include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/device.hpp>
 #include <herd/core/error.hpp>
 #include <herd/runtime/env.hpp>
@@ -62,12 +63,7 @@ namespace detail {
         "Call operations only on communicators this rank belongs to; comm.is_member() tells");
 }
 
-inline void check_peer(const char* operation, int rank, int size, int peer) {
-  if (peer < 0 || peer >= size) {
-    raise({operation, rank, size}, "peer rank " + std::to_string(peer) + " is out of range",
-          "Use a rank in [0, " + std::to_string(size) + ")");
-  }
-}
+HERD_SEPARATE void check_peer(const char* operation, int rank, int size, int peer);
 
 // Raises if a peer of `comm` aborted its running operation or left (for waits a collective
 // makes itself rather than through comm.wait).
@@ -84,6 +80,17 @@ inline void check_buffer(const char* operation, int rank, int size, const void* 
           "Pass a valid pointer, or a byte count of 0");
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void check_peer(const char* operation, int rank, int size, int peer) {
+  if (peer < 0 || peer >= size) {
+    raise({operation, rank, size}, "peer rank " + std::to_string(peer) + " is out of range",
+          "Use a rank in [0, " + std::to_string(size) + ")");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd

@@ -68,21 +68,13 @@ inline constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max()
 
 class world {
  public:
-  explicit world(int size)
-      : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
-        splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
-        aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
-        departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
-        proposals_(static_cast<std::size_t>(size)) {}
+  explicit world(int size);
 
   int size() const noexcept { return size_; }
 
   // --- local::run's failure: every wait of this world and of the worlds split from it fails.
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
-  std::string failure() {
-    std::lock_guard lock(registry_mutex_);
-    return failure_;
-  }
+  std::string failure();
   void fail(const std::string& reason);
 
   // --- One rank's operation `seq` aborted, or the rank left after issuing `issued` operations.
@@ -126,24 +118,9 @@ class world {
 
   std::shared_ptr<world> shared_world(pending& table, std::pair<int, int> key, int members);
 
-  void wake_all() {
-    for (auto& w : waiters_) {
-      { std::lock_guard lock(w.mutex); }
-      w.wake.notify_all();
-    }
-  }
+  void wake_all();
 
-  static void transfer(message& send, message& receive) {
-    if (send.bytes > receive.bytes) {
-      const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
-                               std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
-                               "-byte receive buffer of rank " + std::to_string(receive.owner);
-      send.failure = what;
-      receive.failure = what;
-      return;
-    }
-    if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
-  }
+  static void transfer(message& send, message& receive);
 
   void complete(message& m);
 
@@ -167,6 +144,36 @@ class world {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE world::world(int size)
+    : size_(size), boxes_(static_cast<std::size_t>(size)), waiters_(static_cast<std::size_t>(size)),
+      splits_(static_cast<std::size_t>(size), 0), renewals_(static_cast<std::size_t>(size), 0),
+      aborted_at_(static_cast<std::size_t>(size), never), abort_reasons_(static_cast<std::size_t>(size)),
+      departed_at_(static_cast<std::size_t>(size), never), present_in_(static_cast<std::size_t>(size), 0),
+      proposals_(static_cast<std::size_t>(size)) {}
+
+HERD_SEPARATE std::string world::failure() {
+  std::lock_guard lock(registry_mutex_);
+  return failure_;
+}
+
+HERD_SEPARATE void world::wake_all() {
+  for (auto& w : waiters_) {
+    { std::lock_guard lock(w.mutex); }
+    w.wake.notify_all();
+  }
+}
+
+HERD_SEPARATE void world::transfer(message& send, message& receive) {
+  if (send.bytes > receive.bytes) {
+    const std::string what = "a message of " + std::to_string(send.bytes) + " bytes from rank " +
+                             std::to_string(send.owner) + " does not fit the " + std::to_string(receive.bytes) +
+                             "-byte receive buffer of rank " + std::to_string(receive.owner);
+    send.failure = what;
+    receive.failure = what;
+    return;
+  }
+  if (send.bytes != 0) std::memcpy(receive.receive_data, send.send_data, send.bytes);
+}
 
 HERD_SEPARATE void world::fail(const std::string& reason) {
   std::vector<std::shared_ptr<world>> children;
@@ -438,22 +445,14 @@ class local_communicator {
   local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options,
                      const detail::op_label* renewed);
   struct adopt_tag {};
-  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag)
-      : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+  local_communicator(std::shared_ptr<detail::local::world> w, int rank, const comm_options& options, adopt_tag);
   struct outside_tag {};
   explicit local_communicator(outside_tag) : rank_(-1), member_(false) {}
 
   // split and subset: a split operation of this communicator with this rank's request.
   local_communicator split_by(detail::op_kind kind, const detail::split_request& mine, std::span<const int> ranks) const;
 
-  void take(local_communicator& other) noexcept {
-    if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
-    world_ = std::move(other.world_);
-    rank_ = other.rank_;
-    member_ = other.member_;
-    shrinks_ = other.shrinks_;
-    ops_ = std::move(other.ops_);
-  }
+  void take(local_communicator& other) noexcept;
 
   detail::error_site site() const { return detail::site_of(*ops_, "local_communicator", rank_, size()); }
 
@@ -501,6 +500,18 @@ class local_communicator {
 };
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
+                                                     const comm_options& options, adopt_tag)
+    : world_(std::move(w)), rank_(rank), ops_(std::make_unique<detail::operation_state>(options)) {}
+
+HERD_SEPARATE void local_communicator::take(local_communicator& other) noexcept {
+  if (other.ops_) other.ops_->drain();  // queued operations refer to the object that queued them
+  world_ = std::move(other.world_);
+  rank_ = other.rank_;
+  member_ = other.member_;
+  shrinks_ = other.shrinks_;
+  ops_ = std::move(other.ops_);
+}
 
 HERD_SEPARATE local_communicator::local_communicator(std::shared_ptr<detail::local::world> w, int rank,
                                                    const comm_options& options, const detail::op_label* renewed)

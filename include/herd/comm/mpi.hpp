@@ -83,29 +83,35 @@ class environment {
   bool owns() const noexcept { return owns_; }
 
  private:
-  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-      MPI_Query_thread(&provided_);
-      return;
-    }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) {
-      throw error("herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
-                  "Create the environment once, at the top of main.");
-    }
-    if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
-      throw error("herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
-                  "(or srun) of the same MPI it was built with.");
-    }
-    owns_ = true;
-  }
+  environment(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE);
 
   bool owns_ = false;
   int provided_ = MPI_THREAD_SINGLE;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE environment::environment(int* argc, char*** argv, int required) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Query_thread(&provided_);
+    return;
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw error(
+        "herd::mpi::environment: MPI was already finalized in this process and cannot be started again. "
+        "Create the environment once, at the top of main.");
+  }
+  if (MPI_Init_thread(argc, argv, required, &provided_) != MPI_SUCCESS) {
+    throw error(
+        "herd::mpi::environment: MPI_Init_thread failed. Check that the program runs under mpiexec "
+        "(or srun) of the same MPI it was built with.");
+  }
+  owns_ = true;
+}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 namespace detail {
 // What cuda_aware() answers; a malformed HERD_MPI_CUDA_AWARE (neither 0 nor 1) goes to `problem`
@@ -138,7 +144,17 @@ inline bool cuda_aware() {
 // MPI_COMM_TYPE_SHARED): what picks a GPU per process, like Horovod's local_rank().
 namespace detail {
 // (rank, size) within the processes of `comm` that share this node.
-inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
+HERD_SEPARATE std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation);
+
+// Of MPI_COMM_WORLD, asked once: the first call is collective (every rank calls it, as
+// MPI_Comm_split_type), the later ones are local, as Horovod's local_rank() is. Of another
+// communicator, every call is collective.
+inline std::pair<int, int> world_node_rank_and_size(const char* operation) {
+  static const std::pair<int, int> answer = node_rank_and_size(MPI_COMM_WORLD, operation);
+  return answer;
+}
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operation) {
   MPI_Comm node = MPI_COMM_NULL;
   if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
     throw error(std::string("herd::mpi::") + operation + ": MPI_Comm_split_type failed. Is MPI initialized?");
@@ -151,13 +167,8 @@ inline std::pair<int, int> node_rank_and_size(MPI_Comm comm, const char* operati
   return {rank, size};
 }
 
-// Of MPI_COMM_WORLD, asked once: the first call is collective (every rank calls it, as
-// MPI_Comm_split_type), the later ones are local, as Horovod's local_rank() is. Of another
-// communicator, every call is collective.
-inline std::pair<int, int> world_node_rank_and_size(const char* operation) {
-  static const std::pair<int, int> answer = node_rank_and_size(MPI_COMM_WORLD, operation);
-  return answer;
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
+
 }  // namespace detail
 
 inline int local_rank(MPI_Comm comm = MPI_COMM_WORLD) {

@@ -39,7 +39,15 @@ struct error_site {
 };
 
 // "herd::allreduce on rank 1 of 4: <what>. <todo>"
-inline std::string error_message(const error_site& site, std::string_view what, std::string_view todo) {
+HERD_SEPARATE std::string error_message(const error_site& site, std::string_view what, std::string_view todo);
+
+[[noreturn]] inline void raise(const error_site& site, std::string_view what, std::string_view todo) {
+  throw error(error_message(site, what, todo), site.rank);
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::string error_message(const error_site& site, std::string_view what, std::string_view todo) {
   std::string message = "herd";
   if (!site.operation.empty()) message.append("::").append(site.operation);
   if (site.rank >= 0) {
@@ -52,9 +60,7 @@ inline std::string error_message(const error_site& site, std::string_view what, 
   return message;
 }
 
-[[noreturn]] inline void raise(const error_site& site, std::string_view what, std::string_view todo) {
-  throw error(error_message(site, what, todo), site.rank);
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd

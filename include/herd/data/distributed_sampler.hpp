@@ -53,16 +53,7 @@ struct sampler_options {
 // A permutation of 0..n-1, the same on every platform for a given seed: Fisher-Yates from the
 // last element down, for i = n-1 .. 1 swap p[i] with p[j], j = engine.uniform_below(i + 1), where
 // engine = random_engine(seed) and p starts as 0..n-1.
-inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
-  std::vector<std::size_t> p(n);
-  std::iota(p.begin(), p.end(), std::size_t{0});
-  random_engine engine(seed);
-  for (std::size_t i = n; i-- > 1;) {
-    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
+HERD_SEPARATE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed);
 
 // Consecutive batches of an index list: a forward range of std::span<const std::size_t>, each
 // batch_size long except a short last one (dropped with drop_last_batch). It owns the indices,
@@ -102,13 +93,7 @@ class batch_range {
     std::size_t batch_size_ = 1;
   };
 
-  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false)
-      : indices_(std::move(indices)), batch_size_(batch_size) {
-    if (batch_size == 0) {
-      detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
-    }
-    limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
-  }
+  batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch = false);
 
   iterator begin() const { return {indices_.data(), 0, limit_, batch_size_}; }
   iterator end() const { return {indices_.data(), limit_, limit_, batch_size_}; }
@@ -247,6 +232,14 @@ class distributed_sampler {
 // distributed_sampler's members that check, shuffle and shard: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE batch_range::batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch)
+    : indices_(std::move(indices)), batch_size_(batch_size) {
+  if (batch_size == 0) {
+    detail::raise({"batch_range"}, "the batch size is 0", "Pass a batch size of at least 1");
+  }
+  limit_ = drop_last_batch ? indices_.size() / batch_size * batch_size : indices_.size();
+}
+
 HERD_SEPARATE distributed_sampler::distributed_sampler(std::size_t dataset_size, int world_size, int rank,
                                                      sampler_options options)
     : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
@@ -306,6 +299,21 @@ HERD_SEPARATE std::vector<std::size_t> distributed_sampler::indices() const {
   }
   return result;
 }
+#endif  // HERD_SEPARATE_DEFINITIONS
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  random_engine engine(seed);
+  for (std::size_t i = n; i-- > 1;) {
+    const auto j = static_cast<std::size_t>(engine.uniform_below(static_cast<std::uint64_t>(i) + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
 #endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd

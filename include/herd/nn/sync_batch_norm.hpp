@@ -18,6 +18,7 @@
 
 #include <herd/collectives/allreduce.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
 #include <algorithm>
@@ -89,9 +90,7 @@ template <communicator C> void sync_batch_norm_sums(std::span<double> sum_dy, st
 // (In the configuration namespace with the collectives its members call.)
 class sync_batch_norm {
  public:
-  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {})
-      : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
-        grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+  explicit sync_batch_norm(std::size_t channels, sync_batch_norm_options options = {});
 
   std::vector<float> weight, bias, running_mean, running_var;
   std::vector<float> grad_weight, grad_bias;  // this rank's, from the last backward()
@@ -123,12 +122,7 @@ class sync_batch_norm {
   }
 
   // Inference: the running statistics, no communication.
-  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
-    for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
-      const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
-      y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
-    });
-  }
+  void evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const;
 
   // dx from dy, with the global sums of dy and dy * xhat; grad_weight and grad_bias: this rank's.
   template <communicator C> void backward(const float* dy, float* dx, C& comm) {
@@ -166,6 +160,21 @@ class sync_batch_norm {
   std::vector<float> xhat_;
   std::vector<double> invstd_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE sync_batch_norm::sync_batch_norm(std::size_t channels, sync_batch_norm_options options)
+    : weight(channels, 1.0f), bias(channels, 0.0f), running_mean(channels, 0.0f), running_var(channels, 1.0f),
+      grad_weight(channels, 0.0f), grad_bias(channels, 0.0f), options_(options), channels_(channels) {}
+
+HERD_SEPARATE void sync_batch_norm::evaluate(const float* x, float* y, std::size_t n, std::size_t spatial) const {
+  for_each(n, spatial, [&](std::size_t ch, std::size_t at) {
+    const double h = (x[at] - running_mean[ch]) / std::sqrt(static_cast<double>(running_var[ch]) + options_.eps);
+    y[at] = static_cast<float>(weight[ch] * h + bias[ch]);
+  });
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd

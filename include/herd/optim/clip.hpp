@@ -28,7 +28,15 @@ namespace herd {
 namespace detail {
 
 // The sum of the squares of every element (of gradients checked already).
-inline double squared_norm(const std::vector<buffer_view>& grads) {
+HERD_SEPARATE double squared_norm(const std::vector<buffer_view>& grads);
+
+// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
+// f64 gradients get it in double.
+HERD_SEPARATE double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE double squared_norm(const std::vector<buffer_view>& grads) {
   double sum = 0;
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -40,10 +48,7 @@ inline double squared_norm(const std::vector<buffer_view>& grads) {
   return sum;
 }
 
-
-// Scales by torch's clip coefficient, rounded to f32 as torch's is (it is an f32 tensor there);
-// f64 gradients get it in double.
-inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
+HERD_SEPARATE double clip_by(const std::vector<buffer_view>& grads, double max_norm, double total) {
   const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
   for (const buffer_view& g : grads) {
     visit(g.type, [&](auto element) {
@@ -61,6 +66,8 @@ inline double clip_by(const std::vector<buffer_view>& grads, double max_norm, do
   }
   return total;
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 //
 //   herd::loss_scaler scaler;   // 2^16, x2 after 2000 clean steps, x0.5 on overflow
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/device.hpp>
 #include <herd/core/error.hpp>
@@ -28,15 +29,7 @@ struct loss_scaler_options {
 
 class loss_scaler {
  public:
-  explicit loss_scaler(loss_scaler_options options = {}) : options_(options), scale_(options.initial_scale) {
-    if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
-        !(options_.backoff_factor < 1) || options_.growth_interval < 1 || !(options_.max_scale >= options_.initial_scale)) {
-      detail::raise({"loss_scaler"},
-                    "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
-                    "max scale >= initial scale)",
-                    "Adjust loss_scaler_options");
-    }
-  }
+  explicit loss_scaler(loss_scaler_options options = {});
 
   // Multiply the loss (or the gradient backward starts from) by this.
   double scale() const noexcept { return scale_; }
@@ -69,6 +62,21 @@ class loss_scaler {
   std::int64_t clean_steps_ = 0;
   std::int64_t skipped_ = 0;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE loss_scaler::loss_scaler(loss_scaler_options options) : options_(options), scale_(options.initial_scale) {
+  if (!(options_.initial_scale > 0) || !(options_.growth_factor >= 1) || !(options_.backoff_factor > 0) ||
+      !(options_.backoff_factor < 1) || options_.growth_interval < 1 ||
+      !(options_.max_scale >= options_.initial_scale)) {
+    detail::raise({"loss_scaler"},
+                  "invalid options (scale > 0, growth factor >= 1, backoff factor in (0, 1), growth interval >= 1, "
+                  "max scale >= initial scale)",
+                  "Adjust loss_scaler_options");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd
 

@@ -25,6 +25,7 @@
 #include <herd/comm/communicator.hpp>
 #include <herd/comm/detail/agreement.hpp>
 #include <herd/comm/detail/failure.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/tensor/std.hpp>
 
@@ -43,7 +44,7 @@ namespace herd {
 class elastic_state {
  public:
   // What a rollback writes back: `bytes` at `data`, which must stay there while the state is used.
-  void track(void* data, std::size_t bytes) { regions_.push_back({static_cast<std::byte*>(data), bytes}); }
+  void track(void* data, std::size_t bytes);
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void track(T& value) {
@@ -61,27 +62,13 @@ class elastic_state {
   }
 
   // Copies everything tracked, as commit number commits() + 1.
-  void commit() {
-    const std::uint64_t id = commits_ + 1;
-    std::vector<std::byte>& copy = copies_[id % 2];
-    copy.resize(total_bytes());
-    std::size_t at = 0;
-    for (const region& r : regions_) {
-      if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
-      at += r.bytes;
-    }
-    ids_[id % 2] = id;
-    sizes_[id % 2] = world_size_;
-    commits_ = id;
-  }
+  void commit();
 
   // Called, in the order given, after a rollback to a commit made at another number of ranks than
   // the communicator now has, with that number and the new one; the tracked memory holds the
   // agreed commit then, and the communicator is the new one (its rank() is this rank's new rank).
-  void on_world_change(std::function<void(int old_size, int new_size)> fn) { world_changes_.push_back(std::move(fn)); }
-  void world_changed(int old_size, int new_size) const {
-    for (const auto& fn : world_changes_) fn(old_size, new_size);
-  }
+  void on_world_change(std::function<void(int old_size, int new_size)> fn);
+  void world_changed(int old_size, int new_size) const;
 
   // The commits made so far (the last one's number).
   std::uint64_t commits() const noexcept { return commits_; }
@@ -97,20 +84,7 @@ class elastic_state {
   }
 
   // Writes commit `id` back; it must be this rank's last or the one before.
-  void restore(std::uint64_t id) {
-    if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
-      throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) +
-                  ": it holds #" + std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
-                  ". Commit on every rank after the same steps, and track the same things before the first commit.");
-    }
-    const std::vector<std::byte>& copy = copies_[id % 2];
-    std::size_t at = 0;
-    for (const region& r : regions_) {
-      if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
-      at += r.bytes;
-    }
-    commits_ = id;
-  }
+  void restore(std::uint64_t id);
 
  private:
   struct region {
@@ -131,6 +105,51 @@ class elastic_state {
   std::uint64_t commits_ = 0;
   std::vector<std::function<void(int, int)>> world_changes_;
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void elastic_state::track(void* data, std::size_t bytes) {
+  regions_.push_back({static_cast<std::byte*>(data), bytes});
+}
+
+HERD_SEPARATE void elastic_state::commit() {
+  const std::uint64_t id = commits_ + 1;
+  std::vector<std::byte>& copy = copies_[id % 2];
+  copy.resize(total_bytes());
+  std::size_t at = 0;
+  for (const region& r : regions_) {
+    if (r.bytes != 0) std::memcpy(copy.data() + at, r.data, r.bytes);
+    at += r.bytes;
+  }
+  ids_[id % 2] = id;
+  sizes_[id % 2] = world_size_;
+  commits_ = id;
+}
+
+HERD_SEPARATE void elastic_state::on_world_change(std::function<void(int old_size, int new_size)> fn) {
+  world_changes_.push_back(std::move(fn));
+}
+
+HERD_SEPARATE void elastic_state::world_changed(int old_size, int new_size) const {
+  for (const auto& fn : world_changes_) fn(old_size, new_size);
+}
+
+HERD_SEPARATE void elastic_state::restore(std::uint64_t id) {
+  if (id == 0 || ids_[id % 2] != id || copies_[id % 2].size() != total_bytes()) {
+    throw error("herd::elastic_state: this rank cannot go back to commit #" + std::to_string(id) + ": it holds #" +
+                std::to_string(ids_[commits_ % 2]) + " and #" + std::to_string(ids_[(commits_ + 1) % 2]) +
+                ". Commit on every rank after the same steps, and track the same things before the first commit.");
+  }
+  const std::vector<std::byte>& copy = copies_[id % 2];
+  std::size_t at = 0;
+  for (const region& r : regions_) {
+    if (r.bytes != 0) std::memcpy(r.data, copy.data() + at, r.bytes);
+    at += r.bytes;
+  }
+  commits_ = id;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 namespace detail {
 

@@ -10,6 +10,7 @@
 // herd takes compact row-major tensors only: strides NULL, or equal to the row-major strides
 // (dimensions of size 1 may have any stride). Anything else raises herd::error.
 
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 #include <herd/tensor/traits.hpp>
 
@@ -84,7 +85,19 @@ typedef struct DLManagedTensor {
 namespace herd {
 namespace detail {
 
-inline herd::dtype dlpack_dtype(const DLDataType& t) {
+HERD_SEPARATE herd::dtype dlpack_dtype(const DLDataType& t);
+
+inline std::size_t dlpack_elements(const DLTensor& t) {
+  std::size_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<std::size_t>(t.shape[i]);
+  return n;
+}
+
+HERD_SEPARATE void require_compact(const DLTensor& t);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE herd::dtype dlpack_dtype(const DLDataType& t) {
   if (t.lanes == 1) {
     switch (t.code) {
       case kDLFloat:
@@ -112,13 +125,7 @@ inline herd::dtype dlpack_dtype(const DLDataType& t) {
               "convert the tensor first.");
 }
 
-inline std::size_t dlpack_elements(const DLTensor& t) {
-  std::size_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<std::size_t>(t.shape[i]);
-  return n;
-}
-
-inline void require_compact(const DLTensor& t) {
+HERD_SEPARATE void require_compact(const DLTensor& t) {
   if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
     throw error("herd: DLTensor has ndim " + std::to_string(t.ndim) + " but no shape. Pass a well-formed DLTensor.");
   }
@@ -142,6 +149,8 @@ inline void require_compact(const DLTensor& t) {
     expected *= t.shape[i];
   }
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 

@@ -52,7 +52,8 @@ endforeach()
 # and step, and distributed_sampler's members (HERD_SEPARATE: checkpoint/checkpoint.hpp,
 # optim/detail/host_ops.hpp, optim/sgd.hpp, data/distributed_sampler.hpp). And the
 # queue that runs operations (comm/detail/operation_state.hpp), which collectives.cpp's
-# allreduce_async calls.
+# allreduce_async calls. And, of the rest of herd's non-template code, what these files call: the
+# MPI environment's start (comm/mpi.hpp) and the words of an error (core/error.hpp).
 foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_all"
                        "detail::host::reducer<herd::mpi_communicator>::mark_one"
                        "detail::host::reducer<herd::mpi_communicator>::finish"
@@ -62,7 +63,7 @@ foreach(entry IN ITEMS "detail::host::reducer<herd::mpi_communicator>::reduce_al
                        "detail::host_accumulate" "detail::host_fold" "sgd::sgd" "sgd::step"
                        "distributed_sampler::distributed_sampler" "distributed_sampler::set_epoch"
                        "distributed_sampler::indices" "detail::operation_state::submit"
-                       "detail::operation_state::wait")
+                       "detail::operation_state::wait" "mpi::environment::environment" "detail::error_message")
   string(REPLACE "<" "[<]" pattern "${entry}")
   string(REPLACE ">" "[>]" pattern "${pattern}")
   require_left_to_linker("herd::${entry}" "herd::${pattern}(\\[abi:cxx11\\])?\\(")
@@ -72,5 +73,5 @@ if(problems)
   message(FATAL_ERROR "files compiled with HERD_SEPARATE_COMPILATION compile the engine themselves:\n  ${lines}")
 endif()
 message(STATUS "the engine's 16 entry points, mpi_communicator's members, the reducer, the gradients' check, the "
-               "checkpoint's collective save and load, the optimizers' dtype loops, sgd, distributed_sampler, and the "
-               "operation queue are left to the implementation file")
+               "checkpoint's collective save and load, the optimizers' dtype loops, sgd, distributed_sampler, the "
+               "operation queue, the MPI environment and the error's words are left to the implementation file")

@@ -60,11 +60,7 @@ HERD_SEPARATE std::string system_message(int code);
 
 HERD_SEPARATE std::string hex(std::uint64_t value);
 
-[[noreturn]] inline void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
-  throw failure{path.string() + " is damaged: " + detail,
-                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
-                "after it was written (disk, copy, or another program)"};
-}
+[[noreturn]] HERD_SEPARATE void fail_damaged(const std::filesystem::path& path, const std::string& detail);
 
 struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
@@ -94,6 +90,11 @@ struct file_contents {
 HERD_SEPARATE std::optional<file_contents> read_file(const std::filesystem::path& path);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+[[noreturn]] HERD_SEPARATE void fail_damaged(const std::filesystem::path& path, const std::string& detail) {
+  throw failure{path.string() + " is damaged: " + detail,
+                "Delete it or restore it from a backup; herd's own saves never leave a partial file, so it was damaged "
+                "after it was written (disk, copy, or another program)"};
+}
 
 HERD_SEPARATE std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t state) {
   for (std::size_t i = 0; i < n; ++i) state = (state ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;

@@ -110,15 +110,7 @@ template <class C> cudaStream_t stream_of(C& comm) {
 #endif
 
 // Reductions a communicator with native collectives (NCCL) cannot do in this translation unit.
-inline void require_native_op(call_check& check, dtype type, reduce_op op) {
-  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
-    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
-               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
-  }
-  if (check.ok() && is_bitwise(op)) {
-    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
-  }
-}
+HERD_SEPARATE void require_native_op(call_check& check, dtype type, reduce_op op);
 
 // Runs a native reduction, reduce(op) (an allreduce or a reduce-scatter into `out`), and with
 // host_sync waits for it. herd's avg is the sum divided by the ranks, on every path: NCCL's sum
@@ -135,6 +127,20 @@ void native_reduction(C& comm, buffer_view out, reduce_op op, bool host_sync, Re
 #endif
   if (host_sync) comm.synchronize();
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_native_op(call_check& check, dtype type, reduce_op op) {
+  if (check.ok() && !HERD_WITH_CUDA_KERNELS && op == reduce_op::avg && is_integral(type)) {
+    check.fail(12, "avg on integer tensors over NCCL needs herd's division kernel",
+               "Compile this translation unit with nvcc, or reduce with sum and divide yourself");
+  }
+  if (check.ok() && is_bitwise(op)) {
+    check.fail(12, "NCCL has no bitwise reductions", "Use sum, prod, min, max or avg on GPU tensors");
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

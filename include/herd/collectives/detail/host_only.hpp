@@ -24,20 +24,32 @@ template <class C> constexpr void require_host_communicator() {
 }
 
 // `operation` names the collective in the advice ("gather").
-inline void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v, const char* operation) {
+HERD_SEPARATE void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v,
+                                       const char* operation);
+
+// `what` names the list ("per-rank counts", "send splits").
+HERD_SEPARATE void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts,
+                                        int p);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_host_tensor(call_check& check, const char* role, const const_buffer_view& v,
+                                       const char* operation) {
   if (!check.ok() || v.device.is_cpu()) return;
   check.fail(5, std::string("the ") + role + " tensor lives on " + v.device.str() + ", but herd::" + operation +
                     " moves host memory only",
              "Copy the tensor to the host first");
 }
 
-// `what` names the list ("per-rank counts", "send splits").
-inline void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts, int p) {
+HERD_SEPARATE void require_one_per_rank(call_check& check, const char* what, std::span<const std::size_t> counts,
+                                        int p) {
   if (!check.ok() || counts.size() == static_cast<std::size_t>(p)) return;
   check.fail(19, std::string("the list of ") + what + " has " + std::to_string(counts.size()) + " entries for " +
                      std::to_string(p) + " ranks",
              "Pass one entry per rank");
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

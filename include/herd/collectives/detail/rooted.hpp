@@ -13,6 +13,7 @@
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/collectives/detail/scratch.hpp>
 #include <herd/comm/communicator.hpp>
+#include <herd/core/config.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -34,14 +35,7 @@ struct rooted_tree {
   int span;                         // lowbit(q): q's subtree is q .. min(q + span, p) - 1; the root's spans all
   std::vector<std::size_t> offset;  // offset[j]: bytes before relative rank j's block; offset[p]: all
 
-  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
-      : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
-        offset(static_cast<std::size_t>(size) + 1, 0) {
-    while (span < p && (q & span) == 0) span <<= 1;
-    for (int j = 0; j < p; ++j) {
-      offset[static_cast<std::size_t>(j) + 1] = offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
-    }
-  }
+  rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes);
 
   int absolute(int j) const { return (j + root) % p; }
   // Bytes of the blocks of relative ranks [from, to).
@@ -53,6 +47,20 @@ struct rooted_tree {
   // Where relative rank j's block lies in this rank's subtree buffer.
   std::size_t at(int j) const { return bytes(q, j); }
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE rooted_tree::rooted_tree(int size, int rank, int root_rank, std::span<const std::size_t> bytes)
+    : p(size), root(root_rank), q(ring_mod(rank - root_rank, size)), span(1),
+      offset(static_cast<std::size_t>(size) + 1, 0) {
+  while (span < p && (q & span) == 0) span <<= 1;
+  for (int j = 0; j < p; ++j) {
+    offset[static_cast<std::size_t>(j) + 1] =
+        offset[static_cast<std::size_t>(j)] + bytes[static_cast<std::size_t>(absolute(j))];
+  }
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 // Every rank's block (`mine`, bytes[rank] bytes) to the root, where `gathered` receives them all in
 // relative order (the root's own first, then root + 1, ...). Only the root's `gathered` is used.

@@ -8,6 +8,7 @@
 // name as the compiler spells it), so that ranks passing different types are told so instead of
 // reading one another's bytes as their own.
 
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
 #include <cstddef>
@@ -70,11 +71,7 @@ class object_reader {
   std::size_t left_;
 };
 
-inline void write_length(std::vector<std::byte>& out, std::size_t n) {
-  const auto length = static_cast<std::uint64_t>(n);
-  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
-  out.insert(out.end(), bytes, bytes + sizeof length);
-}
+HERD_SEPARATE void write_length(std::vector<std::byte>& out, std::size_t n);
 
 // object_codec<T>::supported says whether T has bytes; the others define fingerprint, write, read.
 template <class T> struct object_codec {
@@ -171,6 +168,16 @@ template <class T> void read_object(const std::byte* data, std::size_t bytes, T&
   object_codec<T>::read(in, value);
   if (!in.done()) throw error("herd: a serialized object has bytes left over; every rank must run the same build");
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void write_length(std::vector<std::byte>& out, std::size_t n) {
+  const auto length = static_cast<std::uint64_t>(n);
+  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
+  out.insert(out.end(), bytes, bytes + sizeof length);
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -16,6 +16,7 @@
 #include <herd/collectives/detail/reproducible.hpp>
 #include <herd/collectives/detail/ring.hpp>
 #include <herd/comm/detail/shm.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
 #include <herd/runtime/timeline.hpp>
@@ -42,18 +43,9 @@ struct even_pieces {
 // whose range holds i.
 class host_parts {
  public:
-  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes) : parts_(parts), es_(element_bytes) {
-    starts_.reserve(parts.size() + 1);
-    std::size_t at = 0;
-    for (const buffer_view& v : parts) {
-      starts_.push_back(at);
-      at += v.count;
-    }
-    starts_.push_back(at);
-  }
+  host_parts(std::span<const buffer_view> parts, std::size_t element_bytes);
   // One contiguous tensor, input or output (an input's parts are only read).
-  host_parts(const void* data, std::size_t count, dtype type)
-      : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+  host_parts(const void* data, std::size_t count, dtype type);
   host_parts(const host_parts&) = delete;  // parts_ may point at one_
   host_parts& operator=(const host_parts&) = delete;
 
@@ -99,17 +91,8 @@ inline std::size_t shm_elements_per_slice(const shm_node& node, dtype type) {
 
 // The first half-step of shm_allreduce's slice: this rank copies into its buffer `mine` the
 // pieces of its input that the others reduce, every piece but its own.
-inline void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s, std::byte* mine) {
-  const std::size_t es = size_of(type);
-  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
-  auto copy_in = [&](std::size_t from, std::size_t n) {
-    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
-      std::memcpy(mine + (from + at) * es, src, run * es);
-    });
-  };
-  copy_in(0, s.lo);
-  copy_in(s.hi, s.m - s.hi);
-}
+HERD_SEPARATE void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s,
+                               std::byte* mine);
 
 // Allreduce of `count` elements over every rank of the node, from `in` into `out` (the same
 // parts when in place). Per slice: each rank copies the pieces of its input that the others
@@ -281,6 +264,36 @@ template <class C> void shm_broadcast(C& comm, shm_node& node, std::byte* data, 
     }
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE host_parts::host_parts(std::span<const buffer_view> parts, std::size_t element_bytes)
+    : parts_(parts), es_(element_bytes) {
+  starts_.reserve(parts.size() + 1);
+  std::size_t at = 0;
+  for (const buffer_view& v : parts) {
+    starts_.push_back(at);
+    at += v.count;
+  }
+  starts_.push_back(at);
+}
+
+HERD_SEPARATE host_parts::host_parts(const void* data, std::size_t count, dtype type)
+    : one_{const_cast<void*>(data), count, type}, parts_(&one_, 1), es_(size_of(type)), starts_{0, count} {}
+
+HERD_SEPARATE void shm_copy_in(std::uint32_t track, dtype type, const host_parts& in, const shm_slice& s,
+                               std::byte* mine) {
+  const std::size_t es = size_of(type);
+  const trace::span phase(track, "copy in", trace::fields::elements(s.m - (s.hi - s.lo), type));
+  auto copy_in = [&](std::size_t from, std::size_t n) {
+    in.each(s.begin + from, n, [&](const std::byte* src, std::size_t at, std::size_t run) {
+      std::memcpy(mine + (from + at) * es, src, run * es);
+    });
+  };
+  copy_in(0, s.lo);
+  copy_in(s.hi, s.m - s.hi);
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

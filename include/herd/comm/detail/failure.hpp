@@ -14,6 +14,7 @@
 
 #include <herd/comm/detail/agreement.hpp>
 #include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
 #include <cstdint>
@@ -36,62 +37,10 @@ namespace detail {
 
 // Point-to-point calls of the user take tags in [0, reserved_tag_base); herd's operations send on
 // tags at and above it (control, notices, data of operation k).
-inline void check_tag(const char* operation, int rank, int size, int tag) {
-  if (tag < 0) {
-    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
-          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
-  }
-  if (tag >= reserved_tag_base && !operation_state::any_running()) {
-    raise({operation, rank, size},
-          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
-              ", 32767], where collectives send their own messages (a message on it could be taken as a "
-              "collective's data)",
-          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
-  }
-}
+HERD_SEPARATE void check_tag(const char* operation, int rank, int size, int tag);
 
 // What is wrong with `o`, in words naming the option and its variable; empty when nothing is.
-inline std::string options_problem(const comm_options& o) {
-  auto number = [](double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return std::string(text);
-  };
-  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
-  if (seconds_bad(o.stall_check_seconds)) {
-    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
-           "; give seconds between 0 (never warn) and 1e15";
-  }
-  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
-  // looks every few milliseconds, and an abort's notices take about as long).
-  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
-    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
-           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
-  }
-  if (o.ring_segment_bytes == 0) {
-    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
-           "least 1 (the default is 1048576)";
-  }
-  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
-    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
-           "; give bytes between 4096 and 1073741824";
-  }
-  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
-    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
-           "; give a number of ranks between 0 (the real nodes) and 65536";
-  }
-  switch (o.allreduce_algorithm) {
-    case algorithm::automatic:
-    case algorithm::ring:
-    case algorithm::shared_memory:
-    case algorithm::hierarchical: break;
-    default:
-      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
-             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
-             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
-  }
-  return {};
-}
+HERD_SEPARATE std::string options_problem(const comm_options& o);
 
 // What a rank brings to a communicator's creation (the payload of operation #0): when it renews
 // one, that one's last completed operation; then, if it has one, its malformed setting in words.
@@ -107,22 +56,8 @@ struct creation_report {
 
   static constexpr std::size_t header_bytes = 24;
 
-  creation_report(const std::string& text, const op_label* renewed) {
-    if (renewed != nullptr) {
-      renewing = 1;
-      last_seq = renewed->seq;
-      last_count = renewed->count;
-      last_kind = renewed->kind;
-      last_type = renewed->type;
-      last_typed = renewed->typed ? 1 : 0;
-    }
-    std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
-  }
-  creation_report(const std::byte* payload, std::size_t bytes) {
-    std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
-    if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
-    problem[sizeof problem - 1] = '\0';
-  }
+  creation_report(const std::string& text, const op_label* renewed);
+  creation_report(const std::byte* payload, std::size_t bytes);
   std::size_t bytes() const noexcept { return header_bytes + std::strlen(problem); }
   op_label last() const { return {last_kind, last_seq, last_count, last_type, last_typed != 0}; }
   std::string last_text() const {
@@ -132,23 +67,7 @@ struct creation_report {
 static_assert(offsetof(creation_report, problem) == creation_report::header_bytes);
 
 // Raises on every rank if ranks renewing a communicator last completed different operations of it.
-inline void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
-  if (reports.empty() || !reports[0].renewing) return;
-  bool differ = false;
-  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
-  if (!differ) return;
-  std::string text;
-  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
-    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
-  }
-  if (reports.size() > 16) text += ", ...";
-  raise_agreed(site,
-               "the ranks last completed different operations of the communicator they renew (" + text +
-                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
-                   "would be in different steps and mix their data",
-               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
-               "same step), then renew with comm.renew(options, herd::rolled_back)");
-}
+HERD_SEPARATE void verify_renewal(const error_site& site, const std::vector<creation_report>& reports);
 
 // What a rank has heard of a peer's failures, for hopeless_wait.
 struct peer_news {
@@ -260,17 +179,114 @@ members_state members_verdict(const std::vector<int>& members, int me, const mem
 }
 
 // The ranks that stay, in their order: those whose answer is 1.
-inline std::vector<int> staying_members(const std::vector<int>& answers) {
+HERD_SEPARATE std::vector<int> staying_members(const std::vector<int>& answers);
+
+inline const char* shrink_advice() noexcept {
+  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
+         "the ranks still here, or end the job";
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE creation_report::creation_report(const std::string& text, const op_label* renewed) {
+  if (renewed != nullptr) {
+    renewing = 1;
+    last_seq = renewed->seq;
+    last_count = renewed->count;
+    last_kind = renewed->kind;
+    last_type = renewed->type;
+    last_typed = renewed->typed ? 1 : 0;
+  }
+  std::memcpy(problem, text.data(), std::min(text.size(), sizeof problem - 1));
+}
+
+HERD_SEPARATE creation_report::creation_report(const std::byte* payload, std::size_t bytes) {
+  std::memcpy(static_cast<void*>(this), payload, std::min(bytes, sizeof *this));
+  if (bytes < sizeof *this) std::memset(reinterpret_cast<char*>(this) + bytes, 0, sizeof *this - bytes);
+  problem[sizeof problem - 1] = '\0';
+}
+
+HERD_SEPARATE void check_tag(const char* operation, int rank, int size, int tag) {
+  if (tag < 0) {
+    raise({operation, rank, size}, "tag " + std::to_string(tag) + " is negative (MPI_ANY_TAG is not supported)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+  if (tag >= reserved_tag_base && !operation_state::any_running()) {
+    raise({operation, rank, size},
+          "tag " + std::to_string(tag) + " is in herd's reserved range [" + std::to_string(reserved_tag_base) +
+              ", 32767], where collectives send their own messages (a message on it could be taken as a "
+              "collective's data)",
+          "Use a tag in [0, herd::reserved_tag_base) = [0, " + std::to_string(reserved_tag_base) + ")");
+  }
+}
+
+HERD_SEPARATE std::string options_problem(const comm_options& o) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return std::string(text);
+  };
+  auto seconds_bad = [](double x) { return !(x >= 0 && x <= 1e15); };  // NaN too
+  if (seconds_bad(o.stall_check_seconds)) {
+    return "comm_options::stall_check_seconds (HERD_STALL_CHECK_TIME_SECONDS) is " + number(o.stall_check_seconds) +
+           "; give seconds between 0 (never warn) and 1e15";
+  }
+  // Below a tenth of a second every wait would give up before a peer could answer (the watchdog
+  // looks every few milliseconds, and an abort's notices take about as long).
+  if (seconds_bad(o.stall_shutdown_seconds) || (o.stall_shutdown_seconds > 0 && o.stall_shutdown_seconds < 0.1)) {
+    return "comm_options::stall_shutdown_seconds (HERD_STALL_SHUTDOWN_TIME_SECONDS) is " +
+           number(o.stall_shutdown_seconds) + "; give 0 (never give up) or seconds between 0.1 and 1e15";
+  }
+  if (o.ring_segment_bytes == 0) {
+    return "comm_options::ring_segment_bytes (HERD_RING_SEGMENT_BYTES) is 0; give the ring's segment in bytes, at "
+           "least 1 (the default is 1048576)";
+  }
+  if (o.shm_slice_bytes < 4096 || o.shm_slice_bytes > (std::size_t{1} << 30)) {
+    return "comm_options::shm_slice_bytes (HERD_SHM_SLICE_BYTES) is " + std::to_string(o.shm_slice_bytes) +
+           "; give bytes between 4096 and 1073741824";
+  }
+  if (o.simulated_node_size < 0 || o.simulated_node_size > 65536) {
+    return "comm_options::simulated_node_size (HERD_SIMULATE_NODE_SIZE) is " + std::to_string(o.simulated_node_size) +
+           "; give a number of ranks between 0 (the real nodes) and 65536";
+  }
+  switch (o.allreduce_algorithm) {
+    case algorithm::automatic:
+    case algorithm::ring:
+    case algorithm::shared_memory:
+    case algorithm::hierarchical: break;
+    default:
+      return "comm_options::allreduce_algorithm (HERD_ALLREDUCE_ALGORITHM) is " +
+             std::to_string(static_cast<int>(o.allreduce_algorithm)) +
+             ", not one of herd::algorithm's values; use automatic, ring, shared_memory or hierarchical";
+  }
+  return {};
+}
+
+HERD_SEPARATE void verify_renewal(const error_site& site, const std::vector<creation_report>& reports) {
+  if (reports.empty() || !reports[0].renewing) return;
+  bool differ = false;
+  for (const creation_report& r : reports) differ = differ || r.last_seq != reports[0].last_seq;
+  if (!differ) return;
+  std::string text;
+  for (std::size_t i = 0; i < reports.size() && i < 16; ++i) {
+    text += (i == 0 ? "" : ", ") + std::string("rank ") + std::to_string(i) + ": " + reports[i].last_text();
+  }
+  if (reports.size() > 16) text += ", ...";
+  raise_agreed(site,
+               "the ranks last completed different operations of the communicator they renew (" + text +
+                   "): the operation that failed succeeded on some ranks, so ranks that go on from where they stand "
+                   "would be in different steps and mix their data",
+               "Bring every rank back to one state first (load a checkpoint, or copies every rank took after the "
+               "same step), then renew with comm.renew(options, herd::rolled_back)");
+}
+
+HERD_SEPARATE std::vector<int> staying_members(const std::vector<int>& answers) {
   std::vector<int> members;
   for (std::size_t q = 0; q < answers.size(); ++q)
     if (answers[q] == 1) members.push_back(static_cast<int>(q));
   return members;
 }
 
-inline const char* shrink_advice() noexcept {
-  return "The ranks that stay could not agree on who they are within the shutdown time. Call shrink() again on "
-         "the ranks still here, or end the job";
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace detail
 }  // namespace herd

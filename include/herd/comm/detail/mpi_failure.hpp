@@ -55,6 +55,7 @@
 #include <herd/comm/detail/operation_state.hpp>
 #include <herd/comm/detail/shm.hpp>
 #include <herd/comm/detail/watchdog.hpp>
+#include <herd/core/config.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -136,7 +137,7 @@ class mpi_state {
  public:
   static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
 
-  explicit mpi_state(const comm_options& options) : ops(options) {}
+  explicit mpi_state(const comm_options& options);
   mpi_state(const mpi_state&) = delete;
   mpi_state& operator=(const mpi_state&) = delete;
 
@@ -354,6 +355,7 @@ int watched_mpi_call(const comm_options& options, const error_site& site, const 
 HERD_SEPARATE std::vector<int> agree_staying(mpi_state& s, const comm_options& options);
 
 #if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE mpi_state::mpi_state(const comm_options& options) : ops(options) {}
 
 HERD_SEPARATE bool mpi_running() {
   int initialized = 0;

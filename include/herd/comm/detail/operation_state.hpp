@@ -153,12 +153,7 @@ struct op_label {
   bool typed = false;
   op_name name_{};  // empty unless the caller named it
 
-  std::string str() const {
-    std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
-    if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
-    if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
-    return text;
-  }
+  std::string str() const;
 };
 
 // Whether a failure that aborted a communicator reached a caller. A handle dropped unwaited
@@ -242,7 +237,7 @@ inline constexpr std::chrono::microseconds handoff_spin{200};
 
 class operation_state {
  public:
-  explicit operation_state(const comm_options& options) : options_(options) {}
+  explicit operation_state(const comm_options& options);
   operation_state(const operation_state&) = delete;
   operation_state& operator=(const operation_state&) = delete;
   ~operation_state();
@@ -426,16 +421,7 @@ class operation_state {
   // next thread that takes it.
   class issuing {
    public:
-    issuing(operation_state& ops, const error_site& site) : ops_(ops) {
-      const std::thread::id me = std::this_thread::get_id();
-      std::thread::id holder{};
-      claimed_ = ops.issuer_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
-      if (!claimed_ && holder != me) {
-        ops.intruded_.store(true, std::memory_order_release);
-        raise(site, "another thread of this rank is issuing or running an operation of this communicator at the same "
-                    "time", concurrent_todo);
-      }
-    }
+    issuing(operation_state& ops, const error_site& site);
     issuing(const issuing&) = delete;
     issuing& operator=(const issuing&) = delete;
     ~issuing() {
@@ -489,6 +475,15 @@ class operation_state {
 // (core/config.hpp). Each runs once per operation, not per element; what the call may cost in the
 // hand-over is measured in benchmarks/RESULTS.md (a few tenths of a microsecond at most, if any).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE std::string op_label::str() const {
+  std::string text = std::string(name(kind)) + " #" + std::to_string(seq);
+  if (!name_.empty()) text += " \"" + std::string(name_.text, strnlen(name_.text, sizeof name_.text)) + "\"";
+  if (typed) text += " (" + byte_text(count * size_of(type)) + " " + std::string(name(type)) + ")";
+  return text;
+}
+
+HERD_SEPARATE operation_state::operation_state(const comm_options& options) : options_(options) {}
+
 HERD_SEPARATE operation_state::~operation_state() {
   {
     std::lock_guard lock(mutex_);
@@ -497,6 +492,19 @@ HERD_SEPARATE operation_state::~operation_state() {
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
   news_->close();
+}
+
+HERD_SEPARATE operation_state::issuing::issuing(operation_state& ops, const error_site& site) : ops_(ops) {
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id holder{};
+  claimed_ = ops.issuer_.compare_exchange_strong(holder, me, std::memory_order_acq_rel);
+  if (!claimed_ && holder != me) {
+    ops.intruded_.store(true, std::memory_order_release);
+    raise(site,
+          "another thread of this rank is issuing or running an operation of this communicator at the same "
+          "time",
+          concurrent_todo);
+  }
 }
 
 HERD_SEPARATE std::shared_ptr<queued_operation> operation_state::submit(std::function<void(std::uint64_t)> f,

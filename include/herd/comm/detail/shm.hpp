@@ -67,18 +67,7 @@ class shm_segment {
  public:
   shm_segment() = default;
   shm_segment(shm_segment&& other) noexcept { *this = std::move(other); }
-  shm_segment& operator=(shm_segment&& other) noexcept {
-    if (this != &other) {
-      reset();
-      base_ = std::exchange(other.base_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
-      identity_ = other.identity_;
-      name_ = std::move(other.name_);
-      linked_ = std::exchange(other.linked_, false);
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
+  shm_segment& operator=(shm_segment&& other) noexcept;
   ~shm_segment() { reset(); }
 
   // What the creator writes in the last bytes of a segment and an opener compares before it uses
@@ -137,6 +126,19 @@ class shm_segment {
 // shm_segment's members that create, open, map and name segments: inline, or with
 // HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
+HERD_SEPARATE shm_segment& shm_segment::operator=(shm_segment&& other) noexcept {
+  if (this != &other) {
+    reset();
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    identity_ = other.identity_;
+    name_ = std::move(other.name_);
+    linked_ = std::exchange(other.linked_, false);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
 HERD_SEPARATE shm_segment shm_segment::create(std::size_t bytes, std::string& problem, bool named) {
   shm_segment s;
   int fd = -1;
@@ -350,12 +352,7 @@ class shm_node {
     return (label.seq & seq_mask) | std::uint64_t{static_cast<std::uint8_t>(label.kind)} << 40 |
            std::uint64_t{static_cast<std::uint8_t>(label.type)} << 48 | in_operation | (label.typed ? typed : 0);
   }
-  static std::string step_text(std::uint64_t word) {
-    if (word == 0) return "no operation";
-    std::string text = std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask);
-    if ((word & typed) != 0) text += " of " + std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
-    return text;
-  }
+  static std::string step_text(std::uint64_t word);
 
   template <class C> [[noreturn]] void mismatched(C& comm, int i, std::uint64_t theirs) const {
     const operation_state& ops = comm.operations();
@@ -435,6 +432,18 @@ class shm_node {
   std::uint64_t ticket_ = 0;
   std::uint64_t operation_ = 0;  // the operation of the step of ticket_
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::string shm_node::step_text(std::uint64_t word) {
+  if (word == 0) return "no operation";
+  std::string text =
+      std::string(name(static_cast<op_kind>((word >> 40) & 0xff))) + " #" + std::to_string(word & seq_mask);
+  if ((word & typed) != 0) text += " of " + std::string(name(static_cast<dtype>((word >> 48) & 0xff)));
+  return text;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -26,16 +26,7 @@ struct split_request {
 
 // subset(ranks) as a split: a listed rank takes color 0 and its place in the list as key, so the
 // new ranks follow the list's order; a rank not listed takes no_color.
-inline split_request subset_request(std::span<const int> ranks, int rank) {
-  split_request r;
-  std::uint64_t h = 1469598103934665603ull ^ ranks.size();
-  for (int x : ranks) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
-  r.list = h;
-  const auto at = std::find(ranks.begin(), ranks.end(), rank);
-  r.color = at == ranks.end() ? no_color : 0;
-  r.key = static_cast<std::int32_t>(at - ranks.begin());
-  return r;
-}
+HERD_SEPARATE split_request subset_request(std::span<const int> ranks, int rank);
 
 // The agreement of the running split or subset operation of comm: every rank's request, once
 // they are known to be valid. `ranks` is a subset's list (ignored by split).
@@ -93,6 +84,21 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
   return members;
 }
 #endif
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE split_request subset_request(std::span<const int> ranks, int rank) {
+  split_request r;
+  std::uint64_t h = 1469598103934665603ull ^ ranks.size();
+  for (int x : ranks) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
+  r.list = h;
+  const auto at = std::find(ranks.begin(), ranks.end(), rank);
+  r.color = at == ranks.end() ? no_color : 0;
+  r.key = static_cast<std::int32_t>(at - ranks.begin());
+  return r;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -11,6 +11,7 @@
 // herd's communicators runs.
 
 #include <herd/comm/detail/operation_state.hpp>
+#include <herd/core/config.hpp>
 #include <herd/core/error.hpp>
 
 #include <algorithm>
@@ -54,36 +55,10 @@ class waiting {
 
   // Warns once after stall_check_seconds; raises after stall_shutdown_seconds. `what`: "in
   // allreduce #17 (4 MiB f32) to receive from rank 1".
-  void watch(const error_site& site, const std::string& what) {
-    const double waited = seconds();
-    char amount[32];
-    std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
-    const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
-    if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
-      raise(site, text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
-            "Every rank must call the same collectives in the same order; check that no rank skipped one, "
-            "ran out of data early, or is stuck elsewhere");
-    }
-    if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
-      warned_ = true;
-      const std::string then = options_.stall_shutdown_seconds > 0
-                                   ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" +
-                                         number(options_.stall_shutdown_seconds) + " s"
-                                   : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
-      std::fprintf(stderr,
-                   "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
-                   "stuck; %s.\n",
-                   text.c_str(), then.c_str());
-      std::fflush(stderr);
-    }
-  }
+  void watch(const error_site& site, const std::string& what);
 
  private:
-  static std::string number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return text;
-  }
+  static std::string number(double x);
 
   comm_options options_;
   clock::time_point start_;
@@ -149,7 +124,47 @@ void watched_wait(const comm_options& options, const error_site& site, Done done
 
 // "in allreduce #17 (4 MiB f32) to receive from rank 1", or outside operations "to receive from
 // rank 1 (tag 11)".
-inline std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
+HERD_SEPARATE std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag);
+
+// The error site of the running operation ("allreduce"), or `fallback` outside operations.
+inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
+  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+HERD_SEPARATE void waiting::watch(const error_site& site, const std::string& what) {
+  const double waited = seconds();
+  char amount[32];
+  std::snprintf(amount, sizeof amount, waited < 10 ? "%.1f" : "%.0f", waited);
+  const std::string text = "rank " + std::to_string(site.rank) + " has waited " + amount + " s " + what;
+  if (options_.stall_shutdown_seconds > 0 && waited >= options_.stall_shutdown_seconds) {
+    raise(site,
+          text + " and gives up (HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) + ")",
+          "Every rank must call the same collectives in the same order; check that no rank skipped one, "
+          "ran out of data early, or is stuck elsewhere");
+  }
+  if (!warned_ && options_.stall_check_seconds > 0 && waited >= options_.stall_check_seconds) {
+    warned_ = true;
+    const std::string then =
+        options_.stall_shutdown_seconds > 0
+            ? "herd raises an error after HERD_STALL_SHUTDOWN_TIME_SECONDS=" + number(options_.stall_shutdown_seconds) +
+                  " s"
+            : "herd waits on (HERD_STALL_SHUTDOWN_TIME_SECONDS=0: it never gives up)";
+    std::fprintf(stderr,
+                 "herd warning: %s. A rank may have skipped a collective, called them in another order, or be "
+                 "stuck; %s.\n",
+                 text.c_str(), then.c_str());
+    std::fflush(stderr);
+  }
+}
+
+HERD_SEPARATE std::string waiting::number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", x);
+  return text;
+}
+
+HERD_SEPARATE std::string waiting_for(const operation_state& ops, int peer, bool receiving, int tag) {
   std::string text;
   if (ops.in_operation()) text = "in " + ops.current().str() + " ";
   if (peer < 0) return text + "for the other ranks";
@@ -158,10 +173,7 @@ inline std::string waiting_for(const operation_state& ops, int peer, bool receiv
   return text;
 }
 
-// The error site of the running operation ("allreduce"), or `fallback` outside operations.
-inline error_site site_of(const operation_state& ops, const char* fallback, int rank, int size) {
-  return {ops.in_operation() ? name(ops.current().kind) : fallback, rank, size};
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -57,13 +57,21 @@ HERD_HOST_DEVICE inline std::uint64_t batch_blocks(std::uint64_t count, std::uin
 }
 
 // The entry each block belongs to, for entries in order of their first blocks (batch_args).
-inline std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries, std::uint64_t elements_per_block) {
+HERD_SEPARATE std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries,
+                                                             std::uint64_t elements_per_block);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE std::vector<std::uint32_t> batch_block_entries(std::span<const batch_entry> entries,
+                                                             std::uint64_t elements_per_block) {
   std::vector<std::uint32_t> owner;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     owner.resize(entries[i].first_block + batch_blocks(entries[i].count, elements_per_block), static_cast<std::uint32_t>(i));
   }
   return owner;
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::cuda::detail
 

@@ -29,14 +29,7 @@ HERD_HOST_DEVICE inline std::uintptr_t address(const void* p) { return reinterpr
 
 #if !defined(__CUDA_ARCH__)
 // The GPU's alignment rule, checked where the host runs a kernel's body.
-inline void require_vector_alignment(const void* p, std::size_t bytes, const char* access) {
-  if (address(p) % bytes == 0) return;
-  herd::detail::raise({"cuda kernel body"},
-                      std::string("misaligned ") + std::to_string(bytes) + "-byte vector " + access + " at address " +
-                          std::to_string(address(p)) + " (" + std::to_string(address(p) % bytes) +
-                          " bytes past a boundary): a GPU faults here with cudaErrorMisalignedAddress",
-                      "The kernel's head/tail split must reach an aligned address before its vector loop");
-}
+HERD_SEPARATE void require_vector_alignment(const void* p, std::size_t bytes, const char* access);
 #endif
 
 // Bytes this thread has loaded with vector accesses on the host, in all and in 16-byte ones:
@@ -86,6 +79,19 @@ HERD_HOST_DEVICE inline std::size_t steps_to_alignment(const void* p, std::size_
   const std::size_t gap = alignment - misalignment;
   return gap % element_bytes == 0 ? gap / element_bytes : never_aligned;
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void require_vector_alignment(const void* p, std::size_t bytes, const char* access) {
+  if (address(p) % bytes == 0) return;
+  herd::detail::raise({"cuda kernel body"},
+                      std::string("misaligned ") + std::to_string(bytes) + "-byte vector " + access + " at address " +
+                          std::to_string(address(p)) + " (" + std::to_string(address(p) % bytes) +
+                          " bytes past a boundary): a GPU faults here with cudaErrorMisalignedAddress",
+                      "The kernel's head/tail split must reach an aligned address before its vector loop");
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::cuda::detail
 

@@ -15,6 +15,7 @@
 // are not padded: their elements are the gradients' back to back, so a rank that reduces a bucket
 // straight from its gradients (shared memory, no packing) and one that packed it agree on its size.
 
+#include <herd/core/config.hpp>
 #include <herd/core/device.hpp>
 #include <herd/core/dtype.hpp>
 
@@ -51,39 +52,7 @@ struct bucket_plan {
   // `shapes[i]` = (elements, dtype) of gradient i; `order`: a permutation of the gradient indices;
   // members start at multiples of `align_bytes` (member_alignment of where the gradients live).
   static bucket_plan make(std::span<const std::pair<std::size_t, dtype>> shapes, std::span<const std::size_t> order,
-                          std::size_t first_bucket_bytes, std::size_t bucket_bytes, std::size_t align_bytes) {
-    bucket_plan plan;
-    plan.bucket_of.assign(shapes.size(), 0);
-    plan.slot_of.assign(shapes.size(), 0);
-    struct open_bucket {
-      dtype type;
-      std::size_t index;  // in plan.buckets
-      bool first;         // the first bucket of its dtype
-    };
-    std::vector<open_bucket> open;
-    std::vector<dtype> seen;  // dtypes that have had a bucket
-    for (std::size_t i : order) {
-      const auto [count, type] = shapes[i];
-      auto it = open.begin();
-      while (it != open.end() && it->type != type) ++it;
-      if (it == open.end()) {
-        bool first = true;
-        for (dtype t : seen) first = first && t != type;
-        if (first) seen.push_back(type);
-        plan.buckets.push_back({type, {}, {}, 0});
-        open.push_back({type, plan.buckets.size() - 1, first});
-        it = open.end() - 1;
-      }
-      bucket& b = plan.buckets[it->index];
-      plan.bucket_of[i] = it->index;
-      plan.slot_of[i] = b.members.size();
-      b.members.push_back(i);
-      b.offsets.push_back(padded_offset(b.count, type, align_bytes));
-      b.count = b.offsets.back() + count;
-      if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
-    }
-    return plan;
-  }
+                          std::size_t first_bucket_bytes, std::size_t bucket_bytes, std::size_t align_bytes);
 
   // The default order: the last gradient first.
   static std::vector<std::size_t> reverse_order(std::size_t n) {
@@ -94,16 +63,59 @@ struct bucket_plan {
 
   // The rebuild's order: the gradients in the order they became ready (`ready`), then those never
   // seen ready, last first.
-  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n) {
-    std::vector<std::size_t> order(ready.begin(), ready.end());
-    std::vector<char> placed(n, 0);
-    for (std::size_t i : ready) placed[i] = 1;
-    for (std::size_t i = n; i-- > 0;) {
-      if (!placed[i]) order.push_back(i);
-    }
-    return order;
-  }
+  static std::vector<std::size_t> ready_order_first(std::span<const std::size_t> ready, std::size_t n);
 };
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bucket_plan bucket_plan::make(std::span<const std::pair<std::size_t, dtype>> shapes,
+                                            std::span<const std::size_t> order, std::size_t first_bucket_bytes,
+                                            std::size_t bucket_bytes, std::size_t align_bytes) {
+  bucket_plan plan;
+  plan.bucket_of.assign(shapes.size(), 0);
+  plan.slot_of.assign(shapes.size(), 0);
+  struct open_bucket {
+    dtype type;
+    std::size_t index;  // in plan.buckets
+    bool first;         // the first bucket of its dtype
+  };
+  std::vector<open_bucket> open;
+  std::vector<dtype> seen;  // dtypes that have had a bucket
+  for (std::size_t i : order) {
+    const auto [count, type] = shapes[i];
+    auto it = open.begin();
+    while (it != open.end() && it->type != type) ++it;
+    if (it == open.end()) {
+      bool first = true;
+      for (dtype t : seen) first = first && t != type;
+      if (first) seen.push_back(type);
+      plan.buckets.push_back({type, {}, {}, 0});
+      open.push_back({type, plan.buckets.size() - 1, first});
+      it = open.end() - 1;
+    }
+    bucket& b = plan.buckets[it->index];
+    plan.bucket_of[i] = it->index;
+    plan.slot_of[i] = b.members.size();
+    b.members.push_back(i);
+    b.offsets.push_back(padded_offset(b.count, type, align_bytes));
+    b.count = b.offsets.back() + count;
+    if (b.count * size_of(type) >= (it->first ? first_bucket_bytes : bucket_bytes)) open.erase(it);
+  }
+  return plan;
+}
+
+HERD_SEPARATE std::vector<std::size_t> bucket_plan::ready_order_first(std::span<const std::size_t> ready,
+                                                                      std::size_t n) {
+  std::vector<std::size_t> order(ready.begin(), ready.end());
+  std::vector<char> placed(n, 0);
+  for (std::size_t i : ready) placed[i] = 1;
+  for (std::size_t i = n; i-- > 0;) {
+    if (!placed[i]) order.push_back(i);
+  }
+  return order;
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -26,18 +26,7 @@ namespace herd::detail {
 HERD_CONFIG_NAMESPACE_BEGIN
 
 // The options a reduction refuses (on this rank, before any collective).
-inline void validate(const optimizer_options& options, const error_site& site) {
-  if (options.op != reduce_op::avg && options.op != reduce_op::sum)
-    raise(site, "op " + std::string(name(options.op)) + " cannot combine gradients", "Use reduce_op::avg or reduce_op::sum");
-  if (!(options.gradient_predivide_factor > 0))
-    raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
-  if (options.gradient_predivide_factor != 1.0 && options.op != reduce_op::avg)
-    raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
-  if (options.backward_passes_per_step < 1)
-    raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
-  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0)
-    raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
-}
+HERD_SEPARATE void validate(const optimizer_options& options, const error_site& site);
 
 template <communicator C> class gradient_checks {
  public:
@@ -188,6 +177,24 @@ template <communicator C> void gradient_checks<C>::require_same_options() {
     }
   }
 }
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void validate(const optimizer_options& options, const error_site& site) {
+  if (options.op != reduce_op::avg && options.op != reduce_op::sum)
+    raise(site, "op " + std::string(name(options.op)) + " cannot combine gradients",
+          "Use reduce_op::avg or reduce_op::sum");
+  if (!(options.gradient_predivide_factor > 0))
+    raise(site, "gradient_predivide_factor must be positive", "Pass 1.0 to turn predivision off");
+  if (options.gradient_predivide_factor != 1.0 && options.op != reduce_op::avg)
+    raise(site, "gradient_predivide_factor applies to op avg only", "Use reduce_op::avg, or a factor of 1.0");
+  if (options.backward_passes_per_step < 1)
+    raise(site, "backward_passes_per_step must be at least 1", "Pass 1 to reduce after every backward pass");
+  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0)
+    raise(site, "bucket_bytes and first_bucket_bytes must be positive", "Keep the defaults (25 MiB, 1 MiB)");
+}
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 HERD_CONFIG_NAMESPACE_END
 }  // namespace herd::detail

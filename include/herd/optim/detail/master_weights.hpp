@@ -4,6 +4,7 @@
 // the masters, and the parameters hold the masters rounded. mixed_precision keeps masters of whole
 // parameters, zero_optimizer of its rank's shard of them; both read, write and refresh them here.
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 
@@ -30,7 +31,11 @@ inline void write_masters(void* param, dtype type, const float* master, std::siz
 // parameters loaded without their masters), its master is read again from it; masters restored
 // with their parameters round to them and keep their extra bits. Compared bit for bit, so that
 // -0 and NaN payloads count as changes too.
-inline void refresh_masters(float* master, const void* param, dtype type, std::size_t n) {
+HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type, std::size_t n);
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type, std::size_t n) {
   visit(type, [&](auto element) {
     using T = decltype(element);
     if constexpr (is_16bit_float<T>) {
@@ -42,6 +47,8 @@ inline void refresh_masters(float* master, const void* param, dtype type, std::s
     }
   });
 }
+
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 

@@ -4,6 +4,7 @@
 // by the scale and look for the inf or NaN an overflow left. mixed_precision does it on whole
 // gradients, zero_optimizer on its shard of them.
 
+#include <herd/core/config.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -15,7 +16,19 @@
 namespace herd::detail {
 
 // Whether a host tensor of floats holds an inf or a NaN.
-inline bool has_inf_or_nan(const const_buffer_view& v) {
+HERD_SEPARATE bool has_inf_or_nan(const const_buffer_view& v);
+
+// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
+// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
+// a norm), passes check = false and saves the pass over the values.
+inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
+  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
+  return check && has_inf_or_nan(out);
+}
+
+#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
+
+HERD_SEPARATE bool has_inf_or_nan(const const_buffer_view& v) {
   bool found = false;
   visit(v.type, [&](auto element) {
     using T = decltype(element);
@@ -27,13 +40,7 @@ inline bool has_inf_or_nan(const const_buffer_view& v) {
   return found;
 }
 
-// out = in * inverse_scale, cast to out's type (out may be in); then, if `check`, whether out
-// holds an inf or NaN. A caller that already found an overflow, or learns of one otherwise (from
-// a norm), passes check = false and saves the pass over the values.
-inline bool unscale(const buffer_view& out, const const_buffer_view& in, double inverse_scale, bool check) {
-  host_cast(out.data, out.type, in.data, in.type, out.count, inverse_scale);
-  return check && has_inf_or_nan(out);
-}
+#endif  // HERD_SEPARATE_DEFINITIONS
 
 }  // namespace herd::detail
 
