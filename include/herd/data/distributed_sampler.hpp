@@ -229,8 +229,9 @@ class distributed_sampler {
   std::size_t consumed_ = 0;  // positions of the epoch's order set aside by reshard()
 };
 
-// distributed_sampler's members that check, shuffle and shard: inline, or with
-// HERD_SEPARATE_COMPILATION only in the program's implementation file (core/config.hpp).
+// batch_range's constructor, distributed_sampler's members that check, shuffle and shard, and the
+// permutation: inline, or with HERD_SEPARATE_COMPILATION only in the program's implementation file
+// (core/config.hpp).
 #if defined(HERD_SEPARATE_DEFINITIONS)
 HERD_SEPARATE batch_range::batch_range(std::vector<std::size_t> indices, std::size_t batch_size, bool drop_last_batch)
     : indices_(std::move(indices)), batch_size_(batch_size) {
@@ -299,9 +300,6 @@ HERD_SEPARATE std::vector<std::size_t> distributed_sampler::indices() const {
   }
   return result;
 }
-#endif  // HERD_SEPARATE_DEFINITIONS
-
-#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
 
 HERD_SEPARATE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
   std::vector<std::size_t> p(n);

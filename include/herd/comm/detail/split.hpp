@@ -83,9 +83,6 @@ inline std::vector<int> split_members(std::span<const split_request> requests, i
   });
   return members;
 }
-#endif
-
-#if defined(HERD_SEPARATE_DEFINITIONS)  // inline, or only in the implementation file (core/config.hpp)
 
 HERD_SEPARATE split_request subset_request(std::span<const int> ranks, int rank) {
   split_request r;
