@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string_view>
@@ -502,6 +503,55 @@ TEST_CASE_TEMPLATE("host_reduce: every length, in place or not, gives combine's 
         std::vector<T> into_b = b;
         herd::detail::host_reduce(type, op, into_b.data(), a.data(), into_b.data(), n, avg);
         CHECK(same(into_b));  // dst == b: the element-by-element path
+      }
+    }
+  }
+}
+
+// f16 sums, averages and products on x86-64 CPUs with F16C take collectives/detail/f16c_reduce.hpp,
+// 8 elements at a time: every f16 bit pattern against 24 others (zeros, subnormals, the largest
+// finite, infinities, NaNs, values whose sums tie or overflow) must give combine's bits, in place
+// or not. Where both operands are NaN, which NaN comes out is the compiler's choice in the
+// portable loop too, so there only NaN-ness is compared.
+TEST_CASE("host_reduce on f16: every bit pattern against special partners gives combine's bits") {
+  const std::uint16_t partners[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00,
+                                    0x3c01, 0x4000, 0x1400, 0x7bff, 0xfbff, 0x7bfe, 0x7c00, 0xfc00,
+                                    0x7e00, 0x7c01, 0xfe01, 0x5640, 0x0200, 0x3555, 0xc3ff, 0x2e66};
+  const std::size_t n = 0x10000 + 5;  // every pattern, then a remainder past the blocks of 8
+  std::vector<half> a(n), b(n);
+  const auto is_nan = [](half h) { return (h.bits & 0x7fffu) > 0x7c00u; };
+#if defined(HERD_F16C_REDUCE)
+  MESSAGE("F16C ", herd::detail::cpu_has_f16c() ? "present: this test checks its path" : "absent: the portable loop");
+#endif
+  for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::prod}) {
+    for (int avg : {0, 3}) {
+      if (avg != 0 && op != reduce_op::avg) continue;
+      for (std::uint16_t partner : partners) {
+        for (std::size_t i = 0; i < n; ++i) {
+          a[i] = half::from_bits(static_cast<std::uint16_t>(i));
+          b[i] = half::from_bits(partner);
+        }
+        std::vector<half> want(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          half x = op == reduce_op::prod ? apply<reduce_op::prod>(a[i], b[i]) : apply<reduce_op::sum>(a[i], b[i]);
+          want[i] = avg != 0 ? herd::finalize_avg(x, avg) : x;
+        }
+        std::vector<half> out(n), into_a = a, into_b = b;
+        herd::detail::host_reduce(dtype::f16, op, out.data(), a.data(), b.data(), n, avg);
+        herd::detail::host_reduce(dtype::f16, op, into_a.data(), into_a.data(), b.data(), n, avg);
+        herd::detail::host_reduce(dtype::f16, op, into_b.data(), a.data(), into_b.data(), n, avg);
+        std::size_t wrong = 0, first = n;
+        for (std::size_t i = 0; i < n; ++i) {
+          const bool both_nan = is_nan(a[i]) && is_nan(b[i]);
+          for (const half got : {out[i], into_a[i], into_b[i]}) {
+            const bool same = both_nan ? is_nan(got) && is_nan(want[i]) : got.bits == want[i].bits;
+            if (!same && wrong++ == 0) first = i;
+          }
+        }
+        char where[64];
+        std::snprintf(where, sizeof where, "partner 0x%04x, first wrong a 0x%04zx", static_cast<unsigned>(partner), first);
+        INFO("op ", herd::name(op), ", avg ", avg, ", ", where);
+        CHECK(wrong == 0);
       }
     }
   }
