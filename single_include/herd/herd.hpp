@@ -8826,20 +8826,21 @@ HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const sign
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
 
-// ---- herd/collectives/detail/f16c_reduce.hpp ----
-#ifndef HERD_COLLECTIVES_DETAIL_F16C_REDUCE_HPP
-#define HERD_COLLECTIVES_DETAIL_F16C_REDUCE_HPP
-// Sums, averages and products of f16 on x86-64 CPUs with F16C (Intel's and AMD's since
-// 2012): one instruction converts 8 values between f16 and f32, where the portable conversions
-// (core/half.hpp) take about twenty instructions a value, which made an f16 reduction on the host
-// about 20 times slower per element than one of f32. The CPU is asked once, at run time, so a
-// program built for any x86-64 takes this path where it can.
+// ---- herd/core/detail/f16c.hpp ----
+#ifndef HERD_CORE_DETAIL_F16C_HPP
+#define HERD_CORE_DETAIL_F16C_HPP
+// f16 loops on x86-64 CPUs with F16C (Intel's and AMD's since 2012), where one instruction
+// converts 8 values between f16 and f32 and the portable conversions (core/half.hpp) take about
+// twenty instructions a value: sums, averages and products (host_reduce), casts between f16 and
+// f32 (host_cast) and the masters' refresh (mixed_precision). The CPU is asked once, at run time,
+// so a program built for any x86-64 takes these paths where it can; elsewhere each returns 0 and
+// its caller's portable loop does the work.
 //
-// The same bits as the portable loop: F16C converts f32 to f16 rounding to nearest even whatever
+// The same bits as the portable loops: F16C converts f32 to f16 rounding to nearest even whatever
 // the MXCSR's flush modes, as the portable conversion does (checked over every f32 and every f16
 // on an AMD EPYC with FTZ and DAZ off and on), and the arithmetic between the conversions is the
 // same IEEE operations in the same order. Only a signaling NaN read from f16 is made quiet on the
-// way in, which the addition or product that follows does anyway.
+// way in, which the portable loops' arithmetic or conversion to double that follows does anyway.
 
 
 #include <cstddef>
@@ -8847,12 +8848,12 @@ HERD_SEPARATE void verify_arguments(const error_site& site, std::span<const sign
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
 #include <cpuid.h>
 #include <immintrin.h>
-#define HERD_F16C_REDUCE 1
+#define HERD_F16C 1
 #endif
 
 namespace herd::detail {
 
-#if defined(HERD_F16C_REDUCE)
+#if defined(HERD_F16C)
 // F16C's instructions take AVX's registers: AVX with the operating system's support for them (the
 // compiler's check), and the F16C bit of CPUID leaf 1 (not every compiler's check knows it).
 inline bool cpu_has_f16c() noexcept {
@@ -8891,7 +8892,7 @@ __attribute__((target("avx,f16c"))) std::size_t f16c_combine_blocks(half* dst, c
 template <reduce_op Op>
 std::size_t f16c_combine([[maybe_unused]] half* dst, [[maybe_unused]] const half* a, [[maybe_unused]] const half* b,
                          [[maybe_unused]] std::size_t n, [[maybe_unused]] int avg_ranks) {
-#if defined(HERD_F16C_REDUCE)
+#if defined(HERD_F16C)
   if constexpr (Op == reduce_op::sum || Op == reduce_op::avg || Op == reduce_op::prod) {
     const auto apart = [n](const half* x, const half* y) { return x + n <= y || y + n <= x; };
     if (n >= 8 && (dst == a || apart(dst, a)) && (dst == b || apart(dst, b)) && cpu_has_f16c()) {
@@ -8902,9 +8903,83 @@ std::size_t f16c_combine([[maybe_unused]] half* dst, [[maybe_unused]] const half
   return 0;
 }
 
+#if defined(HERD_F16C)
+// out[i] = float(double(in[i]) * scale) for the first n - n % 8 elements, as host_cast does
+// (the product in double, rounded once). in and out do not overlap.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_widen_blocks(float* out, const half* in, std::size_t n,
+                                                                         double scale) {
+  const __m256d by = _mm256_set1_pd(scale);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    if (scale != 1.0) {
+      const __m128 low = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), by));
+      const __m128 high = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), by));
+      x = _mm256_insertf128_ps(_mm256_castps128_ps256(low), high, 1);
+    }
+    _mm256_storeu_ps(out + i, x);
+  }
+  return i;
+}
+
+// out[i] = half(in[i]) for the first n - n % 8 elements. in and out do not overlap.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_narrow_blocks(half* out, const float* in, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  return i;
+}
+
+// refresh_masters (optim/detail/master_weights.hpp) for f16, 8 at a time: a block whose masters
+// all round to its parameters, the usual case, is left as it is; another is done by the portable
+// loop. Returns how many leading elements were decided here.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_unchanged_blocks(const float* master, const half* param,
+                                                                             std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i rounded = _mm256_cvtps_ph(_mm256_loadu_ps(master + i), _MM_FROUND_TO_NEAREST_INT);
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(param + i));
+    if (_mm_movemask_epi8(_mm_cmpeq_epi16(rounded, p)) != 0xffff) break;
+  }
+  return i;
+}
+#endif
+
+// The entry points: how many leading elements each did (0 where F16C is absent, the buffers
+// overlap, or the case is not one of these paths'); the caller does the rest.
+[[nodiscard]] inline std::size_t f16c_widen([[maybe_unused]] float* out, [[maybe_unused]] const half* in,
+                                            [[maybe_unused]] std::size_t n, [[maybe_unused]] double scale) {
+#if defined(HERD_F16C)
+  const auto* o = reinterpret_cast<const unsigned char*>(out);
+  const auto* s = reinterpret_cast<const unsigned char*>(in);
+  const bool apart = o + n * sizeof(float) <= s || s + n * sizeof(half) <= o;
+  if (n >= 8 && apart && cpu_has_f16c()) return f16c_widen_blocks(out, in, n, scale);
+#endif
+  return 0;
+}
+[[nodiscard]] inline std::size_t f16c_narrow([[maybe_unused]] half* out, [[maybe_unused]] const float* in,
+                                             [[maybe_unused]] std::size_t n) {
+#if defined(HERD_F16C)
+  const auto* o = reinterpret_cast<const unsigned char*>(out);
+  const auto* s = reinterpret_cast<const unsigned char*>(in);
+  const bool apart = o + n * sizeof(half) <= s || s + n * sizeof(float) <= o;
+  if (n >= 8 && apart && cpu_has_f16c()) return f16c_narrow_blocks(out, in, n);
+#endif
+  return 0;
+}
+[[nodiscard]] inline std::size_t f16c_unchanged([[maybe_unused]] const float* master, [[maybe_unused]] const half* param,
+                                                [[maybe_unused]] std::size_t n) {
+#if defined(HERD_F16C)
+  if (n >= 8 && cpu_has_f16c()) return f16c_unchanged_blocks(master, param, n);
+#endif
+  return 0;
+}
+
 }  // namespace herd::detail
 
-#endif  // HERD_COLLECTIVES_DETAIL_F16C_REDUCE_HPP
+#endif  // HERD_CORE_DETAIL_F16C_HPP
 
 #include <cstddef>
 #include <type_traits>
@@ -8942,7 +9017,7 @@ template <class T, class F> void combine_elements(T* dst, const T* a, const T* b
 
 template <class T, reduce_op Op>
 void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
-  if constexpr (std::is_same_v<T, half>) {  // f16 on x86-64 with F16C: 8 at a time (f16c_reduce.hpp)
+  if constexpr (std::is_same_v<T, half>) {  // f16 on x86-64 with F16C: 8 at a time (core/detail/f16c.hpp)
     const std::size_t done = f16c_combine<Op>(dst, a, b, n, avg_ranks);
     dst += done, a += done, b += done, n -= done;
   }
@@ -14559,11 +14634,14 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
       using S = decltype(s);
       auto* out = static_cast<D*>(dst);
       const auto* in = static_cast<const S*>(src);
+      std::size_t i = 0;  // where the portable loop starts: after what F16C did (core/detail/f16c.hpp)
+      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, half>) i = f16c_widen(out, in, n, scale);
+      if constexpr (std::is_same_v<D, half> && std::is_same_v<S, float>) i = scale == 1.0 ? f16c_narrow(out, in, n) : 0;
       if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
         const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
-        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+        for (; i < n; ++i) out[i] = in[i] * f;
       } else {
-        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
+        for (; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
       }
     });
   });
@@ -17763,7 +17841,9 @@ HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type,
     using T = decltype(element);
     if constexpr (is_16bit_float<T>) {
       const auto* p = static_cast<const T*>(param);
-      for (std::size_t j = 0; j < n; ++j) {
+      std::size_t j = 0;  // f16 on a CPU with F16C: the blocks that need nothing (core/detail/f16c.hpp)
+      if constexpr (std::is_same_v<T, half>) j = f16c_unchanged(master, p, n);
+      for (; j < n; ++j) {
         const T rounded(master[j]);
         if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) master[j] = static_cast<float>(p[j]);
       }

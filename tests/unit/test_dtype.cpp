@@ -508,7 +508,7 @@ TEST_CASE_TEMPLATE("host_reduce: every length, in place or not, gives combine's 
   }
 }
 
-// f16 sums, averages and products on x86-64 CPUs with F16C take collectives/detail/f16c_reduce.hpp,
+// f16 sums, averages and products on x86-64 CPUs with F16C take core/detail/f16c.hpp,
 // 8 elements at a time: every f16 bit pattern against 24 others (zeros, subnormals, the largest
 // finite, infinities, NaNs, values whose sums tie or overflow) must give combine's bits, in place
 // or not. Where both operands are NaN, which NaN comes out is the compiler's choice in the
@@ -520,7 +520,7 @@ TEST_CASE("host_reduce on f16: every bit pattern against special partners gives 
   const std::size_t n = 0x10000 + 5;  // every pattern, then a remainder past the blocks of 8
   std::vector<half> a(n), b(n);
   const auto is_nan = [](half h) { return (h.bits & 0x7fffu) > 0x7c00u; };
-#if defined(HERD_F16C_REDUCE)
+#if defined(HERD_F16C)
   MESSAGE("F16C ", herd::detail::cpu_has_f16c() ? "present: this test checks its path" : "absent: the portable loop");
 #endif
   for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::prod}) {

@@ -164,3 +164,51 @@ TEST_CASE("unscale() then clipping the master gradients: step() steps with the c
   CHECK(static_cast<float>(params[0][1]) == doctest::Approx(-0.8).epsilon(1e-3));
   CHECK(scaler.scale() == 8);
 }
+
+// The casts and the masters' refresh between f16 and f32 take core/detail/f16c.hpp, 8 at a time,
+// on a CPU with F16C: the same bits as their portable formulas (the product in double, rounded
+// once; a master read again where it no longer rounds to its parameter), over every f16 pattern
+// and a stride of every f32 pattern, with lengths that leave a remainder.
+TEST_CASE("f16 <-> f32 casts and the masters' refresh: the portable formulas' bits, F16C or not") {
+  using herd::half;
+  const std::size_t n = 0x10000 + 3;
+  std::vector<half> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = half::from_bits(static_cast<std::uint16_t>(i));
+  for (double scale : {1.0, 1.0 / 65536, 3.0, 1.0 / 3, 1e-30, 1e30}) {
+    std::vector<float> got(n);
+    herd::detail::host_cast(got.data(), herd::dtype::f32, h.data(), herd::dtype::f16, n, scale);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = static_cast<float>(static_cast<double>(static_cast<float>(h[i])) * scale);
+      wrong += std::memcmp(&got[i], &want, sizeof want) != 0;
+    }
+    INFO("f16 -> f32, scale ", scale);
+    CHECK(wrong == 0);
+  }
+  // f32 -> f16: every 4099th f32 pattern (4099 is odd, so every low-bit residue, every rounding case)
+  std::vector<float> f;
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 4099) {
+    const auto bits = static_cast<std::uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    f.push_back(x);
+  }
+  for (const float x : {0x1.ffcp15f, 0x1.ffep15f, 0x1.0p-24f, 0x1.8p-25f, 0x1.0p-25f, 0x1.004p-14f}) f.push_back(x);
+  std::vector<half> narrowed(f.size());
+  herd::detail::host_cast(narrowed.data(), herd::dtype::f16, f.data(), herd::dtype::f32, f.size(), 1.0);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) wrong += narrowed[i].bits != half(f[i]).bits;
+  CHECK(wrong == 0);
+  // The refresh: masters that round to their parameters stay; the others (every 1000th, and a
+  // run of them at the end) are read again from the parameters.
+  std::vector<float> master(n), want(n);
+  std::vector<half> param(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    master[i] = static_cast<float>(i % 4000) * 0.37f - 700.0f;
+    param[i] = half(master[i]);
+    if (i % 1000 == 7 || i + 5 > n) param[i] = half(master[i] + 16.0f);
+    want[i] = half(master[i]).bits == param[i].bits ? master[i] : static_cast<float>(param[i]);
+  }
+  herd::detail::refresh_masters(master.data(), param.data(), herd::dtype::f16, n);
+  CHECK(std::memcmp(master.data(), want.data(), n * sizeof(float)) == 0);
+}

@@ -2,7 +2,7 @@
 #define HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
-#include <herd/collectives/detail/f16c_reduce.hpp>
+#include <herd/core/detail/f16c.hpp>
 #include <herd/core/config.hpp>
 #include <herd/core/detail/function_ref.hpp>
 #include <herd/core/dtype.hpp>
@@ -44,7 +44,7 @@ template <class T, class F> void combine_elements(T* dst, const T* a, const T* b
 
 template <class T, reduce_op Op>
 void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, int avg_ranks) {
-  if constexpr (std::is_same_v<T, half>) {  // f16 on x86-64 with F16C: 8 at a time (f16c_reduce.hpp)
+  if constexpr (std::is_same_v<T, half>) {  // f16 on x86-64 with F16C: 8 at a time (core/detail/f16c.hpp)
     const std::size_t done = f16c_combine<Op>(dst, a, b, n, avg_ranks);
     dst += done, a += done, b += done, n -= done;
   }

@@ -4,6 +4,7 @@
 // the checks that a list of tensors is usable.
 
 #include <herd/core/config.hpp>
+#include <herd/core/detail/f16c.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/error.hpp>
 #include <herd/tensor/buffer_view.hpp>
@@ -73,11 +74,14 @@ HERD_SEPARATE void host_cast(void* dst, dtype dst_type, const void* src, dtype s
       using S = decltype(s);
       auto* out = static_cast<D*>(dst);
       const auto* in = static_cast<const S*>(src);
+      std::size_t i = 0;  // where the portable loop starts: after what F16C did (core/detail/f16c.hpp)
+      if constexpr (std::is_same_v<D, float> && std::is_same_v<S, half>) i = f16c_widen(out, in, n, scale);
+      if constexpr (std::is_same_v<D, half> && std::is_same_v<S, float>) i = scale == 1.0 ? f16c_narrow(out, in, n) : 0;
       if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
         const auto f = static_cast<float>(scale);  // float * float vectorizes; f32 gradients stay in f32
-        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+        for (; i < n; ++i) out[i] = in[i] * f;
       } else {
-        for (std::size_t i = 0; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
+        for (; i < n; ++i) out[i] = from_double<D>(to_double(in[i]) * scale);
       }
     });
   });

@@ -5,6 +5,7 @@
 // parameters, zero_optimizer of its rank's shard of them; both read, write and refresh them here.
 
 #include <herd/core/config.hpp>
+#include <herd/core/detail/f16c.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/optim/detail/host_ops.hpp>
 
@@ -40,7 +41,9 @@ HERD_SEPARATE void refresh_masters(float* master, const void* param, dtype type,
     using T = decltype(element);
     if constexpr (is_16bit_float<T>) {
       const auto* p = static_cast<const T*>(param);
-      for (std::size_t j = 0; j < n; ++j) {
+      std::size_t j = 0;  // f16 on a CPU with F16C: the blocks that need nothing (core/detail/f16c.hpp)
+      if constexpr (std::is_same_v<T, half>) j = f16c_unchanged(master, p, n);
+      for (; j < n; ++j) {
         const T rounded(master[j]);
         if (std::memcmp(&rounded, &p[j], sizeof(T)) != 0) master[j] = static_cast<float>(p[j]);
       }

@@ -1,0 +1,155 @@
+#ifndef HERD_CORE_DETAIL_F16C_HPP
+#define HERD_CORE_DETAIL_F16C_HPP
+// f16 loops on x86-64 CPUs with F16C (Intel's and AMD's since 2012), where one instruction
+// converts 8 values between f16 and f32 and the portable conversions (core/half.hpp) take about
+// twenty instructions a value: sums, averages and products (host_reduce), casts between f16 and
+// f32 (host_cast) and the masters' refresh (mixed_precision). The CPU is asked once, at run time,
+// so a program built for any x86-64 takes these paths where it can; elsewhere each returns 0 and
+// its caller's portable loop does the work.
+//
+// The same bits as the portable loops: F16C converts f32 to f16 rounding to nearest even whatever
+// the MXCSR's flush modes, as the portable conversion does (checked over every f32 and every f16
+// on an AMD EPYC with FTZ and DAZ off and on), and the arithmetic between the conversions is the
+// same IEEE operations in the same order. Only a signaling NaN read from f16 is made quiet on the
+// way in, which the portable loops' arithmetic or conversion to double that follows does anyway.
+
+#include <herd/core/half.hpp>
+#include <herd/core/reduce_op.hpp>
+
+#include <cstddef>
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define HERD_F16C 1
+#endif
+
+namespace herd::detail {
+
+#if defined(HERD_F16C)
+// F16C's instructions take AVX's registers: AVX with the operating system's support for them (the
+// compiler's check), and the F16C bit of CPUID leaf 1 (not every compiler's check knows it).
+inline bool cpu_has_f16c() noexcept {
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  }();
+  return yes;
+}
+
+// dst[i] = a[i] ∘ b[i] for the first n - n % 8 elements (8 at a time), as reduce_loop<half, Op>
+// does: the sum or product rounded to f16, then, when avg_ranks > 0, divided in f32 and rounded
+// again. Each block of 8 is read before it is written, so dst may be a or b.
+template <reduce_op Op>
+__attribute__((target("avx,f16c"))) std::size_t f16c_combine_blocks(half* dst, const half* a, const half* b,
+                                                                    std::size_t n, int avg_ranks) {
+  const __m256 ranks = _mm256_set1_ps(static_cast<float>(avg_ranks));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    __m128i r = _mm256_cvtps_ph(Op == reduce_op::prod ? _mm256_mul_ps(x, y) : _mm256_add_ps(x, y),
+                                _MM_FROUND_TO_NEAREST_INT);
+    if (Op == reduce_op::avg && avg_ranks > 0) {
+      r = _mm256_cvtps_ph(_mm256_div_ps(_mm256_cvtph_ps(r), ranks), _MM_FROUND_TO_NEAREST_INT);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), r);
+  }
+  return i;
+}
+#endif
+
+// How many leading elements of dst = a ∘ b the F16C path combined: 0 where it does not apply (no
+// F16C, another operation, buffers that overlap other than dst == a or dst == b); the caller
+// combines the rest.
+template <reduce_op Op>
+std::size_t f16c_combine([[maybe_unused]] half* dst, [[maybe_unused]] const half* a, [[maybe_unused]] const half* b,
+                         [[maybe_unused]] std::size_t n, [[maybe_unused]] int avg_ranks) {
+#if defined(HERD_F16C)
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg || Op == reduce_op::prod) {
+    const auto apart = [n](const half* x, const half* y) { return x + n <= y || y + n <= x; };
+    if (n >= 8 && (dst == a || apart(dst, a)) && (dst == b || apart(dst, b)) && cpu_has_f16c()) {
+      return f16c_combine_blocks<Op>(dst, a, b, n, avg_ranks);
+    }
+  }
+#endif
+  return 0;
+}
+
+#if defined(HERD_F16C)
+// out[i] = float(double(in[i]) * scale) for the first n - n % 8 elements, as host_cast does
+// (the product in double, rounded once). in and out do not overlap.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_widen_blocks(float* out, const half* in, std::size_t n,
+                                                                         double scale) {
+  const __m256d by = _mm256_set1_pd(scale);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    if (scale != 1.0) {
+      const __m128 low = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), by));
+      const __m128 high = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), by));
+      x = _mm256_insertf128_ps(_mm256_castps128_ps256(low), high, 1);
+    }
+    _mm256_storeu_ps(out + i, x);
+  }
+  return i;
+}
+
+// out[i] = half(in[i]) for the first n - n % 8 elements. in and out do not overlap.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_narrow_blocks(half* out, const float* in, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  return i;
+}
+
+// refresh_masters (optim/detail/master_weights.hpp) for f16, 8 at a time: a block whose masters
+// all round to its parameters, the usual case, is left as it is; another is done by the portable
+// loop. Returns how many leading elements were decided here.
+__attribute__((target("avx,f16c"))) inline std::size_t f16c_unchanged_blocks(const float* master, const half* param,
+                                                                             std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i rounded = _mm256_cvtps_ph(_mm256_loadu_ps(master + i), _MM_FROUND_TO_NEAREST_INT);
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(param + i));
+    if (_mm_movemask_epi8(_mm_cmpeq_epi16(rounded, p)) != 0xffff) break;
+  }
+  return i;
+}
+#endif
+
+// The entry points: how many leading elements each did (0 where F16C is absent, the buffers
+// overlap, or the case is not one of these paths'); the caller does the rest.
+[[nodiscard]] inline std::size_t f16c_widen([[maybe_unused]] float* out, [[maybe_unused]] const half* in,
+                                            [[maybe_unused]] std::size_t n, [[maybe_unused]] double scale) {
+#if defined(HERD_F16C)
+  const auto* o = reinterpret_cast<const unsigned char*>(out);
+  const auto* s = reinterpret_cast<const unsigned char*>(in);
+  const bool apart = o + n * sizeof(float) <= s || s + n * sizeof(half) <= o;
+  if (n >= 8 && apart && cpu_has_f16c()) return f16c_widen_blocks(out, in, n, scale);
+#endif
+  return 0;
+}
+[[nodiscard]] inline std::size_t f16c_narrow([[maybe_unused]] half* out, [[maybe_unused]] const float* in,
+                                             [[maybe_unused]] std::size_t n) {
+#if defined(HERD_F16C)
+  const auto* o = reinterpret_cast<const unsigned char*>(out);
+  const auto* s = reinterpret_cast<const unsigned char*>(in);
+  const bool apart = o + n * sizeof(half) <= s || s + n * sizeof(float) <= o;
+  if (n >= 8 && apart && cpu_has_f16c()) return f16c_narrow_blocks(out, in, n);
+#endif
+  return 0;
+}
+[[nodiscard]] inline std::size_t f16c_unchanged([[maybe_unused]] const float* master, [[maybe_unused]] const half* param,
+                                                [[maybe_unused]] std::size_t n) {
+#if defined(HERD_F16C)
+  if (n >= 8 && cpu_has_f16c()) return f16c_unchanged_blocks(master, param, n);
+#endif
+  return 0;
+}
+
+}  // namespace herd::detail
+
+#endif  // HERD_CORE_DETAIL_F16C_HPP
