@@ -8894,26 +8894,7 @@ __attribute__((target("avx,f16c"))) std::size_t f16c_combine_blocks(half* dst, c
   }
   return i;
 }
-#endif
 
-// How many leading elements of dst = a ∘ b the F16C path combined: 0 where it does not apply (no
-// F16C, another operation, buffers that overlap other than dst == a or dst == b); the caller
-// combines the rest.
-template <reduce_op Op>
-std::size_t f16c_combine([[maybe_unused]] half* dst, [[maybe_unused]] const half* a, [[maybe_unused]] const half* b,
-                         [[maybe_unused]] std::size_t n, [[maybe_unused]] int avg_ranks) {
-#if defined(HERD_F16C)
-  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg || Op == reduce_op::prod) {
-    const auto apart = [n](const half* x, const half* y) { return x + n <= y || y + n <= x; };
-    if (n >= 8 && (dst == a || apart(dst, a)) && (dst == b || apart(dst, b)) && cpu_has_f16c()) {
-      return f16c_combine_blocks<Op>(dst, a, b, n, avg_ranks);
-    }
-  }
-#endif
-  return 0;
-}
-
-#if defined(HERD_F16C)
 // out[i] = float(double(in[i]) * scale) for the first n - n % 8 elements, as host_cast does
 // (the product in double, rounded once). in and out do not overlap.
 __attribute__((target("avx,f16c"))) inline std::size_t f16c_widen_blocks(float* out, const half* in, std::size_t n,
@@ -8961,27 +8942,48 @@ __attribute__((target("avx,f16c"))) inline std::size_t f16c_unchanged_blocks(con
   }
   return i;
 }
+
+// Whether [x, x + x_bytes) and [y, y + y_bytes) share no byte.
+inline bool bytes_apart(const void* x, std::size_t x_bytes, const void* y, std::size_t y_bytes) noexcept {
+  const auto* p = static_cast<const unsigned char*>(x);
+  const auto* q = static_cast<const unsigned char*>(y);
+  return p + x_bytes <= q || q + y_bytes <= p;
+}
 #endif
 
-// The entry points: how many leading elements each did (0 where F16C is absent, the buffers
-// overlap, or the case is not one of these paths'); the caller does the rest.
+// The entry points: how many leading elements each did, 0 where its path does not apply (no F16C,
+// another operation, buffers that overlap other than as allowed); the caller does the rest.
+
+// dst = a ∘ b, where dst may also be a or b.
+template <reduce_op Op>
+std::size_t f16c_combine([[maybe_unused]] half* dst, [[maybe_unused]] const half* a, [[maybe_unused]] const half* b,
+                         [[maybe_unused]] std::size_t n, [[maybe_unused]] int avg_ranks) {
+#if defined(HERD_F16C)
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg || Op == reduce_op::prod) {
+    const std::size_t bytes = n * sizeof(half);
+    if (n >= 8 && (dst == a || bytes_apart(dst, bytes, a, bytes)) && (dst == b || bytes_apart(dst, bytes, b, bytes)) &&
+        cpu_has_f16c()) {
+      return f16c_combine_blocks<Op>(dst, a, b, n, avg_ranks);
+    }
+  }
+#endif
+  return 0;
+}
 [[nodiscard]] inline std::size_t f16c_widen([[maybe_unused]] float* out, [[maybe_unused]] const half* in,
                                             [[maybe_unused]] std::size_t n, [[maybe_unused]] double scale) {
 #if defined(HERD_F16C)
-  const auto* o = reinterpret_cast<const unsigned char*>(out);
-  const auto* s = reinterpret_cast<const unsigned char*>(in);
-  const bool apart = o + n * sizeof(float) <= s || s + n * sizeof(half) <= o;
-  if (n >= 8 && apart && cpu_has_f16c()) return f16c_widen_blocks(out, in, n, scale);
+  if (n >= 8 && bytes_apart(out, n * sizeof(float), in, n * sizeof(half)) && cpu_has_f16c()) {
+    return f16c_widen_blocks(out, in, n, scale);
+  }
 #endif
   return 0;
 }
 [[nodiscard]] inline std::size_t f16c_narrow([[maybe_unused]] half* out, [[maybe_unused]] const float* in,
                                              [[maybe_unused]] std::size_t n) {
 #if defined(HERD_F16C)
-  const auto* o = reinterpret_cast<const unsigned char*>(out);
-  const auto* s = reinterpret_cast<const unsigned char*>(in);
-  const bool apart = o + n * sizeof(half) <= s || s + n * sizeof(float) <= o;
-  if (n >= 8 && apart && cpu_has_f16c()) return f16c_narrow_blocks(out, in, n);
+  if (n >= 8 && bytes_apart(out, n * sizeof(half), in, n * sizeof(float)) && cpu_has_f16c()) {
+    return f16c_narrow_blocks(out, in, n);
+  }
 #endif
   return 0;
 }

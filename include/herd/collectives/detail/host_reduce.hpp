@@ -2,8 +2,8 @@
 #define HERD_COLLECTIVES_DETAIL_HOST_REDUCE_HPP
 // Elementwise reductions over host memory: the loops the ring collectives run on each segment.
 
-#include <herd/core/detail/f16c.hpp>
 #include <herd/core/config.hpp>
+#include <herd/core/detail/f16c.hpp>
 #include <herd/core/detail/function_ref.hpp>
 #include <herd/core/dtype.hpp>
 #include <herd/core/reduce_op.hpp>
